@@ -1,0 +1,128 @@
+"""Build etcd, kube-apiserver and kube-controller-manager from the Go module proxy, once per machine.
+
+The two wrapper modules under gomod/ pin the versions (go.mod) and their checksums (go.sum).
+Binaries land in a cache directory keyed by both versions and a hash of the wrapper modules,
+so a warm machine reuses them and a change of pin builds into a new directory.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+K8S_VERSION = "1.35.4"
+ETCD_VERSION = "3.6.16"
+GOMOD_DIR = Path(__file__).resolve().parent / "gomod"
+
+_STAMP = "k8s.io/component-base/version"
+_K8S_LDFLAGS = (
+    f"-X {_STAMP}.gitVersion=v{K8S_VERSION} -X {_STAMP}.gitMajor={K8S_VERSION.split('.')[0]} "
+    f"-X {_STAMP}.gitMinor={K8S_VERSION.split('.')[1]} -X {_STAMP}.gitTreeState=clean"
+)
+
+
+class BinariesUnavailable(RuntimeError):
+    """The binaries are neither cached nor buildable here; the message says why."""
+
+
+@dataclass(frozen=True)
+class Binary:
+    name: str
+    module_dir: str  # wrapper module under gomod/
+    package: str
+    version_line: str  # what `NAME --version` prints when the build is the pinned one
+    ldflags: str = ""
+
+
+BINARIES = (
+    Binary("etcd", "etcd", "go.etcd.io/etcd/server/v3", f"etcd Version: {ETCD_VERSION}"),
+    Binary("kube-apiserver", "apiserver", "k8s.io/kubernetes/cmd/kube-apiserver",
+           f"Kubernetes v{K8S_VERSION}", _K8S_LDFLAGS),
+    Binary("kube-controller-manager", "apiserver", "k8s.io/kubernetes/cmd/kube-controller-manager",
+           f"Kubernetes v{K8S_VERSION}", _K8S_LDFLAGS),
+)
+
+
+def cache_root() -> Path:
+    if os.environ.get("QUEUEWORKER_CACHE_DIR"):
+        return Path(os.environ["QUEUEWORKER_CACHE_DIR"])
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "queueworker"
+
+
+def bin_dir() -> Path:
+    digest = hashlib.sha256()
+    for module in sorted({b.module_dir for b in BINARIES}):
+        for name in ("go.mod", "go.sum"):
+            digest.update((GOMOD_DIR / module / name).read_bytes())
+    return cache_root() / "bin" / f"k8s-v{K8S_VERSION}-etcd-v{ETCD_VERSION}-{digest.hexdigest()[:10]}"
+
+
+def _is_current(path: Path, binary: Binary) -> bool:
+    if not os.access(path, os.X_OK):
+        return False
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return binary.version_line in out.splitlines()
+
+
+def _go_env() -> dict[str, str]:
+    """Everything the build depends on is set here, not inherited from hand-made Go config."""
+    env = dict(os.environ)
+    env.update(
+        CGO_ENABLED="0",
+        GOFLAGS="-trimpath -mod=readonly -buildvcs=false",
+        GOTOOLCHAIN="local",
+        GOWORK="off",
+    )
+    return env
+
+
+def _build(binary: Binary, target: Path, log: Path) -> None:
+    go = shutil.which("go")
+    if go is None:
+        raise BinariesUnavailable("`go` is not on PATH, so the test control plane binaries cannot be built")
+    partial = target.with_name(f".{target.name}.partial")
+    parallelism = str(min(os.cpu_count() or 2, 4))
+    cmd = [go, "build", "-p", parallelism, "-o", str(partial), "-ldflags", f"-s -w {binary.ldflags}".strip(),
+           binary.package]
+    started = time.monotonic()
+    with log.open("a") as out:
+        out.write(f"$ (cd {GOMOD_DIR / binary.module_dir} && {' '.join(cmd)})\n")
+        out.flush()
+        rc = subprocess.run(cmd, cwd=GOMOD_DIR / binary.module_dir, env=_go_env(),
+                            stdout=out, stderr=subprocess.STDOUT).returncode
+        out.write(f"# exit {rc} after {time.monotonic() - started:.0f}s\n")
+    if rc != 0:
+        tail = "\n".join(log.read_text().splitlines()[-30:])
+        raise BinariesUnavailable(f"building {binary.name} failed (log {log}):\n{tail}")
+    partial.rename(target)
+    if not _is_current(target, binary):
+        raise BinariesUnavailable(f"{target} was built but `--version` does not print {binary.version_line!r}")
+
+
+def ensure_binaries(build: bool = True) -> Path:
+    """Return the directory holding all three binaries, building any that are missing or stale.
+
+    Concurrent callers (two pytest sessions, CI and a developer) serialize on a lock file.
+    """
+    directory = bin_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    with (directory / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for binary in BINARIES:
+            target = directory / binary.name
+            if _is_current(target, binary):
+                continue
+            if not build:
+                raise BinariesUnavailable(f"{target} is missing; build it with `python -m tests.cluster build`")
+            _build(binary, target, directory / "build.log")
+    return directory
