@@ -1,0 +1,281 @@
+"""Start and stop the test control plane: etcd, kube-apiserver, kube-controller-manager, process kubelet.
+
+Each component runs as a background process in its own session (so it outlives `python -m tests.cluster
+start` and can be stopped as a process group), logs to STATE_DIR/logs/NAME.log and records its pid in
+STATE_DIR/pids/NAME.pid, which is all `stop` needs. Ports are free loopback ports; certificates come
+from a throwaway CA made at every start (pki.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Callable, TypeVar
+
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+
+from . import pki
+from .kubelet import NODE_NAME, REPO_ROOT
+
+T = TypeVar("T")
+
+# Start order; stop goes in reverse, so the kubelet (and the pods it runs) goes first and etcd last.
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kubelet")
+# The controllers the tests rely on; node lifecycle is left out so the fake node is never tainted.
+CONTROLLERS = (
+    "deployment-controller", "replicaset-controller", "job-controller",
+    "garbage-collector-controller", "namespace-controller", "serviceaccount-controller",
+)
+STOP_GRACE = 10.0
+LOG_TAIL = 40
+
+
+class ControlPlaneError(RuntimeError):
+    """A component is missing, died or did not become ready; the message carries its last log lines."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _alive(pid: int) -> bool:
+    """True for a running process; reaps it first if it is our exited child (zombies count as dead)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _is_pod_process(pid: int) -> bool:
+    """A pid from a pod pid file still names a pod process: a session leader working in the repo root."""
+    try:
+        session = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[3])
+        return session == pid and Path(f"/proc/{pid}/cwd").resolve() == REPO_ROOT
+    except (OSError, ValueError):
+        return False
+
+
+class ControlPlane:
+    def __init__(self, state_dir: Path):
+        self.state_dir = Path(state_dir).resolve()
+        self.kubeconfig = self.state_dir / "kubeconfig"
+        self.log_dir = self.state_dir / "logs"
+        self.pod_log_dir = self.state_dir / "pods"
+        self.pid_dir = self.state_dir / "pids"
+        self.pki_dir = self.state_dir / "pki"
+        self.ports_file = self.state_dir / "ports.json"
+
+    # --- helpers for tests -----------------------------------------------------------------------
+
+    def api_client(self) -> client.ApiClient:
+        """A client authenticated as the admin (group system:masters)."""
+        return config.new_client_from_config(config_file=str(self.kubeconfig))
+
+    def pod_log(self, namespace: str, name: str) -> str:
+        path = self.pod_log_dir / f"{namespace}_{name}.log"
+        return path.read_text() if path.exists() else ""
+
+    def ports(self) -> dict[str, int]:
+        return json.loads(self.ports_file.read_text())
+
+    @staticmethod
+    def wait_for(condition: Callable[[], T], timeout: float = 30, interval: float = 0.2, message: str = "") -> T:
+        """Poll until `condition()` returns something truthy and return it; API errors count as 'not yet'."""
+        deadline, last_error = time.monotonic() + timeout, None
+        while True:
+            try:
+                result = condition()
+                if result:
+                    return result
+            except ApiException as e:
+                last_error = e
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout}s waiting for {message or condition}"
+                                     + (f" (last error: {last_error})" if last_error else ""))
+            time.sleep(interval)
+
+    def create_namespace(self, prefix: str = "test") -> str:
+        """A fresh namespace, returned once its `default` ServiceAccount exists (pods need it)."""
+        name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        core = client.CoreV1Api(self.api_client())
+        core.create_namespace({"metadata": {"name": name}})
+        self.wait_for(lambda: core.read_namespaced_service_account("default", name),
+                      message=f"ServiceAccount {name}/default")
+        return name
+
+    # --- lifecycle ---------------------------------------------------------------------------------
+
+    def running_pids(self) -> dict[str, int]:
+        """Recorded components that are still alive and really ours (their command line names the state dir)."""
+        pids = {}
+        for name in COMPONENTS:
+            path = self.pid_dir / f"{name}.pid"
+            if not path.exists():
+                continue
+            pid = int(path.read_text())
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            if str(self.state_dir).encode() in cmdline and _alive(pid):
+                pids[name] = pid
+        return pids
+
+    def start(self, bin_dir: Path, timeout: float = 90) -> "ControlPlane":
+        """Start every component and return once the API answers, `default` exists and the node is Ready."""
+        if self.running_pids():
+            raise ControlPlaneError(f"a control plane is already running in {self.state_dir}; stop it first")
+        binaries = {name: Path(bin_dir) / name for name in COMPONENTS[:3]}
+        for path in binaries.values():
+            if not os.access(path, os.X_OK):
+                raise ControlPlaneError(f"{path} is missing; build it with `python -m tests.cluster build`")
+        for directory in (self.log_dir, self.pod_log_dir, self.pid_dir, self.pki_dir, self.state_dir / "etcd"):
+            shutil.rmtree(directory, ignore_errors=True)
+            directory.mkdir(parents=True)
+        self.state_dir.joinpath("etcd").chmod(0o700)
+        ports = {"etcd": free_port(), "etcd-peer": free_port(), "kube-apiserver": free_port()}
+        self.ports_file.write_text(json.dumps(ports))
+        server = f"https://127.0.0.1:{ports['kube-apiserver']}"
+        ca = self._write_pki(server)
+        self._procs: dict[str, subprocess.Popen] = {}
+        deadline = time.monotonic() + timeout
+        try:
+            self._start_etcd(binaries["etcd"], ports, deadline)
+            self._start_apiserver(binaries["kube-apiserver"], ports, ca, deadline)
+            core = client.CoreV1Api(self.api_client())
+            self._wait_ready("namespace default", lambda: core.read_namespace("default"), deadline)
+            self._spawn("kube-controller-manager", [
+                str(binaries["kube-controller-manager"]),
+                f"--kubeconfig={self.state_dir / 'controller-manager.kubeconfig'}",
+                f"--controllers={','.join(CONTROLLERS)}",
+                "--leader-elect=false",
+                "--secure-port=0",  # no health endpoint needed; readiness is judged by its effects
+            ])
+            self._wait_ready("the serviceaccount controller (ServiceAccount default/default)",
+                             lambda: core.read_namespaced_service_account("default", "default"), deadline)
+            self._spawn("kubelet", [sys.executable, "-m", "tests.cluster.kubelet",
+                                    f"--kubeconfig={self.kubeconfig}", f"--state-dir={self.state_dir}"])
+            self._wait_ready(f"node {NODE_NAME} Ready", lambda: any(
+                c.type == "Ready" and c.status == "True" for c in core.read_node(NODE_NAME).status.conditions or []
+            ), deadline)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _write_pki(self, server: str) -> pki.KeyPair:
+        ca = pki.CertificateAuthority()
+        ca.pair.write(self.pki_dir, "ca")
+        ca.serving().write(self.pki_dir, "apiserver")
+        pki.service_account_signer().write(self.pki_dir, "service-account")
+        pki.write_kubeconfig(self.kubeconfig, server, ca.pair, ca.client("queueworker-test-admin", ("system:masters",)))
+        # The controller-manager has its own identity (visible in audit and managedFields) but full rights.
+        pki.write_kubeconfig(self.state_dir / "controller-manager.kubeconfig", server, ca.pair,
+                             ca.client("system:kube-controller-manager", ("system:masters",)))
+        return ca.pair
+
+    def _start_etcd(self, binary: Path, ports: dict[str, int], deadline: float) -> None:
+        client_url, peer_url = f"http://127.0.0.1:{ports['etcd']}", f"http://127.0.0.1:{ports['etcd-peer']}"
+        self._spawn("etcd", [
+            str(binary), f"--data-dir={self.state_dir / 'etcd'}",
+            f"--listen-client-urls={client_url}", f"--advertise-client-urls={client_url}",
+            f"--listen-peer-urls={peer_url}", f"--initial-advertise-peer-urls={peer_url}",
+            f"--initial-cluster=default={peer_url}", "--unsafe-no-fsync=true",
+        ])
+        self._wait_ready("etcd /health", lambda: json.loads(
+            urllib.request.urlopen(f"{client_url}/health", timeout=2).read()).get("health") == "true", deadline)
+
+    def _start_apiserver(self, binary: Path, ports: dict[str, int], ca: pki.KeyPair, deadline: float) -> None:
+        port, pki_dir = ports["kube-apiserver"], self.pki_dir
+        self._spawn("kube-apiserver", [
+            str(binary),
+            f"--etcd-servers=http://127.0.0.1:{ports['etcd']}",
+            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={port}",
+            f"--cert-dir={pki_dir}",
+            f"--tls-cert-file={pki_dir / 'apiserver.crt'}", f"--tls-private-key-file={pki_dir / 'apiserver.key'}",
+            f"--client-ca-file={pki_dir / 'ca.crt'}",
+            "--authorization-mode=RBAC",
+            "--service-cluster-ip-range=10.0.0.0/24", "--allow-privileged=true",
+            f"--service-account-issuer=https://127.0.0.1:{port}",
+            f"--service-account-key-file={pki_dir / 'service-account.crt'}",
+            f"--service-account-signing-key-file={pki_dir / 'service-account.key'}",
+        ])
+        context = ssl.create_default_context(cadata=ca.cert_pem.decode())
+        self._wait_ready("kube-apiserver /readyz", lambda: urllib.request.urlopen(
+            f"https://127.0.0.1:{port}/readyz", context=context, timeout=5).status == 200, deadline)
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        with (self.log_dir / f"{name}.log").open("ab") as out:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    cwd=REPO_ROOT, start_new_session=True)
+        (self.pid_dir / f"{name}.pid").write_text(str(proc.pid))
+        self._procs[name] = proc
+
+    def log_tail(self, name: str, lines: int = LOG_TAIL) -> str:
+        path = self.log_dir / f"{name}.log"
+        text = path.read_text(errors="replace") if path.exists() else ""
+        return f"--- last lines of {path} ---\n" + "\n".join(text.splitlines()[-lines:])
+
+    def _wait_ready(self, what: str, check: Callable[[], object], deadline: float) -> None:
+        last_error: Exception | None = None
+        while True:
+            for name, proc in self._procs.items():
+                if proc.poll() is not None:
+                    raise ControlPlaneError(f"{name} exited with code {proc.returncode} while waiting for "
+                                            f"{what}\n{self.log_tail(name)}")
+            try:
+                if check():
+                    return
+            except Exception as e:  # noqa: BLE001 - anything short of a dead process means 'not yet'
+                last_error = e
+            if time.monotonic() > deadline:
+                newest = list(self._procs)[-1]
+                raise ControlPlaneError(f"timed out waiting for {what} (last error: {last_error})\n"
+                                        f"{self.log_tail(newest)}")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        """SIGTERM each component's process group (kubelet first), SIGKILL after a grace period, then
+        kill any pod processes a crashed kubelet left behind. Safe to call when nothing runs."""
+        for name, pid in sorted(self.running_pids().items(), key=lambda kv: -COMPONENTS.index(kv[0])):
+            self._stop_group(pid, STOP_GRACE)
+            (self.pid_dir / f"{name}.pid").unlink(missing_ok=True)
+        for pid_file in self.pod_log_dir.glob("*.pid"):
+            pid = int(pid_file.read_text())
+            if _is_pod_process(pid):
+                self._stop_group(pid, 0)
+            pid_file.unlink()
+
+    @staticmethod
+    def _stop_group(pid: int, grace: float) -> None:
+        try:
+            os.killpg(pid, signal.SIGTERM if grace else signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + grace
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        try:
+            os.killpg(pid, signal.SIGKILL)  # the leader is gone or late: nothing of the group may linger
+        except ProcessLookupError:
+            pass
+        while _alive(pid):
+            time.sleep(0.05)
