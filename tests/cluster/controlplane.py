@@ -209,7 +209,6 @@ class ControlPlane:
             str(binary),
             f"--etcd-servers=http://127.0.0.1:{ports['etcd']}",
             "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={port}",
-            f"--cert-dir={pki_dir}",
             f"--tls-cert-file={pki_dir / 'apiserver.crt'}", f"--tls-private-key-file={pki_dir / 'apiserver.key'}",
             f"--client-ca-file={pki_dir / 'ca.crt'}",
             "--authorization-mode=RBAC",
