@@ -1,0 +1,56 @@
+"""Shared fixtures: a real Postgres for the integration tier, the control plane for the cluster tier."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import psycopg
+import pytest
+
+from queueworker.localpg import LocalPostgres, PostgresNotFound
+from queueworker.migrate import migrate
+from tests.cluster.fixtures import cluster_namespace, control_plane  # noqa: F401
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A Postgres server for the session: $QUEUEWORKER_TEST_DSN if set, otherwise a throwaway
+    local server started here (system binaries, else the pgserver wheel). Yields the
+    LocalPostgres (or None for an external server) and its admin DSN."""
+    external = os.environ.get("QUEUEWORKER_TEST_DSN")
+    if external:
+        yield None, external
+        return
+    try:
+        server = LocalPostgres()
+    except PostgresNotFound as exc:
+        pytest.fail(str(exc)) if os.environ.get("CI") else pytest.skip(str(exc))
+    server.start()
+    try:
+        yield server, server.dsn
+    finally:
+        server.destroy()
+
+
+@pytest.fixture
+def local_postgres(postgres):
+    """The local server itself, for tests that stop and restart it."""
+    server, _ = postgres
+    if server is None:
+        pytest.skip("needs a server started by the test setup (QUEUEWORKER_TEST_DSN is set)")
+    return server
+
+
+@pytest.fixture
+def dsn(postgres):
+    """A fresh, migrated database per test."""
+    _, admin_dsn = postgres
+    name = f"qw_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = psycopg.conninfo.make_conninfo(admin_dsn, dbname=name)
+    migrate(url)
+    yield url
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -1,0 +1,150 @@
+"""A throwaway local Postgres server for tests, the demo and benchmarks.
+
+Uses the system's server binaries when present (Debian's /usr/lib/postgresql/N/bin, or
+pg_config on PATH), otherwise the ones shipped by the `pgserver` wheel from PyPI. Postgres
+refuses to run as root, so as root the server runs as the `postgres` (or `nobody`) user.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+
+
+class PostgresNotFound(RuntimeError):
+    pass
+
+
+def find_bin_dir() -> Path:
+    """Where initdb, pg_ctl and postgres live; raises PostgresNotFound with what was tried."""
+    candidates: list[Path] = []
+    if os.environ.get("QUEUEWORKER_PG_BIN"):
+        candidates.append(Path(os.environ["QUEUEWORKER_PG_BIN"]))
+    debian = sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(Path(p).parent.name), reverse=True)
+    candidates += [Path(p) for p in debian]
+    pg_config = shutil.which("pg_config")
+    if pg_config:
+        try:
+            candidates.append(Path(subprocess.run([pg_config, "--bindir"], capture_output=True, text=True,
+                                                  check=True).stdout.strip()))
+        except subprocess.CalledProcessError:
+            pass
+    embedded = embedded_bin_dir()
+    if embedded:
+        candidates.append(embedded)
+    for candidate in candidates:
+        if all((candidate / tool).exists() for tool in ("initdb", "pg_ctl", "postgres")):
+            return candidate
+    raise PostgresNotFound(
+        "no Postgres server binaries found (tried $QUEUEWORKER_PG_BIN, /usr/lib/postgresql/*/bin, "
+        "pg_config --bindir, the pgserver package): install postgresql or `pip install queueworker[embedded]`")
+
+
+def embedded_bin_dir() -> Path | None:
+    """The server binaries shipped inside the `pgserver` wheel, if it is installed."""
+    spec = importlib.util.find_spec("pgserver")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0]) / "pginstall" / "bin"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class LocalPostgres:
+    """initdb + pg_ctl in a temporary directory, on a free loopback port, trust auth."""
+
+    def __init__(self, bin_dir: Path | None = None, port: int | None = None, durable: bool = False,
+                 extra_settings: dict[str, str] | None = None):
+        self.bin_dir = bin_dir or find_bin_dir()
+        self.port = port or free_port()
+        self.durable = durable
+        self.extra_settings = extra_settings or {}
+        self.base_dir = Path(tempfile.mkdtemp(prefix="queueworker-pg-"))
+        self.data_dir = self.base_dir / "data"
+        self.log_file = self.base_dir / "postgres.log"
+        self._user = _server_user()
+
+    @property
+    def dsn(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def start(self) -> str:
+        if not self.data_dir.exists():
+            self._initdb()
+        self._pg_ctl("start", "-w", "-t", "60", "-l", str(self.log_file))
+        return self.dsn
+
+    def stop(self, mode: str = "fast") -> None:
+        self._pg_ctl("stop", "-w", "-t", "60", "-m", mode)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def destroy(self) -> None:
+        try:
+            if (self.data_dir / "postmaster.pid").exists():
+                self.stop("immediate")
+        finally:
+            shutil.rmtree(self.base_dir, ignore_errors=True)
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def _initdb(self) -> None:
+        if self._user is not None:
+            shutil.chown(self.base_dir, self._user.pw_uid, self._user.pw_gid)
+        self._run([str(self.bin_dir / "initdb"), "-D", str(self.data_dir), "-U", "postgres", "--auth=trust",
+                   "--encoding=UTF8", "--no-instructions"])
+        settings = {
+            "listen_addresses": "'127.0.0.1'",
+            "port": str(self.port),
+            "unix_socket_directories": f"'{self.base_dir}'",
+            "max_connections": "300",
+            "shared_buffers": "256MB",
+            "log_min_messages": "warning",
+            "log_min_error_statement": "panic",
+        }
+        if not self.durable:
+            settings.update({"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"})
+        settings.update(self.extra_settings)
+        with open(self.data_dir / "postgresql.conf", "a") as conf:
+            conf.write("\n# queueworker LocalPostgres\n")
+            conf.writelines(f"{key} = {value}\n" for key, value in settings.items())
+
+    def _pg_ctl(self, *args: str) -> None:
+        self._run([str(self.bin_dir / "pg_ctl"), "-D", str(self.data_dir), *args])
+
+    def _run(self, cmd: list[str]) -> None:
+        result = subprocess.run(cmd, capture_output=True, text=True,
+                                user=self._user.pw_uid if self._user else None,
+                                group=self._user.pw_gid if self._user else None, cwd=self.base_dir)
+        if result.returncode != 0:
+            raise RuntimeError(f"{Path(cmd[0]).name} {cmd[1:3]} failed ({result.returncode}): "
+                               f"{result.stderr.strip() or result.stdout.strip()}\n{self.log_tail()}")
+
+
+def _server_user() -> pwd.struct_passwd | None:
+    """None when not root; otherwise the unprivileged account the server must run as."""
+    if os.geteuid() != 0:
+        return None
+    for name in ("postgres", "nobody"):
+        try:
+            return pwd.getpwnam(name)
+        except KeyError:
+            continue
+    raise PostgresNotFound("running as root and neither a 'postgres' nor a 'nobody' user exists")

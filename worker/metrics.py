@@ -1,0 +1,23 @@
+"""Prometheus metrics exported by a worker on --metrics-port."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+TASKS_CLAIMED = Counter("queueworker_tasks_claimed_total", "Tasks claimed by this worker", ["queue"])
+TASKS_COMPLETED = Counter("queueworker_tasks_completed_total",
+                          "Attempts reported, by outcome (succeeded, retried, failed)", ["queue", "outcome"])
+TASKS_RELEASED = Counter("queueworker_tasks_released_total",
+                         "Leases handed back on shutdown without consuming an attempt", ["queue"])
+STALE_COMPLETIONS = Counter("queueworker_stale_completions_total",
+                            "Results discarded because the lease was no longer held (fencing token mismatch)")
+LEASES_LOST = Counter("queueworker_leases_lost_total",
+                      "Running attempts whose lease was lost (expired, cancelled, re-claimed) and were cancelled")
+LEASES_RECOVERED = Counter("queueworker_leases_recovered_total",
+                           "Expired leases recovered by this worker's rescuer", ["outcome"])
+TASKS_PROMOTED = Counter("queueworker_tasks_promoted_total", "Retrying tasks promoted to pending when due")
+TASK_DURATION = Histogram("queueworker_task_duration_seconds", "Handler run time per attempt", ["queue", "task"],
+                          buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 1800))
+IN_FLIGHT = Gauge("queueworker_tasks_in_flight", "Attempts holding a lease in this worker")
+DB_ERRORS = Counter("queueworker_db_errors_total", "Database errors, by operation", ["operation"])
+WORKER_STATE = Gauge("queueworker_worker_state", "1 for the fetch loop's current state", ["state"])

@@ -1,0 +1,48 @@
+"""Worker settings, validated once at start-up so bad flags fail with one clear message."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .producer import QUEUE_PATTERN
+
+
+class WorkerSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    queues: tuple[str, ...] = ("default",)
+    concurrency: int = Field(default=10, ge=1, le=10000)
+    lease_seconds: float = Field(default=30.0, ge=2.0)
+    heartbeat_seconds: float = Field(default=10.0, gt=0)
+    drain_seconds: float = Field(default=20.0, ge=0)
+    task_timeout_seconds: float = Field(default=1800.0, gt=0)
+    # Background duties.
+    rescue_interval_seconds: float = Field(default=7.5, gt=0)
+    deadline_grace_seconds: float = Field(default=60.0, ge=0)
+    worker_ttl_seconds: float = Field(default=120.0, gt=0)
+    scheduler_max_interval_seconds: float = Field(default=10.0, gt=0)
+    # Idle polling fallback behind LISTEN/NOTIFY: grows from min to max while nothing is found.
+    poll_min_seconds: float = Field(default=0.2, gt=0)
+    poll_max_seconds: float = Field(default=10.0, gt=0)
+    # Completion batching: flush after this long or at this many results, whichever comes first.
+    flush_interval_seconds: float = Field(default=0.002, ge=0)
+    flush_max_batch: int = Field(default=1000, ge=1)
+    retry_base_seconds: float = Field(default=1.0, gt=0)
+    retry_max_seconds: float = Field(default=24 * 3600.0, gt=0)
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+
+    @model_validator(mode="after")
+    def _coherent(self) -> WorkerSettings:
+        import re
+
+        for queue in self.queues:
+            if not re.match(QUEUE_PATTERN, queue):
+                raise ValueError(f"invalid queue name {queue!r}: letters, digits, _.:- only, at most 128")
+        if not self.queues:
+            raise ValueError("at least one queue is needed")
+        if self.heartbeat_seconds * 2 > self.lease_seconds:
+            raise ValueError(f"heartbeat ({self.heartbeat_seconds}s) must be at most half the lease "
+                             f"({self.lease_seconds}s), or leases expire between heartbeats")
+        if self.poll_min_seconds > self.poll_max_seconds:
+            raise ValueError("poll_min_seconds must not exceed poll_max_seconds")
+        return self

@@ -1,0 +1,291 @@
+"""Every SQL statement queueworker runs, named in one place.
+
+Statements use psycopg named placeholders. Each transition out of `running` is fenced:
+it matches `(id, lease_token, state = 'running')`, so a worker that lost its lease
+(expired, rescued, re-claimed, cancelled) changes nothing.
+"""
+
+NOTIFY_CHANNEL = "queueworker"
+
+# Advisory lock keys (arbitrary constants inside our own namespace of keys).
+MIGRATION_LOCK_KEY = 0x71770001
+RESCUER_LOCK_KEY = 0x71770002
+SCHEDULER_LOCK_KEY = 0x71770003
+
+# -- migrations ---------------------------------------------------------------------------
+
+CREATE_MIGRATIONS_TABLE = """
+CREATE SCHEMA IF NOT EXISTS queueworker;
+CREATE TABLE IF NOT EXISTS queueworker.schema_migrations (
+    version    integer PRIMARY KEY,
+    name       text NOT NULL,
+    checksum   text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)
+"""
+
+LOCK_MIGRATIONS = "SELECT pg_advisory_lock(%(key)s)"
+UNLOCK_MIGRATIONS = "SELECT pg_advisory_unlock(%(key)s)"
+APPLIED_MIGRATIONS = "SELECT version, name, checksum FROM queueworker.schema_migrations ORDER BY version"
+RECORD_MIGRATION = """
+INSERT INTO queueworker.schema_migrations (version, name, checksum)
+VALUES (%(version)s, %(name)s, %(checksum)s)
+"""
+SCHEMA_VERSION = """
+SELECT coalesce(max(version), 0)
+FROM queueworker.schema_migrations
+"""
+SCHEMA_EXISTS = "SELECT to_regclass('queueworker.schema_migrations') IS NOT NULL"
+
+# -- producer -------------------------------------------------------------------------------
+
+# One statement for any batch size. Wakes idle workers with one NOTIFY per queue per statement
+# (delivered at commit, so it rides the caller's transaction); a batch that is only due later
+# carries its due time so listeners can schedule a precise wake-up instead of polling.
+ENQUEUE = """
+WITH inserted AS (
+    INSERT INTO queueworker.tasks (queue, task, payload, priority, run_after, max_attempts, timeout_seconds)
+    SELECT s.queue, s.task, s.payload, s.priority, coalesce(s.run_after, now()), s.max_attempts, s.timeout_seconds
+    FROM unnest(%(queues)s::text[], %(tasks)s::text[], %(payloads)s::jsonb[], %(priorities)s::int[],
+                %(run_afters)s::timestamptz[], %(max_attempts)s::int[], %(timeouts)s::int[])
+         WITH ORDINALITY AS s(queue, task, payload, priority, run_after, max_attempts, timeout_seconds, ord)
+    ORDER BY s.ord
+    RETURNING id, queue, run_after
+), notified AS (
+    SELECT pg_notify('queueworker',
+                     CASE WHEN min(run_after) <= now() THEN queue
+                          ELSE queue || ' ' || extract(epoch FROM min(run_after))::text END)
+    FROM inserted GROUP BY queue
+)
+SELECT id, (SELECT count(*) FROM notified) AS notified FROM inserted ORDER BY id
+"""
+
+# -- worker: claim, heartbeat, complete, release ---------------------------------------------
+
+# The CTE is MATERIALIZED so the planner cannot turn the LIMIT into a nested loop that
+# updates more rows than asked for; NO KEY UPDATE does not block foreign keys to tasks.
+CLAIM = """
+WITH picked AS MATERIALIZED (
+    SELECT id FROM queueworker.tasks
+    WHERE state = 'pending' AND queue = %(queue)s AND run_after <= now()
+    ORDER BY priority DESC, run_after, id
+    LIMIT %(limit)s
+    FOR NO KEY UPDATE SKIP LOCKED
+)
+UPDATE queueworker.tasks t
+SET state = 'running', attempts = t.attempts + 1, lease_owner = %(worker)s,
+    lease_token = t.lease_token + 1,
+    leased_until = now() + make_interval(secs => %(lease_seconds)s),
+    deadline_at = now() + make_interval(secs => coalesce(t.timeout_seconds, %(timeout_seconds)s)),
+    started_at = now(), updated_at = now()
+FROM picked
+WHERE t.id = picked.id
+RETURNING t.id, t.queue, t.task, t.payload, t.attempts, t.max_attempts, t.lease_token,
+          extract(epoch FROM t.deadline_at - now())::float8 AS seconds_to_deadline
+"""
+
+# Extends the leases this worker still holds and refreshes its `workers` row, in one statement.
+# Leases past their hard deadline are not extended. Returns the ids still held.
+HEARTBEAT = """
+WITH me AS (
+    INSERT INTO queueworker.workers
+        (id, hostname, pod_name, pod_namespace, pid, queues, concurrency, running, draining, version)
+    VALUES (%(worker)s, %(hostname)s, %(pod_name)s, %(pod_namespace)s, %(pid)s, %(queues)s,
+            %(concurrency)s, %(running)s, %(draining)s, %(version)s)
+    ON CONFLICT (id) DO UPDATE
+    SET heartbeat_at = now(), running = EXCLUDED.running, draining = EXCLUDED.draining
+)
+UPDATE queueworker.tasks t
+SET leased_until = now() + make_interval(secs => %(lease_seconds)s)
+FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS h(id, token)
+WHERE t.id = h.id AND t.lease_token = h.token AND t.state = 'running' AND t.deadline_at > now()
+RETURNING t.id
+"""
+
+DEREGISTER_WORKER = "DELETE FROM queueworker.workers WHERE id = %(worker)s"
+
+COMPLETE_SUCCEEDED = """
+UPDATE queueworker.tasks t
+SET state = 'succeeded', result = c.result, error = NULL, finished_at = now(), updated_at = now(),
+    leased_until = NULL, deadline_at = NULL
+FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(results)s::jsonb[]) AS c(id, token, result)
+WHERE t.id = c.id AND t.lease_token = c.token AND t.state = 'running'
+RETURNING t.id
+"""
+
+# A retryable failure with attempts left waits out its backoff in `retrying`; anything else fails.
+COMPLETE_FAILED = """
+UPDATE queueworker.tasks t
+SET state = CASE WHEN c.retryable AND t.attempts < t.max_attempts
+                 THEN 'retrying' ELSE 'failed' END::queueworker.task_state,
+    run_after = CASE WHEN c.retryable AND t.attempts < t.max_attempts
+                     THEN now() + make_interval(secs => c.backoff_seconds) ELSE t.run_after END,
+    finished_at = CASE WHEN c.retryable AND t.attempts < t.max_attempts THEN NULL ELSE now() END,
+    error = c.error, updated_at = now(), leased_until = NULL, deadline_at = NULL
+FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(retryables)s::bool[],
+            %(backoffs)s::float8[], %(errors)s::jsonb[]) AS c(id, token, retryable, backoff_seconds, error)
+WHERE t.id = c.id AND t.lease_token = c.token AND t.state = 'running'
+RETURNING t.id, t.state::text
+"""
+
+# Graceful shutdown: hand leases back without consuming the attempt, and wake other workers.
+RELEASE = """
+WITH released AS (
+    UPDATE queueworker.tasks t
+    SET state = 'pending', attempts = greatest(t.attempts - 1, 0), run_after = now(), updated_at = now(),
+        lease_owner = NULL, leased_until = NULL, deadline_at = NULL
+    FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS r(id, token)
+    WHERE t.id = r.id AND t.lease_token = r.token AND t.state = 'running'
+    RETURNING t.id, t.queue
+), notified AS (
+    SELECT pg_notify('queueworker', queue) FROM released GROUP BY queue
+)
+SELECT id, (SELECT count(*) FROM notified) AS notified FROM released
+"""
+
+# -- background duties -----------------------------------------------------------------------
+
+# Rescuer: returns tasks whose lease expired (or whose hard deadline passed long ago) to the
+# queue, or fails them when their attempts are spent, and forgets workers that stopped
+# heartbeating. Guarded by a transaction-scoped advisory lock so one worker does it at a time.
+RESCUE = """
+WITH guard AS MATERIALIZED (
+    SELECT pg_try_advisory_xact_lock(%(lock_key)s) AS held
+), expired AS (
+    SELECT t.id FROM queueworker.tasks t, guard
+    WHERE guard.held AND t.state = 'running'
+      AND (t.leased_until < now() OR t.deadline_at < now() - make_interval(secs => %(deadline_grace)s))
+    ORDER BY t.id
+    LIMIT %(limit)s
+    FOR NO KEY UPDATE OF t SKIP LOCKED
+), rescued AS (
+    UPDATE queueworker.tasks t
+    SET state = CASE WHEN t.attempts >= t.max_attempts THEN 'failed' ELSE 'pending' END::queueworker.task_state,
+        error = jsonb_build_object(
+            'type', CASE WHEN t.leased_until < now() THEN 'LeaseExpired' ELSE 'DeadlineExceeded' END,
+            'message', CASE WHEN t.leased_until < now()
+                            THEN 'lease expired: worker ' || t.lease_owner::text || ' stopped heartbeating'
+                            ELSE 'hard deadline exceeded while the worker still held the lease' END,
+            'retryable', t.attempts < t.max_attempts),
+        rescues = t.rescues + 1, run_after = now(), updated_at = now(),
+        finished_at = CASE WHEN t.attempts >= t.max_attempts THEN now() END,
+        lease_owner = NULL, leased_until = NULL, deadline_at = NULL
+    FROM expired
+    WHERE t.id = expired.id
+    RETURNING t.id, t.queue, t.state
+), reaped AS (
+    DELETE FROM queueworker.workers w
+    USING guard
+    WHERE guard.held AND w.heartbeat_at < now() - make_interval(secs => %(worker_ttl)s)
+    RETURNING w.id
+), notified AS (
+    SELECT pg_notify('queueworker', queue) FROM rescued WHERE state = 'pending' GROUP BY queue
+)
+SELECT (SELECT held FROM guard) AS held,
+       (SELECT count(*) FROM rescued WHERE state = 'pending') AS requeued,
+       (SELECT count(*) FROM rescued WHERE state = 'failed') AS failed,
+       (SELECT count(*) FROM reaped) AS reaped,
+       (SELECT count(*) FROM notified) AS notified
+"""
+
+# Scheduler: promotes retrying tasks whose backoff is over to pending, wakes their queues,
+# and says when the next one is due so it can sleep exactly that long.
+PROMOTE_DUE = """
+WITH guard AS MATERIALIZED (
+    SELECT pg_try_advisory_xact_lock(%(lock_key)s) AS held
+), due AS (
+    SELECT t.id FROM queueworker.tasks t, guard
+    WHERE guard.held AND t.state = 'retrying' AND t.run_after <= now()
+    ORDER BY t.run_after
+    LIMIT %(limit)s
+    FOR NO KEY UPDATE OF t SKIP LOCKED
+), promoted AS (
+    UPDATE queueworker.tasks t SET state = 'pending', updated_at = now()
+    FROM due WHERE t.id = due.id
+    RETURNING t.queue
+), notified AS (
+    SELECT pg_notify('queueworker', queue) FROM promoted GROUP BY queue
+)
+SELECT (SELECT count(*) FROM promoted) AS promoted,
+       (SELECT count(*) FROM notified) AS notified,
+       (SELECT extract(epoch FROM min(run_after) - now())::float8
+        FROM queueworker.tasks WHERE state = 'retrying') AS next_due_in
+"""
+
+# -- operators -------------------------------------------------------------------------------
+
+RETRY_TASK = """
+UPDATE queueworker.tasks
+SET state = 'pending', run_after = now(), updated_at = now(), finished_at = NULL,
+    max_attempts = greatest(max_attempts, attempts + 1)
+WHERE id = %(id)s AND state IN ('failed', 'cancelled')
+RETURNING id, queue, attempts, max_attempts
+"""
+
+CANCEL_TASK = """
+UPDATE queueworker.tasks
+SET state = 'cancelled', updated_at = now(), finished_at = now(),
+    lease_owner = NULL, leased_until = NULL, deadline_at = NULL
+WHERE id = %(id)s AND state IN ('pending', 'retrying', 'running')
+RETURNING id
+"""
+
+TASK_STATE = "SELECT state::text FROM queueworker.tasks WHERE id = %(id)s"
+
+NOTIFY_QUEUE = "SELECT pg_notify('queueworker', %(queue)s)"
+
+# Counts per queue and state. Terminal states are counted too, which reads history: this is
+# for humans (`queueworker status`), not for the controller's tick.
+STATUS_COUNTS = """
+SELECT queue, state::text, count(*) AS n
+FROM queueworker.tasks
+WHERE %(queue)s::text IS NULL OR queue = %(queue)s
+GROUP BY queue, state
+ORDER BY queue, state
+"""
+
+OLDEST_PENDING_AGE = """
+SELECT queue, extract(epoch FROM now() - min(run_after))::float8 AS age
+FROM queueworker.tasks
+WHERE state = 'pending' AND run_after <= now() AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+GROUP BY queue
+"""
+
+LIVE_WORKERS = """
+SELECT id::text, hostname, pod_name, pod_namespace, pid, queues, concurrency, running, draining,
+       extract(epoch FROM now() - heartbeat_at)::float8 AS heartbeat_age, started_at
+FROM queueworker.workers
+WHERE %(queue)s::text IS NULL OR %(queue)s = ANY(queues)
+ORDER BY started_at
+"""
+
+# -- controller: queue depth and per-pod lease counts ---------------------------------------
+
+# One cheap statement per database per tick, whatever the history size: ready and retrying are
+# counted only up to %(cap)s (what scaling needs), running is bounded by the fleet's concurrency,
+# and the head-of-queue age reads a single claim-index entry.
+QUEUE_DEPTH = """
+SELECT q.queue,
+       (SELECT count(*) FROM (SELECT 1 FROM queueworker.tasks
+                              WHERE state = 'pending' AND queue = q.queue AND run_after <= now()
+                              LIMIT %(cap)s) AS r) AS ready,
+       (SELECT count(*) FROM queueworker.tasks WHERE state = 'running' AND queue = q.queue) AS running,
+       (SELECT count(*) FROM (SELECT 1 FROM queueworker.tasks
+                              WHERE state = 'retrying' AND queue = q.queue
+                              LIMIT %(cap)s) AS b) AS retrying,
+       (SELECT extract(epoch FROM now() - run_after)::float8 FROM queueworker.tasks
+        WHERE state = 'pending' AND queue = q.queue AND run_after <= now()
+        ORDER BY priority DESC, run_after, id LIMIT 1) AS oldest_ready_age
+FROM unnest(%(queues)s::text[]) AS q(queue)
+"""
+
+# Live workers of one namespace with their lease counts, to price pods for scale-in.
+WORKER_LEASES = """
+SELECT w.pod_name, w.running, w.draining,
+       extract(epoch FROM now() - min(t.started_at))::float8 AS oldest_lease_age
+FROM queueworker.workers w
+LEFT JOIN queueworker.tasks t ON t.lease_owner = w.id AND t.state = 'running'
+WHERE w.pod_namespace = %(namespace)s AND w.pod_name IS NOT NULL
+  AND %(queue)s = ANY(w.queues)
+GROUP BY w.id, w.pod_name, w.running, w.draining
+"""
