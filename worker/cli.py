@@ -72,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     wrk.add_argument("--heartbeat-seconds", type=float, default=10.0)
     wrk.add_argument("--drain-seconds", type=float, default=20.0)
     wrk.add_argument("--task-timeout", type=float, default=1800.0, help="default hard deadline per attempt")
+    wrk.add_argument("--retry-base-seconds", type=float, default=1.0,
+                     help="backoff after the first failed attempt; doubles per attempt, capped at 24 h")
     wrk.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
     wrk.add_argument("--migrate", action="store_true", help="apply pending migrations before starting")
     wrk.add_argument("--log-level", default=os.environ.get("QUEUEWORKER_LOG_LEVEL", "INFO"))
@@ -131,7 +133,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     settings = WorkerSettings(
         queues=tuple(args.queues or ["default"]), concurrency=args.concurrency, lease_seconds=args.lease_seconds,
         heartbeat_seconds=args.heartbeat_seconds, drain_seconds=args.drain_seconds,
-        task_timeout_seconds=args.task_timeout, metrics_port=args.metrics_port)
+        task_timeout_seconds=args.task_timeout, retry_base_seconds=args.retry_base_seconds,
+        metrics_port=args.metrics_port)
     default_registry.import_modules(args.handlers)
     try:
         register_commands(default_registry, args.commands)

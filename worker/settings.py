@@ -16,10 +16,11 @@ class WorkerSettings(BaseModel):
     heartbeat_seconds: float = Field(default=10.0, gt=0)
     drain_seconds: float = Field(default=20.0, ge=0)
     task_timeout_seconds: float = Field(default=1800.0, gt=0)
-    # Background duties.
-    rescue_interval_seconds: float = Field(default=7.5, gt=0)
+    # Background duties. Unset intervals follow the lease: a SIGKILLed worker's tasks are back in
+    # the queue at most lease + lease/4 after its last heartbeat (37.5 s with the defaults).
+    rescue_interval_seconds: float | None = Field(default=None, gt=0)
     deadline_grace_seconds: float = Field(default=60.0, ge=0)
-    worker_ttl_seconds: float = Field(default=120.0, gt=0)
+    worker_ttl_seconds: float | None = Field(default=None, gt=0)
     scheduler_max_interval_seconds: float = Field(default=10.0, gt=0)
     # Idle polling fallback behind LISTEN/NOTIFY: grows from min to max while nothing is found.
     poll_min_seconds: float = Field(default=0.2, gt=0)
@@ -30,6 +31,17 @@ class WorkerSettings(BaseModel):
     retry_base_seconds: float = Field(default=1.0, gt=0)
     retry_max_seconds: float = Field(default=24 * 3600.0, gt=0)
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _lease_derived_defaults(cls, values: dict) -> dict:
+        lease = float(values.get("lease_seconds", 30.0))
+        values = dict(values)
+        if values.get("rescue_interval_seconds") is None:
+            values["rescue_interval_seconds"] = lease / 4
+        if values.get("worker_ttl_seconds") is None:
+            values["worker_ttl_seconds"] = lease * 4
+        return values
 
     @model_validator(mode="after")
     def _coherent(self) -> WorkerSettings:

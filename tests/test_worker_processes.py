@@ -1,0 +1,182 @@
+"""Concurrency and failure claims, proven with real worker processes, real signals and a real
+Postgres restart (integration tier)."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import psycopg
+import pytest
+
+from queueworker.producer import enqueue_many
+from tests.support import FAST_LEASES, WorkerProcess, query, scalar, state_counts, wait_until, worker_id_of
+
+pytestmark = pytest.mark.integration
+
+
+def _enqueue(dsn: str, task: str, count: int, payload: dict | None = None, **options) -> list[int]:
+    with psycopg.connect(dsn) as conn:
+        ids = enqueue_many(conn, ({"task": task, "payload": payload or {}, **options} for _ in range(count)))
+    return ids
+
+
+@pytest.fixture
+def workers():
+    started: list[WorkerProcess] = []
+
+    def start(dsn: str, *args: str) -> WorkerProcess:
+        proc = WorkerProcess(dsn, *args)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.stop()
+
+
+def _assert_each_succeeded_once(dsn: str, ids: list[int]) -> None:
+    rows = query(dsn, """
+        SELECT t.id, t.state::text,
+               (SELECT count(*) FROM queueworker.task_events e WHERE e.task_id = t.id AND e.to_state = 'succeeded')
+        FROM queueworker.tasks t WHERE t.id = ANY(%s)""", (ids,))
+    assert len(rows) == len(ids)
+    bad = [r for r in rows if r[1] != "succeeded" or r[2] != 1]
+    assert not bad, f"{len(bad)} tasks not succeeded exactly once, e.g. {bad[:5]}"
+
+
+def test_four_workers_drain_5000_tasks_each_exactly_once(dsn, workers):
+    ids = _enqueue(dsn, "qw.noop", 5000)
+    procs = [workers(dsn, "--concurrency", "20") for _ in range(4)]
+    wait_until(lambda: state_counts(dsn).get("succeeded") == 5000, timeout=120, message="5000 succeeded")
+    _assert_each_succeeded_once(dsn, ids)
+    assert scalar(dsn, "SELECT count(*) FROM queueworker.tasks WHERE state = 'running'") == 0
+    claimers = scalar(dsn, """SELECT count(DISTINCT worker) FROM queueworker.task_events
+                              WHERE to_state = 'running'""")
+    assert claimers >= 2, "the work was not shared between worker processes"
+    for proc in procs:
+        proc.signal(signal.SIGTERM)
+    assert all(proc.wait(30) == 0 for proc in procs)
+    assert scalar(dsn, "SELECT count(*) FROM queueworker.workers") == 0
+
+
+def test_sigkilled_worker_leases_are_recovered_and_finished_by_others(dsn, workers):
+    ids = _enqueue(dsn, "qw.sleep", 4, {"seconds": 1.5})
+    victim = workers(dsn, "--concurrency", "4", *FAST_LEASES)
+    victim_id = wait_until(lambda: worker_id_of(dsn, victim.pid), message="victim registered")
+    wait_until(lambda: scalar(dsn, "SELECT count(*) FROM queueworker.tasks WHERE lease_owner = %s",
+                              (victim_id,)) == 4, message="victim holds all 4 leases")
+    victim.signal(signal.SIGKILL)
+    victim.wait()
+    killed_at = time.monotonic()
+    others = [workers(dsn, "--concurrency", "2", *FAST_LEASES) for _ in range(2)]
+    wait_until(lambda: state_counts(dsn).get("succeeded") == 4, timeout=60, message="all 4 succeeded")
+    recovered_after = time.monotonic() - killed_at
+    _assert_each_succeeded_once(dsn, ids)
+    rows = query(dsn, "SELECT rescues, attempts, error->>'type' FROM queueworker.tasks WHERE id = ANY(%s)", (ids,))
+    assert all(r[0] == 1 and r[1] == 2 for r in rows), rows
+    finishers = {r[0] for r in query(dsn, """SELECT worker::text FROM queueworker.task_events
+                                             WHERE to_state = 'succeeded' AND task_id = ANY(%s)""", (ids,))}
+    assert victim_id not in finishers
+    assert finishers <= {worker_id_of(dsn, p.pid) for p in others}
+    assert recovered_after < 3 + 1 + 10, f"recovery took {recovered_after:.1f}s"
+
+
+def test_sigstopped_worker_late_completion_is_rejected_by_fencing(dsn, workers):
+    (task_id,) = _enqueue(dsn, "qw.sleep", 1, {"seconds": 2})
+    sleeper = workers(dsn, "--concurrency", "1", "--lease-seconds", "2", "--heartbeat-seconds", "1")
+    wait_until(lambda: scalar(dsn, "SELECT state::text FROM queueworker.tasks WHERE id = %s",
+                              (task_id,)) == "running", message="task claimed")
+    sleeper.signal(signal.SIGSTOP)
+    rival = workers(dsn, "--concurrency", "1", "--lease-seconds", "2", "--heartbeat-seconds", "1")
+    wait_until(lambda: scalar(dsn, "SELECT state::text FROM queueworker.tasks WHERE id = %s",
+                              (task_id,)) == "succeeded", timeout=30, message="rival finished the task")
+    finished = query(dsn, "SELECT lease_token, result, finished_at FROM queueworker.tasks WHERE id = %s",
+                     (task_id,))[0]
+    assert finished[0] == 2, "the rival's claim should carry fencing token 2"
+    sleeper.signal(signal.SIGCONT)
+    # The sleeper wakes with its attempt long over: its heartbeat or its completion must be refused.
+    wait_until(lambda: "stale" in sleeper.log() or "lease lost" in sleeper.log(), timeout=15,
+               message="sleeper noticed it lost the lease")
+    time.sleep(1.0)
+    assert query(dsn, "SELECT lease_token, result, finished_at FROM queueworker.tasks WHERE id = %s",
+                 (task_id,))[0] == finished
+    assert scalar(dsn, """SELECT count(*) FROM queueworker.task_events
+                          WHERE task_id = %s AND to_state = 'succeeded'""", (task_id,)) == 1
+    sleeper.signal(signal.SIGTERM)
+    assert sleeper.wait(30) == 0
+    assert rival is not None
+
+
+def test_sigterm_releases_leases_without_consuming_attempts(dsn, workers):
+    ids = _enqueue(dsn, "qw.sleep", 3, {"seconds": 4})
+    first = workers(dsn, "--concurrency", "3", "--drain-seconds", "0.5")
+    first_id = wait_until(lambda: worker_id_of(dsn, first.pid), message="first registered")
+    wait_until(lambda: state_counts(dsn).get("running") == 3, message="3 running")
+    signalled = time.monotonic()
+    first.signal(signal.SIGTERM)
+    assert first.wait(20) == 0
+    assert time.monotonic() - signalled < 0.5 + 5
+    rows = query(dsn, "SELECT state::text, attempts FROM queueworker.tasks WHERE id = ANY(%s)", (ids,))
+    assert rows == [("pending", 0)] * 3
+    assert worker_id_of(dsn, first.pid) is None, "the worker row should be removed on exit"
+    workers(dsn, "--concurrency", "3")
+    wait_until(lambda: state_counts(dsn).get("succeeded") == 3, timeout=30, message="finished elsewhere")
+    _assert_each_succeeded_once(dsn, ids)
+    assert all(r[0] == 1 for r in query(dsn, "SELECT attempts FROM queueworker.tasks WHERE id = ANY(%s)", (ids,)))
+    released = query(dsn, """SELECT count(*) FROM queueworker.task_events
+                             WHERE from_state = 'running' AND to_state = 'pending' AND worker = %s""", (first_id,))
+    assert released[0][0] == 3
+
+
+def test_second_signal_cuts_the_drain_short(dsn, workers):
+    _enqueue(dsn, "qw.sleep", 2, {"seconds": 60})
+    proc = workers(dsn, "--concurrency", "2", "--drain-seconds", "60")
+    wait_until(lambda: state_counts(dsn).get("running") == 2, message="2 running")
+    proc.signal(signal.SIGTERM)
+    time.sleep(0.5)
+    proc.signal(signal.SIGTERM)
+    assert proc.wait(10) == 0
+    assert state_counts(dsn) == {"pending": 2}
+
+
+def test_workers_survive_a_postgres_restart(dsn, local_postgres, workers):
+    ids = _enqueue(dsn, "qw.sleep", 600, {"seconds": 0.02})
+    for _ in range(2):
+        workers(dsn, "--concurrency", "10", *FAST_LEASES)
+    wait_until(lambda: state_counts(dsn).get("succeeded", 0) >= 50, timeout=60, message="progress before restart")
+    local_postgres.restart()
+    wait_until(lambda: state_counts(dsn).get("succeeded") == 600, timeout=120, message="all succeeded after restart")
+    _assert_each_succeeded_once(dsn, ids)
+
+
+def test_retry_then_success_permanent_failure_exhaustion_and_unknown_task(dsn, workers):
+    with psycopg.connect(dsn) as conn:
+        retried, = enqueue_many(conn, [{"task": "qw.fail", "payload": {"retryable": True}, "max_attempts": 3}])
+        permanent, = enqueue_many(conn, [{"task": "qw.fail", "payload": {"retryable": False, "message": "bad"}}])
+        unknown, = enqueue_many(conn, [{"task": "no.such.task"}])
+    proc = workers(dsn, "--concurrency", "4", "--retry-base-seconds", "0.5")
+    wait_until(lambda: scalar(dsn, "SELECT state::text FROM queueworker.tasks WHERE id = %s", (retried,))
+               == "retrying", message="retrying after first failure")
+    run_after_future = scalar(dsn, "SELECT run_after > now() FROM queueworker.tasks WHERE id = %s", (retried,))
+    assert run_after_future
+    wait_until(lambda: scalar(dsn, "SELECT state::text FROM queueworker.tasks WHERE id = %s", (retried,))
+               == "failed", timeout=30, message="exhausted after 3 attempts")
+    attempts, error = query(dsn, "SELECT attempts, error FROM queueworker.tasks WHERE id = %s", (retried,))[0]
+    assert attempts == 3 and error["type"] == "RuntimeError" and "traceback" in error
+    path = [r[0] for r in query(dsn, """SELECT coalesce(from_state::text, '') || '>' || to_state::text
+                                        FROM queueworker.task_events WHERE task_id = %s ORDER BY id""", (retried,))]
+    assert path == [">pending", "pending>running", "running>retrying", "retrying>pending", "pending>running",
+                    "running>retrying", "retrying>pending", "pending>running", "running>failed"]
+
+    assert query(dsn, "SELECT state::text, attempts, error->>'message', error->>'retryable' "
+                      "FROM queueworker.tasks WHERE id = %s", (permanent,))[0] == ("failed", 1, "bad", "false")
+    state, message = query(dsn, "SELECT state::text, error->>'message' FROM queueworker.tasks WHERE id = %s",
+                           (unknown,))[0]
+    assert state == "failed" and "no handler registered for task 'no.such.task'" in message
+
+    # The worker kept running through all of that.
+    (after,) = _enqueue(dsn, "qw.noop", 1)
+    wait_until(lambda: scalar(dsn, "SELECT state::text FROM queueworker.tasks WHERE id = %s", (after,))
+               == "succeeded", message="worker still alive")
+    assert proc.proc.poll() is None
