@@ -1,0 +1,149 @@
+"""Integration: the producer API and the fenced SQL transitions, against a real Postgres."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from datetime import datetime, timedelta, timezone
+
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+from pydantic import ValidationError
+
+from queueworker import sql
+from queueworker.producer import TaskSpec, enqueue, enqueue_many
+from tests.support import query, scalar
+
+pytestmark = pytest.mark.integration
+
+CLAIM_DEFAULTS = {"lease_seconds": 30, "timeout_seconds": 60}
+
+
+def _claim(conn, worker, limit=10, queue="default"):
+    return conn.execute(sql.CLAIM, {"queue": queue, "limit": limit, "worker": worker, **CLAIM_DEFAULTS}).fetchall()
+
+
+def test_enqueue_joins_the_callers_transaction(dsn):
+    with psycopg.connect(dsn) as conn:
+        enqueue(conn, "qw.noop")
+        conn.rollback()
+        kept = enqueue(conn, "qw.noop", {"a": 1}, queue="mail", priority=5)
+        conn.commit()
+    assert query(dsn, "SELECT id, queue, priority, payload FROM queueworker.tasks") == [(kept, "mail", 5, {"a": 1})]
+
+
+def test_batch_enqueue_keeps_order_and_wakes_each_queue_once(dsn):
+    with psycopg.connect(dsn, autocommit=True) as listener:
+        listener.execute("LISTEN queueworker")
+        with psycopg.connect(dsn) as conn:
+            specs = [{"task": "qw.noop", "payload": {"i": i}, "queue": "a" if i % 2 else "b"} for i in range(12000)]
+            ids = enqueue_many(conn, specs)
+        notes = [n.payload for n in listener.notifies(timeout=1.0)]
+    assert ids == sorted(ids) and len(ids) == 12000
+    assert [p["i"] for (p,) in query(dsn, "SELECT payload FROM queueworker.tasks ORDER BY id")] == list(range(12000))
+    # 12000 rows in 3 statements of one transaction: Postgres folds identical notifications,
+    # so each queue is woken once.
+    assert sorted(notes) == ["a", "b"]
+
+
+def test_delayed_batch_notifies_its_due_time(dsn):
+    due = datetime.now(timezone.utc) + timedelta(seconds=30)
+    with psycopg.connect(dsn, autocommit=True) as listener:
+        listener.execute("LISTEN queueworker")
+        with psycopg.connect(dsn) as conn:
+            enqueue(conn, "qw.noop", run_after=due)
+        (note,) = [n.payload for n in listener.notifies(timeout=1.0)]
+    queue, epoch = note.split(" ")
+    assert queue == "default" and abs(float(epoch) - due.timestamp()) < 0.01
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert _claim(conn, uuid.uuid4()) == [], "a delayed task must not be claimable yet"
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"task": ""}, "at least 1 character"),
+    ({"task": "t", "queue": "no spaces"}, "should match pattern"),
+    ({"task": "t", "payload": {"x": object()}}, "not JSON-serialisable"),
+    ({"task": "t", "max_attempts": 0}, "greater than or equal to 1"),
+    ({"task": "t", "delay": 1, "run_after": datetime.now(timezone.utc)}, "not both"),
+    ({"task": "t", "run_after": datetime.now()}, "timezone-aware"),
+])
+def test_bad_specs_fail_before_the_database(spec, message):
+    with pytest.raises(ValidationError, match=message):
+        TaskSpec(**spec)
+
+
+def test_claim_order_is_priority_then_age_and_skips_locked_rows(dsn):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        low = enqueue(conn, "qw.noop")
+        high = enqueue(conn, "qw.noop", priority=10)
+        later = enqueue(conn, "qw.noop")
+        with psycopg.connect(dsn) as other:
+            other.execute("SELECT 1 FROM queueworker.tasks WHERE id = %s FOR UPDATE", (high,))
+            assert [r[0] for r in _claim(conn, uuid.uuid4(), limit=1)] == [low]
+        assert [r[0] for r in _claim(conn, uuid.uuid4(), limit=5)] == [high, later]
+
+
+def test_every_transition_out_of_running_is_fenced_by_the_lease_token(dsn):
+    """A worker whose lease was rescued and re-claimed can change nothing any more."""
+    old_worker, new_worker = uuid.uuid4(), uuid.uuid4()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        task_id = enqueue(conn, "qw.noop")
+        (_, _, _, _, _, _, old_token, _), = _claim(conn, old_worker)
+        conn.execute("UPDATE queueworker.tasks SET leased_until = now() - interval '1 second' WHERE id = %s",
+                     (task_id,))
+        (held, requeued, failed, _, _), = conn.execute(sql.RESCUE, {
+            "lock_key": sql.RESCUER_LOCK_KEY, "deadline_grace": 60, "worker_ttl": 60, "limit": 100}).fetchall()
+        assert (held, requeued, failed) == (True, 1, 0)
+        (_, _, _, _, attempt, _, new_token, _), = _claim(conn, new_worker)
+        assert (attempt, new_token) == (2, old_token + 1)
+        stale = {"ids": [task_id], "tokens": [old_token]}
+        heartbeat = dict(stale, worker=old_worker, hostname="h", pod_name=None, pod_namespace=None, pid=1,
+                         queues=["default"], concurrency=1, running=1, draining=False, version="t", lease_seconds=30)
+        assert conn.execute(sql.HEARTBEAT, heartbeat).fetchall() == []
+        assert conn.execute(sql.COMPLETE_SUCCEEDED, dict(stale, results=['"late"'])).fetchall() == []
+        assert conn.execute(sql.COMPLETE_FAILED, dict(stale, retryables=[True], backoffs=[1.0],
+                                                      errors=[Jsonb({"message": "late"})])).fetchall() == []
+        assert conn.execute(sql.RELEASE, stale).fetchall() == []
+        assert query(dsn, "SELECT state::text, lease_owner, lease_token, rescues FROM queueworker.tasks") == [
+            ("running", new_worker, new_token, 1)]
+        assert conn.execute(sql.COMPLETE_SUCCEEDED, {"ids": [task_id], "tokens": [new_token],
+                                                     "results": ['"ok"']}).fetchall() == [(task_id,)]
+    assert scalar(dsn, "SELECT result FROM queueworker.tasks") == "ok"
+
+
+def test_rescue_fails_a_task_whose_attempts_are_spent(dsn):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        task_id = enqueue(conn, "qw.noop", max_attempts=1)
+        _claim(conn, uuid.uuid4())
+        conn.execute("UPDATE queueworker.tasks SET leased_until = now() - interval '1 second'")
+        conn.execute(sql.RESCUE, {"lock_key": sql.RESCUER_LOCK_KEY, "deadline_grace": 60, "worker_ttl": 60,
+                                  "limit": 100})
+    state, error = query(dsn, "SELECT state::text, error FROM queueworker.tasks WHERE id = %s", (task_id,))[0]
+    assert state == "failed" and error["type"] == "LeaseExpired" and "lease expired" in error["message"]
+
+
+def test_audit_log_is_append_only(dsn):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        enqueue(conn, "qw.noop")
+        with pytest.raises(psycopg.errors.RaiseException, match="append-only"):
+            conn.execute("UPDATE queueworker.task_events SET to_state = 'failed'")
+
+
+def test_two_concurrent_migrations_both_succeed(postgres):
+    _, admin = postgres
+    name = f"qw_migrate_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = psycopg.conninfo.make_conninfo(admin, dbname=name)
+    try:
+        procs = [subprocess.Popen([sys.executable, "-m", "queueworker.cli", "migrate", "--dsn", url],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+        results = [p.communicate(timeout=60) + (p.returncode,) for p in procs]
+        assert [r[2] for r in results] == [0, 0], results
+        assert sorted("001_initial" in r[0] for r in results) == [False, True], "exactly one applied it"
+        assert scalar(url, "SELECT count(*) FROM queueworker.schema_migrations") == 1
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
