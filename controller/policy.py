@@ -1,0 +1,166 @@
+"""The scaling decision: a pure function from what the controller observed to a replica count.
+
+Semantics follow KEDA and the HPA where the meaning is the same (activation is a strict `>`,
+`cooldownSeconds` counts from the last active time and only gates N -> 0, a 10% tolerance, the
+highest recommendation inside the scale-down window wins) and are safer where they are weak:
+demand counts leased (running) tasks so busy workers are kept, 0 -> N goes straight to the target,
+nothing scales down because the queue could not be read, and a deployment only goes to zero when
+nothing is ready or running.
+
+Times are plain float seconds (epoch), so the function is trivially table-tested.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+DEFAULT_TOLERANCE = 0.1
+
+
+@dataclass(frozen=True)
+class ScalingParams:
+    """The `spec.scaling` knobs that drive a decision (tasks_per_replica already resolved)."""
+
+    min_replicas: int = 0
+    max_replicas: int = 10
+    tasks_per_replica: int = 10
+    activation_tasks: int = 0
+    scale_down_stabilization_seconds: float = 300.0
+    cooldown_seconds: float = 300.0
+    fallback_replicas: int | None = None
+    tolerance: float = DEFAULT_TOLERANCE
+
+    def clamp(self, replicas: int) -> int:
+        return max(self.min_replicas, min(self.max_replicas, replicas))
+
+
+@dataclass(frozen=True)
+class QueueDepth:
+    """One queue's counts as read by `queueworker.sql.QUEUE_DEPTH` (ready may be capped)."""
+
+    ready: int
+    running: int
+    retrying: int = 0
+    oldest_ready_age_seconds: float | None = None
+
+    @property
+    def demand(self) -> int:
+        """Tasks that need a worker slot now: waiting ones plus leased ones (so busy pods are kept)."""
+        return self.ready + self.running
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    time: float
+    replicas: int
+
+
+@dataclass(frozen=True)
+class PolicyInputs:
+    params: ScalingParams
+    current_replicas: int
+    depth: QueueDepth | None  # None: the queue could not be read this tick
+    now: float
+    history: tuple[Recommendation, ...] = ()
+    last_active_time: float | None = None
+    error: str | None = None  # why depth is None, for the message
+
+
+@dataclass(frozen=True)
+class Decision:
+    desired_replicas: int
+    reason: str  # CamelCase, for conditions, Events and metrics
+    message: str  # one human sentence explaining the number
+    history: tuple[Recommendation, ...] = field(default=())
+    active: bool | None = None  # None when unknown (queue unreadable)
+    last_active_time: float | None = None
+    fallback: bool = False
+
+
+def decide(inputs: PolicyInputs) -> Decision:
+    """Desired replicas for one tick, with the reason and the recommendation history to keep."""
+    p, current = inputs.params, inputs.current_replicas
+    if inputs.depth is None:
+        return _decide_without_depth(inputs)
+    depth = inputs.depth
+    active = depth.demand > p.activation_tasks
+    last_active = inputs.now if active else inputs.last_active_time
+    counts = f"{depth.demand} tasks ({depth.ready} ready, {depth.running} running)"
+    history = _window(inputs.history, inputs.now, p.scale_down_stabilization_seconds)
+
+    def decision(desired: int, reason: str, message: str, recommendation: int | None = None) -> Decision:
+        recorded = _remember(history, Recommendation(inputs.now, desired if recommendation is None
+                                                     else recommendation))
+        return Decision(desired, reason, message, recorded, active, last_active)
+
+    if current == 0 and not active:
+        if p.min_replicas == 0:
+            return decision(0, "Idle", f"{counts}, not above activationTasks={p.activation_tasks}: staying at 0")
+        return decision(p.min_replicas, "ClampedToBounds", f"0 replicas: raised to minReplicas={p.min_replicas}")
+
+    if depth.demand == 0 and p.min_replicas == 0 and not active:
+        idle_for = None if last_active is None else inputs.now - last_active
+        if idle_for is None or idle_for >= p.cooldown_seconds:
+            return decision(0, "ScaledToZero", f"nothing ready or running for "
+                            f"{'ever' if idle_for is None else f'{idle_for:.0f}s'} "
+                            f"(cooldownSeconds={p.cooldown_seconds:g}): scaling to zero")
+
+    floor = max(p.min_replicas, 1)  # zero is only reached through the cooldown rule above
+    target = max(floor, min(p.max_replicas, math.ceil(depth.demand / p.tasks_per_replica)))
+    per = f"{p.tasks_per_replica} per replica"
+
+    if current == 0:
+        return decision(target, "Activated", f"{counts} > activationTasks={p.activation_tasks}: "
+                        f"0 -> {target} replicas in one step ({per})")
+    if current < p.min_replicas or current > p.max_replicas:
+        clamped = p.clamp(current)
+        return decision(clamped, "ClampedToBounds", f"{current} replicas outside "
+                        f"[{p.min_replicas}, {p.max_replicas}]: set to {clamped}")
+    ratio = depth.demand / (p.tasks_per_replica * current)
+    if target != current and abs(ratio - 1.0) <= p.tolerance:
+        return decision(current, "WithinTolerance", f"{counts} is within {p.tolerance:.0%} of {current} "
+                        f"replicas x {p.tasks_per_replica}: holding {current}")
+    if target > current:
+        return decision(target, "ScaledUp", f"{counts}, {per}: {current} -> {target} replicas"
+                        + (" (maxReplicas)" if target == p.max_replicas else ""))
+    if target == current:
+        return decision(current, "Steady", f"{counts}, {per}: {current} replicas")
+    recorded = _remember(history, Recommendation(inputs.now, target))
+    stabilized = min(current, max(r.replicas for r in recorded))
+    if stabilized < current:
+        return Decision(stabilized, "ScaledDown", f"{counts}, {per}: {current} -> {stabilized} replicas "
+                        f"(highest in the last {p.scale_down_stabilization_seconds:g}s)",
+                        recorded, active, last_active)
+    return Decision(current, "Stabilizing", f"{counts} needs {target} replicas; holding {current} for the "
+                    f"{p.scale_down_stabilization_seconds:g}s scale-down window", recorded, active, last_active)
+
+
+def _decide_without_depth(inputs: PolicyInputs) -> Decision:
+    """The queue could not be read: never scale down because of it; apply fallbackReplicas if higher."""
+    p, current = inputs.params, inputs.current_replicas
+    history = _window(inputs.history, inputs.now, p.scale_down_stabilization_seconds)
+    why = inputs.error or "queue depth unavailable"
+    if p.fallback_replicas is not None and p.fallback_replicas > current:
+        desired = p.clamp(p.fallback_replicas)
+        return Decision(desired, "FallbackApplied", f"{why}: applying fallbackReplicas={desired}",
+                        history, None, inputs.last_active_time, fallback=True)
+    desired = p.clamp(current)
+    return Decision(desired, "HoldingOnError", f"{why}: holding {desired} replicas", history, None,
+                    inputs.last_active_time, fallback=p.fallback_replicas is not None)
+
+
+def _window(history: tuple[Recommendation, ...], now: float, seconds: float) -> tuple[Recommendation, ...]:
+    """The recommendations still inside the window, compacted."""
+    kept: tuple[Recommendation, ...] = ()
+    for r in history:
+        if now - r.time <= seconds:
+            kept = _remember(kept, r)
+    return kept
+
+
+def _remember(history: tuple[Recommendation, ...], latest: Recommendation) -> tuple[Recommendation, ...]:
+    """Appends `latest` and drops entries a later, higher-or-equal one dominates: the window's
+    maximum is unchanged, and the kept history stays a short strictly decreasing list."""
+    kept = [r for r in history if r.replicas > latest.replicas]
+    return (*kept, latest)

@@ -1,0 +1,159 @@
+"""The scaling policy: a table of cases, then properties over random inputs."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from queueworker_controller.policy import (
+    Decision, PolicyInputs, QueueDepth, Recommendation, ScalingParams, decide,
+)
+
+NOW = 10_000.0
+P = ScalingParams(min_replicas=0, max_replicas=10, tasks_per_replica=5, activation_tasks=0,
+                  scale_down_stabilization_seconds=60, cooldown_seconds=120)
+
+
+def run(current: int, ready: int | None, running: int = 0, *, params: ScalingParams = P,
+        history: tuple[tuple[float, int], ...] = (), last_active: float | None = NOW,
+        error: str | None = None) -> Decision:
+    depth = None if ready is None else QueueDepth(ready=ready, running=running)
+    return decide(PolicyInputs(params, current, depth, NOW,
+                               tuple(Recommendation(NOW - age, n) for age, n in history), last_active, error))
+
+
+CASES = [
+    # id, current, ready, running, extra kwargs, expected replicas, expected reason
+    ("idle-at-zero", 0, 0, 0, {}, 0, "Idle"),
+    ("activation-is-strict", 0, 3, 0, {"params": ScalingParams(activation_tasks=3)}, 0, "Idle"),
+    ("activation-one-step", 0, 200, 0, {}, 10, "Activated"),
+    ("activation-exact-target", 0, 12, 0, {}, 3, "Activated"),
+    ("activation-beats-scaling", 0, 40, 0, {"params": ScalingParams(tasks_per_replica=10, activation_tasks=50)},
+     0, "Idle"),
+    ("running-counts-as-demand", 1, 0, 15, {}, 3, "ScaledUp"),
+    ("scale-up-one-step-capped", 2, 500, 0, {}, 10, "ScaledUp"),
+    ("steady", 3, 10, 5, {}, 3, "Steady"),
+    ("within-tolerance-up", 10, 52, 0, {"params": ScalingParams(max_replicas=20, tasks_per_replica=5)},
+     10, "WithinTolerance"),
+    ("within-tolerance-down", 10, 45, 0, {"params": ScalingParams(max_replicas=20, tasks_per_replica=5)},
+     10, "WithinTolerance"),
+    ("outside-tolerance-up", 10, 56, 0, {"params": ScalingParams(max_replicas=20, tasks_per_replica=5)},
+     12, "ScaledUp"),
+    ("scale-down-waits-for-window", 5, 5, 0, {"history": ((30, 5),)}, 5, "Stabilizing"),
+    ("scale-down-highest-in-window", 5, 5, 0, {"history": ((90, 5), (30, 3))}, 3, "ScaledDown"),
+    ("scale-down-after-window", 5, 5, 0, {"history": ((61, 5),)}, 1, "ScaledDown"),
+    ("no-zero-before-cooldown", 1, 0, 0, {"last_active": NOW - 60}, 1, "Steady"),
+    ("zero-after-cooldown", 3, 0, 0, {"last_active": NOW - 120, "history": ((10, 3),)}, 0, "ScaledToZero"),
+    ("no-zero-while-running", 1, 0, 1, {"last_active": NOW - 999, "params": ScalingParams(activation_tasks=5)},
+     1, "Steady"),
+    ("min-replicas-floor", 0, 0, 0, {"params": ScalingParams(min_replicas=2)}, 2, "ClampedToBounds"),
+    ("min-replicas-no-zero", 4, 0, 0, {"params": ScalingParams(min_replicas=2, scale_down_stabilization_seconds=0),
+                                       "last_active": None}, 2, "ScaledDown"),
+    ("above-max-after-spec-change", 15, 500, 0, {}, 10, "ClampedToBounds"),
+    ("error-holds", 4, None, 0, {"error": "connection refused"}, 4, "HoldingOnError"),
+    ("error-never-zero", 4, None, 0, {"last_active": NOW - 9999}, 4, "HoldingOnError"),
+    ("error-fallback-raises", 1, None, 0, {"params": ScalingParams(fallback_replicas=3)}, 3, "FallbackApplied"),
+    ("error-fallback-never-lowers", 6, None, 0, {"params": ScalingParams(fallback_replicas=3)}, 6,
+     "HoldingOnError"),
+]
+
+
+@pytest.mark.parametrize(("current", "ready", "running", "kwargs", "expected", "reason"),
+                         [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_decision_table(current, ready, running, kwargs, expected, reason):
+    decision = run(current, ready, running, **kwargs)
+    assert (decision.desired_replicas, decision.reason) == (expected, reason), decision.message
+
+
+def test_history_stays_short_and_keeps_the_window_maximum():
+    history: tuple[Recommendation, ...] = ()
+    for t, replicas in enumerate([3, 5, 4, 4, 2, 6, 1, 1, 3]):
+        decision = decide(PolicyInputs(P, 6, QueueDepth(replicas * 5, 0), float(t), history, float(t)))
+        history = decision.history
+    assert [r.replicas for r in history] == [6, 3]  # strictly decreasing, newest last
+    assert history[-1].time == 8.0
+
+
+def test_fallback_sets_the_flag_and_keeps_last_active():
+    decision = run(1, None, params=ScalingParams(fallback_replicas=2), last_active=NOW - 5)
+    assert decision.fallback and decision.active is None and decision.last_active_time == NOW - 5
+
+
+# --- properties ------------------------------------------------------------------------------------
+
+params_strategy = st.builds(
+    lambda lo, span, tpr, act, window, cooldown, fallback: ScalingParams(
+        min_replicas=lo, max_replicas=max(1, lo + span), tasks_per_replica=tpr, activation_tasks=act,
+        scale_down_stabilization_seconds=window, cooldown_seconds=cooldown, fallback_replicas=fallback),
+    st.integers(0, 5), st.integers(0, 30), st.integers(1, 50), st.integers(0, 20),
+    st.floats(0, 600), st.floats(0, 600), st.none() | st.integers(0, 40))
+depth_strategy = st.none() | st.builds(QueueDepth, st.integers(0, 5000), st.integers(0, 500))
+history_strategy = st.lists(st.tuples(st.floats(0, 700), st.integers(0, 40)), max_size=8).map(
+    lambda items: tuple(Recommendation(NOW - age, n) for age, n in sorted(items, reverse=True)))
+
+
+@st.composite
+def inputs_strategy(draw) -> PolicyInputs:
+    params = draw(params_strategy)
+    last_active = draw(st.none() | st.floats(NOW - 1000, NOW))
+    return PolicyInputs(params, draw(st.integers(0, 40)), draw(depth_strategy), NOW, draw(history_strategy),
+                        last_active, None)
+
+
+@settings(max_examples=500)
+@given(inputs_strategy())
+def test_never_outside_bounds(inputs):
+    decision = decide(inputs)
+    p = inputs.params
+    assert p.min_replicas <= decision.desired_replicas <= p.max_replicas
+
+
+@settings(max_examples=500)
+@given(inputs_strategy())
+def test_no_scale_down_on_errors(inputs):
+    inputs = PolicyInputs(inputs.params, inputs.current_replicas, None, NOW, inputs.history, inputs.last_active_time)
+    assert decide(inputs).desired_replicas >= min(inputs.current_replicas, inputs.params.max_replicas)
+
+
+@settings(max_examples=500)
+@given(inputs_strategy())
+def test_zero_only_after_cooldown_with_nothing_to_do(inputs):
+    decision = decide(inputs)
+    if decision.desired_replicas == 0 and inputs.current_replicas > 0:
+        assert inputs.depth is not None and inputs.depth.demand == 0
+        assert inputs.last_active_time is None or NOW - inputs.last_active_time >= inputs.params.cooldown_seconds
+
+
+@settings(max_examples=500)
+@given(inputs_strategy())
+def test_scale_down_honours_the_window(inputs):
+    """Never below the highest recommendation made inside the stabilization window."""
+    decision = decide(inputs)
+    p = inputs.params
+    if decision.desired_replicas == 0 or decision.desired_replicas >= inputs.current_replicas:
+        return
+    in_window = [r.replicas for r in inputs.history if NOW - r.time <= p.scale_down_stabilization_seconds]
+    if inputs.current_replicas <= p.max_replicas:
+        assert decision.desired_replicas >= min(inputs.current_replicas, max(in_window, default=0))
+
+
+@settings(max_examples=300)
+@given(params_strategy, st.integers(1, 30), st.floats(-0.1, 0.1))
+def test_no_flapping_inside_tolerance(params, current, noise):
+    """Demand that wobbles within the tolerance of the current capacity never changes the count."""
+    if not params.min_replicas <= current <= params.max_replicas:
+        return
+    demand = round(current * params.tasks_per_replica * (1 + noise))
+    if demand <= params.activation_tasks or abs(demand / (current * params.tasks_per_replica) - 1) > params.tolerance:
+        return
+    decision = decide(PolicyInputs(params, current, QueueDepth(demand, 0), NOW, (), NOW))
+    assert decision.desired_replicas == current, decision.message
+
+
+@settings(max_examples=300)
+@given(inputs_strategy())
+def test_history_is_strictly_decreasing_and_inside_the_window(inputs):
+    history = decide(inputs).history
+    assert all(a.replicas > b.replicas for a, b in zip(history, history[1:]))
+    assert all(NOW - r.time <= inputs.params.scale_down_stabilization_seconds for r in history)
