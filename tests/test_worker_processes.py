@@ -180,3 +180,17 @@ def test_retry_then_success_permanent_failure_exhaustion_and_unknown_task(dsn, w
     wait_until(lambda: scalar(dsn, "SELECT state::text FROM queueworker.tasks WHERE id = %s", (after,))
                == "succeeded", message="worker still alive")
     assert proc.proc.poll() is None
+
+
+def test_user_handler_module_sync_and_async(dsn, workers):
+    with psycopg.connect(dsn) as conn:
+        added, shouted, bad, weird = enqueue_many(conn, [
+            {"task": "add", "payload": {"a": 2, "b": 3}}, {"task": "example.shout", "payload": {"text": "hi"}},
+            {"task": "add", "payload": {}}, {"task": "unserialisable"}])
+    workers(dsn, "--handlers", "tests.example_handlers")
+    wait_until(lambda: state_counts(dsn) == {"succeeded": 2, "failed": 2}, message="all four finished")
+    results = dict(query(dsn, "SELECT id, coalesce(result, error) FROM queueworker.tasks"))
+    assert results[added] == {"sum": 5, "attempt": 1}
+    assert results[shouted] == "HI"
+    assert results[bad]["type"] == "PermanentError" and results[bad]["message"] == "need a and b"
+    assert "not JSON-serialisable" in results[weird]["message"]
