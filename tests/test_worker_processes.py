@@ -194,3 +194,35 @@ def test_user_handler_module_sync_and_async(dsn, workers):
     assert results[shouted] == "HI"
     assert results[bad]["type"] == "PermanentError" and results[bad]["message"] == "need a and b"
     assert "not JSON-serialisable" in results[weird]["message"]
+
+
+def test_hard_deadline_fails_the_attempt_of_a_handler_that_overruns(dsn, workers):
+    with psycopg.connect(dsn) as conn:
+        (task_id,) = enqueue_many(conn, [{"task": "qw.sleep", "payload": {"seconds": 30}, "timeout_seconds": 1,
+                                          "max_attempts": 1}])
+    workers(dsn, *FAST_LEASES)
+    wait_until(lambda: state_counts(dsn) == {"failed": 1}, timeout=20, message="deadline failure")
+    error = scalar(dsn, "SELECT error FROM queueworker.tasks WHERE id = %s", (task_id,))
+    assert error["type"] == "DeadlineExceeded" and error["retryable"] is True
+
+
+def test_metrics_endpoint_counts_claims_and_outcomes(dsn, workers):
+    import urllib.request
+
+    from queueworker.localpg import free_port
+
+    port = free_port()
+    with psycopg.connect(dsn) as conn:
+        enqueue_many(conn, [{"task": "qw.noop"}] * 5 + [{"task": "qw.fail", "payload": {"retryable": False}}])
+    workers(dsn, "--metrics-port", str(port))
+    wait_until(lambda: state_counts(dsn) == {"succeeded": 5, "failed": 1}, message="all done")
+
+    def scrape() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            return response.read().decode()
+
+    text = wait_until(lambda: (lambda t: t if 'outcome="failed",queue="default"} 1.0' in t else None)(scrape()),
+                      message="failure counted")
+    assert 'queueworker_tasks_claimed_total{queue="default"} 6.0' in text
+    assert 'queueworker_tasks_completed_total{outcome="succeeded",queue="default"} 5.0' in text
+    assert 'queueworker_worker_state{state="Idle"} 1.0' in text
