@@ -43,14 +43,19 @@ def local_postgres(postgres):
 
 
 @pytest.fixture
-def dsn(postgres):
-    """A fresh, migrated database per test."""
+def blank_dsn(postgres):
+    """A fresh, empty (unmigrated) database per test, dropped afterwards."""
     _, admin_dsn = postgres
     name = f"qw_test_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
-    url = psycopg.conninfo.make_conninfo(admin_dsn, dbname=name)
-    migrate(url)
-    yield url
+    yield psycopg.conninfo.make_conninfo(admin_dsn, dbname=name)
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def dsn(blank_dsn):
+    """A fresh, migrated database per test."""
+    migrate(blank_dsn)
+    return blank_dsn

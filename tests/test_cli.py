@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from queueworker.localpg import free_port
-from tests.support import query
+from tests.support import query, wait_until
 
 
 def qw(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -81,38 +81,23 @@ def test_migrate_is_idempotent(dsn):
 
 
 @pytest.mark.integration
-def test_worker_refuses_an_unmigrated_database_until_told_to_migrate(postgres):
-    import uuid
-
-    import psycopg
-
-    _, admin = postgres
-    name = f"qw_blank_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = psycopg.conninfo.make_conninfo(admin, dbname=name)
+def test_worker_refuses_an_unmigrated_database_until_told_to_migrate(blank_dsn):
+    proc = subprocess.Popen([sys.executable, "-m", "queueworker.cli", "worker", "--dsn", blank_dsn,
+                             "--log-format", "text"], stderr=subprocess.PIPE, text=True)
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "queueworker.cli", "worker", "--dsn", url, "--log-format",
-                                 "text"], stderr=subprocess.PIPE, text=True)
-        try:
+        line = proc.stderr.readline()
+        while "cannot start" not in line:
             line = proc.stderr.readline()
-            while "cannot start" not in line:
-                line = proc.stderr.readline()
-            assert "run `queueworker migrate`" in line
-        finally:
-            proc.terminate()
-            assert proc.wait(20) == 0
-        proc = subprocess.Popen([sys.executable, "-m", "queueworker.cli", "worker", "--dsn", url, "--migrate"],
-                                stderr=subprocess.DEVNULL)
-        try:
-            from tests.support import wait_until
-
-            wait_until(lambda: query(url, "SELECT to_regclass('queueworker.workers') IS NOT NULL")[0][0]
-                       and query(url, "SELECT count(*) FROM queueworker.workers")[0][0] == 1,
-                       message="worker migrated and registered")
-        finally:
-            proc.terminate()
-            assert proc.wait(20) == 0
+        assert "run `queueworker migrate`" in line
     finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        proc.terminate()
+        assert proc.wait(20) == 0
+    proc = subprocess.Popen([sys.executable, "-m", "queueworker.cli", "worker", "--dsn", blank_dsn, "--migrate"],
+                            stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: query(blank_dsn, "SELECT to_regclass('queueworker.workers') IS NOT NULL")[0][0]
+                   and query(blank_dsn, "SELECT count(*) FROM queueworker.workers")[0][0] == 1,
+                   message="worker migrated and registered")
+    finally:
+        proc.terminate()
+        assert proc.wait(20) == 0

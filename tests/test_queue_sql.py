@@ -131,19 +131,10 @@ def test_audit_log_is_append_only(dsn):
             conn.execute("UPDATE queueworker.task_events SET to_state = 'failed'")
 
 
-def test_two_concurrent_migrations_both_succeed(postgres):
-    _, admin = postgres
-    name = f"qw_migrate_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = psycopg.conninfo.make_conninfo(admin, dbname=name)
-    try:
-        procs = [subprocess.Popen([sys.executable, "-m", "queueworker.cli", "migrate", "--dsn", url],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
-        results = [p.communicate(timeout=60) + (p.returncode,) for p in procs]
-        assert [r[2] for r in results] == [0, 0], results
-        assert sorted("001_initial" in r[0] for r in results) == [False, True], "exactly one applied it"
-        assert scalar(url, "SELECT count(*) FROM queueworker.schema_migrations") == 1
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+def test_two_concurrent_migrations_both_succeed(blank_dsn):
+    procs = [subprocess.Popen([sys.executable, "-m", "queueworker.cli", "migrate", "--dsn", blank_dsn],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [p.communicate(timeout=60) + (p.returncode,) for p in procs]
+    assert [r[2] for r in results] == [0, 0], results
+    assert sorted("001_initial" in r[0] for r in results) == [False, True], "exactly one applied it"
+    assert scalar(blank_dsn, "SELECT count(*) FROM queueworker.schema_migrations") == 1

@@ -162,11 +162,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_retry(args: argparse.Namespace) -> int:
     from . import sql
 
-    with psycopg.connect(_dsn(args), application_name="queueworker-cli") as conn:
-        row = conn.execute(sql.RETRY_TASK, {"id": args.id}).fetchone()
-        if row is None:
-            raise CliError(_not_changed(conn, args.id, "failed or cancelled"))
-        conn.execute(sql.NOTIFY_QUEUE, {"queue": row[1]})
+    row = _change_task(args, sql.RETRY_TASK, "failed or cancelled", notify=True)
     print(f"task {row[0]} is pending again on queue {row[1]} (attempts so far {row[2]}, max {row[3]})")
     return 0
 
@@ -174,21 +170,25 @@ def cmd_retry(args: argparse.Namespace) -> int:
 def cmd_cancel(args: argparse.Namespace) -> int:
     from . import sql
 
-    with psycopg.connect(_dsn(args), application_name="queueworker-cli") as conn:
-        row = conn.execute(sql.CANCEL_TASK, {"id": args.id}).fetchone()
-        if row is None:
-            raise CliError(_not_changed(conn, args.id, "pending, retrying or running"))
-    print(f"task {args.id} cancelled")
+    row = _change_task(args, sql.CANCEL_TASK, "pending, retrying or running")
+    print(f"task {row[0]} cancelled")
     return 0
 
 
-def _not_changed(conn: psycopg.Connection, task_id: int, expected: str) -> str:
+def _change_task(args: argparse.Namespace, statement: str, allowed_states: str, notify: bool = False) -> tuple:
+    """Runs an operator's state change on one task; explains why when it changes nothing."""
     from . import sql
 
-    row = conn.execute(sql.TASK_STATE, {"id": task_id}).fetchone()
-    if row is None:
-        return f"no task with id {task_id}"
-    return f"task {task_id} is {row[0]}; only {expected} tasks can be changed this way"
+    with psycopg.connect(_dsn(args), application_name="queueworker-cli") as conn:
+        row = conn.execute(statement, {"id": args.id}).fetchone()
+        if row is None:
+            current = conn.execute(sql.TASK_STATE, {"id": args.id}).fetchone()
+            if current is None:
+                raise CliError(f"no task with id {args.id}")
+            raise CliError(f"task {args.id} is {current[0]}; only {allowed_states} tasks can be changed this way")
+        if notify:
+            conn.execute(sql.NOTIFY_QUEUE, {"queue": row[1]})
+    return row
 
 
 COMMANDS = {"migrate": cmd_migrate, "enqueue": cmd_enqueue, "worker": cmd_worker, "status": cmd_status,
