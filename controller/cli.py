@@ -1,0 +1,44 @@
+"""`queueworker-controller`: the QueueWorker operator (kopf underneath)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import kopf
+from prometheus_client import start_http_server
+
+from . import operator  # noqa: F401 - registers the handlers
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="queueworker-controller",
+                                     description="Scale QueueWorker Deployments from Postgres queue depth.")
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument("-n", "--namespace", action="append", dest="namespaces", default=[], metavar="NS",
+                       help="watch this namespace (repeatable; kopf globs allowed)")
+    scope.add_argument("-A", "--all-namespaces", action="store_true",
+                       help="watch every namespace (the default when no --namespace is given)")
+    parser.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
+    parser.add_argument("--liveness", default=None, metavar="URL",
+                        help="kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
+    parser.add_argument("--verbose", action="store_true", help="log kopf's handling in detail")
+    parser.add_argument("--log-format", choices=("plain", "full", "json"), default="full")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat[args.log_format.upper()])
+    logging.getLogger("kubernetes").setLevel(logging.WARNING)
+    if args.metrics_port is not None:
+        start_http_server(args.metrics_port)
+    # One replica by design (see docs/controller.md): standalone, no peering objects needed.
+    kopf.run(standalone=True, clusterwide=not args.namespaces, namespaces=args.namespaces,
+             liveness_endpoint=args.liveness)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+"""Prometheus metrics of the controller, labelled by QueueWorker (namespace, name)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+OBJECT = ("namespace", "name")
+
+desired_replicas = Gauge("queueworker_controller_desired_replicas", "Replicas the last decision asked for", OBJECT)
+replicas = Gauge("queueworker_controller_replicas", "spec.replicas of the worker Deployment", OBJECT)
+queue_depth = Gauge("queueworker_controller_queue_depth", "Tasks by state as last read (ready and retrying capped)",
+                    (*OBJECT, "state"))
+decisions = Counter("queueworker_controller_decisions_total", "Scaling decisions by reason", (*OBJECT, "reason"))
+scales = Counter("queueworker_controller_scale_total", "Replica changes applied", (*OBJECT, "direction"))
+errors = Counter("queueworker_controller_errors_total", "Ticks that could not read or act, by reason",
+                 (*OBJECT, "reason"))
+tick_seconds = Histogram("queueworker_controller_tick_duration_seconds", "Duration of one scaling tick",
+                         buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
+
+
+def forget(namespace: str, name: str) -> None:
+    """Drops a deleted QueueWorker's series."""
+    for gauge in (desired_replicas, replicas):
+        try:
+            gauge.remove(namespace, name)
+        except KeyError:
+            pass
+    for state in ("ready", "running", "retrying"):
+        try:
+            queue_depth.remove(namespace, name, state)
+        except KeyError:
+            pass

@@ -1,0 +1,259 @@
+"""One scaling tick of one QueueWorker: observe, decide, act, report.
+
+Kept free of kopf: the operator hands in the object's fields and gets back a status patch and the
+Events to post. Blocking Kubernetes and database calls run in threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+import psycopg
+from kubernetes.client.rest import ApiException
+
+from . import conditions, metrics
+from .conditions import Condition, status_of
+from .deployment import HASH_ANNOTATION, build_deployment, deployment_name, grace_period_seconds, selector_labels
+from .kube import DELETION_COST_ANNOTATION, Kube, SecretUnavailable
+from .policy import Decision, PolicyInputs, QueueDepth, Recommendation, decide
+from .queuedb import QueueDatabases
+from .scalein import deletion_costs
+from .spec import QueueWorkerSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ObjectMemory:
+    """What the controller remembers about one QueueWorker between ticks (lost on restart, harmless)."""
+
+    generation: int | None = None
+    next_poll: float = 0.0  # monotonic
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal or Warning
+    reason: str
+    message: str
+
+
+@dataclass
+class TickResult:
+    status: dict[str, Any]
+    events: list[Event] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class QueueWorkerObject:
+    name: str
+    namespace: str
+    uid: str
+    generation: int
+    spec: dict[str, Any]
+    status: dict[str, Any]
+
+
+class Reconciler:
+    def __init__(self, kube: Kube, databases: QueueDatabases, wall_clock=time.time, monotonic=time.monotonic):
+        self.kube = kube
+        self.databases = databases
+        self.wall_clock = wall_clock
+        self.monotonic = monotonic
+
+    def due(self, obj: QueueWorkerObject, memory: ObjectMemory) -> bool:
+        """A tick is due when the polling interval has passed or the spec changed."""
+        return obj.generation != memory.generation or self.monotonic() >= memory.next_poll
+
+    async def tick(self, obj: QueueWorkerObject, memory: ObjectMemory) -> TickResult:
+        started = self.monotonic()
+        try:
+            spec = QueueWorkerSpec.from_dict(obj.spec)
+        except (KeyError, TypeError, ValueError) as exc:
+            memory.generation = obj.generation
+            memory.next_poll = started + 60
+            return self._failed(obj, "InvalidSpec", f"spec cannot be used: {exc!r}")
+        memory.generation = obj.generation
+        memory.next_poll = started + spec.scaling.polling_interval_seconds
+        try:
+            return await self._tick(obj, spec)
+        finally:
+            metrics.tick_seconds.observe(self.monotonic() - started)
+
+    async def _tick(self, obj: QueueWorkerObject, spec: QueueWorkerSpec) -> TickResult:
+        now = self.wall_clock()
+        rendered = build_deployment(obj.name, obj.namespace, obj.uid, spec)
+        try:
+            deployment = await asyncio.to_thread(self._ensure_deployment, rendered, spec)
+        except ApiException as exc:
+            return self._failed(obj, "DeploymentError", f"worker Deployment: {exc.status} {exc.reason}")
+        current = int(deployment["spec"].get("replicas", 1))
+        ready_replicas = int(deployment.get("status", {}).get("readyReplicas") or 0)
+
+        depth, error_reason, error = await self._read_depth(obj.namespace, spec)
+        if error_reason:
+            metrics.errors.labels(obj.namespace, obj.name, error_reason).inc()
+        previous = obj.status
+        decision = decide(PolicyInputs(
+            spec.scaling_params(), current, depth, now, _history(previous), _epoch(previous.get("lastActiveTime")),
+            error))
+        events: list[Event] = []
+        acting = not (spec.scaling.paused or spec.scaling.dry_run)
+        desired = current if spec.scaling.paused else decision.desired_replicas
+        replicas, last_scale = current, previous.get("lastScaleTime")
+        if acting and desired != current:
+            try:
+                if desired < current and depth is not None:
+                    await self._price_pods(obj.namespace, obj.name, spec)
+                await asyncio.to_thread(self.kube.scale_deployment, obj.namespace, deployment_name(obj.name), desired)
+            except (ApiException, psycopg.Error) as exc:
+                return self._failed(obj, "ScaleFailed", f"scaling {current} -> {desired}: {exc}")
+            replicas, last_scale = desired, _iso(now)
+            direction = "up" if desired > current else "down"
+            metrics.scales.labels(obj.namespace, obj.name, direction).inc()
+            events.append(Event("Normal", decision.reason, decision.message))
+        elif spec.scaling.dry_run and not spec.scaling.paused and desired != previous.get("desiredReplicas") \
+                and desired != current:
+            events.append(Event("Normal", "DryRun", f"would scale: {decision.message}"))
+
+        ready_condition = _ready_condition(error_reason, error, decision)
+        was = conditions.find(previous.get("conditions"), "Ready") or {}
+        if ready_condition.status != was.get("status") or ready_condition.reason != was.get("reason"):
+            if error_reason:
+                events.append(Event("Warning", error_reason, f"{error}; {decision.message}"))
+            elif was.get("status") == "False":
+                events.append(Event("Normal", "Recovered", f"queue readable again; {decision.message}"))
+
+        grace = grace_period_seconds(rendered)
+        new_conditions = [
+            ready_condition,
+            Condition("Active", status_of(decision.active), *(
+                (error_reason, "queue depth unknown") if decision.active is None else
+                ("QueueActive", "ready + running is above activationTasks") if decision.active else
+                ("QueueIdle", "ready + running is not above activationTasks"))),
+            Condition("Paused", status_of(spec.scaling.paused), "Paused" if spec.scaling.paused else "Scaling",
+                      "scaling.paused is true: replicas are left alone" if spec.scaling.paused else
+                      "replicas follow the queue" + (" (dryRun: not applied)" if spec.scaling.dry_run else "")),
+            Condition("Fallback", status_of(decision.fallback), "FallbackActive" if decision.fallback else "NoFallback",
+                      decision.message if decision.fallback else "the queue depth is being read"),
+            Condition("DrainSafe", status_of(grace > spec.drain_seconds),
+                      "GracePeriodCoversDrain" if grace > spec.drain_seconds else "GracePeriodTooShort",
+                      f"terminationGracePeriodSeconds={grace}, drainSeconds={spec.drain_seconds}"
+                      + ("" if grace > spec.drain_seconds else
+                         ": pods are killed before they finish draining; their tasks wait for the lease to expire")),
+        ]
+        status: dict[str, Any] = {
+            "observedGeneration": obj.generation,
+            "deployment": deployment_name(obj.name),
+            "replicas": replicas,
+            "desiredReplicas": desired,
+            "readyReplicas": ready_replicas,
+            "tasksPerReplica": spec.tasks_per_replica,
+            "lastPollTime": _iso(now),
+            "lastScaleTime": last_scale,
+            "lastActiveTime": _iso(decision.last_active_time) if decision.last_active_time else None,
+            "reason": "Paused" if spec.scaling.paused else decision.reason,
+            "message": decision.message,
+            "recommendations": [{"time": _iso(r.time), "replicas": r.replicas} for r in decision.history],
+            "conditions": conditions.render(new_conditions, previous.get("conditions"), obj.generation, _iso(now)),
+        }
+        if depth is not None:
+            status["queueDepth"] = {"ready": depth.ready, "running": depth.running, "retrying": depth.retrying,
+                                    "oldestReadyAgeSeconds": round(depth.oldest_ready_age_seconds or 0.0, 3)}
+        _export(obj, decision, desired, replicas, depth)
+        return TickResult(status, events)
+
+    def _ensure_deployment(self, rendered: dict[str, Any], spec: QueueWorkerSpec) -> dict[str, Any]:
+        """The worker Deployment, created (at minReplicas) or updated when its rendering changed."""
+        meta = rendered["metadata"]
+        current = self.kube.read_deployment(meta["namespace"], meta["name"])
+        if current is None:
+            return self.kube.create_deployment(meta["namespace"], rendered, spec.scaling.min_replicas)
+        if (current["metadata"].get("annotations") or {}).get(HASH_ANNOTATION) != meta["annotations"][HASH_ANNOTATION]:
+            return self.kube.update_deployment(current, rendered)
+        return current
+
+    async def _read_depth(self, namespace: str, spec: QueueWorkerSpec
+                          ) -> tuple[QueueDepth | None, str | None, str | None]:
+        try:
+            dsn = await asyncio.to_thread(self.kube.read_secret_value, namespace, spec.secret_name, spec.secret_key)
+        except SecretUnavailable as exc:
+            return None, "SecretUnavailable", str(exc)
+        except ApiException as exc:
+            return None, "SecretUnavailable", f"Secret {namespace}/{spec.secret_name}: {exc.status} {exc.reason}"
+        # Enough to ask for maxReplicas, and to see that there is more than that.
+        cap = spec.scaling.max_replicas * spec.tasks_per_replica + 1
+        try:
+            return await self.databases.depth(dsn, spec.queue, cap), None, None
+        except psycopg.Error as exc:
+            return None, "DatabaseUnreachable", f"cannot read queue {spec.queue!r}: {_first_line(exc)}"
+
+    async def _price_pods(self, namespace: str, name: str, spec: QueueWorkerSpec) -> None:
+        """Best effort: a failure here must not block the scale-down, only make its victims random."""
+        try:
+            dsn = await asyncio.to_thread(self.kube.read_secret_value, namespace, spec.secret_name, spec.secret_key)
+            leases = await self.databases.worker_leases(dsn, namespace, spec.queue)
+            pods = await asyncio.to_thread(self.kube.list_pods, namespace, selector_labels(name))
+            costs = deletion_costs([p["metadata"]["name"] for p in pods], leases)
+            for pod in pods:
+                meta = pod["metadata"]
+                cost = str(costs[meta["name"]])
+                if (meta.get("annotations") or {}).get(DELETION_COST_ANNOTATION) != cost:
+                    await asyncio.to_thread(self.kube.set_deletion_cost, namespace, meta["name"], int(cost))
+        except (ApiException, psycopg.Error, SecretUnavailable) as exc:
+            log.warning("could not set pod deletion costs for %s/%s: %s", namespace, name, exc)
+
+    def _failed(self, obj: QueueWorkerObject, reason: str, message: str) -> TickResult:
+        """A tick that could not complete: only Ready changes, the rest of the status is kept."""
+        metrics.errors.labels(obj.namespace, obj.name, reason).inc()
+        now = _iso(self.wall_clock())
+        previous = [c for c in obj.status.get("conditions") or [] if c.get("type") != "Ready"]
+        ready = Condition("Ready", "False", reason, message)
+        kept = [Condition(c["type"], c["status"], c.get("reason", ""), c.get("message", "")) for c in previous
+                if c.get("type") in conditions.TYPES]
+        was = conditions.find(obj.status.get("conditions"), "Ready") or {}
+        events = [] if was.get("reason") == reason else [Event("Warning", reason, message)]
+        return TickResult({"observedGeneration": obj.generation, "reason": reason, "message": message,
+                           "conditions": conditions.render([ready, *kept], obj.status.get("conditions"),
+                                                           obj.generation, now)}, events)
+
+
+def _ready_condition(error_reason: str | None, error: str | None, decision: Decision) -> Condition:
+    if error_reason:
+        return Condition("Ready", "False", error_reason, f"{error}; {decision.message}")
+    return Condition("Ready", "True", "QueueReadable", decision.message)
+
+
+def _export(obj: QueueWorkerObject, decision: Decision, desired: int, replicas: int, depth: QueueDepth | None) -> None:
+    labels = (obj.namespace, obj.name)
+    metrics.decisions.labels(*labels, decision.reason).inc()
+    metrics.desired_replicas.labels(*labels).set(desired)
+    metrics.replicas.labels(*labels).set(replicas)
+    if depth is not None:
+        for state in ("ready", "running", "retrying"):
+            metrics.queue_depth.labels(*labels, state).set(getattr(depth, state))
+
+
+def _history(status: dict[str, Any]) -> tuple[Recommendation, ...]:
+    return tuple(Recommendation(_epoch(r["time"]), int(r["replicas"]))  # type: ignore[arg-type]
+                 for r in status.get("recommendations") or [] if r.get("time") and "replicas" in r)
+
+
+def _iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _epoch(text: str | None) -> float | None:
+    if not text:
+        return None
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
