@@ -32,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat[args.log_format.upper()])
     logging.getLogger("kubernetes").setLevel(logging.WARNING)
+    if not args.verbose:  # kopf logs every timer run ("succeeded") at INFO on this logger
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     if args.metrics_port is not None:
         start_http_server(args.metrics_port)
     # One replica by design (see docs/controller.md): standalone, no peering objects needed.

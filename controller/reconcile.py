@@ -117,6 +117,7 @@ class Reconciler:
             direction = "up" if desired > current else "down"
             metrics.scales.labels(obj.namespace, obj.name, direction).inc()
             events.append(Event("Normal", decision.reason, decision.message))
+            log.info("%s/%s: %s: %s", obj.namespace, obj.name, decision.reason, decision.message)
         elif spec.scaling.dry_run and not spec.scaling.paused and desired != previous.get("desiredReplicas") \
                 and desired != current:
             events.append(Event("Normal", "DryRun", f"would scale: {decision.message}"))
