@@ -17,6 +17,10 @@ CREATE TABLE queueworker.tasks (
                     CHECK (queue ~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$'),
     task            text NOT NULL CHECK (length(task) BETWEEN 1 AND 200),
     state           queueworker.task_state NOT NULL DEFAULT 'pending',
+    -- A pending task due later stays out of the claim index until the scheduler admits it when
+    -- due. The producer admits tasks due at once; rows inserted any other way wait for the
+    -- scheduler, which is always correct, only slower.
+    delayed         boolean NOT NULL DEFAULT true,
     priority        integer NOT NULL DEFAULT 0,          -- higher runs first
     run_after       timestamptz NOT NULL DEFAULT now(),
     attempts        integer NOT NULL DEFAULT 0 CHECK (attempts >= 0),
@@ -44,10 +48,13 @@ CREATE TABLE queueworker.tasks (
     autovacuum_vacuum_cost_delay = 1
 );
 
--- The claim index holds only pending rows, in claim order: finished history never touches it.
-CREATE INDEX tasks_claim ON queueworker.tasks (queue, priority DESC, run_after, id) WHERE state = 'pending';
--- Backing-off rows, in due order, for the scheduler that promotes them to pending.
-CREATE INDEX tasks_retrying ON queueworker.tasks (run_after) WHERE state = 'retrying';
+-- The claim index holds only claimable pending rows, in claim order: neither finished history
+-- nor tasks scheduled for later ever sit in it.
+CREATE INDEX tasks_claim ON queueworker.tasks (queue, priority DESC, run_after, id)
+    WHERE state = 'pending' AND NOT delayed;
+-- Rows waiting for a time (backing off, or scheduled for later), in due order, for the scheduler.
+CREATE INDEX tasks_waiting ON queueworker.tasks (run_after)
+    WHERE state = 'retrying' OR (state = 'pending' AND delayed);
 -- Leased rows, for the rescuer, depth queries and per-worker lease counts.
 CREATE INDEX tasks_running ON queueworker.tasks (queue, lease_owner) WHERE state = 'running';
 -- Finished rows by age, for retention clean-up.

@@ -226,3 +226,14 @@ def test_metrics_endpoint_counts_claims_and_outcomes(dsn, workers):
     assert 'queueworker_tasks_claimed_total{queue="default"} 6.0' in text
     assert 'queueworker_tasks_completed_total{outcome="succeeded",queue="default"} 5.0' in text
     assert 'queueworker_worker_state{state="Idle"} 1.0' in text
+
+
+def test_delayed_task_runs_when_due_not_before(dsn, workers):
+    workers(dsn)
+    wait_until(lambda: scalar(dsn, "SELECT count(*) FROM queueworker.workers") == 1, message="worker up")
+    with psycopg.connect(dsn) as conn:
+        (task_id,) = enqueue_many(conn, [{"task": "qw.noop", "delay": 1.5}])
+    wait_until(lambda: state_counts(dsn) == {"succeeded": 1}, timeout=15, message="delayed task ran")
+    waited = scalar(dsn, "SELECT extract(epoch FROM started_at - created_at) FROM queueworker.tasks WHERE id = %s",
+                    (task_id,))
+    assert 1.5 <= float(waited) < 2.5

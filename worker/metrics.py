@@ -15,7 +15,8 @@ LEASES_LOST = Counter("queueworker_leases_lost_total",
                       "Running attempts whose lease was lost (expired, cancelled, re-claimed) and were cancelled")
 LEASES_RECOVERED = Counter("queueworker_leases_recovered_total",
                            "Expired leases recovered by this worker's rescuer", ["outcome"])
-TASKS_PROMOTED = Counter("queueworker_tasks_promoted_total", "Retrying tasks promoted to pending when due")
+TASKS_PROMOTED = Counter("queueworker_tasks_promoted_total",
+                         "Retrying or delayed tasks admitted to the claim index when due")
 TASK_DURATION = Histogram("queueworker_task_duration_seconds", "Handler run time per attempt", ["queue", "task"],
                           buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 1800))
 IN_FLIGHT = Gauge("queueworker_tasks_in_flight", "Attempts holding a lease in this worker")

@@ -1,7 +1,9 @@
-"""Scheduler: promotes `retrying` tasks whose backoff is over to `pending` and wakes their queues.
+"""Scheduler: admits waiting tasks to the claim index when their time comes — `retrying` tasks
+whose backoff is over become `pending`, delayed `pending` tasks become claimable — and wakes
+their queues.
 
-It sleeps exactly until the next backoff ends (bounded by a maximum), so retries start on time
-without polling. Backing-off rows stay out of the claim index until they are due."""
+It sleeps exactly until the next one is due (bounded by a maximum), so retries and delayed tasks
+start on time without polling, and rows waiting for a time never slow down claims."""
 
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ class Scheduler:
         self._poke = asyncio.Event()
 
     def poke(self) -> None:
-        """A task just entered `retrying`: recompute when the next one is due."""
+        """Something became due or started waiting: run a pass now and recompute the next due time."""
         self._poke.set()
 
     async def promote_once(self) -> float | None:
@@ -38,7 +40,7 @@ class Scheduler:
                 "lock_key": sql.SCHEDULER_LOCK_KEY, "limit": BATCH})
             if promoted:
                 metrics.TASKS_PROMOTED.inc(promoted)
-                log.debug("promoted %d retrying tasks to pending", promoted)
+                log.debug("admitted %d due tasks to the claim index", promoted)
             if promoted < BATCH:
                 return next_due_in
 

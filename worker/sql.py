@@ -44,8 +44,9 @@ SCHEMA_EXISTS = "SELECT to_regclass('queueworker.schema_migrations') IS NOT NULL
 # carries its due time so listeners can schedule a precise wake-up instead of polling.
 ENQUEUE = """
 WITH inserted AS (
-    INSERT INTO queueworker.tasks (queue, task, payload, priority, run_after, max_attempts, timeout_seconds)
-    SELECT s.queue, s.task, s.payload, s.priority, coalesce(s.run_after, now()), s.max_attempts, s.timeout_seconds
+    INSERT INTO queueworker.tasks (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds)
+    SELECT s.queue, s.task, s.payload, s.priority, coalesce(s.run_after, now()), coalesce(s.run_after > now(), false),
+           s.max_attempts, s.timeout_seconds
     FROM unnest(%(queues)s::text[], %(tasks)s::text[], %(payloads)s::jsonb[], %(priorities)s::int[],
                 %(run_afters)s::timestamptz[], %(max_attempts)s::int[], %(timeouts)s::int[])
          WITH ORDINALITY AS s(queue, task, payload, priority, run_after, max_attempts, timeout_seconds, ord)
@@ -67,7 +68,7 @@ SELECT id, (SELECT count(*) FROM notified) AS notified FROM inserted ORDER BY id
 CLAIM = """
 WITH picked AS MATERIALIZED (
     SELECT id FROM queueworker.tasks
-    WHERE state = 'pending' AND queue = %(queue)s AND run_after <= now()
+    WHERE state = 'pending' AND NOT delayed AND queue = %(queue)s AND run_after <= now()
     ORDER BY priority DESC, run_after, id
     LIMIT %(limit)s
     FOR NO KEY UPDATE SKIP LOCKED
@@ -188,19 +189,20 @@ SELECT (SELECT held FROM guard) AS held,
        (SELECT count(*) FROM notified) AS notified
 """
 
-# Scheduler: promotes retrying tasks whose backoff is over to pending, wakes their queues,
-# and says when the next one is due so it can sleep exactly that long.
+# Scheduler: admits tasks whose time has come to the claim index (retrying -> pending when the
+# backoff is over; delayed pending tasks when due), wakes their queues, and says when the next
+# one is due so it can sleep exactly that long.
 PROMOTE_DUE = """
 WITH guard AS MATERIALIZED (
     SELECT pg_try_advisory_xact_lock(%(lock_key)s) AS held
 ), due AS (
     SELECT t.id FROM queueworker.tasks t, guard
-    WHERE guard.held AND t.state = 'retrying' AND t.run_after <= now()
+    WHERE guard.held AND (t.state = 'retrying' OR (t.state = 'pending' AND t.delayed)) AND t.run_after <= now()
     ORDER BY t.run_after
     LIMIT %(limit)s
     FOR NO KEY UPDATE OF t SKIP LOCKED
 ), promoted AS (
-    UPDATE queueworker.tasks t SET state = 'pending', updated_at = now()
+    UPDATE queueworker.tasks t SET state = 'pending', delayed = false, updated_at = now()
     FROM due WHERE t.id = due.id
     RETURNING t.queue
 ), notified AS (
@@ -209,14 +211,14 @@ WITH guard AS MATERIALIZED (
 SELECT (SELECT count(*) FROM promoted) AS promoted,
        (SELECT count(*) FROM notified) AS notified,
        (SELECT extract(epoch FROM min(run_after) - now())::float8
-        FROM queueworker.tasks WHERE state = 'retrying') AS next_due_in
+        FROM queueworker.tasks WHERE state = 'retrying' OR (state = 'pending' AND delayed)) AS next_due_in
 """
 
 # -- operators -------------------------------------------------------------------------------
 
 RETRY_TASK = """
 UPDATE queueworker.tasks
-SET state = 'pending', run_after = now(), updated_at = now(), finished_at = NULL,
+SET state = 'pending', delayed = false, run_after = now(), updated_at = now(), finished_at = NULL,
     max_attempts = greatest(max_attempts, attempts + 1)
 WHERE id = %(id)s AND state IN ('failed', 'cancelled')
 RETURNING id, queue, attempts, max_attempts
@@ -247,7 +249,7 @@ ORDER BY queue, state
 OLDEST_PENDING_AGE = """
 SELECT queue, extract(epoch FROM now() - min(run_after))::float8 AS age
 FROM queueworker.tasks
-WHERE state = 'pending' AND run_after <= now() AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+WHERE state = 'pending' AND NOT delayed AND (%(queue)s::text IS NULL OR queue = %(queue)s)
 GROUP BY queue
 """
 
@@ -267,14 +269,15 @@ ORDER BY started_at
 QUEUE_DEPTH = """
 SELECT q.queue,
        (SELECT count(*) FROM (SELECT 1 FROM queueworker.tasks
-                              WHERE state = 'pending' AND queue = q.queue AND run_after <= now()
+                              WHERE state = 'pending' AND NOT delayed AND queue = q.queue
+                                AND run_after <= now()
                               LIMIT %(cap)s) AS r) AS ready,
        (SELECT count(*) FROM queueworker.tasks WHERE state = 'running' AND queue = q.queue) AS running,
        (SELECT count(*) FROM (SELECT 1 FROM queueworker.tasks
                               WHERE state = 'retrying' AND queue = q.queue
                               LIMIT %(cap)s) AS b) AS retrying,
        (SELECT extract(epoch FROM now() - run_after)::float8 FROM queueworker.tasks
-        WHERE state = 'pending' AND queue = q.queue AND run_after <= now()
+        WHERE state = 'pending' AND NOT delayed AND queue = q.queue AND run_after <= now()
         ORDER BY priority DESC, run_after, id LIMIT 1) AS oldest_ready_age
 FROM unnest(%(queues)s::text[]) AS q(queue)
 """

@@ -296,11 +296,12 @@ class Worker:
     # -- wake-ups -------------------------------------------------------------------------
 
     def _wake_at(self, due_epoch: float) -> None:
+        """Due now: claim. Due later: have the scheduler admit it then; its NOTIFY wakes us all."""
         delay = due_epoch - time.time()
         if delay <= 0:
             self._wakeup.set()
         else:
-            asyncio.get_running_loop().call_later(delay, self._wakeup.set)
+            asyncio.get_running_loop().call_later(delay, self.scheduler.poke)
 
     async def _sleep_unless_woken(self, seconds: float) -> None:
         await wait_event(self._wakeup, seconds)
