@@ -87,6 +87,22 @@ def build_parser() -> argparse.ArgumentParser:
     retry.add_argument("id", type=int)
     cancel = sub.add_parser("cancel", parents=[common], help="cancel a pending, retrying or running task")
     cancel.add_argument("id", type=int)
+
+    demo = sub.add_parser("demo", help="run it all locally: a throwaway Postgres, a burst of tasks, "
+                          "workers scaled by the controller's policy")
+    demo.add_argument("--tasks", type=_positive_int, default=300, help="qw.sleep tasks to enqueue")
+    demo.add_argument("--task-seconds", type=float, default=1.0, help="how long each task sleeps")
+    demo.add_argument("--concurrency", type=_positive_int, default=5, help="slots per worker process")
+    demo.add_argument("--tasks-per-worker", type=_positive_int, default=None, help="default: --concurrency")
+    demo.add_argument("--min-workers", type=int, default=0)
+    demo.add_argument("--max-workers", type=_positive_int, default=8)
+    demo.add_argument("--interval", type=float, default=1.0, help="seconds between scaling decisions")
+    demo.add_argument("--scale-down-window", type=float, default=5.0, help="scale-down stabilization, seconds")
+    demo.add_argument("--cooldown", type=float, default=5.0, help="idle seconds before scaling to zero")
+    demo.add_argument("--drain-seconds", type=float, default=5.0)
+    demo.add_argument("--timeout", type=float, default=None, help="give up (exit 1) after this many seconds")
+    demo.add_argument("--dsn", default=None, help="use this Postgres instead of a throwaway one")
+    demo.add_argument("--no-tty", action="store_true", help="one line per tick instead of a live view")
     return parser
 
 
@@ -191,8 +207,18 @@ def _change_task(args: argparse.Namespace, statement: str, allowed_states: str, 
     return row
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import DemoConfig, run_demo
+    from .localpg import PostgresNotFound
+
+    try:
+        return run_demo(DemoConfig.model_validate(vars(args)))
+    except PostgresNotFound as exc:
+        raise CliError(str(exc)) from None
+
+
 COMMANDS = {"migrate": cmd_migrate, "enqueue": cmd_enqueue, "worker": cmd_worker, "status": cmd_status,
-            "retry": cmd_retry, "cancel": cmd_cancel}
+            "retry": cmd_retry, "cancel": cmd_cancel, "demo": cmd_demo}
 
 
 def main(argv: list[str] | None = None) -> int:
