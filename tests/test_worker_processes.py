@@ -79,7 +79,7 @@ def test_sigkilled_worker_leases_are_recovered_and_finished_by_others(dsn, worke
                                              WHERE to_state = 'succeeded' AND task_id = ANY(%s)""", (ids,))}
     assert victim_id not in finishers
     assert finishers <= {worker_id_of(dsn, p.pid) for p in others}
-    assert recovered_after < 3 + 1 + 10, f"recovery took {recovered_after:.1f}s"
+    assert recovered_after < 25, f"recovery took {recovered_after:.1f}s (lease 3 s, rescue every 0.75 s)"
 
 
 def test_sigstopped_worker_late_completion_is_rejected_by_fencing(dsn, workers):
@@ -116,7 +116,7 @@ def test_sigterm_releases_leases_without_consuming_attempts(dsn, workers):
     signalled = time.monotonic()
     first.signal(signal.SIGTERM)
     assert first.wait(20) == 0
-    assert time.monotonic() - signalled < 0.5 + 5
+    assert time.monotonic() - signalled < 0.5 + 10, "drain took far longer than --drain-seconds"
     rows = query(dsn, "SELECT state::text, attempts FROM queueworker.tasks WHERE id = ANY(%s)", (ids,))
     assert rows == [("pending", 0)] * 3
     assert worker_id_of(dsn, first.pid) is None, "the worker row should be removed on exit"
@@ -236,4 +236,4 @@ def test_delayed_task_runs_when_due_not_before(dsn, workers):
     wait_until(lambda: state_counts(dsn) == {"succeeded": 1}, timeout=15, message="delayed task ran")
     waited = scalar(dsn, "SELECT extract(epoch FROM started_at - created_at) FROM queueworker.tasks WHERE id = %s",
                     (task_id,))
-    assert 1.5 <= float(waited) < 2.5
+    assert 1.5 <= float(waited) < 4.0
