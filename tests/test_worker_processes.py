@@ -237,3 +237,21 @@ def test_delayed_task_runs_when_due_not_before(dsn, workers):
     waited = scalar(dsn, "SELECT extract(epoch FROM started_at - created_at) FROM queueworker.tasks WHERE id = %s",
                     (task_id,))
     assert 1.5 <= float(waited) < 4.0
+
+
+def test_default_settings_recover_a_sigkilled_workers_tasks_within_40_seconds(dsn, workers):
+    ids = _enqueue(dsn, "qw.sleep", 2, {"seconds": 0.2})
+    victim = workers(dsn, "--concurrency", "2")
+    victim_id = wait_until(lambda: worker_id_of(dsn, victim.pid), message="victim registered")
+    wait_until(lambda: scalar(dsn, "SELECT count(*) FROM queueworker.tasks WHERE lease_owner = %s",
+                              (victim_id,)) == 2, message="victim holds both leases")
+    victim.signal(signal.SIGSTOP)  # as dead as SIGKILL for the queue, but we can time from the last heartbeat
+    last_heartbeat = scalar(dsn, "SELECT extract(epoch FROM now() - heartbeat_at) FROM queueworker.workers "
+                                 "WHERE id = %s", (victim_id,))
+    stopped_at = time.monotonic() - float(last_heartbeat)
+    victim.signal(signal.SIGKILL)
+    workers(dsn, "--concurrency", "2")
+    wait_until(lambda: state_counts(dsn).get("succeeded") == 2, timeout=60, message="recovered and finished")
+    _assert_each_succeeded_once(dsn, ids)
+    recovered_after = time.monotonic() - stopped_at
+    assert recovered_after <= 40 + 5, f"took {recovered_after:.1f}s after the last heartbeat"
