@@ -3,7 +3,6 @@ SQL really makes (and no other), and the worker-state table names exactly the St
 
 from __future__ import annotations
 
-import re
 import uuid
 from pathlib import Path
 
