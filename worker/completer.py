@@ -1,7 +1,6 @@
 """Batched, fenced completion: outcomes are buffered and flushed in one statement per kind.
 
-A slot is freed only after its outcome is flushed, so a worker never holds more leases than
-its concurrency. Outcomes survive database errors in the buffer and are retried; rows whose
+Outcomes survive database errors in the buffer and are retried; rows whose
 lease moved on are reported by the database as not updated, counted as stale and dropped.
 """
 

@@ -179,7 +179,7 @@ class Worker:
         queues = list(self.settings.queues)
         while not self._stopping:
             self._set_state(State.POLLING)
-            free = self.settings.concurrency - len(self._inflight)
+            free = self._free_slots()
             if free <= 0:
                 self._set_state(State.IDLE)
                 self._slot_freed.clear()
@@ -212,6 +212,13 @@ class Worker:
                            self.settings.poll_min_seconds * 2 ** min(idle_polls - 1, 30))
             self._set_state(State.IDLE)
             await self._sleep_unless_woken(interval)
+
+    def _free_slots(self) -> int:
+        """Handlers that may start now. A finished handler frees its slot at once, so the next
+        claim overlaps the flush of its outcome; outcomes waiting for a flush are bounded by
+        the concurrency too, so a slow database stops claims instead of piling them up."""
+        running = sum(1 for attempt in self._inflight.values() if not attempt.reporting)
+        return min(self.settings.concurrency - running, 2 * self.settings.concurrency - len(self._inflight))
 
     async def _claim(self, queue: str, limit: int) -> int:
         rows = await self._claim_conn.fetch(sql.CLAIM, {
@@ -251,6 +258,7 @@ class Worker:
         else:
             if not attempt.abandoned:
                 self.completer.succeed(attempt, encoded)
+                self._slot_freed.set()
         finally:
             metrics.TASK_DURATION.labels(attempt.queue, attempt.task if attempt.task in self.registry
                                          else "unknown").observe(loop.time() - attempt.started)
@@ -266,6 +274,7 @@ class Worker:
             error["traceback"] = "".join(traceback.format_exception(exc))[-TRACEBACK_LIMIT:]
         backoff = retry_delay(attempt.attempt, self.settings.retry_base_seconds, self.settings.retry_max_seconds)
         self.completer.fail(attempt, retryable, backoff, error)
+        self._slot_freed.set()
         if retryable and attempt.attempt < attempt.max_attempts:
             self.scheduler.poke()
 
