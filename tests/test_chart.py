@@ -1,0 +1,291 @@
+"""The Helm chart: lint, render with defaults and with every knob, schema errors, and the rendered
+objects applied server-side to the test API server.
+
+helm is built from the Go module proxy (tests/helm_binary.py); where it cannot be built the tests
+skip, or fail when QUEUEWORKER_REQUIRE_CLUSTER=1 (CI), as the cluster tier does.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client, dynamic
+
+from tests.cluster.binaries import BinariesUnavailable
+from tests.cluster.fixtures import REQUIRE_ENV
+from tests.helm_binary import ensure_helm
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "charts" / "queueworker"
+CRD_FILE = ROOT / "crds" / "queueworker.dev_queueworkers.yaml"
+RULES = yaml.safe_load((CHART / "files" / "controller-rules.yaml").read_text())
+CLUSTER_SCOPED_RESOURCES = {"customresourcedefinitions", "namespaces"}
+FIELD_MANAGER = "queueworker-chart-test"
+
+# Every value that changes what is rendered, set away from its default.
+EVERYTHING: dict[str, Any] = {
+    "image": {"repository": "registry.example.com/queueworker-controller", "tag": "1.2.3", "pullPolicy": "Always"},
+    "imagePullSecrets": [{"name": "registry"}],
+    "fullnameOverride": "qw",
+    "watchNamespaces": ["team-a", "team-b"],
+    "crds": {"install": True, "keep": False},
+    "serviceAccount": {"create": True, "name": "qw-operator", "annotations": {"iam.example.com/role": "qw"}},
+    "controller": {
+        "logFormat": "plain", "verbose": True, "extraArgs": ["--some-flag"],
+        "extraEnv": [{"name": "TZ", "value": "UTC"}], "livenessPort": 9081,
+        "resources": {"requests": {"cpu": "100m", "memory": "200Mi"}},
+        "podAnnotations": {"example.com/team": "queues"}, "podLabels": {"team": "queues"},
+        "priorityClassName": "system-cluster-critical", "nodeSelector": {"kubernetes.io/os": "linux"},
+        "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}]}]}}},
+    },
+    "metrics": {"port": 9090, "service": {"type": "ClusterIP", "annotations": {"prometheus.io/scrape": "true"}},
+                "serviceMonitor": {"enabled": True, "interval": "15s", "scrapeTimeout": "5s",
+                                   "labels": {"release": "prometheus"}}},
+    "podDisruptionBudget": {"enabled": True, "maxUnavailable": 1},
+    "demoPostgres": {"enabled": True, "password": "s3cret", "database": "jobs", "user": "jobs"},
+}
+
+
+@pytest.fixture(scope="session")
+def helm() -> Path:
+    try:
+        return ensure_helm()
+    except BinariesUnavailable as exc:
+        reason = f"helm unavailable: {exc}"
+        pytest.fail(reason, pytrace=False) if os.environ.get(REQUIRE_ENV) == "1" else pytest.skip(reason)
+
+
+def run_helm(helm: Path, *args: str, values: dict | None = None, tmp_path: Path | None = None
+             ) -> subprocess.CompletedProcess:
+    extra: list[str] = []
+    if values is not None:
+        assert tmp_path is not None
+        values_file = tmp_path / "values.yaml"
+        values_file.write_text(yaml.safe_dump(values))
+        extra = ["--values", str(values_file)]
+    return subprocess.run([str(helm), *args, str(CHART), *extra], capture_output=True, text=True, timeout=120)
+
+
+class Rendered:
+    """The objects `helm template` printed, by kind and name; hooks (the helm test pod) apart."""
+
+    def __init__(self, text: str):
+        docs = [d for d in yaml.safe_load_all(text) if d]
+        self.hooks = [d for d in docs if "helm.sh/hook" in d["metadata"].get("annotations", {})]
+        self.objects = [d for d in docs if d not in self.hooks]
+
+    def kinds(self) -> list[str]:
+        return sorted(o["kind"] for o in self.objects)
+
+    def all(self, kind: str) -> list[dict]:
+        return [o for o in self.objects if o["kind"] == kind]
+
+    def one(self, kind: str, name_suffix: str = "") -> dict:
+        (found,) = [o for o in self.all(kind) if o["metadata"]["name"].endswith(name_suffix)]
+        return found
+
+
+def render(helm: Path, tmp_path: Path, values: dict | None = None, release: str = "rel",
+           namespace: str = "qw-system") -> Rendered:
+    result = run_helm(helm, "template", release, "--namespace", namespace, values=values or {}, tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr
+    return Rendered(result.stdout)
+
+
+def controller_container(rendered: Rendered) -> dict:
+    deployment = rendered.one("Deployment", "-controller")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+@pytest.mark.parametrize("values", [{}, EVERYTHING], ids=["defaults", "everything"])
+def test_lint_is_clean(helm, tmp_path, values):
+    result = run_helm(helm, "lint", "--strict", values=values, tmp_path=tmp_path)
+    assert result.returncode == 0 and "0 chart(s) failed" in result.stdout, result.stdout + result.stderr
+
+
+def test_defaults_render_a_locked_down_single_controller(helm, tmp_path):
+    rendered = render(helm, tmp_path)
+    assert rendered.kinds() == ["ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Deployment",
+                                "Service", "ServiceAccount"]
+    deployment = rendered.one("Deployment", "-controller")
+    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"] == {"type": "Recreate"}
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    container = controller_container(rendered)
+    assert "command" not in container, "the image's entrypoint (tini) must stay PID 1"
+    assert container["args"][0] == "--all-namespaces" and "--metrics-port=8080" in container["args"]
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True and security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert container["resources"]["requests"].keys() == {"cpu", "memory"}
+    assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
+    assert {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}} in pod["volumes"]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    binding = rendered.one("ClusterRoleBinding")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "rel-queueworker-controller",
+                                    "namespace": "qw-system"}]
+    assert rendered.one("ClusterRole")["rules"] == RULES, "the rules are files/controller-rules.yaml, verbatim"
+    assert rendered.one("Service")["spec"]["ports"][0]["port"] == 8080
+    assert [h["kind"] for h in rendered.hooks] == ["Pod"]
+
+
+def test_the_crd_is_the_repository_crd_with_the_keep_policy(helm, tmp_path):
+    """crds/queueworker.dev_queueworkers.yaml is the single source: the chart reaches it through a
+    symlink, and what it renders differs only by the metadata it adds."""
+    link = CHART / "files" / CRD_FILE.name
+    assert link.is_symlink() and link.resolve() == CRD_FILE.resolve()
+    source = yaml.safe_load(CRD_FILE.read_text())
+    crd = render(helm, tmp_path).one("CustomResourceDefinition")
+    assert crd["metadata"].pop("annotations") == {"helm.sh/resource-policy": "keep"}
+    assert crd["metadata"].pop("labels")["app.kubernetes.io/instance"] == "rel"
+    assert crd == source
+    no_keep = render(helm, tmp_path, {"crds": {"install": True, "keep": False}}).one("CustomResourceDefinition")
+    assert "annotations" not in no_keep["metadata"]
+    assert "CustomResourceDefinition" not in render(helm, tmp_path, {"crds": {"install": False, "keep": True}}).kinds()
+
+
+def test_every_value_is_rendered_where_it_belongs(helm, tmp_path):
+    rendered = render(helm, tmp_path, EVERYTHING)
+    assert rendered.kinds() == ["ClusterRole", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
+                                "Deployment", "Deployment", "PodDisruptionBudget", "RoleBinding", "RoleBinding",
+                                "Secret", "Service", "Service", "ServiceAccount", "ServiceMonitor"]
+    container = controller_container(rendered)
+    assert container["image"] == "registry.example.com/queueworker-controller:1.2.3"
+    assert container["imagePullPolicy"] == "Always"
+    assert container["args"] == ["--namespace=team-a", "--namespace=team-b", "--log-format=plain",
+                                 "--liveness=http://0.0.0.0:9081/healthz", "--metrics-port=9090", "--verbose",
+                                 "--some-flag"]
+    assert {"name": "TZ", "value": "UTC"} in container["env"]
+    pod_template = rendered.one("Deployment", "qw-controller")["spec"]["template"]
+    assert pod_template["metadata"]["labels"]["team"] == "queues"
+    assert pod_template["metadata"]["annotations"]["example.com/team"] == "queues"
+    pod = pod_template["spec"]
+    assert pod["serviceAccountName"] == "qw-operator" and pod["imagePullSecrets"] == [{"name": "registry"}]
+    assert pod["priorityClassName"] == "system-cluster-critical"
+    assert pod["nodeSelector"] and pod["tolerations"] and pod["affinity"]
+    assert rendered.one("ServiceAccount")["metadata"]["annotations"] == {"iam.example.com/role": "qw"}
+
+    # Namespaced scope: RoleBindings in the watched namespaces, cluster-scoped rules alone cluster-wide.
+    assert {(b["metadata"]["namespace"], b["roleRef"]["name"]) for b in rendered.all("RoleBinding")} == {
+        ("team-a", "qw-controller"), ("team-b", "qw-controller")}
+    cluster_scope = rendered.one("ClusterRole", "-cluster-scope")
+    assert cluster_scope["rules"] == [r for r in RULES if CLUSTER_SCOPED_RESOURCES & set(r["resources"])]
+    assert rendered.one("ClusterRoleBinding")["roleRef"]["name"] == "qw-controller-cluster-scope"
+
+    monitor = rendered.one("ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    assert monitor["spec"]["endpoints"][0] == {"port": "metrics", "path": "/metrics", "interval": "15s",
+                                               "scrapeTimeout": "5s"}
+    assert rendered.one("PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
+
+    secret = rendered.one("Secret", "-demo-postgres")
+    assert secret["stringData"]["url"] == "postgresql://jobs:s3cret@qw-demo-postgres.qw-system.svc:5432/jobs"
+    postgres = rendered.one("Deployment", "-demo-postgres")
+    assert "not-for-production" in str(postgres["metadata"]["annotations"])
+    test_pod_env = {e["name"] for e in rendered.hooks[0]["spec"]["containers"][0]["env"]}
+    assert test_pod_env == {"METRICS_URL", "DATABASE_URL"}
+
+
+def test_metrics_off_renders_no_service_and_no_flag(helm, tmp_path):
+    rendered = render(helm, tmp_path, {"metrics": {"enabled": False}})
+    assert "Service" not in rendered.kinds()
+    assert not any(a.startswith("--metrics-port") for a in controller_container(rendered)["args"])
+
+
+def test_demo_postgres_password_is_random_when_unset(helm, tmp_path):
+    urls = {render(helm, tmp_path, {"demoPostgres": {"enabled": True}}).one("Secret")["stringData"]["url"]
+            for _ in range(2)}
+    assert len(urls) == 2
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"replicas": 2}, "additional properties 'replicas' not allowed"),
+    ({"controller": {"replicaCount": 2}}, "at '/controller': additional properties 'replicaCount' not allowed"),
+    ({"watchNamespaces": ["Team_A"]}, "at '/watchNamespaces/0': 'Team_A' does not match pattern"),
+    ({"metrics": {"port": 70000}}, "at '/metrics/port': maximum: got 70,000, want 65,535"),
+    ({"controller": {"logFormat": "xml"}}, "at '/controller/logFormat': value must be one of"),
+    ({"crds": {"install": "yes", "keep": True}}, "at '/crds/install': got string, want boolean"),
+    ({"image": {"repository": "x", "tag": 1, "pullPolicy": "Always"}}, "at '/image/tag': got number, want string"),
+    ({"demoPostgres": {"password": "p@ss/word"}}, "at '/demoPostgres/password'"),
+], ids=lambda v: str(v)[:40])
+def test_schema_rejects_bad_values_with_a_clear_message(helm, tmp_path, values, message):
+    result = run_helm(helm, "template", "rel", values=values, tmp_path=tmp_path)
+    assert result.returncode != 0
+    assert "values don't meet the specifications of the schema" in result.stderr
+    assert message in result.stderr, result.stderr
+
+
+def test_an_external_service_account_needs_a_name(helm, tmp_path):
+    result = run_helm(helm, "template", "rel", values={"serviceAccount": {"create": False}}, tmp_path=tmp_path)
+    assert result.returncode != 0
+    assert "serviceAccount.name is required when serviceAccount.create is false" in result.stderr
+
+
+# --- against the real API server ---------------------------------------------------------------------------
+
+def apply(dyn: dynamic.DynamicClient, obj: dict, namespace: str | None = None, dry_run: bool = False) -> Any:
+    resource = dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+    kwargs = {"dry_run": "All"} if dry_run else {}
+    return resource.server_side_apply(body=obj, name=obj["metadata"]["name"],
+                                      namespace=obj["metadata"].get("namespace", namespace) if resource.namespaced
+                                      else None, field_manager=FIELD_MANAGER, force_conflicts=True, **kwargs)
+
+
+def service_account_can(api: client.ApiClient, account: str, namespace: str | None, verb: str,
+                        resource: str, group: str = "") -> bool:
+    review = client.AuthorizationV1Api(api).create_subject_access_review({"spec": {
+        "user": f"system:serviceaccount:{account}",
+        "groups": ["system:serviceaccounts", f"system:serviceaccounts:{account.split(':')[0]}"],
+        "resourceAttributes": {"namespace": namespace, "verb": verb, "resource": resource, "group": group}}})
+    return bool(review.status.allowed)
+
+
+@pytest.mark.cluster
+def test_rendered_chart_is_accepted_by_the_api_server(helm, tmp_path, control_plane, cluster_namespace):
+    """Everything rendered with every value set is applied server-side; the RBAC it creates grants
+    the controller its rules in the watched namespaces only; a sample QueueWorker pointing at the
+    demo Postgres Secret passes the CRD's validation."""
+    watched = [control_plane.create_namespace("watched"), control_plane.create_namespace("watched")]
+    # The ServiceMonitor's CRD (prometheus-operator) is not installed here: it is checked by rendering only.
+    values = {**EVERYTHING, "watchNamespaces": watched, "fullnameOverride": cluster_namespace,
+              "crds": {"install": True, "keep": True}}
+    rendered = render(helm, tmp_path, values, release=cluster_namespace, namespace=cluster_namespace)
+    with control_plane.api_client() as api:
+        dyn = dynamic.DynamicClient(api)
+        crd = rendered.one("CustomResourceDefinition")
+        apply(dyn, crd)  # identical to crds/: harmless to other tests sharing the control plane
+        extensions = client.ApiextensionsV1Api(api)
+        control_plane.wait_for(lambda: any(
+            c.type == "Established" and c.status == "True"
+            for c in extensions.read_custom_resource_definition(crd["metadata"]["name"]).status.conditions or []),
+            message="CRD Established")
+        for obj in rendered.objects:
+            if obj["kind"] in ("CustomResourceDefinition", "ServiceMonitor"):
+                continue
+            applied = apply(dyn, obj, cluster_namespace)
+            assert applied.metadata.name == obj["metadata"]["name"]
+
+        account = f"{cluster_namespace}:qw-operator"
+        assert service_account_can(api, account, watched[0], "patch", "queueworkers", "queueworker.dev")
+        assert service_account_can(api, account, watched[1], "patch", "deployments/scale", "apps")
+        assert not service_account_can(api, account, "default", "patch", "queueworkers", "queueworker.dev")
+        assert not service_account_can(api, account, None, "get", "secrets")
+        assert service_account_can(api, account, None, "watch", "customresourcedefinitions",
+                                   "apiextensions.k8s.io")
+
+        sample = {"apiVersion": "queueworker.dev/v1alpha1", "kind": "QueueWorker",
+                  "metadata": {"name": "sample", "namespace": watched[0]},
+                  "spec": {"queue": "jobs", "image": "queueworker:dev",
+                           "database": {"secretRef": {"name": f"{cluster_namespace}-demo-postgres"}},
+                           "scaling": {"minReplicas": 0, "maxReplicas": 5}}}
+        accepted = apply(dyn, sample, dry_run=True)
+        assert accepted.spec.concurrency == 10, "defaults from the CRD schema were applied"
