@@ -4,12 +4,18 @@ One small pool per distinct database (not per QueueWorker), a short connect time
 `statement_timeout` on every session, and depth reads coalesced: QueueWorkers that poll the same
 database at about the same moment share one `QUEUE_DEPTH` query for all their queues. The blocking
 psycopg calls run in threads so kopf's event loop never waits on the database.
+
+Each database also gets one LISTEN connection on the producers' NOTIFY channel, so a backlog
+that appears between two polls is noticed at once (the reconciler decides what to do with that).
+Without it (e.g. behind a transaction-pooling PgBouncer) polling alone still works.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -20,12 +26,15 @@ from queueworker import sql
 
 from .policy import QueueDepth
 
+log = logging.getLogger(__name__)
+
 CONNECT_TIMEOUT_SECONDS = 3
 STATEMENT_TIMEOUT_MS = 2000
 POOL_SIZE = 2
 # How long a read waits for other QueueWorkers on the same database to join its query.
 COALESCE_SECONDS = 0.02
 SESSION_OPTIONS = f"-c statement_timeout={STATEMENT_TIMEOUT_MS} -c idle_in_transaction_session_timeout=10000"
+LISTEN_RETRY_MAX_SECONDS = 30
 
 
 class SmallPool:
@@ -76,6 +85,8 @@ class QueueDatabases:
     def __init__(self) -> None:
         self._pools: dict[str, SmallPool] = {}
         self._batches: dict[str, _DepthBatch] = {}
+        self._listeners: dict[str, asyncio.Task[None]] = {}
+        self._notified: dict[tuple[str, str], float] = {}  # (dsn, queue) -> monotonic time of last NOTIFY
 
     def pool(self, dsn: str) -> SmallPool:
         if dsn not in self._pools:
@@ -97,7 +108,37 @@ class QueueDatabases:
             return [WorkerLease(*row) for row in rows]
         return await asyncio.to_thread(read)
 
+    def listen(self, dsn: str) -> None:
+        """Starts listening for new tasks on this database, once."""
+        if dsn not in self._listeners:
+            self._listeners[dsn] = asyncio.ensure_future(self._listen(dsn))
+
+    def notified_since(self, dsn: str, queue: str, since: float) -> bool:
+        """Whether tasks were enqueued on `queue` after monotonic time `since`."""
+        return self._notified.get((dsn, queue), float("-inf")) > since
+
+    async def _listen(self, dsn: str) -> None:
+        failures = 0
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(
+                        dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS, options=SESSION_OPTIONS,
+                        application_name="queueworker-controller-listen",
+                        keepalives=1, keepalives_idle=10, keepalives_interval=5, keepalives_count=3) as conn:
+                    await conn.execute(f"LISTEN {sql.NOTIFY_CHANNEL}")
+                    failures = 0
+                    async for notify in conn.notifies():
+                        if " " not in notify.payload:  # "queue due_epoch" announces tasks due later
+                            self._notified[(dsn, notify.payload)] = time.monotonic()
+            except psycopg.Error as exc:
+                failures += 1
+                log.debug("LISTEN connection failed (%s); polling only until it is back", exc)
+                await asyncio.sleep(min(LISTEN_RETRY_MAX_SECONDS, 2 ** failures))
+
     def close(self) -> None:
+        for task in self._listeners.values():
+            task.cancel()
+        self._listeners.clear()
         for pool in self._pools.values():
             pool.close()
         self._pools.clear()

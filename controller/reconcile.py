@@ -28,12 +28,18 @@ from .spec import QueueWorkerSpec
 log = logging.getLogger(__name__)
 
 
+# A NOTIFY for the queue makes a tick due early, but not more often than this.
+MIN_NOTIFIED_POLL_SECONDS = 1.0
+
+
 @dataclass
 class ObjectMemory:
     """What the controller remembers about one QueueWorker between ticks (lost on restart, harmless)."""
 
     generation: int | None = None
+    last_poll: float = float("-inf")  # monotonic
     next_poll: float = 0.0  # monotonic
+    listening_on: tuple[str, str] | None = None  # (dsn, queue) once the Secret was read
 
 
 @dataclass(frozen=True)
@@ -67,8 +73,13 @@ class Reconciler:
         self.monotonic = monotonic
 
     def due(self, obj: QueueWorkerObject, memory: ObjectMemory) -> bool:
-        """A tick is due when the polling interval has passed or the spec changed."""
-        return obj.generation != memory.generation or self.monotonic() >= memory.next_poll
+        """A tick is due when the polling interval has passed, the spec changed, or tasks were
+        enqueued on the queue since the last poll (at most once per MIN_NOTIFIED_POLL_SECONDS)."""
+        now = self.monotonic()
+        if obj.generation != memory.generation or now >= memory.next_poll:
+            return True
+        return (memory.listening_on is not None and now - memory.last_poll >= MIN_NOTIFIED_POLL_SECONDS
+                and self.databases.notified_since(*memory.listening_on, memory.last_poll))
 
     async def tick(self, obj: QueueWorkerObject, memory: ObjectMemory) -> TickResult:
         started = self.monotonic()
@@ -79,13 +90,14 @@ class Reconciler:
             memory.next_poll = started + 60
             return self._failed(obj, "InvalidSpec", f"spec cannot be used: {exc!r}")
         memory.generation = obj.generation
+        memory.last_poll = started
         memory.next_poll = started + spec.scaling.polling_interval_seconds
         try:
-            return await self._tick(obj, spec)
+            return await self._tick(obj, spec, memory)
         finally:
             metrics.tick_seconds.observe(self.monotonic() - started)
 
-    async def _tick(self, obj: QueueWorkerObject, spec: QueueWorkerSpec) -> TickResult:
+    async def _tick(self, obj: QueueWorkerObject, spec: QueueWorkerSpec, memory: ObjectMemory) -> TickResult:
         now = self.wall_clock()
         rendered = build_deployment(obj.name, obj.namespace, obj.uid, spec)
         try:
@@ -95,7 +107,7 @@ class Reconciler:
         current = int(deployment["spec"].get("replicas", 1))
         ready_replicas = int(deployment.get("status", {}).get("readyReplicas") or 0)
 
-        depth, error_reason, error = await self._read_depth(obj.namespace, spec)
+        depth, error_reason, error = await self._read_depth(obj.namespace, spec, memory)
         if error_reason:
             metrics.errors.labels(obj.namespace, obj.name, error_reason).inc()
         previous = obj.status
@@ -179,7 +191,7 @@ class Reconciler:
             return self.kube.update_deployment(current, rendered)
         return current
 
-    async def _read_depth(self, namespace: str, spec: QueueWorkerSpec
+    async def _read_depth(self, namespace: str, spec: QueueWorkerSpec, memory: ObjectMemory
                           ) -> tuple[QueueDepth | None, str | None, str | None]:
         try:
             dsn = await asyncio.to_thread(self.kube.read_secret_value, namespace, spec.secret_name, spec.secret_key)
@@ -187,6 +199,8 @@ class Reconciler:
             return None, "SecretUnavailable", str(exc)
         except ApiException as exc:
             return None, "SecretUnavailable", f"Secret {namespace}/{spec.secret_name}: {exc.status} {exc.reason}"
+        self.databases.listen(dsn)
+        memory.listening_on = (dsn, spec.queue)
         # Enough to ask for maxReplicas, and to see that there is more than that.
         cap = spec.scaling.max_replicas * spec.tasks_per_replica + 1
         try:

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,6 +97,10 @@ class Cluster:
     namespace: str
     api: client.ApiClient
     controller_log: Path
+    metrics_port: int
+
+    def metrics(self) -> str:
+        return urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).read().decode()
 
     @property
     def custom(self) -> client.CustomObjectsApi:
@@ -147,12 +152,12 @@ def cluster(control_plane, cluster_namespace, controller_kubeconfig, dsn, tmp_pa
     """The namespace with Secret `app-db` (key `url`) and a controller watching it."""
     log_path = tmp_path / "controller.log"
     with control_plane.api_client() as api:
-        helper = Cluster(control_plane, cluster_namespace, api, log_path)
+        helper = Cluster(control_plane, cluster_namespace, api, log_path, free_port())
         helper.core.create_namespaced_secret(cluster_namespace, {
             "metadata": {"name": DB_SECRET}, "stringData": {"url": dsn}})
         with log_path.open("wb") as log:
             process = subprocess.Popen(
-                [str(CONTROLLER), "--namespace", cluster_namespace, "--metrics-port", str(free_port())],
+                [str(CONTROLLER), "--namespace", cluster_namespace, "--metrics-port", str(helper.metrics_port)],
                 env={**os.environ, "KUBECONFIG": str(controller_kubeconfig)}, stdout=log, stderr=subprocess.STDOUT,
                 cwd=REPO)
         try:
@@ -262,6 +267,11 @@ def test_backlog_scales_up_in_one_step_drains_and_returns_to_min(cluster: Cluste
     cluster.wait_for(lambda: cluster.replicas("sleepers") == 0, timeout=30, message="back to minReplicas=0")
     reasons = {e.reason for e in cluster.events("Activated") + cluster.events("ScaledToZero")}
     assert reasons == {"Activated", "ScaledToZero"}
+    metrics = cluster.metrics()
+    labels = f'name="sleepers",namespace="{cluster.namespace}"'  # the exposition sorts label names
+    assert f'queueworker_controller_scale_total{{direction="up",{labels}}} 1.0' in metrics
+    assert f"queueworker_controller_desired_replicas{{{labels}}} 0.0" in metrics
+    assert "queueworker_controller_tick_duration_seconds_count" in metrics
 
 
 def test_scale_down_spares_busy_pods_and_a_deleted_busy_pod_loses_nothing(cluster: Cluster, dsn: str):

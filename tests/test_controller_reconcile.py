@@ -60,11 +60,18 @@ class FakeKube:
 class FakeDatabases:
     def __init__(self, depth: QueueDepth | None):
         self.depth_value = depth
+        self.notified = False
 
     async def depth(self, dsn, queue, cap):
         if self.depth_value is None:
             raise psycopg.OperationalError("connection refused")
         return self.depth_value
+
+    def listen(self, dsn):
+        self.listening = dsn
+
+    def notified_since(self, dsn, queue, since):
+        return self.notified
 
     async def worker_leases(self, dsn, namespace, queue):
         return [WorkerLease("idle", 0, False, None), WorkerLease("busy", 1, False, 30.0)]
@@ -152,14 +159,23 @@ def test_spec_change_rolls_the_deployment_but_keeps_replicas():
     assert deployment["spec"]["replicas"] == 4
 
 
-def test_ticks_wait_for_the_polling_interval_unless_the_spec_changed():
-    kube, memory = FakeKube(), ObjectMemory()
-    reconciler = Reconciler(kube, FakeDatabases(QueueDepth(0, 0)), monotonic=lambda: 100.0)  # type: ignore[arg-type]
-    obj = QueueWorkerObject("w", "ns", "uid", 1, SPEC, {})
+def test_ticks_wait_for_the_polling_interval_unless_the_spec_changed_or_tasks_arrived():
+    clock = [100.0]
+    databases = FakeDatabases(QueueDepth(0, 0))
+    reconciler = Reconciler(FakeKube(), databases, monotonic=lambda: clock[0])  # type: ignore[arg-type]
+    obj, memory = QueueWorkerObject("w", "ns", "uid", 1, SPEC, {}), ObjectMemory()
     assert reconciler.due(obj, memory)
     asyncio.run(reconciler.tick(obj, memory))
+    assert databases.listening == "postgresql://db/app"
     assert not reconciler.due(obj, memory)
     assert reconciler.due(QueueWorkerObject("w", "ns", "uid", 2, SPEC, {}), memory)
+    databases.notified = True
+    assert not reconciler.due(obj, memory)  # not twice within MIN_NOTIFIED_POLL_SECONDS
+    clock[0] += 1.0
+    assert reconciler.due(obj, memory)
+    clock[0] += 9.0
+    databases.notified = False
+    assert reconciler.due(obj, memory)  # pollingIntervalSeconds=10
 
 
 def test_an_unusable_spec_is_reported_not_raised():
