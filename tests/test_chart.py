@@ -289,3 +289,29 @@ def test_rendered_chart_is_accepted_by_the_api_server(helm, tmp_path, control_pl
                            "scaling": {"minReplicas": 0, "maxReplicas": 5}}}
         accepted = apply(dyn, sample, dry_run=True)
         assert accepted.spec.concurrency == 10, "defaults from the CRD schema were applied"
+
+
+@pytest.mark.cluster
+def test_helm_test_pod_checks_the_demo_database(helm, tmp_path, control_plane, cluster_namespace, dsn):
+    """The `helm test` hook, run by the process kubelet, with the demo Secret pointing at a real Postgres."""
+    values = {"fullnameOverride": cluster_namespace, "crds": {"install": False, "keep": True},
+              "metrics": {"enabled": False}, "demoPostgres": {"enabled": True}}
+    rendered = render(helm, tmp_path, values, release=cluster_namespace, namespace=cluster_namespace)
+    secret = rendered.one("Secret", "-demo-postgres")
+    secret["stringData"]["url"] = dsn  # the Service's DNS name does not resolve here
+    (test_pod,) = rendered.hooks
+    name = test_pod["metadata"]["name"]
+    with control_plane.api_client() as api:
+        dyn = dynamic.DynamicClient(api)
+        apply(dyn, secret)
+        apply(dyn, test_pod)
+        core = client.CoreV1Api(api)
+
+        def finished_phase() -> str | None:
+            phase = core.read_namespaced_pod(name, cluster_namespace).status.phase
+            return phase if phase in ("Succeeded", "Failed") else None
+
+        phase = control_plane.wait_for(finished_phase, timeout=60, message="the helm test pod to finish")
+    log = control_plane.pod_log(cluster_namespace, name)
+    assert phase == "Succeeded", log
+    assert "schema at version" in log and "QUEUE" in log, log  # migrate, then status
