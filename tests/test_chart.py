@@ -18,7 +18,7 @@ from kubernetes import client, dynamic
 
 from tests.cluster.binaries import BinariesUnavailable
 from tests.cluster.fixtures import REQUIRE_ENV
-from tests.helm_binary import ensure_helm
+from tests.go_tools import HELM, ensure
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "queueworker"
@@ -56,7 +56,7 @@ EVERYTHING: dict[str, Any] = {
 @pytest.fixture(scope="session")
 def helm() -> Path:
     try:
-        return ensure_helm()
+        return ensure(HELM)
     except BinariesUnavailable as exc:
         reason = f"helm unavailable: {exc}"
         pytest.fail(reason, pytrace=False) if os.environ.get(REQUIRE_ENV) == "1" else pytest.skip(reason)
