@@ -361,3 +361,22 @@ def test_controller_identity_has_only_the_chart_rules(control_plane, controller_
         {"spec": {"resourceAttributes": {"verb": "patch", "resource": "deployments", "subresource": "scale",
                                          "group": "apps", "namespace": "default"}}})
     assert review.status.allowed is True
+
+
+def test_spec_changes_roll_the_deployment_and_paused_leaves_kubectl_scale_alone(cluster: Cluster, dsn: str):
+    cluster.apply("rolling", worker_spec(maxReplicas=3))
+    cluster.wait_for(lambda: cluster.queueworker("rolling").get("status", {}).get("reason") == "Idle", message="idle")
+    patch = {"spec": {"concurrency": 3, "scaling": {"paused": True}}}
+    cluster.custom.patch_namespaced_custom_object(GROUP, VERSION, cluster.namespace, PLURAL, "rolling", patch)
+    cluster.wait_for(lambda: "3" in cluster.apps.read_namespaced_deployment(
+        "rolling-worker", cluster.namespace).spec.template.spec.containers[0].args, message="new args rolled out")
+    cluster.wait_for(lambda: cluster.condition("rolling", "Paused").get("status") == "True", message="Paused=True")
+
+    cluster.apps.patch_namespaced_deployment_scale("rolling-worker", cluster.namespace, {"spec": {"replicas": 2}})
+    time.sleep(4)  # several polls with an empty queue: unpaused, this would be scaled to zero
+    assert cluster.replicas("rolling") == 2
+    assert cluster.queueworker("rolling")["status"]["reason"] == "Paused"
+
+    cluster.custom.patch_namespaced_custom_object(GROUP, VERSION, cluster.namespace, PLURAL, "rolling",
+                                                  {"spec": {"scaling": {"paused": False}}})
+    cluster.wait_for(lambda: cluster.replicas("rolling") == 0, timeout=30, message="scaling resumed")
