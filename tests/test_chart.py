@@ -7,7 +7,9 @@ skip, or fail when QUEUEWORKER_REQUIRE_CLUSTER=1 (CI), as the cluster tier does.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,10 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client, dynamic
+from prometheus_client import REGISTRY
+
+import queueworker.metrics  # noqa: F401 - registers the worker's metrics
+import queueworker_controller.metrics  # noqa: F401 - and the controller's
 
 from tests.cluster.binaries import BinariesUnavailable
 from tests.cluster.fixtures import REQUIRE_ENV
@@ -24,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "queueworker"
 CRD_FILE = ROOT / "crds" / "queueworker.dev_queueworkers.yaml"
 RULES = yaml.safe_load((CHART / "files" / "controller-rules.yaml").read_text())
+DASHBOARD = CHART / "dashboards" / "queueworker.json"
 CLUSTER_SCOPED_RESOURCES = {"customresourcedefinitions", "namespaces"}
 FIELD_MANAGER = "queueworker-chart-test"
 
@@ -50,6 +57,7 @@ EVERYTHING: dict[str, Any] = {
                                    "labels": {"release": "prometheus"}}},
     "podDisruptionBudget": {"enabled": True, "maxUnavailable": 1},
     "demoPostgres": {"enabled": True, "password": "s3cret", "database": "jobs", "user": "jobs"},
+    "grafanaDashboard": {"enabled": True, "labels": {"grafana_dashboard": "1"}, "annotations": {"folder": "queues"}},
 }
 
 
@@ -155,8 +163,8 @@ def test_the_crd_is_the_repository_crd_with_the_keep_policy(helm, tmp_path):
 
 def test_every_value_is_rendered_where_it_belongs(helm, tmp_path):
     rendered = render(helm, tmp_path, EVERYTHING)
-    assert rendered.kinds() == ["ClusterRole", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
-                                "Deployment", "Deployment", "PodDisruptionBudget", "RoleBinding", "RoleBinding",
+    assert rendered.kinds() == ["ClusterRole", "ClusterRole", "ClusterRoleBinding", "ConfigMap",
+                                "CustomResourceDefinition", "Deployment", "Deployment", "PodDisruptionBudget", "RoleBinding", "RoleBinding",
                                 "Secret", "Service", "Service", "ServiceAccount", "ServiceMonitor"]
     container = controller_container(rendered)
     assert container["image"] == "registry.example.com/queueworker-controller:1.2.3"
@@ -193,6 +201,9 @@ def test_every_value_is_rendered_where_it_belongs(helm, tmp_path):
     assert "not-for-production" in str(postgres["metadata"]["annotations"])
     test_pod_env = {e["name"] for e in rendered.hooks[0]["spec"]["containers"][0]["env"]}
     assert test_pod_env == {"METRICS_URL", "DATABASE_URL"}
+    dashboard = rendered.one("ConfigMap", "-dashboard")
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(dashboard["data"]["queueworker.json"]) == json.loads(DASHBOARD.read_text())
 
 
 def test_metrics_off_renders_no_service_and_no_flag(helm, tmp_path):
@@ -228,6 +239,27 @@ def test_an_external_service_account_needs_a_name(helm, tmp_path):
     result = run_helm(helm, "template", "rel", values={"serviceAccount": {"create": False}}, tmp_path=tmp_path)
     assert result.returncode != 0
     assert "serviceAccount.name is required when serviceAccount.create is false" in result.stderr
+
+
+def exported_series() -> dict[str, str]:
+    """Every series name the worker and controller export, mapped to its metric family."""
+    suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_count", "_sum"]}
+    return {f"{family.name}{suffix}": family.name for family in REGISTRY.collect()
+            if family.name.startswith("queueworker_") for suffix in suffixes.get(family.type, [""])}
+
+
+def test_dashboard_queries_only_exported_metrics_and_shows_every_worker_metric():
+    dashboard = json.loads(DASHBOARD.read_text())
+    panels = dashboard["panels"]
+    assert len({p["id"] for p in panels}) == len(panels)
+    queries = [t["expr"] for p in panels for t in p.get("targets", [])]
+    queries += [v["definition"] for v in dashboard["templating"]["list"] if "definition" in v]
+    used = set(re.findall(r"queueworker_\w+", " ".join(queries)))
+    exported = exported_series()
+    assert used - exported.keys() == set(), "the dashboard queries series nobody exports"
+    worker_families = {f.name for f in REGISTRY.collect()
+                       if f.name.startswith("queueworker_") and not f.name.startswith("queueworker_controller_")}
+    assert worker_families - {exported[s] for s in used} == set(), "worker metrics missing from the dashboard"
 
 
 # --- against the real API server ---------------------------------------------------------------------------
