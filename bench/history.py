@@ -1,0 +1,108 @@
+"""Scenario 3 (scale of history) and the raw-SQL ceiling, both queueworker-only.
+
+History rows are written with one INSERT ... SELECT generate_series each (finished and
+delayed), with triggers off for that statement only (session_replication_role = replica), so
+the synthetic history has no audit rows; the measured tasks go through the triggers as usual.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import psycopg
+
+from queueworker import sql
+
+PGBENCH_CANDIDATES = sorted(Path("/usr/lib/postgresql").glob("*/bin/pgbench"), reverse=True)
+
+
+def build_history(dsn: str, finished: int, delayed: int) -> float:
+    """Adds `finished` succeeded rows and `delayed` pending rows due in a day; returns seconds taken."""
+    t0 = time.monotonic()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SET session_replication_role = replica")
+        conn.execute("""
+            INSERT INTO queueworker.tasks (queue, task, state, delayed, attempts, lease_token, created_at, updated_at,
+                                           started_at, finished_at)
+            SELECT 'default', 'qw.noop', 'succeeded', false, 1, 1, ts, ts, ts, ts
+            FROM (SELECT now() - interval '30 days' + g * interval '200 ms' AS ts
+                  FROM generate_series(1, %s) g) s""", (finished,))
+        conn.execute("""
+            INSERT INTO queueworker.tasks (queue, task, run_after, delayed)
+            SELECT 'default', 'qw.noop', now() + interval '1 day' + g * interval '50 ms', true
+            FROM generate_series(1, %s) g""", (delayed,))
+        conn.execute("RESET session_replication_role")
+        conn.execute("VACUUM ANALYZE queueworker.tasks")
+    return time.monotonic() - t0
+
+
+def idle_claim_cost(dsn: str, repeats: int = 20) -> dict:
+    """Cost of one CLAIM (limit 100) when nothing is due: what every idle poll pays."""
+    params = {"queue": "default", "limit": 100, "worker": uuid.uuid4(), "lease_seconds": 30.0,
+              "timeout_seconds": 1800.0}
+    with psycopg.connect(dsn) as conn:
+        plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql.CLAIM, params).fetchone()[0][0]
+        conn.rollback()
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            rows = conn.execute(sql.CLAIM, params).fetchall()
+            conn.rollback()
+            assert not rows
+        ms = (time.perf_counter() - t0) * 1000 / repeats
+    buffers = _sum_buffers(plan["Plan"])
+    return {"claim_ms": ms, "buffers": buffers}
+
+
+def _sum_buffers(node: dict) -> int:
+    return node.get("Shared Hit Blocks", 0) + node.get("Shared Read Blocks", 0)
+
+
+def claim_script() -> str:
+    """pgbench script: our CLAIM (its RETURNING rows aggregated into arrays) then our
+    COMPLETE_SUCCEEDED verbatim, placeholders turned into pgbench variables."""
+    head, update = sql.CLAIM.strip().split("\nUPDATE queueworker.tasks t", 1)
+    claim = (f"{head},\nclaimed AS (\nUPDATE queueworker.tasks t{update}\n)\n"
+             "SELECT coalesce(array_agg(id), '{}')::text AS ids, "
+             "coalesce(array_agg(lease_token), '{}')::text AS tokens, "
+             "array_fill(NULL::jsonb, ARRAY[count(*)::int])::text AS results FROM claimed")
+    complete = sql.COMPLETE_SUCCEEDED.strip()
+
+    def to_pgbench(statement: str) -> str:
+        statement = re.sub(r"%\((\w+)\)s", r":\1", statement)
+        return " ".join(statement.split())
+
+    return f"{to_pgbench(claim)}\n\\gset\n{to_pgbench(complete)};\n"
+
+
+def ceiling(dsn: str, tasks: int, clients: int, limit: int) -> dict:
+    """Tasks/s of pgbench clients looping CLAIM(limit) + COMPLETE_SUCCEEDED over `tasks` rows."""
+    if not PGBENCH_CANDIDATES:
+        raise RuntimeError("pgbench not found")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO queueworker.tasks (queue, task, delayed) "
+                     "SELECT 'default', 'qw.noop', false FROM generate_series(1, %s)", (tasks,))
+        conn.execute("VACUUM ANALYZE queueworker.tasks")
+    info = psycopg.conninfo.conninfo_to_dict(dsn)
+    per_client = -(-tasks // (clients * limit))
+    with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as script:
+        script.write(claim_script())
+    cmd = [str(PGBENCH_CANDIDATES[0]), "-n", "-M", "prepared", "-h", info["host"], "-p", str(info["port"]),
+           "-U", info.get("user", "postgres"), "-c", str(clients), "-j", str(clients), "-t", str(per_client),
+           "-D", "queue=default", "-D", f"limit={limit}", "-D", f"worker={uuid.uuid4()}",
+           "-D", "lease_seconds=30", "-D", "timeout_seconds=1800", "-f", script.name, info["dbname"]]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    Path(script.name).unlink()
+    if out.returncode != 0:
+        raise RuntimeError(f"pgbench failed: {out.stderr.strip() or out.stdout.strip()}")
+    with psycopg.connect(dsn) as conn:
+        first, last, done = conn.execute("""
+            SELECT min(started_at), max(finished_at), count(*) FILTER (WHERE state = 'succeeded')
+            FROM queueworker.tasks WHERE finished_at IS NOT NULL""").fetchone()
+    if done != tasks:
+        raise RuntimeError(f"pgbench ceiling: {done} of {tasks} succeeded")
+    return {"tasks_per_s": tasks / (last - first).total_seconds(), "clients": clients, "limit": limit}

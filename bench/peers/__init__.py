@@ -1,0 +1,1 @@
+"""Worker harnesses for the peers the benchmark runner compares against (one small file each)."""

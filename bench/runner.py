@@ -1,0 +1,240 @@
+"""The benchmark runner: `python -m bench [--quick] [--out BENCHMARKS.md]`.
+
+Starts its own durable Postgres (pg_stat_statements loaded), runs every scenario for every
+installed system with the same task counts, worker processes and concurrency, alternating the
+systems' order from run to run, and writes BENCHMARKS.md (table, plot, machine, method) plus
+the raw results as JSON beside the plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import psycopg
+
+from bench import history, report, scenarios
+from bench.systems import ALL, System
+
+
+@dataclass
+class Config:
+    tasks: int = 100_000
+    runs: int = 3
+    processes: int = 2
+    concurrency: int = 100
+    burn_cap_seconds: float = 30.0
+    idle_samples: int = 200
+    load_rate: int = 1000
+    load_seconds: float = 5.0
+    idle_settle: float = 15.0
+    idle_window: float = 30.0
+    history_finished: int = 10_000_000
+    history_delayed: int = 1_000_000
+    history_tasks: int = 100_000
+    history_runs: int = 2
+    ceiling_runs: int = 3
+
+    @classmethod
+    def quick(cls) -> Config:
+        return cls(tasks=300, runs=1, burn_cap_seconds=10, idle_samples=10, load_rate=200, load_seconds=1.0,
+                   idle_settle=2.0, idle_window=2.0, history_finished=3000, history_delayed=1000,
+                   history_tasks=300, history_runs=1, ceiling_runs=1)
+
+
+SCENARIOS = ("burn", "latency", "idle", "history", "ceiling")
+
+
+class Runner:
+    def __init__(self, config: Config, systems: list[System], scenario_names: list[str], log=print):
+        self.config = config
+        self.systems = systems
+        self.scenarios = scenario_names
+        self.log = log
+        self.results: dict = {"burn": {}, "latency": {}, "idle": {}, "history": {}, "ceiling": [], "errors": []}
+        self._db_seq = 0
+
+    def run(self) -> dict:
+        from queueworker.localpg import LocalPostgres
+        server = LocalPostgres(durable=True, extra_settings={
+            "shared_preload_libraries": "'pg_stat_statements'", "pg_stat_statements.track": "'top'",
+            "max_wal_size": "'4GB'"})
+        self.admin_dsn = server.start()
+        try:
+            with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
+                conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+                self.results["postgres"] = conn.execute("SHOW server_version").fetchone()[0]
+                self.results["pg_settings"] = dict(conn.execute(
+                    "SELECT name, setting FROM pg_settings WHERE name IN ('fsync', 'synchronous_commit', "
+                    "'shared_buffers', 'max_connections', 'wal_level', 'full_page_writes')").fetchall())
+            self.results["load_before"] = os.getloadavg()
+            started = time.monotonic()
+            for name in ("burn", "latency", "idle", "ceiling", "history"):
+                if name in self.scenarios:
+                    self.log(f"== scenario {name}")
+                    getattr(self, f"_{name}")()
+            self.results["load_after"] = os.getloadavg()
+            self.results["seconds"] = time.monotonic() - started
+        finally:
+            server.destroy()
+        return self.results
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _fresh_db(self, system: System) -> str:
+        self._db_seq += 1
+        name = f"b_{system.name.replace('-', '_')}_{self._db_seq}"
+        with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        dsn = self.admin_dsn.rsplit("/", 1)[0] + "/" + name  # a URL: asyncpg takes no key=value DSNs
+        system.install(dsn)
+        return dsn
+
+    def _drop_db(self, dsn: str) -> None:
+        name = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
+        with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    def _alternating(self, scenario: str, runs: int, fn) -> None:
+        """Runs fn(system, dsn) `runs` times per system, rotating the order every round."""
+        for round_no in range(runs):
+            shift = round_no % len(self.systems)
+            for system in self.systems[shift:] + self.systems[:shift]:
+                dsn = self._fresh_db(system)
+                try:
+                    result = fn(system, dsn)
+                    self.log(f"   {scenario} {system.name} run {round_no + 1}: {_brief(result)}")
+                    self.results[scenario].setdefault(system.name, []).append(result)
+                except Exception as exc:  # noqa: BLE001 - one peer failing must not end the run
+                    self.log(f"   {scenario} {system.name} run {round_no + 1} FAILED: {exc}")
+                    self.results["errors"].append({"scenario": scenario, "system": system.name,
+                                                   "error": f"{type(exc).__name__}: {exc}"[:2000]})
+                    traceback.print_exc(file=sys.stderr)
+                finally:
+                    self._drop_db(dsn)
+
+    # -- scenarios -------------------------------------------------------------------------
+
+    def _burn(self) -> None:
+        c = self.config
+        self._alternating("burn", c.runs, lambda s, dsn: scenarios.burn_down(
+            s, dsn, c.tasks, c.processes, c.concurrency, c.burn_cap_seconds))
+
+    def _latency(self) -> None:
+        c = self.config
+        self._alternating("latency", c.runs, lambda s, dsn: scenarios.latency(
+            s, dsn, c.processes, c.concurrency, c.idle_samples, c.load_rate, c.load_seconds))
+
+    def _idle(self) -> None:
+        c = self.config
+        self._alternating("idle", 1, lambda s, dsn: scenarios.idle_cost(
+            s, dsn, self.admin_dsn, c.processes, c.concurrency, c.idle_settle, c.idle_window))
+
+    def _ceiling(self) -> None:
+        c = self.config
+        qw = next((s for s in self.systems if s.name == "queueworker"), None) or ALL["queueworker"]()
+        for round_no in range(c.ceiling_runs):
+            for clients, limit in ((2, c.concurrency), (4, c.concurrency // 2)):
+                dsn = self._fresh_db(qw)
+                try:
+                    result = history.ceiling(dsn, c.tasks, clients, limit)
+                    self.log(f"   ceiling {clients} clients x limit {limit}: {result['tasks_per_s']:.0f} tasks/s")
+                    self.results["ceiling"].append(result)
+                except Exception as exc:  # noqa: BLE001
+                    self.log(f"   ceiling FAILED: {exc}")
+                    self.results["errors"].append({"scenario": "ceiling", "system": "pgbench", "error": str(exc)})
+                finally:
+                    self._drop_db(dsn)
+
+    def _history(self) -> None:
+        """queueworker's claim throughput and idle claim cost: empty table vs big history."""
+        c = self.config
+        qw = ALL["queueworker"]()
+        big = self._fresh_db(qw)
+        try:
+            self.log(f"   building history: {c.history_finished} finished + {c.history_delayed} delayed rows")
+            self.results["history"]["build_seconds"] = history.build_history(big, c.history_finished,
+                                                                             c.history_delayed)
+            for round_no in range(c.history_runs):
+                for label in (("empty", "history") if round_no % 2 == 0 else ("history", "empty")):
+                    dsn = big if label == "history" else self._fresh_db(qw)
+                    try:
+                        idle = history.idle_claim_cost(dsn)
+                        result = scenarios.burn_down(qw, dsn, c.history_tasks, c.processes, c.concurrency,
+                                                     c.burn_cap_seconds)
+                        result.update(idle_claim_ms=idle["claim_ms"], idle_claim_buffers=idle["buffers"])
+                        self.log(f"   history {label} run {round_no + 1}: {_brief(result)}")
+                        self.results["history"].setdefault(label, []).append(result)
+                    except Exception as exc:  # noqa: BLE001
+                        self.log(f"   history {label} FAILED: {exc}")
+                        self.results["errors"].append({"scenario": "history", "system": label, "error": str(exc)})
+                    finally:
+                        if dsn is not big:
+                            self._drop_db(dsn)
+        finally:
+            self._drop_db(big)
+
+
+def _brief(result: dict) -> str:
+    return ", ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()
+                     if not isinstance(v, (list, dict)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: the CI smoke (no meaningful numbers)")
+    parser.add_argument("--out", default="BENCHMARKS.md", help="report path (the plot and JSON go beside it)")
+    parser.add_argument("--systems", default=",".join(ALL), help="comma-separated subset of: " + ", ".join(ALL))
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated subset of: "
+                        + ", ".join(SCENARIOS))
+    parser.add_argument("--runs", type=int, default=None, help="runs per system and scenario")
+    parser.add_argument("--tasks", type=int, default=None, help="burn-down task count")
+    parser.add_argument("--history-finished", type=int, default=None)
+    parser.add_argument("--history-delayed", type=int, default=None)
+    parser.add_argument("--pgqueuer-batch-size", type=int, default=10)
+    args = parser.parse_args(argv)
+
+    config = Config.quick() if args.quick else Config()
+    for key in ("runs", "tasks", "history_finished", "history_delayed"):
+        if getattr(args, key) is not None:
+            setattr(config, key, getattr(args, key))
+    if args.tasks is not None:
+        config.history_tasks = args.tasks
+    systems, skipped = [], {}
+    for name in [s.strip() for s in args.systems.split(",") if s.strip()]:
+        if name not in ALL:
+            parser.error(f"unknown system {name!r}")
+        system = ALL[name](args.pgqueuer_batch_size) if name == "pgqueuer" else ALL[name]()
+        reason = system.unavailable()
+        if reason:
+            skipped[name] = reason
+            print(f"skipping {name}: {reason}", flush=True)
+        else:
+            systems.append(system)
+    names = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+    for name in names:
+        if name not in SCENARIOS:
+            parser.error(f"unknown scenario {name!r}")
+
+    runner = Runner(config, systems, names, log=lambda m: print(m, flush=True))
+    results = runner.run()
+    results.update(config=asdict(config), quick=args.quick, skipped=skipped,
+                   versions={s.name: s.version() for s in systems}, machine=report.machine(),
+                   python=platform.python_version(), command="python -m bench " + " ".join(
+                       argv if argv is not None else sys.argv[1:]))
+    out = Path(args.out)
+    report.write(out, results)
+    print(f"wrote {out}", flush=True)
+    return 1 if results["errors"] and not systems else 0
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")

@@ -1,0 +1,237 @@
+"""The scenarios, each for one system on one fresh database: burn-down, latency, idle cost.
+
+Throughput is read from the database: a sampler records (clock_timestamp(), rows not finished)
+every 100 ms, and the rate is taken between 5% and 95% drained, so worker start-up and the
+tail are outside the window. Every system is measured the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import glob
+import os
+import signal
+import statistics
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+import psutil
+import psycopg
+
+from bench.systems import REPO, System
+
+LOG_DIR = tempfile.mkdtemp(prefix="qw-bench-logs-")
+
+
+@dataclass
+class Workers:
+    procs: list[subprocess.Popen]
+    lat_file: str
+    logs: list[str] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, system: System, dsn: str, count: int, concurrency: int) -> Workers:
+        lat_file = tempfile.mktemp(prefix=f"qw-bench-lat-{system.name}-")
+        env = dict(os.environ, BENCH_LAT_FILE=lat_file, PYTHONPATH=str(REPO))
+        procs, logs = [], []
+        for i in range(count):
+            log_path = os.path.join(LOG_DIR, f"{system.name}-{int(time.time() * 1000)}-{i}.log")
+            with open(log_path, "w") as log:
+                procs.append(subprocess.Popen(system.worker_cmd(dsn, concurrency), stdout=log, stderr=log,
+                                              cwd=REPO, env=env, start_new_session=True))
+            logs.append(log_path)
+        return cls(procs, lat_file, logs)
+
+    def check_alive(self) -> None:
+        for proc, log in zip(self.procs, self.logs):
+            if proc.poll() is not None:
+                tail = open(log).read()[-2000:]
+                raise RuntimeError(f"worker exited with {proc.returncode}: {tail}")
+
+    def rss_mb(self) -> list[float]:
+        out = []
+        for proc in self.procs:
+            try:
+                out.append(psutil.Process(proc.pid).memory_info().rss / 2**20)
+            except psutil.Error:
+                out.append(float("nan"))
+        return out
+
+    def latencies(self) -> list[float]:
+        values: list[float] = []
+        for path in glob.glob(self.lat_file + ".*"):
+            with open(path) as f:
+                values += [float(line) for line in f if line.strip()]
+        return values
+
+    def clear_latencies(self) -> None:
+        for path in glob.glob(self.lat_file + ".*"):
+            with open(path, "w"):
+                pass
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for proc in self.procs:
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        for path in glob.glob(self.lat_file + ".*"):
+            os.unlink(path)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    k = (len(ordered) - 1) * q / 100
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def _crossing(samples: list[tuple[float, int]], level: float) -> float | None:
+    """Interpolated time at which `remaining` first fell to `level` or below."""
+    prev = None
+    for t, r in samples:
+        if r <= level:
+            if prev is None or prev[1] == r:
+                return t
+            t0, r0 = prev
+            return t0 + (t - t0) * (r0 - level) / (r0 - r)
+        prev = (t, r)
+    return None
+
+
+def burn_down(system: System, dsn: str, tasks: int, processes: int, concurrency: int,
+              cap_seconds: float, timeout: float = 900) -> dict:
+    """Tasks/s draining `tasks` pre-enqueued no-op tasks; also the workers' peak RSS under load."""
+    system.preload_noop(dsn, tasks)
+    workers = Workers.start(system, dsn, processes, concurrency)
+    samples: list[tuple[float, int]] = []
+    rss_peak = [0.0] * processes
+    capped = False
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            started = time.monotonic()
+            while True:
+                now, remaining = conn.execute(
+                    f"SELECT extract(epoch FROM clock_timestamp())::float8, ({system.remaining_sql})").fetchone()
+                samples.append((now, remaining))
+                rss_peak = [max(a, b) for a, b in zip(rss_peak, workers.rss_mb())]
+                if remaining == 0:
+                    break
+                t5 = _crossing(samples, tasks * 0.95)
+                if t5 is not None and now - t5 > cap_seconds and remaining > tasks * 0.05:
+                    capped = True
+                    break
+                if time.monotonic() - started > timeout:
+                    raise RuntimeError(f"{system.name}: burn-down did not finish in {timeout}s ({remaining} left)")
+                workers.check_alive()
+                time.sleep(0.1)
+    finally:
+        workers.stop()
+    t_start = _crossing(samples, tasks * 0.95)
+    if capped:
+        t_end, done = samples[-1][0], tasks * 0.95 - samples[-1][1]
+    else:
+        t_end, done = _crossing(samples, tasks * 0.05), tasks * 0.9
+    rate = done / (t_end - t_start) if t_start is not None and t_end and t_end > t_start else float("nan")
+    return {"tasks_per_s": rate, "capped": capped, "rss_load_mb": max(rss_peak)}
+
+
+async def _produce(system: System, dsn: str, stamps_per_tick: int, ticks: int, interval: float) -> int:
+    sent = 0
+    async with system.producer(dsn) as send:
+        next_at = time.monotonic()
+        for _ in range(ticks):
+            now = time.time()
+            await send([now] * stamps_per_tick)
+            sent += stamps_per_tick
+            next_at += interval
+            delay = next_at - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+    return sent
+
+
+def _wait_for(workers: Workers, count: int, timeout: float) -> list[float]:
+    deadline = time.monotonic() + timeout
+    while True:
+        values = workers.latencies()
+        if len(values) >= count or time.monotonic() > deadline:
+            return values
+        workers.check_alive()
+        time.sleep(0.05)
+
+
+def latency(system: System, dsn: str, processes: int, concurrency: int, idle_samples: int,
+            load_rate: int, load_seconds: float) -> dict:
+    """Enqueue-to-start latency: single tasks to idle workers (the wake-up path), then a fixed
+    enqueue rate (ticks of 10 ms) while the workers are busy with it."""
+    workers = Workers.start(system, dsn, processes, concurrency)
+    try:
+        # Warm up: wait until a probe task has run, then let the other process settle too.
+        probe_deadline = time.monotonic() + 60
+        while not workers.latencies():
+            asyncio.run(_produce(system, dsn, 1, 1, 0))
+            _wait_for(workers, 1, 1.0)
+            if time.monotonic() > probe_deadline:
+                raise RuntimeError(f"{system.name}: workers never ran a probe task")
+        time.sleep(2.0)
+        workers.clear_latencies()
+        asyncio.run(_produce(system, dsn, 1, idle_samples, 0.05))
+        idle = _wait_for(workers, idle_samples, 60)
+        time.sleep(1.0)
+        workers.clear_latencies()
+        tick = 0.01
+        per_tick = max(1, round(load_rate * tick))
+        ticks = int(load_seconds / tick)
+        sent = asyncio.run(_produce(system, dsn, per_tick, ticks, tick))
+        loaded = _wait_for(workers, sent, 120)
+    finally:
+        workers.stop()
+    return {"idle_p50": percentile(idle, 50), "idle_p99": percentile(idle, 99), "idle_n": len(idle),
+            "load_p50": percentile(loaded, 50), "load_p99": percentile(loaded, 99), "load_n": len(loaded),
+            "load_sent": sent, "load_rate": per_tick / tick}
+
+
+def idle_cost(system: System, dsn: str, admin_dsn: str, processes: int, concurrency: int,
+              settle: float, window: float) -> dict:
+    """Statements/s per idle worker (pg_stat_statements calls in this database) and idle RSS."""
+    workers = Workers.start(system, dsn, processes, concurrency)
+    try:
+        time.sleep(settle)
+        workers.check_alive()
+        with psycopg.connect(admin_dsn, autocommit=True) as conn:
+            dbname = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
+            conn.execute("SELECT pg_stat_statements_reset()")
+            conn.execute("SELECT pg_stat_clear_snapshot()")
+            xact0 = conn.execute("SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = %s",
+                                 (dbname,)).fetchone()[0]
+            t0 = time.monotonic()
+            time.sleep(window)
+            calls = conn.execute("""
+                SELECT coalesce(sum(s.calls), 0) FROM pg_stat_statements s
+                JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = %s""", (dbname,)).fetchone()[0]
+            top = conn.execute("""
+                SELECT s.calls, left(regexp_replace(s.query, '\\s+', ' ', 'g'), 70) FROM pg_stat_statements s
+                JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = %s ORDER BY s.calls DESC LIMIT 5""",
+                               (dbname,)).fetchall()
+            elapsed = time.monotonic() - t0
+            conn.execute("SELECT pg_stat_clear_snapshot()")
+            time.sleep(0.6)  # pg_stat_database is flushed by backends at most every ~0.5-1 s
+            xact1 = conn.execute("SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = %s",
+                                 (dbname,)).fetchone()[0]
+        rss = workers.rss_mb()
+        workers.check_alive()
+    finally:
+        workers.stop()
+    return {"stmts_per_s_per_worker": float(calls) / elapsed / processes,
+            "xacts_per_s_per_worker": float(xact1 - xact0) / elapsed / processes,
+            "rss_idle_mb": statistics.mean(rss), "top_statements": [[int(c), q] for c, q in top]}

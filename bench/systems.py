@@ -1,0 +1,287 @@
+"""The queues under test, behind one small interface the runner drives.
+
+Each system gets a fresh database per run. Workers are separate OS processes started with the
+system's own worker entry point; the runner only enqueues, watches the database and reads the
+latency probe files. Work is the same everywhere: `noop` (returns at once) for throughput and
+`record` (writes enqueue-to-start latency, see bench/peers/record.py) for latency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import AsyncIterator, Awaitable, Callable
+
+import psycopg
+
+REPO = Path(__file__).resolve().parent.parent
+NODE_DIR = Path(__file__).resolve().parent / "peers" / "node"
+
+Send = Callable[[list[float]], Awaitable[None]]
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "?"
+
+
+class System:
+    name = ""
+    label = ""
+    # Rows not yet finished (pending or running): the burn-down watches this fall to zero.
+    remaining_sql = ""
+
+    def unavailable(self) -> str | None:
+        """None when this system can run here, else the reason it is skipped."""
+        return None
+
+    def version(self) -> str:
+        return "?"
+
+    def install(self, dsn: str) -> None:
+        raise NotImplementedError
+
+    def preload_noop(self, dsn: str, n: int) -> None:
+        raise NotImplementedError
+
+    def worker_cmd(self, dsn: str, concurrency: int) -> list[str]:
+        raise NotImplementedError
+
+    @asynccontextmanager
+    async def producer(self, dsn: str) -> AsyncIterator[Send]:
+        """Yields send(timestamps): enqueues one `record` task per timestamp, in one call."""
+        raise NotImplementedError
+        yield  # pragma: no cover
+
+
+class QueueWorker(System):
+    name = "queueworker"
+    label = "queueworker"
+    remaining_sql = "SELECT count(*) FROM queueworker.tasks WHERE state IN ('pending', 'running', 'retrying')"
+
+    def version(self) -> str:
+        return _version("queueworker")
+
+    def install(self, dsn: str) -> None:
+        from queueworker.migrate import migrate
+        migrate(dsn)
+
+    def preload_noop(self, dsn: str, n: int) -> None:
+        # One INSERT ... SELECT: the same rows ENQUEUE writes (the audit insert trigger fires too).
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("INSERT INTO queueworker.tasks (queue, task, delayed) "
+                         "SELECT 'default', 'qw.noop', false FROM generate_series(1, %s)", (n,))
+            conn.execute("VACUUM ANALYZE queueworker.tasks")
+
+    def worker_cmd(self, dsn: str, concurrency: int) -> list[str]:
+        return [sys.executable, "-m", "queueworker.cli", "worker", "--dsn", dsn, "--concurrency", str(concurrency),
+                "--handlers", "bench.peers.qw_handlers", "--log-level", "WARNING"]
+
+    @asynccontextmanager
+    async def producer(self, dsn: str) -> AsyncIterator[Send]:
+        from queueworker.producer import enqueue_many_async
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            async def send(stamps: list[float]) -> None:
+                await enqueue_many_async(conn, [{"task": "bench.record", "payload": {"t": t}} for t in stamps])
+            yield send
+
+
+class PGQueuer(System):
+    name = "pgqueuer"
+    label = "PGQueuer"
+    remaining_sql = "SELECT count(*) FROM pgqueuer"  # finished jobs leave the table (into pgqueuer_log)
+
+    def __init__(self, batch_size: int = 10):
+        self.batch_size = batch_size
+
+    def unavailable(self) -> str | None:
+        missing = [m for m in ("pgqueuer", "asyncpg") if importlib.util.find_spec(m) is None]
+        return f"not installed: {', '.join(missing)} (pip install '.[bench]')" if missing else None
+
+    def version(self) -> str:
+        return f"{_version('pgqueuer')} (asyncpg {_version('asyncpg')}, durable, batch_size={self.batch_size})"
+
+    def _run(self, coro_fn: Callable, dsn: str, *args) -> None:
+        async def main() -> None:
+            import asyncpg
+            from pgqueuer import Queries
+            from pgqueuer.db import AsyncpgDriver
+            conn = await asyncpg.connect(dsn)
+            try:
+                await coro_fn(Queries(AsyncpgDriver(conn)), conn, *args)
+            finally:
+                await conn.close()
+        asyncio.run(main())
+
+    def install(self, dsn: str) -> None:
+        async def install(queries, conn) -> None:
+            await queries.install()
+        self._run(install, dsn)
+
+    def preload_noop(self, dsn: str, n: int) -> None:
+        async def preload(queries, conn, n: int) -> None:
+            for start in range(0, n, 10000):
+                k = min(10000, n - start)
+                await queries.enqueue(["noop"] * k, [None] * k, [0] * k)
+            await conn.execute("VACUUM ANALYZE pgqueuer")
+        self._run(preload, dsn, n)
+
+    def worker_cmd(self, dsn: str, concurrency: int) -> list[str]:
+        return [sys.executable, "-m", "bench.peers.pgqueuer_worker", "--dsn", dsn,
+                "--concurrency", str(concurrency), "--batch-size", str(self.batch_size)]
+
+    @asynccontextmanager
+    async def producer(self, dsn: str) -> AsyncIterator[Send]:
+        import asyncpg
+        from pgqueuer import Queries
+        from pgqueuer.db import AsyncpgDriver
+        conn = await asyncpg.connect(dsn)
+        queries = Queries(AsyncpgDriver(conn))
+        try:
+            async def send(stamps: list[float]) -> None:
+                k = len(stamps)
+                await queries.enqueue(["record"] * k, [repr(t).encode() for t in stamps], [0] * k)
+            yield send
+        finally:
+            await conn.close()
+
+
+class Procrastinate(System):
+    name = "procrastinate"
+    label = "Procrastinate"
+    remaining_sql = "SELECT count(*) FROM procrastinate_jobs WHERE status IN ('todo', 'doing')"
+
+    def unavailable(self) -> str | None:
+        return None if importlib.util.find_spec("procrastinate") else "not installed (pip install '.[bench]')"
+
+    def version(self) -> str:
+        return f"{_version('procrastinate')} (psycopg connector)"
+
+    def install(self, dsn: str) -> None:
+        from bench.peers.procrastinate_worker import make_app
+
+        async def main() -> None:
+            app = make_app(dsn)
+            async with app.open_async():
+                await app.schema_manager.apply_schema_async()
+        asyncio.run(main())
+
+    def preload_noop(self, dsn: str, n: int) -> None:
+        # The rows `defer` writes, in one statement (batch_defer of 100k is slow and is not measured).
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("INSERT INTO procrastinate_jobs (queue_name, task_name, args) "
+                         "SELECT 'default', 'noop', '{}'::jsonb FROM generate_series(1, %s)", (n,))
+            conn.execute("VACUUM ANALYZE procrastinate_jobs")
+
+    def worker_cmd(self, dsn: str, concurrency: int) -> list[str]:
+        return [sys.executable, "-m", "bench.peers.procrastinate_worker", "--dsn", dsn,
+                "--concurrency", str(concurrency)]
+
+    @asynccontextmanager
+    async def producer(self, dsn: str) -> AsyncIterator[Send]:
+        from bench.peers.procrastinate_worker import make_app
+        app = make_app(dsn, pool_size=2)
+        async with app.open_async():
+            task = app.tasks["record"]
+
+            async def send(stamps: list[float]) -> None:
+                if len(stamps) == 1:
+                    await task.defer_async(t=stamps[0])
+                else:
+                    await task.batch_defer_async(*({"t": t} for t in stamps))
+            yield send
+
+
+class _NodePeer(System):
+    """A Node.js peer: worker and schema install are bench/peers/node/<script>.mjs."""
+
+    script = ""
+    package = ""
+
+    def unavailable(self) -> str | None:
+        if shutil.which("node") is None:
+            return "node not found"
+        if not (NODE_DIR / "node_modules" / self.package).is_dir():
+            return f"npm package {self.package} not installed (cd bench/peers/node && npm install)"
+        return None
+
+    def version(self) -> str:
+        try:
+            pkg = json.loads((NODE_DIR / "node_modules" / self.package / "package.json").read_text())
+            node = subprocess.run(["node", "--version"], capture_output=True, text=True).stdout.strip()
+            return f"{pkg['version']} (node {node})"
+        except (OSError, ValueError, KeyError):
+            return "?"
+
+    def _node(self, dsn: str, *args: str) -> None:
+        subprocess.run(["node", str(NODE_DIR / self.script), *args, "--dsn", dsn], check=True,
+                       cwd=NODE_DIR, capture_output=True, timeout=300)
+
+    def install(self, dsn: str) -> None:
+        self._node(dsn, "install")
+
+    def worker_cmd(self, dsn: str, concurrency: int) -> list[str]:
+        return ["node", str(NODE_DIR / self.script), "work", "--dsn", dsn, "--concurrency", str(concurrency)]
+
+
+class GraphileWorker(_NodePeer):
+    name = "graphile-worker"
+    label = "graphile-worker"
+    script = "graphile.mjs"
+    package = "graphile-worker"
+    remaining_sql = "SELECT count(*) FROM graphile_worker._private_jobs"  # succeeded jobs are deleted
+
+    def preload_noop(self, dsn: str, n: int) -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for start in range(0, n, 10000):
+                k = min(10000, n - start)
+                conn.execute("SELECT graphile_worker.add_jobs(array_agg(ROW('noop', '{}'::json, NULL, NULL, NULL, "
+                             "NULL, NULL, NULL)::graphile_worker.job_spec)) FROM generate_series(1, %s)", (k,))
+            conn.execute("VACUUM ANALYZE graphile_worker._private_jobs")
+
+    @asynccontextmanager
+    async def producer(self, dsn: str) -> AsyncIterator[Send]:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            async def send(stamps: list[float]) -> None:
+                await conn.execute(
+                    "SELECT graphile_worker.add_jobs(array_agg(ROW('record', json_build_object('t', t), NULL, NULL, "
+                    "NULL, NULL, NULL, NULL)::graphile_worker.job_spec)) FROM unnest(%s::float8[]) AS t", (stamps,))
+            yield send
+
+
+class PgBoss(_NodePeer):
+    name = "pg-boss"
+    label = "pg-boss"
+    script = "pgboss.mjs"
+    package = "pg-boss"
+    remaining_sql = "SELECT count(*) FROM pgboss.job WHERE state IN ('created', 'retry', 'active')"
+
+    def preload_noop(self, dsn: str, n: int) -> None:
+        self._node(dsn, "preload", "--count", str(n))
+
+    @asynccontextmanager
+    async def producer(self, dsn: str) -> AsyncIterator[Send]:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            async def send(stamps: list[float]) -> None:
+                await conn.execute("INSERT INTO pgboss.job (name, data) "
+                                   "SELECT 'record', jsonb_build_object('t', t) FROM unnest(%s::float8[]) AS t",
+                                   (stamps,))
+            yield send
+
+
+ALL: dict[str, Callable[[], System]] = {
+    "queueworker": QueueWorker,
+    "pgqueuer": PGQueuer,
+    "procrastinate": Procrastinate,
+    "graphile-worker": GraphileWorker,
+    "pg-boss": PgBoss,
+}
