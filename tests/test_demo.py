@@ -13,7 +13,7 @@ import pytest
 from pydantic import ValidationError
 from queueworker_controller.policy import Decision, QueueDepth
 
-from queueworker.demo import CompletionRate, DemoConfig, Summary, Tick, scale_in_victims
+from queueworker.demo import CompletionRate, DemoConfig, Summary, Tick, WorkerFleet, scale_in_victims
 from tests.support import query, wait_until
 
 QUEUEWORKER = str(Path(sys.executable).with_name("queueworker"))
@@ -60,6 +60,21 @@ def test_tick_line_and_summary_say_what_happened():
     assert done.all_succeeded and "throughput  20.0 tasks/s" in done.render()
     partial = Summary(60, {"succeeded": 50, "failed": 10}, seconds=3.0)
     assert not partial.all_succeeded and "50/60 succeeded (10 failed)" in partial.render()
+
+
+class CrashingFleet(WorkerFleet):
+    def command(self) -> list[str]:
+        return [sys.executable, "-c", "print('no database here'); raise SystemExit(3)"]
+
+
+def test_workers_that_exit_unasked_are_reported_with_their_last_words(tmp_path):
+    fleet = CrashingFleet("postgresql://unused", DemoConfig(), tmp_path)
+    assert fleet.scale_to(2, loads=lambda pids: {}) == 2
+    wait_until(lambda: all(p.poll() is not None for p in fleet.active.values()), timeout=10,
+               message="the workers to exit")
+    fleet.reap()
+    assert not fleet.active
+    assert fleet.crashed == [f"worker pid {pid} exited with status 3: no database here" for pid in fleet.logs]
 
 
 @pytest.mark.integration

@@ -45,6 +45,7 @@ GROUP BY w.pid
 BURST_STATES = "SELECT state::text, count(*)::int FROM queueworker.tasks WHERE id = ANY(%(ids)s) GROUP BY state"
 
 TERMINAL_STATES = ("succeeded", "failed", "cancelled")
+MAX_CRASHES = 3  # workers that exit unasked before the demo gives up (bad DSN, broken install)
 EXIT_INTERRUPTED = 130
 
 
@@ -186,6 +187,7 @@ class WorkerFleet:
     draining: dict[int, subprocess.Popen] = field(default_factory=dict)
     started: int = 0
     crashed: list[str] = field(default_factory=list)
+    logs: dict[int, Path] = field(default_factory=dict)
 
     def command(self) -> list[str]:
         return [sys.executable, "-m", "queueworker.cli", "worker", "--dsn", self.dsn, "--queue", self.config.queue,
@@ -198,13 +200,14 @@ class WorkerFleet:
         change = desired - len(self.active)
         for _ in range(change):
             self.started += 1
-            log = open(self.log_dir / f"worker-{self.started}.log", "wb")
-            # A session of its own: the terminal's Ctrl-C reaches the demo only, which then stops
-            # every worker itself, as a kubelet would.
-            proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
-            log.close()
+            log_path = self.log_dir / f"worker-{self.started}.log"
+            with log_path.open("wb") as log:
+                # A session of its own: the terminal's Ctrl-C reaches the demo only, which then
+                # stops every worker itself, as a kubelet would.
+                proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, start_new_session=True)
             self.active[proc.pid] = proc
+            self.logs[proc.pid] = log_path
         if change < 0:
             pids = list(self.active)
             for pid in scale_in_victims(pids, loads(pids), -change):
@@ -220,18 +223,22 @@ class WorkerFleet:
         for pid, proc in list(self.active.items()):
             if proc.poll() is not None:
                 del self.active[pid]
-                self.crashed.append(f"worker pid {pid} exited with status {proc.returncode}")
+                tail = self.logs[pid].read_text(errors="replace").strip().splitlines()[-1:]
+                self.crashed.append(f"worker pid {pid} exited with status {proc.returncode}: "
+                                    f"{tail[0] if tail else '(no output)'}")
 
     def signal_all(self, sig: int) -> None:
-        for pid, proc in [*self.active.items(), *self.draining.items()]:
+        for proc in [*self.active.values(), *self.draining.values()]:
             if proc.poll() is None:
                 proc.send_signal(sig)
 
     def stop_all(self, grace_seconds: float) -> None:
-        """SIGTERM to every worker (they drain and release leases), SIGKILL after the grace period."""
+        """SIGTERM to every active worker (they drain and release leases; those already draining
+        carry on), SIGKILL to any still there after the grace period."""
+        for proc in self.active.values():
+            proc.send_signal(signal.SIGTERM)
         self.draining.update(self.active)
         self.active.clear()
-        self.signal_all(signal.SIGTERM)
         deadline = time.monotonic() + grace_seconds
         for proc in self.draining.values():
             try:
@@ -363,6 +370,9 @@ def _supervise(conn: psycopg.Connection, fleet: WorkerFleet, ids: list[int], con
             break
         if config.timeout is not None and now - started > config.timeout:
             display.note(f"timed out after {config.timeout:g}s")
+            break
+        if len(fleet.crashed) >= MAX_CRASHES:
+            display.note(f"giving up: {len(fleet.crashed)} workers exited unasked")
             break
         shutdown.requested.wait(max(0.0, config.interval - (time.monotonic() - now)))
     summary.interrupted = shutdown.requested.is_set()
