@@ -161,6 +161,17 @@ def test_the_crd_is_the_repository_crd_with_the_keep_policy(helm, tmp_path):
     assert "CustomResourceDefinition" not in render(helm, tmp_path, {"crds": {"install": False, "keep": True}}).kinds()
 
 
+def test_packaged_chart_carries_the_crd_itself(helm, tmp_path):
+    """`helm package` follows the symlink, so a chart archive needs no repository around it."""
+    subprocess.run([str(helm), "package", str(CHART), "--destination", str(tmp_path)], check=True,
+                   capture_output=True)
+    (archive,) = tmp_path.glob("queueworker-*.tgz")
+    result = subprocess.run([str(helm), "template", "rel", str(archive)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    crd = Rendered(result.stdout).one("CustomResourceDefinition")
+    assert crd["spec"] == yaml.safe_load(CRD_FILE.read_text())["spec"]
+
+
 def test_every_value_is_rendered_where_it_belongs(helm, tmp_path):
     rendered = render(helm, tmp_path, EVERYTHING)
     assert rendered.kinds() == ["ClusterRole", "ClusterRole", "ClusterRoleBinding", "ConfigMap",
