@@ -49,11 +49,14 @@ class Kube:
                                                              _preload_content=False))
 
     def update_deployment(self, current: dict[str, Any], rendered: dict[str, Any]) -> dict[str, Any]:
-        """Replaces the Deployment with `rendered`, keeping its replica count and resourceVersion
-        (a conflict raises and the next tick retries with a fresh read)."""
-        meta = current["metadata"]
+        """Replaces the Deployment with `rendered`, keeping its replica count, other writers' labels and
+        annotations (e.g. the deployment controller's revision) and resourceVersion (a conflict raises
+        and the next tick retries with a fresh read)."""
+        meta, ours = current["metadata"], rendered["metadata"]
         body = {**rendered,
-                "metadata": {**rendered["metadata"], "resourceVersion": meta["resourceVersion"]},
+                "metadata": {**ours, "resourceVersion": meta["resourceVersion"],
+                             "labels": {**(meta.get("labels") or {}), **ours["labels"]},
+                             "annotations": {**(meta.get("annotations") or {}), **ours["annotations"]}},
                 "spec": {**rendered["spec"], "replicas": current["spec"].get("replicas", 1)}}
         return _json(self._apps.replace_namespaced_deployment(meta["name"], meta["namespace"], body,
                                                               field_manager=FIELD_MANAGER,

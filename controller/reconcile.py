@@ -42,6 +42,10 @@ class ObjectMemory:
     listening_on: tuple[str, str] | None = None  # (dsn, queue) once the Secret was read
 
 
+class DeploymentNotOwned(Exception):
+    """A Deployment with the worker Deployment's name belongs to someone else."""
+
+
 @dataclass(frozen=True)
 class Event:
     type: str  # Normal or Warning
@@ -101,9 +105,11 @@ class Reconciler:
         now = self.wall_clock()
         rendered = build_deployment(obj.name, obj.namespace, obj.uid, spec)
         try:
-            deployment = await asyncio.to_thread(self._ensure_deployment, rendered, spec)
+            deployment = await asyncio.to_thread(self._ensure_deployment, rendered, spec, obj.uid)
         except ApiException as exc:
             return self._failed(obj, "DeploymentError", f"worker Deployment: {exc.status} {exc.reason}")
+        except DeploymentNotOwned as exc:
+            return self._failed(obj, "DeploymentNotOwned", str(exc))
         current = int(deployment["spec"].get("replicas", 1))
         ready_replicas = int(deployment.get("status", {}).get("readyReplicas") or 0)
 
@@ -181,12 +187,17 @@ class Reconciler:
         _export(obj, decision, desired, replicas, depth)
         return TickResult(status, events)
 
-    def _ensure_deployment(self, rendered: dict[str, Any], spec: QueueWorkerSpec) -> dict[str, Any]:
-        """The worker Deployment, created (at minReplicas) or updated when its rendering changed."""
+    def _ensure_deployment(self, rendered: dict[str, Any], spec: QueueWorkerSpec, uid: str) -> dict[str, Any]:
+        """The worker Deployment, created (at minReplicas) or updated when its rendering changed.
+        A same-named Deployment this QueueWorker does not control is left alone."""
         meta = rendered["metadata"]
         current = self.kube.read_deployment(meta["namespace"], meta["name"])
         if current is None:
             return self.kube.create_deployment(meta["namespace"], rendered, spec.scaling.min_replicas)
+        if not any(ref.get("uid") == uid and ref.get("controller")
+                   for ref in current["metadata"].get("ownerReferences") or []):
+            raise DeploymentNotOwned(f"Deployment {meta['namespace']}/{meta['name']} exists and is not controlled "
+                                     f"by this QueueWorker; rename or delete it")
         if (current["metadata"].get("annotations") or {}).get(HASH_ANNOTATION) != meta["annotations"][HASH_ANNOTATION]:
             return self.kube.update_deployment(current, rendered)
         return current

@@ -178,6 +178,14 @@ def test_ticks_wait_for_the_polling_interval_unless_the_spec_changed_or_tasks_ar
     assert reconciler.due(obj, memory)  # pollingIntervalSeconds=10
 
 
+def test_a_deployment_owned_by_someone_else_is_left_alone():
+    kube = FakeKube()
+    kube.deployments["w-worker"] = {"metadata": {"name": "w-worker", "annotations": {}}, "spec": {"replicas": 7}}
+    result = tick(kube, QueueDepth(ready=100, running=0))
+    assert conditions(result)["Ready"] == ("False", "DeploymentNotOwned")
+    assert kube.scaled == [] and kube.deployments["w-worker"]["spec"] == {"replicas": 7}
+
+
 def test_an_unusable_spec_is_reported_not_raised():
     result = tick(FakeKube(), QueueDepth(0, 0), {"queue": "q"})
     assert conditions(result)["Ready"] == ("False", "InvalidSpec")
