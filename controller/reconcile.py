@@ -113,7 +113,7 @@ class Reconciler:
         current = int(deployment["spec"].get("replicas", 1))
         ready_replicas = int(deployment.get("status", {}).get("readyReplicas") or 0)
 
-        depth, error_reason, error = await self._read_depth(obj.namespace, spec, memory)
+        dsn, depth, error_reason, error = await self._read_depth(obj.namespace, spec, memory)
         if error_reason:
             metrics.errors.labels(obj.namespace, obj.name, error_reason).inc()
         previous = obj.status
@@ -121,51 +121,25 @@ class Reconciler:
             spec.scaling_params(), current, depth, now, _history(previous), _epoch(previous.get("lastActiveTime")),
             error))
         events: list[Event] = []
-        acting = not (spec.scaling.paused or spec.scaling.dry_run)
         desired = current if spec.scaling.paused else decision.desired_replicas
         replicas, last_scale = current, previous.get("lastScaleTime")
-        if acting and desired != current:
+        if desired != current and not spec.scaling.paused and not spec.scaling.dry_run:
             try:
-                if desired < current and depth is not None:
-                    await self._price_pods(obj.namespace, obj.name, spec)
+                if desired < current and dsn is not None:
+                    await self._price_pods(obj.namespace, obj.name, spec, dsn)
                 await asyncio.to_thread(self.kube.scale_deployment, obj.namespace, deployment_name(obj.name), desired)
-            except (ApiException, psycopg.Error) as exc:
-                return self._failed(obj, "ScaleFailed", f"scaling {current} -> {desired}: {exc}")
+            except ApiException as exc:
+                return self._failed(obj, "ScaleFailed", f"scaling {current} -> {desired}: {exc.status} {exc.reason}")
             replicas, last_scale = desired, _iso(now)
-            direction = "up" if desired > current else "down"
-            metrics.scales.labels(obj.namespace, obj.name, direction).inc()
+            metrics.scales.labels(obj.namespace, obj.name, "up" if desired > current else "down").inc()
             events.append(Event("Normal", decision.reason, decision.message))
             log.info("%s/%s: %s: %s", obj.namespace, obj.name, decision.reason, decision.message)
-        elif spec.scaling.dry_run and not spec.scaling.paused and desired != previous.get("desiredReplicas") \
-                and desired != current:
+        elif desired != current and spec.scaling.dry_run and desired != previous.get("desiredReplicas"):
             events.append(Event("Normal", "DryRun", f"would scale: {decision.message}"))
 
-        ready_condition = _ready_condition(error_reason, error, decision)
-        was = conditions.find(previous.get("conditions"), "Ready") or {}
-        if ready_condition.status != was.get("status") or ready_condition.reason != was.get("reason"):
-            if error_reason:
-                events.append(Event("Warning", error_reason, f"{error}; {decision.message}"))
-            elif was.get("status") == "False":
-                events.append(Event("Normal", "Recovered", f"queue readable again; {decision.message}"))
-
-        grace = grace_period_seconds(rendered)
-        new_conditions = [
-            ready_condition,
-            Condition("Active", status_of(decision.active), *(
-                (error_reason, "queue depth unknown") if decision.active is None else
-                ("QueueActive", "ready + running is above activationTasks") if decision.active else
-                ("QueueIdle", "ready + running is not above activationTasks"))),
-            Condition("Paused", status_of(spec.scaling.paused), "Paused" if spec.scaling.paused else "Scaling",
-                      "scaling.paused is true: replicas are left alone" if spec.scaling.paused else
-                      "replicas follow the queue" + (" (dryRun: not applied)" if spec.scaling.dry_run else "")),
-            Condition("Fallback", status_of(decision.fallback), "FallbackActive" if decision.fallback else "NoFallback",
-                      decision.message if decision.fallback else "the queue depth is being read"),
-            Condition("DrainSafe", status_of(grace > spec.drain_seconds),
-                      "GracePeriodCoversDrain" if grace > spec.drain_seconds else "GracePeriodTooShort",
-                      f"terminationGracePeriodSeconds={grace}, drainSeconds={spec.drain_seconds}"
-                      + ("" if grace > spec.drain_seconds else
-                         ": pods are killed before they finish draining; their tasks wait for the lease to expire")),
-        ]
+        ready = _ready_condition(error_reason, error, decision)
+        events += _ready_transition_events(conditions.find(previous.get("conditions"), "Ready") or {}, ready)
+        new_conditions = [ready, *_other_conditions(spec, decision, error_reason, grace_period_seconds(rendered))]
         status: dict[str, Any] = {
             "observedGeneration": obj.generation,
             "deployment": deployment_name(obj.name),
@@ -203,26 +177,26 @@ class Reconciler:
         return current
 
     async def _read_depth(self, namespace: str, spec: QueueWorkerSpec, memory: ObjectMemory
-                          ) -> tuple[QueueDepth | None, str | None, str | None]:
+                          ) -> tuple[str | None, QueueDepth | None, str | None, str | None]:
+        """(dsn, depth, error reason, error message); depth is None when it could not be read."""
         try:
             dsn = await asyncio.to_thread(self.kube.read_secret_value, namespace, spec.secret_name, spec.secret_key)
         except SecretUnavailable as exc:
-            return None, "SecretUnavailable", str(exc)
+            return None, None, "SecretUnavailable", str(exc)
         except ApiException as exc:
-            return None, "SecretUnavailable", f"Secret {namespace}/{spec.secret_name}: {exc.status} {exc.reason}"
+            return None, None, "SecretUnavailable", f"Secret {namespace}/{spec.secret_name}: {exc.status} {exc.reason}"
         self.databases.listen(dsn)
         memory.listening_on = (dsn, spec.queue)
         # Enough to ask for maxReplicas, and to see that there is more than that.
         cap = spec.scaling.max_replicas * spec.tasks_per_replica + 1
         try:
-            return await self.databases.depth(dsn, spec.queue, cap), None, None
+            return dsn, await self.databases.depth(dsn, spec.queue, cap), None, None
         except psycopg.Error as exc:
-            return None, "DatabaseUnreachable", f"cannot read queue {spec.queue!r}: {_first_line(exc)}"
+            return dsn, None, "DatabaseUnreachable", f"cannot read queue {spec.queue!r}: {_first_line(exc)}"
 
-    async def _price_pods(self, namespace: str, name: str, spec: QueueWorkerSpec) -> None:
+    async def _price_pods(self, namespace: str, name: str, spec: QueueWorkerSpec, dsn: str) -> None:
         """Best effort: a failure here must not block the scale-down, only make its victims random."""
         try:
-            dsn = await asyncio.to_thread(self.kube.read_secret_value, namespace, spec.secret_name, spec.secret_key)
             leases = await self.databases.worker_leases(dsn, namespace, spec.queue)
             pods = await asyncio.to_thread(self.kube.list_pods, namespace, selector_labels(name))
             costs = deletion_costs([p["metadata"]["name"] for p in pods], leases)
@@ -231,7 +205,7 @@ class Reconciler:
                 cost = str(costs[meta["name"]])
                 if (meta.get("annotations") or {}).get(DELETION_COST_ANNOTATION) != cost:
                     await asyncio.to_thread(self.kube.set_deletion_cost, namespace, meta["name"], int(cost))
-        except (ApiException, psycopg.Error, SecretUnavailable) as exc:
+        except (ApiException, psycopg.Error) as exc:
             log.warning("could not set pod deletion costs for %s/%s: %s", namespace, name, exc)
 
     def _failed(self, obj: QueueWorkerObject, reason: str, message: str) -> TickResult:
@@ -253,6 +227,38 @@ def _ready_condition(error_reason: str | None, error: str | None, decision: Deci
     if error_reason:
         return Condition("Ready", "False", error_reason, f"{error}; {decision.message}")
     return Condition("Ready", "True", "QueueReadable", decision.message)
+
+
+def _ready_transition_events(was: dict[str, Any], ready: Condition) -> list[Event]:
+    """A Warning when Ready turns False (or its reason changes), a Normal `Recovered` when it turns True."""
+    if (ready.status, ready.reason) == (was.get("status"), was.get("reason")):
+        return []
+    if ready.status == "False":
+        return [Event("Warning", ready.reason, ready.message)]
+    if was.get("status") == "False":
+        return [Event("Normal", "Recovered", f"queue readable again; {ready.message}")]
+    return []
+
+
+def _other_conditions(spec: QueueWorkerSpec, decision: Decision, error_reason: str | None,
+                      grace: int) -> list[Condition]:
+    paused, drain_safe = spec.scaling.paused, grace > spec.drain_seconds
+    return [
+        Condition("Active", status_of(decision.active), *(
+            (error_reason or "Unknown", "queue depth unknown") if decision.active is None else
+            ("QueueActive", "ready + running is above activationTasks") if decision.active else
+            ("QueueIdle", "ready + running is not above activationTasks"))),
+        Condition("Paused", status_of(paused), "Paused" if paused else "Scaling",
+                  "scaling.paused is true: replicas are left alone" if paused else
+                  "replicas follow the queue" + (" (dryRun: not applied)" if spec.scaling.dry_run else "")),
+        Condition("Fallback", status_of(decision.fallback), "FallbackActive" if decision.fallback else "NoFallback",
+                  decision.message if decision.fallback else "the queue depth is being read"),
+        Condition("DrainSafe", status_of(drain_safe),
+                  "GracePeriodCoversDrain" if drain_safe else "GracePeriodTooShort",
+                  f"terminationGracePeriodSeconds={grace}, drainSeconds={spec.drain_seconds}" + (
+                      "" if drain_safe else
+                      ": pods are killed before they finish draining; their tasks wait for the lease to expire")),
+    ]
 
 
 def _export(obj: QueueWorkerObject, decision: Decision, desired: int, replicas: int, depth: QueueDepth | None) -> None:
