@@ -291,7 +291,6 @@ def run_demo(config: DemoConfig) -> int:
     shutdown = Shutdown()
     previous = {sig: signal.signal(sig, shutdown) for sig in (signal.SIGINT, signal.SIGTERM)}
     server: LocalPostgres | None = None
-    log_dir = Path(tempfile.mkdtemp(prefix="queueworker-demo-"))
     try:
         dsn = config.dsn
         if dsn is None:
@@ -306,7 +305,7 @@ def run_demo(config: DemoConfig) -> int:
             display.note(f"enqueued {config.tasks} qw.sleep tasks ({config.task_seconds:g}s each) on queue "
                          f"{config.queue!r}; workers {p.min_replicas}..{p.max_replicas}, {config.concurrency} "
                          f"slots each, {p.tasks_per_replica} tasks per worker")
-            fleet = WorkerFleet(dsn, config, log_dir)
+            fleet = WorkerFleet(dsn, config, Path(tempfile.mkdtemp(prefix="queueworker-demo-")))
             shutdown.on_repeat = lambda: fleet.signal_all(signal.SIGTERM)
             try:
                 summary = _supervise(conn, fleet, ids, config, shutdown, display)
@@ -317,19 +316,26 @@ def run_demo(config: DemoConfig) -> int:
                 fleet.stop_all(config.drain_seconds + 10)
             states = dict(conn.execute(BURST_STATES, {"ids": ids}).fetchall())
             summary.states, summary.leases_held_at_exit = states, states.get("running", 0)
-        for problem in fleet.crashed:
-            display.note(f"warning: {problem}")
-        display.note(summary.render())
-        if summary.all_succeeded and not fleet.crashed:
-            shutil.rmtree(log_dir, ignore_errors=True)
-            return 0
-        display.note(f"worker logs kept in {log_dir}")
-        return EXIT_INTERRUPTED if summary.interrupted else 1
+        return _report(summary, fleet, display)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         if server is not None:
             server.destroy()
+
+
+def _report(summary: Summary, fleet: WorkerFleet, display: Display) -> int:
+    """Prints the summary, keeps the worker logs only when something went wrong; the exit status."""
+    for problem in fleet.crashed:
+        display.note(f"warning: {problem}")
+    display.note(summary.render())
+    if fleet.crashed or not (summary.all_succeeded or summary.interrupted):
+        display.note(f"worker logs kept in {fleet.log_dir}")
+    else:
+        shutil.rmtree(fleet.log_dir, ignore_errors=True)
+    if summary.interrupted:
+        return EXIT_INTERRUPTED
+    return 0 if summary.all_succeeded and not fleet.crashed else 1
 
 
 def _supervise(conn: psycopg.Connection, fleet: WorkerFleet, ids: list[int], config: DemoConfig,
