@@ -358,3 +358,44 @@ def test_helm_test_pod_checks_the_demo_database(helm, tmp_path, control_plane, c
     log = control_plane.pod_log(cluster_namespace, name)
     assert phase == "Succeeded", log
     assert "schema at version" in log and "QUEUE" in log, log  # migrate, then status
+
+
+@pytest.mark.cluster
+def test_install_upgrade_uninstall_keeps_the_crd(helm, control_plane, cluster_namespace):
+    """The documented lifecycle with a real `helm`: a CRD that exists already is adopted (the docs'
+    recipe), upgrade applies a change, uninstall removes the release's objects but keeps the CRD."""
+    release, crd_name = cluster_namespace, "queueworkers.queueworker.dev"
+
+    def helm_run(*args: str) -> str:
+        result = subprocess.run([str(helm), *args, "--namespace", cluster_namespace, "--kubeconfig",
+                                 str(control_plane.kubeconfig)], capture_output=True, text=True, timeout=180)
+        assert result.returncode == 0, result.stdout + result.stderr
+        return result.stdout
+
+    with control_plane.api_client() as api:
+        extensions, apps = client.ApiextensionsV1Api(api), client.AppsV1Api(api)
+        try:
+            extensions.patch_custom_resource_definition(crd_name, {"metadata": {
+                "labels": {"app.kubernetes.io/managed-by": "Helm"},
+                "annotations": {"meta.helm.sh/release-name": release,
+                                "meta.helm.sh/release-namespace": cluster_namespace}}})
+        except client.ApiException as exc:
+            if exc.status != 404:
+                raise
+        common = ["--set", f"fullnameOverride={release}"]
+        notes = helm_run("install", release, str(CHART), *common, "--wait", "--timeout", "90s")
+        assert "The CRD is kept on `helm uninstall`" in notes
+        deployment = f"{release}-controller"
+        assert "--verbose" not in apps.read_namespaced_deployment(deployment, cluster_namespace).spec.template.spec \
+            .containers[0].args
+
+        helm_run("upgrade", release, str(CHART), *common, "--set", "controller.verbose=true")
+        assert "--verbose" in apps.read_namespaced_deployment(deployment, cluster_namespace).spec.template.spec \
+            .containers[0].args
+
+        helm_run("uninstall", release, "--wait", "--timeout", "90s")
+        assert not apps.list_namespaced_deployment(cluster_namespace).items
+        roles = client.RbacAuthorizationV1Api(api).list_cluster_role().items
+        assert not [r for r in roles if r.metadata.name.startswith(release)]
+        crd = extensions.read_custom_resource_definition(crd_name)
+        assert crd.metadata.annotations["helm.sh/resource-policy"] == "keep"
