@@ -87,11 +87,11 @@ def decide(inputs: PolicyInputs) -> Decision:
     active = depth.demand > p.activation_tasks
     last_active = inputs.now if active else inputs.last_active_time
     counts = f"{depth.demand} tasks ({depth.ready} ready, {depth.running} running)"
-    history = _window(inputs.history, inputs.now, p.scale_down_stabilization_seconds)
+    floor = max(p.min_replicas, 1)  # zero is only reached through the cooldown rule below
+    history = _window(inputs.history, inputs.now, p.scale_down_stabilization_seconds, floor)
 
-    def decision(desired: int, reason: str, message: str, recommendation: int | None = None) -> Decision:
-        recorded = _remember(history, Recommendation(inputs.now, desired if recommendation is None
-                                                     else recommendation))
+    def decision(desired: int, reason: str, message: str) -> Decision:
+        recorded = _remember(history, Recommendation(inputs.now, desired), floor)
         return Decision(desired, reason, message, recorded, active, last_active)
 
     if current == 0 and not active:
@@ -106,7 +106,6 @@ def decide(inputs: PolicyInputs) -> Decision:
                             f"{'ever' if idle_for is None else f'{idle_for:.0f}s'} "
                             f"(cooldownSeconds={p.cooldown_seconds:g}): scaling to zero")
 
-    floor = max(p.min_replicas, 1)  # zero is only reached through the cooldown rule above
     target = max(floor, min(p.max_replicas, math.ceil(depth.demand / p.tasks_per_replica)))
     per = f"{p.tasks_per_replica} per replica"
 
@@ -126,8 +125,8 @@ def decide(inputs: PolicyInputs) -> Decision:
                         + (" (maxReplicas)" if target == p.max_replicas else ""))
     if target == current:
         return decision(current, "Steady", f"{counts}, {per}: {current} replicas")
-    recorded = _remember(history, Recommendation(inputs.now, target))
-    stabilized = min(current, max(r.replicas for r in recorded))
+    recorded = _remember(history, Recommendation(inputs.now, target), floor)
+    stabilized = min(current, max((r.replicas for r in recorded), default=target))
     if stabilized < current:
         return Decision(stabilized, "ScaledDown", f"{counts}, {per}: {current} -> {stabilized} replicas "
                         f"(highest in the last {p.scale_down_stabilization_seconds:g}s)",
@@ -139,7 +138,7 @@ def decide(inputs: PolicyInputs) -> Decision:
 def _decide_without_depth(inputs: PolicyInputs) -> Decision:
     """The queue could not be read: never scale down because of it; apply fallbackReplicas if higher."""
     p, current = inputs.params, inputs.current_replicas
-    history = _window(inputs.history, inputs.now, p.scale_down_stabilization_seconds)
+    history = _window(inputs.history, inputs.now, p.scale_down_stabilization_seconds, max(p.min_replicas, 1))
     why = inputs.error or "queue depth unavailable"
     if p.fallback_replicas is not None and p.fallback_replicas > current:
         desired = p.clamp(p.fallback_replicas)
@@ -150,17 +149,21 @@ def _decide_without_depth(inputs: PolicyInputs) -> Decision:
                     inputs.last_active_time, fallback=p.fallback_replicas is not None)
 
 
-def _window(history: tuple[Recommendation, ...], now: float, seconds: float) -> tuple[Recommendation, ...]:
+def _window(history: tuple[Recommendation, ...], now: float, seconds: float, floor: int
+            ) -> tuple[Recommendation, ...]:
     """The recommendations still inside the window, compacted."""
     kept: tuple[Recommendation, ...] = ()
     for r in history:
         if now - r.time <= seconds:
-            kept = _remember(kept, r)
+            kept = _remember(kept, r, floor)
     return kept
 
 
-def _remember(history: tuple[Recommendation, ...], latest: Recommendation) -> tuple[Recommendation, ...]:
-    """Appends `latest` and drops entries a later, higher-or-equal one dominates: the window's
-    maximum is unchanged, and the kept history stays a short strictly decreasing list."""
+def _remember(history: tuple[Recommendation, ...], latest: Recommendation, floor: int
+              ) -> tuple[Recommendation, ...]:
+    """Appends `latest` and drops entries a later, higher-or-equal one dominates, so the window's
+    maximum is unchanged and the history stays a short, strictly decreasing list. Entries at or below
+    `floor` (the lowest non-zero target) are not kept: they can never raise a scale-down, and a steady
+    or idle QueueWorker then has an unchanging history (no status write per tick)."""
     kept = [r for r in history if r.replicas > latest.replicas]
-    return (*kept, latest)
+    return (*kept, latest) if latest.replicas > floor else tuple(kept)

@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 # A NOTIFY for the queue makes a tick due early, but not more often than this.
 MIN_NOTIFIED_POLL_SECONDS = 1.0
+# An unchanged status is still rewritten this often, to refresh lastPollTime.
+STATUS_REFRESH_SECONDS = 60
 
 
 @dataclass
@@ -159,7 +161,7 @@ class Reconciler:
             status["queueDepth"] = {"ready": depth.ready, "running": depth.running, "retrying": depth.retrying,
                                     "oldestReadyAgeSeconds": round(depth.oldest_ready_age_seconds or 0.0, 3)}
         _export(obj, decision, desired, replicas, depth)
-        return TickResult(status, events)
+        return TickResult(_status_patch(previous, status, now), events)
 
     def _ensure_deployment(self, rendered: dict[str, Any], spec: QueueWorkerSpec, uid: str) -> dict[str, Any]:
         """The worker Deployment, created (at minReplicas) or updated when its rendering changed.
@@ -221,6 +223,16 @@ class Reconciler:
         return TickResult({"observedGeneration": obj.generation, "reason": reason, "message": message,
                            "conditions": conditions.render([ready, *kept], obj.status.get("conditions"),
                                                            obj.generation, now)}, events)
+
+
+def _status_patch(previous: dict[str, Any], status: dict[str, Any], now: float) -> dict[str, Any]:
+    """Only what changed, so an idle QueueWorker costs no API write per tick; lastPollTime goes
+    along with any change and at least every STATUS_REFRESH_SECONDS."""
+    patch = {k: v for k, v in status.items() if k != "lastPollTime" and previous.get(k) != v}
+    last_poll = _epoch(previous.get("lastPollTime"))
+    if patch or last_poll is None or now - last_poll >= STATUS_REFRESH_SECONDS:
+        patch["lastPollTime"] = status["lastPollTime"]
+    return patch
 
 
 def _ready_condition(error_reason: str | None, error: str | None, decision: Decision) -> Condition:

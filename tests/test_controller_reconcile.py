@@ -140,7 +140,14 @@ def test_recovery_is_announced_once():
     failed = tick(kube, None)
     recovered = tick(kube, QueueDepth(ready=6, running=0), status=failed.status)
     assert [e.reason for e in recovered.events] == ["Recovered"]
-    assert tick(kube, QueueDepth(ready=6, running=0), status=recovered.status).events == []
+    assert tick(kube, QueueDepth(ready=6, running=0), status={**failed.status, **recovered.status}).events == []
+
+
+def test_an_unchanged_status_is_not_rewritten():
+    kube = FakeKube()
+    first = tick(kube, QueueDepth(0, 0))
+    assert tick(kube, QueueDepth(0, 0), status=first.status).status == {}
+    assert tick(kube, QueueDepth(1, 0), status=first.status).status.keys() >= {"queueDepth", "lastPollTime"}
 
 
 def test_drain_safety_condition_follows_the_grace_period():

@@ -75,6 +75,12 @@ def test_history_stays_short_and_keeps_the_window_maximum():
     assert history[-1].time == 8.0
 
 
+def test_idle_or_steady_at_the_floor_keeps_no_history():
+    assert run(0, 0).history == ()
+    assert run(1, 3).history == ()  # steady at 1 (the lowest non-zero target)
+    assert run(2, 0, params=ScalingParams(min_replicas=2), history=((5, 2),)).history == ()
+
+
 def test_fallback_sets_the_flag_and_keeps_last_active():
     decision = run(1, None, params=ScalingParams(fallback_replicas=2), last_active=NOW - 5)
     assert decision.fallback and decision.active is None and decision.last_active_time == NOW - 5
@@ -156,4 +162,5 @@ def test_no_flapping_inside_tolerance(params, current, noise):
 def test_history_is_strictly_decreasing_and_inside_the_window(inputs):
     history = decide(inputs).history
     assert all(a.replicas > b.replicas for a, b in zip(history, history[1:]))
+    assert all(r.replicas > max(inputs.params.min_replicas, 1) for r in history)
     assert all(NOW - r.time <= inputs.params.scale_down_stabilization_seconds for r in history)
