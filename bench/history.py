@@ -18,7 +18,13 @@ import psycopg
 
 from queueworker import sql
 
-PGBENCH_CANDIDATES = sorted(Path("/usr/lib/postgresql").glob("*/bin/pgbench"), reverse=True)
+
+
+def find_pgbench(bin_dir: Path | None = None) -> Path | None:
+    """pgbench beside the server binaries, else the newest Debian one, else None."""
+    candidates = [bin_dir / "pgbench"] if bin_dir else []
+    candidates += sorted(Path("/usr/lib/postgresql").glob("*/bin/pgbench"), reverse=True)
+    return next((c for c in candidates if c.exists()), None)
 
 
 def build_history(dsn: str, finished: int, delayed: int) -> float:
@@ -79,9 +85,10 @@ def claim_script() -> str:
     return f"{to_pgbench(claim)}\n\\gset\n{to_pgbench(complete)};\n"
 
 
-def ceiling(dsn: str, tasks: int, clients: int, limit: int) -> dict:
+def ceiling(dsn: str, tasks: int, clients: int, limit: int, pgbench: Path | None = None) -> dict:
     """Tasks/s of pgbench clients looping CLAIM(limit) + COMPLETE_SUCCEEDED over `tasks` rows."""
-    if not PGBENCH_CANDIDATES:
+    pgbench = pgbench or find_pgbench()
+    if pgbench is None:
         raise RuntimeError("pgbench not found")
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("INSERT INTO queueworker.tasks (queue, task, delayed) "
@@ -91,7 +98,7 @@ def ceiling(dsn: str, tasks: int, clients: int, limit: int) -> dict:
     per_client = -(-tasks // (clients * limit))
     with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as script:
         script.write(claim_script())
-    cmd = [str(PGBENCH_CANDIDATES[0]), "-n", "-M", "prepared", "-h", info["host"], "-p", str(info["port"]),
+    cmd = [str(pgbench), "-n", "-M", "prepared", "-h", info["host"], "-p", str(info["port"]),
            "-U", info.get("user", "postgres"), "-c", str(clients), "-j", str(clients), "-t", str(per_client),
            "-D", "queue=default", "-D", f"limit={limit}", "-D", f"worker={uuid.uuid4()}",
            "-D", "lease_seconds=30", "-D", "timeout_seconds=1800", "-f", script.name, info["dbname"]]

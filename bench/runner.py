@@ -68,12 +68,14 @@ class Runner:
             "shared_preload_libraries": "'pg_stat_statements'", "pg_stat_statements.track": "'top'",
             "max_wal_size": "'4GB'"})
         self.admin_dsn = server.start()
+        self.pg_bin = server.bin_dir
         try:
             with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
                 conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
                 self.results["postgres"] = conn.execute("SHOW server_version").fetchone()[0]
                 self.results["pg_settings"] = dict(conn.execute(
-                    "SELECT name, setting FROM pg_settings WHERE name IN ('fsync', 'synchronous_commit', "
+                    "SELECT name, CASE WHEN unit = '8kB' THEN pg_size_pretty(setting::bigint * 8192) ELSE setting END "
+                    "FROM pg_settings WHERE name IN ('fsync', 'synchronous_commit', "
                     "'shared_buffers', 'max_connections', 'wal_level', 'full_page_writes')").fetchall())
             self.results["load_before"] = os.getloadavg()
             started = time.monotonic()
@@ -141,11 +143,16 @@ class Runner:
     def _ceiling(self) -> None:
         c = self.config
         qw = next((s for s in self.systems if s.name == "queueworker"), None) or ALL["queueworker"]()
+        pgbench = history.find_pgbench(self.pg_bin)
+        if pgbench is None:
+            self.results["skipped_scenarios"] = {"ceiling": "pgbench not found"}
+            self.log("   ceiling skipped: pgbench not found")
+            return
         for round_no in range(c.ceiling_runs):
             for clients, limit in ((2, c.concurrency), (4, c.concurrency // 2)):
                 dsn = self._fresh_db(qw)
                 try:
-                    result = history.ceiling(dsn, c.tasks, clients, limit)
+                    result = history.ceiling(dsn, c.tasks, clients, limit, pgbench)
                     self.log(f"   ceiling {clients} clients x limit {limit}: {result['tasks_per_s']:.0f} tasks/s")
                     self.results["ceiling"].append(result)
                 except Exception as exc:  # noqa: BLE001
@@ -199,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=None, help="burn-down task count")
     parser.add_argument("--history-finished", type=int, default=None)
     parser.add_argument("--history-delayed", type=int, default=None)
-    parser.add_argument("--pgqueuer-batch-size", type=int, default=10)
+    parser.add_argument("--pgqueuer-batch-size", type=int, default=50,
+                        help="PGQueuer dequeue batch (its max_concurrent_tasks must be >= 2x this)")
     args = parser.parse_args(argv)
 
     config = Config.quick() if args.quick else Config()

@@ -66,7 +66,9 @@ class System:
 class QueueWorker(System):
     name = "queueworker"
     label = "queueworker"
-    remaining_sql = "SELECT count(*) FROM queueworker.tasks WHERE state IN ('pending', 'running', 'retrying')"
+    # Delayed rows (scenario 3's history) are not part of the burn-down.
+    remaining_sql = ("SELECT count(*) FROM queueworker.tasks "
+                     "WHERE (state = 'pending' AND NOT delayed) OR state IN ('running', 'retrying')")
 
     def version(self) -> str:
         return _version("queueworker")
@@ -100,7 +102,7 @@ class PGQueuer(System):
     label = "PGQueuer"
     remaining_sql = "SELECT count(*) FROM pgqueuer"  # finished jobs leave the table (into pgqueuer_log)
 
-    def __init__(self, batch_size: int = 10):
+    def __init__(self, batch_size: int = 50):
         self.batch_size = batch_size
 
     def unavailable(self) -> str | None:

@@ -1,0 +1,45 @@
+"""CI smoke of the benchmark runner: `python -m bench --quick` runs every scenario at tiny sizes
+and writes its report. Benchmarks are not tests: no timing is asserted, only that the runner
+still works end to end (queueworker always; peers only where they are installed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from queueworker.localpg import PostgresNotFound, find_bin_dir
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parent.parent
+SCENARIOS = ("burn", "latency", "idle", "history", "ceiling")
+
+
+def test_quick_benchmark_run_writes_its_report(tmp_path):
+    try:
+        find_bin_dir()
+    except PostgresNotFound as exc:
+        pytest.fail(str(exc)) if os.environ.get("CI") else pytest.skip(str(exc))
+    out = tmp_path / "BENCHMARKS.md"
+    proc = subprocess.run([sys.executable, "-m", "bench", "--quick", "--out", str(out)], cwd=REPO,
+                          capture_output=True, text=True, timeout=540)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = out.read_text()
+    assert "## Results" in report and "## Targets (queueworker)" in report
+    results = json.loads((tmp_path / "benchmarks-quick.json").read_text())
+    # Skipped peers say why; whatever ran, queueworker ran every scenario without an error.
+    for name, reason in results["skipped"].items():
+        assert reason, name
+    ours = [e for e in results["errors"] if e["system"] in ("queueworker", "pgbench", "empty", "history")]
+    assert not ours, ours
+    assert results["burn"]["queueworker"] and results["latency"]["queueworker"]
+    assert results["idle"]["queueworker"]
+    assert results["history"]["empty"] and results["history"]["history"]
+    assert results["ceiling"] or "ceiling" in results.get("skipped_scenarios", {})
+    for name, runs in results["latency"].items():
+        assert all(r["load_n"] == r["load_sent"] for r in runs), name  # every probe task ran
