@@ -98,6 +98,7 @@ class Cluster:
     api: client.ApiClient
     controller_log: Path
     metrics_port: int
+    liveness_port: int
 
     def metrics(self) -> str:
         return urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).read().decode()
@@ -152,12 +153,13 @@ def cluster(control_plane, cluster_namespace, controller_kubeconfig, dsn, tmp_pa
     """The namespace with Secret `app-db` (key `url`) and a controller watching it."""
     log_path = tmp_path / "controller.log"
     with control_plane.api_client() as api:
-        helper = Cluster(control_plane, cluster_namespace, api, log_path, free_port())
+        helper = Cluster(control_plane, cluster_namespace, api, log_path, free_port(), free_port())
         helper.core.create_namespaced_secret(cluster_namespace, {
             "metadata": {"name": DB_SECRET}, "stringData": {"url": dsn}})
         with log_path.open("wb") as log:
             process = subprocess.Popen(
-                [str(CONTROLLER), "--namespace", cluster_namespace, "--metrics-port", str(helper.metrics_port)],
+                [str(CONTROLLER), "--namespace", cluster_namespace, "--metrics-port", str(helper.metrics_port),
+                 f"--liveness=http://127.0.0.1:{helper.liveness_port}/healthz"],
                 env={**os.environ, "KUBECONFIG": str(controller_kubeconfig)}, stdout=log, stderr=subprocess.STDOUT,
                 cwd=REPO)
         try:
@@ -211,7 +213,7 @@ def lease_holders(dsn: str) -> dict[int, str]:
 # --- tests ---------------------------------------------------------------------------------------------
 
 def test_minimal_queueworker_gets_an_owned_deployment_and_a_filled_status(cluster: Cluster):
-    cluster.apply("emails", {"queue": "emails", "image": "registry.example/app-worker:1.4",
+    cluster.apply("emails", {"queue": "emails", "image": "registry.example/app-worker:1.4", "handlers": "app.tasks",
                              "database": {"secretRef": {"name": DB_SECRET, "key": "url"}},
                              "scaling": {"maxReplicas": 20}})
     deployment = cluster.wait_for(lambda: cluster.apps.read_namespaced_deployment("emails-worker", cluster.namespace),
@@ -241,6 +243,18 @@ def test_minimal_queueworker_gets_an_owned_deployment_and_a_filled_status(cluste
     columns = [c["name"] for c in table["columnDefinitions"]]
     assert columns == ["Name", "Queue", "Ready", "Running", "Desired", "Replicas", "Reason", "Age"]
     assert table["rows"][0]["cells"][:6] == ["emails", "emails", 0, 0, 0, 0]
+    liveness = urllib.request.urlopen(f"http://127.0.0.1:{cluster.liveness_port}/healthz", timeout=5)
+    assert liveness.status == 200  # the chart's livenessProbe
+
+
+def test_missing_secret_is_reported_and_recovers_when_created(cluster: Cluster, dsn: str):
+    cluster.apply("nosecret", {**worker_spec(maxReplicas=2), "database": {"secretRef": {"name": "later"}}})
+    cluster.wait_for(lambda: cluster.condition("nosecret", "Ready").get("reason") == "SecretUnavailable",
+                     message="Ready=False SecretUnavailable")
+    (event,) = cluster.wait_for(lambda: cluster.events("SecretUnavailable"), message="Warning Event")
+    assert event.type == "Warning" and "later" in event.message
+    cluster.core.create_namespaced_secret(cluster.namespace, {"metadata": {"name": "later"}, "stringData": {"url": dsn}})
+    cluster.wait_for(lambda: cluster.condition("nosecret", "Ready").get("status") == "True", message="Ready again")
 
 
 def test_backlog_scales_up_in_one_step_drains_and_returns_to_min(cluster: Cluster, dsn: str):

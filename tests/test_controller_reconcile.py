@@ -196,3 +196,12 @@ def test_a_deployment_owned_by_someone_else_is_left_alone():
 def test_an_unusable_spec_is_reported_not_raised():
     result = tick(FakeKube(), QueueDepth(0, 0), {"queue": "q"})
     assert conditions(result)["Ready"] == ("False", "InvalidSpec")
+
+
+def test_the_scale_down_window_survives_a_controller_restart():
+    spec = {**SPEC, "scaling": {**SPEC["scaling"], "scaleDownStabilizationSeconds": 300, "cooldownSeconds": 300}}
+    kube = FakeKube(replicas=5)
+    busy = tick(kube, QueueDepth(ready=10, running=0), spec)
+    assert busy.status["recommendations"][0]["replicas"] == 5
+    after_restart = tick(kube, QueueDepth(ready=0, running=1), spec, status=busy.status, memory=ObjectMemory())
+    assert kube.scaled == [] and after_restart.status["reason"] == "Stabilizing"
