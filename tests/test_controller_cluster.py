@@ -220,7 +220,8 @@ def test_minimal_queueworker_gets_an_owned_deployment_and_a_filled_status(cluste
                                   message="Deployment emails-worker")
     qw = cluster.queueworker("emails")
     (owner,) = deployment.metadata.owner_references
-    assert (owner.kind, owner.name, owner.uid, owner.controller) == ("QueueWorker", "emails", qw["metadata"]["uid"], True)
+    assert (owner.kind, owner.name, owner.uid, owner.controller) == \
+        ("QueueWorker", "emails", qw["metadata"]["uid"], True)
     container = deployment.spec.template.spec.containers[0]
     assert container.command == ["queueworker", "worker"] and container.args[:2] == ["--queue", "emails"]
     env = {e.name: e.value_from for e in container.env}
@@ -253,7 +254,8 @@ def test_missing_secret_is_reported_and_recovers_when_created(cluster: Cluster, 
                      message="Ready=False SecretUnavailable")
     (event,) = cluster.wait_for(lambda: cluster.events("SecretUnavailable"), message="Warning Event")
     assert event.type == "Warning" and "later" in event.message
-    cluster.core.create_namespaced_secret(cluster.namespace, {"metadata": {"name": "later"}, "stringData": {"url": dsn}})
+    cluster.core.create_namespaced_secret(cluster.namespace,
+                                          {"metadata": {"name": "later"}, "stringData": {"url": dsn}})
     cluster.wait_for(lambda: cluster.condition("nosecret", "Ready").get("status") == "True", message="Ready again")
 
 

@@ -96,5 +96,6 @@ def test_merge(base, override, expected):
 def test_spec_defaults_and_effective_tasks_per_replica():
     spec = QueueWorkerSpec.from_dict({"queue": "q", "image": "i", "database": {"secretRef": {"name": "db"}}})
     assert (spec.secret_key, spec.concurrency, spec.tasks_per_replica, spec.scaling.min_replicas) == ("url", 10, 10, 0)
-    params = QueueWorkerSpec.from_dict({**MINIMAL, "concurrency": 4, "scaling": {"tasksPerReplica": 2}}).scaling_params()
+    spec = QueueWorkerSpec.from_dict({**MINIMAL, "concurrency": 4, "scaling": {"tasksPerReplica": 2}})
+    params = spec.scaling_params()
     assert params.tasks_per_replica == 2 and params.max_replicas == 10
