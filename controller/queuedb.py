@@ -84,6 +84,7 @@ class QueueDatabases:
     def __init__(self) -> None:
         self._pools: dict[str, SmallPool] = {}
         self._batches: dict[str, _DepthBatch] = {}
+        self._query_locks: dict[str, asyncio.Lock] = {}
         self._listeners: dict[str, asyncio.Task[None]] = {}
         self._notified: dict[tuple[str, str], float] = {}  # (dsn, queue) -> monotonic time of last NOTIFY
 
@@ -96,7 +97,8 @@ class QueueDatabases:
         """The queue's depth, ready and retrying counted up to `cap`. Raises psycopg.Error."""
         batch = self._batches.get(dsn)
         if batch is None or batch.started:
-            batch = self._batches[dsn] = _DepthBatch(self.pool(dsn))
+            lock = self._query_locks.setdefault(dsn, asyncio.Lock())
+            batch = self._batches[dsn] = _DepthBatch(self.pool(dsn), lock)
             asyncio.get_running_loop().call_later(COALESCE_SECONDS, batch.start)
         return await batch.add(queue, cap)
 
@@ -144,13 +146,15 @@ class QueueDatabases:
 
 
 class _DepthBatch:
-    """Queues asked for on one database within COALESCE_SECONDS, answered by one query."""
+    """Queues asked for on one database within COALESCE_SECONDS, or while the previous batch's
+    query runs, answered by one query: at most one depth query per database at a time."""
 
-    def __init__(self, pool: SmallPool):
+    def __init__(self, pool: SmallPool, lock: asyncio.Lock):
         self._pool = pool
+        self._lock = lock
         self._waiters: dict[str, list[asyncio.Future[QueueDepth]]] = {}
         self._cap = 1
-        self.started = False
+        self.started = False  # once true, later reads go to a new batch
 
     def add(self, queue: str, cap: int) -> asyncio.Future[QueueDepth]:
         future: asyncio.Future[QueueDepth] = asyncio.get_running_loop().create_future()
@@ -159,12 +163,13 @@ class _DepthBatch:
         return future
 
     def start(self) -> None:
-        self.started = True
         asyncio.ensure_future(self._run())
 
     async def _run(self) -> None:
         try:
-            rows = await asyncio.to_thread(self._query)
+            async with self._lock:
+                self.started = True
+                rows = await asyncio.to_thread(self._query)
         except Exception as exc:  # noqa: BLE001 - every waiter gets the error to report
             for futures in self._waiters.values():
                 for future in futures:

@@ -91,3 +91,28 @@ def test_listen_notices_new_tasks(dsn):
         assert not databases.notified_since(dsn, "other", 0)
     finally:
         databases.close()
+
+
+def test_reads_arriving_during_a_query_share_the_next_one(dsn, monkeypatch):
+    queries = []
+    original = queuedb._DepthBatch._query
+
+    def slow_query(self):
+        queries.append(sorted(self._waiters))
+        time.sleep(0.3)
+        return original(self)
+    monkeypatch.setattr(queuedb._DepthBatch, "_query", slow_query)
+    databases = QueueDatabases()
+
+    async def staggered():
+        first = asyncio.ensure_future(databases.depth(dsn, "a", 5))
+        await asyncio.sleep(0.1)  # the first query is running now
+        later = [asyncio.ensure_future(databases.depth(dsn, q, 5)) for q in ("b", "c")]
+        await asyncio.sleep(0.1)
+        later.append(asyncio.ensure_future(databases.depth(dsn, "d", 5)))
+        return await asyncio.gather(first, *later)
+    try:
+        assert len(asyncio.run(staggered())) == 4
+    finally:
+        databases.close()
+    assert queries == [["a"], ["b", "c", "d"]]
