@@ -107,7 +107,7 @@ def inputs_strategy(draw) -> PolicyInputs:
                         last_active, None)
 
 
-@settings(max_examples=500)
+@settings(max_examples=500, deadline=None)
 @given(inputs_strategy())
 def test_never_outside_bounds(inputs):
     decision = decide(inputs)
@@ -115,14 +115,14 @@ def test_never_outside_bounds(inputs):
     assert p.min_replicas <= decision.desired_replicas <= p.max_replicas
 
 
-@settings(max_examples=500)
+@settings(max_examples=500, deadline=None)
 @given(inputs_strategy())
 def test_no_scale_down_on_errors(inputs):
     inputs = PolicyInputs(inputs.params, inputs.current_replicas, None, NOW, inputs.history, inputs.last_active_time)
     assert decide(inputs).desired_replicas >= min(inputs.current_replicas, inputs.params.max_replicas)
 
 
-@settings(max_examples=500)
+@settings(max_examples=500, deadline=None)
 @given(inputs_strategy())
 def test_zero_only_after_cooldown_with_nothing_to_do(inputs):
     decision = decide(inputs)
@@ -131,7 +131,7 @@ def test_zero_only_after_cooldown_with_nothing_to_do(inputs):
         assert inputs.last_active_time is None or NOW - inputs.last_active_time >= inputs.params.cooldown_seconds
 
 
-@settings(max_examples=500)
+@settings(max_examples=500, deadline=None)
 @given(inputs_strategy())
 def test_scale_down_honours_the_window(inputs):
     """Never below the highest recommendation made inside the stabilization window."""
@@ -144,7 +144,7 @@ def test_scale_down_honours_the_window(inputs):
         assert decision.desired_replicas >= min(inputs.current_replicas, max(in_window, default=0))
 
 
-@settings(max_examples=300)
+@settings(max_examples=300, deadline=None)
 @given(params_strategy, st.integers(1, 30), st.floats(-0.1, 0.1))
 def test_no_flapping_inside_tolerance(params, current, noise):
     """Demand that wobbles within the tolerance of the current capacity never changes the count."""
@@ -157,7 +157,7 @@ def test_no_flapping_inside_tolerance(params, current, noise):
     assert decision.desired_replicas == current, decision.message
 
 
-@settings(max_examples=300)
+@settings(max_examples=300, deadline=None)
 @given(inputs_strategy())
 def test_history_is_strictly_decreasing_and_inside_the_window(inputs):
     history = decide(inputs).history
