@@ -138,3 +138,30 @@ def test_two_concurrent_migrations_both_succeed(blank_dsn):
     assert [r[2] for r in results] == [0, 0], results
     assert sorted("001_initial" in r[0] for r in results) == [False, True], "exactly one applied it"
     assert scalar(blank_dsn, "SELECT count(*) FROM queueworker.schema_migrations") == 1
+
+
+def test_cleaner_deletes_only_finished_history_past_the_retention(dsn):
+    import asyncio
+
+    from queueworker.cleaner import Cleaner
+    from queueworker.db import DutyConnection
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        old_done, old_failed, fresh_done, waiting = (enqueue(conn, "qw.noop") for _ in range(4))
+        conn.execute("""UPDATE queueworker.tasks SET state = 'succeeded', finished_at = now() - interval '2 hours'
+                        WHERE id = %s""", (old_done,))
+        conn.execute("""UPDATE queueworker.tasks SET state = 'failed', finished_at = now() - interval '2 hours'
+                        WHERE id = %s""", (old_failed,))
+        conn.execute("UPDATE queueworker.tasks SET state = 'succeeded', finished_at = now() WHERE id = %s",
+                     (fresh_done,))
+
+    async def clean() -> int:
+        connection = DutyConnection(dsn, "test")
+        try:
+            return await Cleaner(connection, retention_seconds=3600, interval=1).clean_once()
+        finally:
+            await connection.close()
+
+    assert asyncio.run(clean()) == 2
+    assert sorted(r[0] for r in query(dsn, "SELECT id FROM queueworker.tasks")) == [fresh_done, waiting]
+    assert sorted({r[0] for r in query(dsn, "SELECT task_id FROM queueworker.task_events")}) == [fresh_done, waiting]

@@ -74,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     wrk.add_argument("--task-timeout", type=float, default=1800.0, help="default hard deadline per attempt")
     wrk.add_argument("--retry-base-seconds", type=float, default=1.0,
                      help="backoff after the first failed attempt; doubles per attempt, capped at 24 h")
+    wrk.add_argument("--retention-hours", type=float, default=7 * 24.0,
+                     help="delete finished tasks and their audit rows after this long (0: keep forever)")
     wrk.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
     wrk.add_argument("--migrate", action="store_true", help="apply pending migrations before starting")
     wrk.add_argument("--log-level", default=os.environ.get("QUEUEWORKER_LOG_LEVEL", "INFO"))
@@ -150,6 +152,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         queues=tuple(args.queues or ["default"]), concurrency=args.concurrency, lease_seconds=args.lease_seconds,
         heartbeat_seconds=args.heartbeat_seconds, drain_seconds=args.drain_seconds,
         task_timeout_seconds=args.task_timeout, retry_base_seconds=args.retry_base_seconds,
+        retention_seconds=args.retention_hours * 3600,
         metrics_port=args.metrics_port)
     default_registry.import_modules(args.handlers)
     try:

@@ -22,3 +22,4 @@ TASK_DURATION = Histogram("queueworker_task_duration_seconds", "Handler run time
 IN_FLIGHT = Gauge("queueworker_tasks_in_flight", "Attempts holding a lease in this worker")
 DB_ERRORS = Counter("queueworker_db_errors_total", "Database errors, by operation", ["operation"])
 WORKER_STATE = Gauge("queueworker_worker_state", "1 for the fetch loop's current state", ["state"])
+TASKS_DELETED = Counter("queueworker_tasks_deleted_total", "Finished tasks deleted after the retention period")

@@ -11,6 +11,7 @@ NOTIFY_CHANNEL = "queueworker"
 MIGRATION_LOCK_KEY = 0x71770001
 RESCUER_LOCK_KEY = 0x71770002
 SCHEDULER_LOCK_KEY = 0x71770003
+CLEANER_LOCK_KEY = 0x71770004
 
 # -- migrations ---------------------------------------------------------------------------
 
@@ -291,4 +292,23 @@ LEFT JOIN queueworker.tasks t ON t.lease_owner = w.id AND t.state = 'running'
 WHERE w.pod_namespace = %(namespace)s AND w.pod_name IS NOT NULL
   AND %(queue)s = ANY(w.queues)
 GROUP BY w.id, w.pod_name, w.running, w.draining
+"""
+
+# Cleaner: deletes finished tasks (and their audit rows) older than the retention, oldest first,
+# in batches, so history never grows without bound. Guarded like the other duties.
+CLEAN_FINISHED = """
+WITH guard AS MATERIALIZED (
+    SELECT pg_try_advisory_xact_lock(%(lock_key)s) AS held
+), old AS (
+    SELECT t.id FROM queueworker.tasks t, guard
+    WHERE guard.held AND t.finished_at < now() - make_interval(secs => %(retention_seconds)s)
+      AND t.state IN ('succeeded', 'failed', 'cancelled')
+    ORDER BY t.finished_at
+    LIMIT %(limit)s
+    FOR UPDATE OF t SKIP LOCKED
+), events AS (
+    DELETE FROM queueworker.task_events e USING old WHERE e.task_id = old.id
+)
+DELETE FROM queueworker.tasks t USING old WHERE t.id = old.id
+RETURNING t.id
 """

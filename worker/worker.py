@@ -25,6 +25,7 @@ from . import metrics, sql
 from .attempt import Attempt
 from .backoff import error_wait, retry_delay
 from .builtin_tasks import register_builtin_tasks
+from .cleaner import Cleaner
 from .completer import Completer
 from .db import DutyConnection
 from .events import wait_event
@@ -86,6 +87,7 @@ class Worker:
         self.rescuer = Rescuer(self._duty_conn, settings.rescue_interval_seconds,
                                settings.deadline_grace_seconds, settings.worker_ttl_seconds)
         self.scheduler = Scheduler(self._duty_conn, settings.scheduler_max_interval_seconds)
+        self.cleaner = Cleaner(self._duty_conn, settings.retention_seconds, settings.cleaner_interval_seconds)
         self.listener = Listener(dsn, settings.queues, self._wake_at)
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -108,10 +110,12 @@ class Worker:
                 return 0
             self._set_state(State.RECOVERY)
             await self._recover_at_start()
-            duties = [asyncio.create_task(coro, name=name) for name, coro in (
-                ("listener", self.listener.run()), ("heartbeat", self.heartbeater.run()),
-                ("rescuer", self.rescuer.run()), ("scheduler", self.scheduler.run()),
-                ("completer", self.completer.run()))]
+            background = {"listener": self.listener.run(), "heartbeat": self.heartbeater.run(),
+                          "rescuer": self.rescuer.run(), "scheduler": self.scheduler.run(),
+                          "completer": self.completer.run()}
+            if self.settings.retention_seconds:
+                background["cleaner"] = self.cleaner.run()
+            duties = [asyncio.create_task(coro, name=name) for name, coro in background.items()]
             fetch = asyncio.create_task(self._fetch_loop(), name="fetch")
             await self._stop_requested.wait()
             # Let the fetch loop stop on its own: cancelling it mid-claim would lose the claimed rows.

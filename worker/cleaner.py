@@ -1,0 +1,49 @@
+"""Cleaner: deletes finished tasks, and their audit rows, once they are older than the retention.
+
+History does not slow claims (the claim index holds only pending rows), but it costs disk,
+vacuum time and backups; the retention keeps it bounded. Every worker runs the cleaner; an
+advisory lock inside the statement makes sure only one at a time does the work."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+
+import psycopg
+
+from . import metrics, sql
+from .db import DutyConnection
+
+log = logging.getLogger("queueworker.cleaner")
+
+BATCH = 5000
+
+
+class Cleaner:
+    def __init__(self, conn: DutyConnection, retention_seconds: float, interval: float):
+        self._conn = conn
+        self._retention_seconds = retention_seconds
+        self._interval = interval
+
+    async def clean_once(self) -> int:
+        """Deletes expired history in batches until none is left; returns how many tasks went."""
+        total = 0
+        while True:
+            rows = await self._conn.fetch(sql.CLEAN_FINISHED, {
+                "lock_key": sql.CLEANER_LOCK_KEY, "retention_seconds": self._retention_seconds, "limit": BATCH})
+            total += len(rows)
+            if len(rows) < BATCH:
+                if total:
+                    metrics.TASKS_DELETED.inc(total)
+                    log.info("deleted %d finished tasks older than the retention", total)
+                return total
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval * random.uniform(0.8, 1.2))
+            try:
+                await self.clean_once()
+            except psycopg.Error as exc:
+                metrics.DB_ERRORS.labels("clean").inc()
+                log.warning("clean-up pass failed: %s", exc)
