@@ -29,8 +29,8 @@ def kind_cluster(tmp_path_factory) -> Iterator[KindCluster]:
     reuse = os.environ.get("QUEUEWORKER_SMOKE_CLUSTER")
     cluster = KindCluster(kind, helm, docker, reuse or f"qw-smoke-{uuid.uuid4().hex[:6]}",
                           tmp_path_factory.mktemp("kind") / "kubeconfig")
-    cluster.create()
     try:
+        cluster.create()
         cluster.build_and_load_images()
         cluster.install()
         yield cluster
