@@ -9,7 +9,6 @@ drains and hands its leases back, exactly as a pod does when its Deployment shri
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import socket
@@ -273,7 +272,7 @@ class Display:
         if not self.live:
             print(tick.line(), flush=True)
             return
-        width = os.get_terminal_size(sys.stdout.fileno()).columns if sys.stdout.isatty() else 120
+        width = shutil.get_terminal_size().columns
         lines = [line[:width - 1] for line in tick.panel()]
         sys.stdout.write(f"\x1b[{self.drawn}F" if self.drawn else "")
         sys.stdout.write("".join(f"\x1b[2K{line}\n" for line in lines))
