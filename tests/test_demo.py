@@ -6,7 +6,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -80,7 +79,6 @@ def test_workers_that_exit_unasked_are_reported_with_their_last_words(tmp_path):
 @pytest.mark.integration
 def test_demo_runs_every_task_and_scales_up_and_down():
     """The fresh-machine path: its own throwaway Postgres, no --dsn."""
-    started = time.monotonic()
     result = subprocess.run([QUEUEWORKER, "demo", "--tasks", "60", "--no-tty", *FAST],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -90,7 +88,6 @@ def test_demo_runs_every_task_and_scales_up_and_down():
     assert "60/60 succeeded" in out and "0 still held after shutdown" in out
     scaling = re.search(r"scale-ups (\d+), scale-downs (\d+), workers started (\d+), peak (\d+)", out)
     assert scaling and int(scaling[1]) >= 1 and int(scaling[2]) >= 1 and int(scaling[4]) == 4, out
-    assert time.monotonic() - started < 60
 
 
 @pytest.mark.integration
