@@ -97,7 +97,14 @@ class Runner:
         with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
         dsn = self.admin_dsn.rsplit("/", 1)[0] + "/" + name  # a URL: asyncpg takes no key=value DSNs
-        system.install(dsn)
+        try:
+            system.install(dsn)
+        except BaseException as exc:
+            self._drop_db(dsn)
+            detail = getattr(exc, "stderr", None)
+            if detail:
+                raise RuntimeError(f"{system.name} install failed: {str(detail)[-1500:]}") from exc
+            raise
         return dsn
 
     def _drop_db(self, dsn: str) -> None:
@@ -110,8 +117,9 @@ class Runner:
         for round_no in range(runs):
             shift = round_no % len(self.systems)
             for system in self.systems[shift:] + self.systems[:shift]:
-                dsn = self._fresh_db(system)
+                dsn = None
                 try:
+                    dsn = self._fresh_db(system)
                     result = fn(system, dsn)
                     self.log(f"   {scenario} {system.name} run {round_no + 1}: {_brief(result)}")
                     self.results[scenario].setdefault(system.name, []).append(result)
@@ -121,7 +129,8 @@ class Runner:
                                                    "error": f"{type(exc).__name__}: {exc}"[:2000]})
                     traceback.print_exc(file=sys.stderr)
                 finally:
-                    self._drop_db(dsn)
+                    if dsn:
+                        self._drop_db(dsn)
 
     # -- scenarios -------------------------------------------------------------------------
 

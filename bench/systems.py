@@ -274,9 +274,59 @@ class PgBoss(_NodePeer):
     async def producer(self, dsn: str) -> AsyncIterator[Send]:
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
             async def send(stamps: list[float]) -> None:
-                await conn.execute("INSERT INTO pgboss.job (name, data) "
-                                   "SELECT 'record', jsonb_build_object('t', t) FROM unnest(%s::float8[]) AS t",
-                                   (stamps,))
+                # What pg-boss's own insert does for a `notify: true` queue: rows, then one NOTIFY.
+                await conn.execute(
+                    "WITH ins AS (INSERT INTO pgboss.job (name, data) SELECT 'record', jsonb_build_object('t', t) "
+                    "FROM unnest(%s::float8[]) AS t RETURNING 1) "
+                    "SELECT pg_notify('pgboss_' || left(encode(sha224('pgboss'::bytea), 'hex'), 24), 'record') "
+                    "FROM (SELECT 1 FROM ins LIMIT 1) AS one", (stamps,))
+            yield send
+
+
+class River(System):
+    """River (Go), driven by bench/peers/river/river-bench (built with `go build`, see main.go)."""
+
+    name = "river"
+    label = "River"
+    remaining_sql = "SELECT count(*) FROM river_job WHERE state IN ('available', 'running', 'retryable')"
+    binary = Path(__file__).resolve().parent / "peers" / "river" / "river-bench"
+
+    def unavailable(self) -> str | None:
+        if not self.binary.exists():
+            return "not built (cd bench/peers/river && go build -o river-bench .)"
+        return None
+
+    def version(self) -> str:
+        try:
+            for line in (self.binary.parent / "go.mod").read_text().splitlines():
+                if "github.com/riverqueue/river " in line:
+                    return line.split()[-1] + " (riverpgxv5, FetchCooldown 1 ms, otherwise defaults)"
+        except OSError:
+            pass
+        return "?"
+
+    def install(self, dsn: str) -> None:
+        subprocess.run([str(self.binary), "install", "--dsn", dsn], check=True, capture_output=True, timeout=120)
+
+    def preload_noop(self, dsn: str, n: int) -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("INSERT INTO river_job (args, kind, max_attempts) "
+                         "SELECT '{}'::jsonb, 'noop', 25 FROM generate_series(1, %s)", (n,))
+            conn.execute("VACUUM ANALYZE river_job")
+
+    def worker_cmd(self, dsn: str, concurrency: int) -> list[str]:
+        return [str(self.binary), "work", "--dsn", dsn, "--concurrency", str(concurrency)]
+
+    @asynccontextmanager
+    async def producer(self, dsn: str) -> AsyncIterator[Send]:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            async def send(stamps: list[float]) -> None:
+                # What River's own insert does: rows, then one NOTIFY per queue on <schema>.river_insert.
+                await conn.execute(
+                    "WITH ins AS (INSERT INTO river_job (args, kind, max_attempts) "
+                    "SELECT jsonb_build_object('t', t), 'record', 25 FROM unnest(%s::float8[]) AS t RETURNING 1) "
+                    "SELECT pg_notify(current_schema() || '.river_insert', '{\"queue\": \"default\"}') "
+                    "FROM (SELECT 1 FROM ins LIMIT 1) AS one", (stamps,))
             yield send
 
 
@@ -286,4 +336,5 @@ ALL: dict[str, Callable[[], System]] = {
     "procrastinate": Procrastinate,
     "graphile-worker": GraphileWorker,
     "pg-boss": PgBoss,
+    "river": River,
 }
