@@ -22,13 +22,11 @@ def deletion_costs(pod_names: Iterable[str], leases: Iterable[WorkerLease]) -> d
     """A cost per pod; pods without a `workers` row (still starting) count as idle."""
     by_pod: dict[str, int] = {}
     for lease in leases:
-        # `running` is as of the worker's last heartbeat; a lease taken since shows only in the age.
-        held = max(lease.running, 0 if lease.oldest_lease_age_seconds is None else 1)
         if lease.draining:
             cost = DRAINING_COST
-        elif held == 0:
+        elif lease.running == 0:
             cost = IDLE_COST
         else:
-            cost = PER_LEASE_COST * held + min(int(lease.oldest_lease_age_seconds or 0), MAX_AGE_COST)
+            cost = PER_LEASE_COST * lease.running + min(int(lease.oldest_lease_age_seconds or 0), MAX_AGE_COST)
         by_pod[lease.pod_name] = max(cost, by_pod.get(lease.pod_name, DRAINING_COST))
     return {pod: by_pod.get(pod, IDLE_COST) for pod in pod_names}

@@ -16,10 +16,6 @@ def test_idle_and_unknown_pods_are_cheapest_busy_pods_dearest():
     assert costs["idle"] == costs["starting"] == 0
 
 
-def test_a_lease_taken_since_the_last_heartbeat_counts():
-    assert deletion_costs(["p"], [WorkerLease("p", 0, False, 0.4)])["p"] > 0
-
-
 def test_a_restarted_worker_in_the_same_pod_keeps_the_dearer_price():
     costs = deletion_costs(["p"], [WorkerLease("p", 0, False, None), WorkerLease("p", 2, False, 10.0)])
     assert costs["p"] == 2010

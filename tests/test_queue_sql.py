@@ -165,3 +165,16 @@ def test_cleaner_deletes_only_finished_history_past_the_retention(dsn):
     assert asyncio.run(clean()) == 2
     assert sorted(r[0] for r in query(dsn, "SELECT id FROM queueworker.tasks")) == [fresh_done, waiting]
     assert sorted({r[0] for r in query(dsn, "SELECT task_id FROM queueworker.task_events")}) == [fresh_done, waiting]
+
+
+def test_worker_leases_count_leases_taken_since_the_last_heartbeat(dsn):
+    worker = uuid.uuid4()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("""INSERT INTO queueworker.workers (id, hostname, pod_name, pod_namespace, pid, queues,
+                        concurrency, running, version) VALUES (%s, 'h', 'pod-a', 'ns', 1, '{default}', 5, 0, 't')""",
+                     (worker,))
+        enqueue(conn, "qw.noop")
+        enqueue(conn, "qw.noop")
+        _claim(conn, worker)
+        rows = conn.execute(sql.WORKER_LEASES, {"namespace": "ns", "queue": "default"}).fetchall()
+    assert [(pod, running, draining) for pod, running, draining, _ in rows] == [("pod-a", 2, False)]

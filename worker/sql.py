@@ -283,9 +283,10 @@ SELECT q.queue,
 FROM unnest(%(queues)s::text[]) AS q(queue)
 """
 
-# Live workers of one namespace with their lease counts, to price pods for scale-in.
+# Live workers of one namespace with the leases they hold right now (not as of their last
+# heartbeat), to price pods for scale-in.
 WORKER_LEASES = """
-SELECT w.pod_name, w.running, w.draining,
+SELECT w.pod_name, count(t.id)::int AS running, w.draining,
        extract(epoch FROM now() - min(t.started_at))::float8 AS oldest_lease_age
 FROM queueworker.workers w
 LEFT JOIN queueworker.tasks t ON t.lease_owner = w.id AND t.state = 'running'
