@@ -29,7 +29,9 @@ def selector_labels(queueworker_name: str) -> dict[str, str]:
 
 
 def worker_args(spec: QueueWorkerSpec) -> list[str]:
-    args = ["--queue", spec.queue, "--concurrency", str(spec.concurrency),
+    """Arguments to the image's entrypoint (`tini -- queueworker`): no `command`, so the
+    image's init stays PID 1 and reaps the external-command executor's orphans."""
+    args = ["worker", "--queue", spec.queue, "--concurrency", str(spec.concurrency),
             "--lease-seconds", str(spec.lease_seconds), "--heartbeat-seconds", f"{spec.heartbeat_seconds:g}",
             "--drain-seconds", str(spec.drain_seconds)]
     if spec.handlers:
@@ -47,7 +49,6 @@ def build_deployment(name: str, namespace: str, uid: str, spec: QueueWorkerSpec)
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": spec.image,
-        "command": ["queueworker", "worker"],
         "args": worker_args(spec),
         "env": [
             {"name": "DATABASE_URL",

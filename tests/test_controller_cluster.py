@@ -223,7 +223,7 @@ def test_minimal_queueworker_gets_an_owned_deployment_and_a_filled_status(cluste
     assert (owner.kind, owner.name, owner.uid, owner.controller) == \
         ("QueueWorker", "emails", qw["metadata"]["uid"], True)
     container = deployment.spec.template.spec.containers[0]
-    assert container.command == ["queueworker", "worker"] and container.args[:2] == ["--queue", "emails"]
+    assert container.command is None and container.args[:3] == ["worker", "--queue", "emails"]
     env = {e.name: e.value_from for e in container.env}
     assert env["DATABASE_URL"].secret_key_ref.name == DB_SECRET
     assert env["POD_NAME"].field_ref.field_path == "metadata.name"

@@ -25,8 +25,8 @@ def test_minimal_deployment_runs_the_worker_with_the_spec_settings():
     deployment = render()
     container = worker_container(deployment)
     assert deployment["metadata"]["name"] == deployment_name("emails") == "emails-worker"
-    assert container["command"] == ["queueworker", "worker"]
-    assert container["args"] == ["--queue", "emails", "--concurrency", "10", "--lease-seconds", "30",
+    assert "command" not in container, "the image's entrypoint (tini -- queueworker) must stay PID 1"
+    assert container["args"] == ["worker", "--queue", "emails", "--concurrency", "10", "--lease-seconds", "30",
                                  "--heartbeat-seconds", "10", "--drain-seconds", "20", "--handlers", "app.tasks",
                                  "--metrics-port", "9100"]
     env = {e["name"]: e["valueFrom"] for e in container["env"]}
@@ -73,7 +73,7 @@ def test_template_is_merged_over_the_generated_pod():
     worker = worker_container(deployment)
     assert worker["resources"] == {"limits": {"memory": "1Gi"}}
     assert [e["name"] for e in worker["env"]] == ["DATABASE_URL", "POD_NAME", "POD_NAMESPACE", "LOG_LEVEL"]
-    assert worker["command"] == ["queueworker", "worker"]
+    assert "command" not in worker and worker["args"][0] == "worker"
 
 
 def test_hash_changes_with_the_spec_only():

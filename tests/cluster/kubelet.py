@@ -2,8 +2,12 @@
 
 It registers one Node, binds every Pending pod to it (there is no scheduler) and, when a pod's
 first container's `command[0]` is found on PATH (the repository's virtualenv first), runs
-`command + args` from the repository root with the container's env resolved. Pods with nothing to
-run here (other images) are reported Running all the same, so Deployments become available.
+`command + args` from the repository root with the container's env resolved. A container without
+`command` runs its image's entrypoint, as a container runtime would; the only images whose
+entrypoint is known here are the worker image's (`queueworker` or `queueworker-worker`, any
+registry and tag): the ENTRYPOINT of Dockerfile.worker, without its init (this kubelet reaps
+each pod's process group itself). Pods with nothing to run here (other images) are reported
+Running all the same, so Deployments become available.
 
 Termination follows the real kubelet's contract: when a pod gets a deletionTimestamp, SIGTERM goes to
 the main process only (a container runtime signals PID 1), then after the grace period SIGKILL goes
@@ -38,6 +42,21 @@ from kubernetes.client.rest import ApiException
 NODE_NAME = "process-kubelet"
 POD_IP = "127.0.0.1"
 REPO_ROOT = Path(__file__).resolve().parents[2]
+WORKER_IMAGES = {"queueworker", "queueworker-worker"}
+INITS = {"tini", "/usr/bin/tini", "/sbin/tini"}
+
+
+def image_entrypoint(image: str) -> list[str]:
+    """The entrypoint of a worker image (from Dockerfile.worker, init dropped); [] for other images."""
+    repository = image.rsplit("/", 1)[-1].split("@", 1)[0].split(":", 1)[0]
+    if repository not in WORKER_IMAGES:
+        return []
+    line = next(line for line in (REPO_ROOT / "Dockerfile.worker").read_text().splitlines()
+                if line.startswith("ENTRYPOINT"))
+    entrypoint = json.loads(line.removeprefix("ENTRYPOINT"))
+    if entrypoint and entrypoint[0] in INITS:
+        entrypoint = entrypoint[entrypoint.index("--") + 1:] if "--" in entrypoint else entrypoint[1:]
+    return entrypoint
 MAX_RESTART_BACKOFF = 10.0
 SHUTDOWN_GRACE = 5.0
 
@@ -175,7 +194,7 @@ class ProcessKubelet:
     # --- processes ------------------------------------------------------------------------------------
 
     def _argv(self, container: dict[str, Any], env: dict[str, str]) -> list[str] | None:
-        command = container.get("command") or []
+        command = container.get("command") or image_entrypoint(container.get("image", ""))
         if not command:
             return None
         executable = shutil.which(command[0], path=env["PATH"])
