@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import statistics
 import sys
 import time
@@ -40,7 +41,7 @@ class Config:
     history_finished: int = 10_000_000
     history_delayed: int = 1_000_000
     history_tasks: int = 100_000
-    history_runs: int = 2
+    history_runs: int = 3
     ceiling_runs: int = 3
 
     @classmethod
@@ -69,6 +70,10 @@ class Runner:
             "max_wal_size": "'4GB'"})
         self.admin_dsn = server.start()
         self.pg_bin = server.bin_dir
+        try:
+            scenarios.POSTMASTER_PID = int((server.data_dir / "postmaster.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            scenarios.POSTMASTER_PID = None
         try:
             with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
                 conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
@@ -241,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
         if name not in SCENARIOS:
             parser.error(f"unknown scenario {name!r}")
 
+    def _terminate(signum, frame):  # a killed run still stops its workers and its Postgres
+        raise SystemExit(128 + signum)
+    signal.signal(signal.SIGTERM, _terminate)
     runner = Runner(config, systems, names, log=lambda m: print(m, flush=True))
     results = runner.run()
     results.update(config=asdict(config), quick=args.quick, skipped=skipped,

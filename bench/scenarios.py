@@ -108,16 +108,52 @@ def _crossing(samples: list[tuple[float, int]], level: float) -> float | None:
     return None
 
 
+POSTMASTER_PID: int | None = None  # set by the runner: Postgres CPU time is read from its children
+
+
+def _postgres_cpu() -> float:
+    if POSTMASTER_PID is None:
+        return float("nan")
+    total = 0.0
+    try:
+        for child in psutil.Process(POSTMASTER_PID).children():
+            try:
+                t = child.cpu_times()
+                total += t.user + t.system
+            except psutil.Error:
+                pass
+    except psutil.Error:
+        return float("nan")
+    return total
+
+
+def _workers_cpu(workers: Workers) -> float:
+    total = 0.0
+    for proc in workers.procs:
+        try:
+            t = psutil.Process(proc.pid).cpu_times()
+            total += t.user + t.system + t.children_user + t.children_system
+        except psutil.Error:
+            return float("nan")
+    return total
+
+
 def burn_down(system: System, dsn: str, tasks: int, processes: int, concurrency: int,
               cap_seconds: float, timeout: float = 900) -> dict:
-    """Tasks/s draining `tasks` pre-enqueued no-op tasks; also the workers' peak RSS under load."""
+    """Tasks/s draining `tasks` pre-enqueued no-op tasks; also the workers' peak RSS under load and
+    the CPU seconds per 1,000 tasks spent by the workers and by Postgres over the whole drain."""
     system.preload_noop(dsn, tasks)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CHECKPOINT")  # every run starts from a clean checkpoint (same full-page writes)
+    pg_cpu0 = _postgres_cpu()
     workers = Workers.start(system, dsn, processes, concurrency)
+    worker_cpu = float("nan")
     samples: list[tuple[float, int]] = []
     rss_peak = [0.0] * processes
     capped = False
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("SET max_parallel_workers_per_gather = 0")  # the sampler keeps to one backend
             started = time.monotonic()
             while True:
                 now, remaining = conn.execute(
@@ -125,6 +161,7 @@ def burn_down(system: System, dsn: str, tasks: int, processes: int, concurrency:
                 samples.append((now, remaining))
                 rss_peak = [max(a, b) for a, b in zip(rss_peak, workers.rss_mb())]
                 if remaining == 0:
+                    worker_cpu = _workers_cpu(workers)
                     break
                 t5 = _crossing(samples, tasks * 0.95)
                 if t5 is not None and now - t5 > cap_seconds and remaining > tasks * 0.05:
@@ -135,6 +172,7 @@ def burn_down(system: System, dsn: str, tasks: int, processes: int, concurrency:
                 workers.check_alive()
                 time.sleep(0.1)
     finally:
+        pg_cpu = _postgres_cpu() - pg_cpu0
         workers.stop()
     t_start = _crossing(samples, tasks * 0.95)
     if capped:
@@ -142,7 +180,10 @@ def burn_down(system: System, dsn: str, tasks: int, processes: int, concurrency:
     else:
         t_end, done = _crossing(samples, tasks * 0.05), tasks * 0.9
     rate = done / (t_end - t_start) if t_start is not None and t_end and t_end > t_start else float("nan")
-    return {"tasks_per_s": rate, "capped": capped, "rss_load_mb": max(rss_peak)}
+    done_all = tasks - samples[-1][1]
+    return {"tasks_per_s": rate, "capped": capped, "rss_load_mb": max(rss_peak),
+            "worker_cpu_us_per_task": worker_cpu * 1e6 / done_all if done_all else float("nan"),
+            "pg_cpu_us_per_task": pg_cpu * 1e6 / done_all if done_all else float("nan")}
 
 
 async def _produce(system: System, dsn: str, stamps_per_tick: int, ticks: int, interval: float) -> int:

@@ -66,9 +66,10 @@ class System:
 class QueueWorker(System):
     name = "queueworker"
     label = "queueworker"
-    # Delayed rows (scenario 3's history) are not part of the burn-down.
-    remaining_sql = ("SELECT count(*) FROM queueworker.tasks "
-                     "WHERE (state = 'pending' AND NOT delayed) OR state IN ('running', 'retrying')")
+    # Two counts, each matching a partial index: one OR'd WHERE makes the planner scan the whole
+    # table, which with scenario 3's history costs the sampler a core. Delayed rows are not counted.
+    remaining_sql = ("SELECT (SELECT count(*) FROM queueworker.tasks WHERE state = 'pending' AND NOT delayed) "
+                     "+ (SELECT count(*) FROM queueworker.tasks WHERE state = 'running')")
 
     def version(self) -> str:
         return _version("queueworker")
