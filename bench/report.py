@@ -198,7 +198,12 @@ def write(out: Path, results: dict) -> None:
               "sampler reads `clock_timestamp()` and the count of unfinished rows every 100 ms; tasks/s is taken "
               f"between 5% and 95% drained (start-up and tail excluded), or over {c['burn_cap_seconds']:.0f} s after "
               f"5% when a system is slower than that (marked *capped*). {c['runs']} runs per system, order rotated "
-              "every round. Peak worker RSS is sampled during the run.",
+              "every round; a CHECKPOINT after the preload so every run starts alike. Peak worker RSS is sampled "
+              "during the run; CPU per task is the workers' and the Postgres backends' user+system CPU over the "
+              "whole drain (approximate for Postgres: processes that exited during the run are not counted).",
+              "- Enqueue paths: queueworker, PGQueuer and Procrastinate through their own producer APIs; "
+              "graphile-worker through its `add_jobs` SQL function; pg-boss and River by the INSERT plus the "
+              "one NOTIFY that their own insert code issues (pg-boss queues have `notify: true`).",
               f"- **Latency**: enqueue wall-clock time goes in the payload; the handler writes `now − t` at start. "
               f"Idle: {c['idle_samples']} single tasks 50 ms apart to idle workers (the LISTEN/NOTIFY path). "
               f"Under load: {c['load_rate']:,} tasks/s in 10 ms ticks for {c['load_seconds']:.0f} s.",
@@ -211,14 +216,17 @@ def write(out: Path, results: dict) -> None:
               f"- **History scale** (queueworker): {c['history_finished']:,} succeeded + {c['history_delayed']:,} "
               "delayed (pending, due in a day, same queue and priority) rows made by one INSERT … SELECT "
               "generate_series each (triggers off for those two statements), VACUUM ANALYZE, then the burn-down of "
-              f"{c['history_tasks']:,} tasks; compared with an empty table, alternating. Also the cost of one "
-              "CLAIM when nothing is due (what each idle poll pays).", ""]
+              f"{c['history_tasks']:,} tasks (long enough for autovacuum to visit the big table); compared with an "
+              f"empty table, alternating, {c['history_runs']} runs each. Also the cost of one CLAIM when nothing is "
+              "due (what each idle poll pays), and the share of sampler ticks with a VACUUM running in the database.",
+              ""]
 
     lines += ["## Results", "", "Median of runs, (min–max) where there is more than one run.", ""]
     if has_plot:
         lines += [f"![benchmarks]({os.path.relpath(png, out.parent)})", ""]
-    lines += ["| system | burn-down tasks/s | idle p50 ms | idle p99 ms | load p50 ms | load p99 ms "
-              "| idle stmts/s/worker | RSS idle MB | RSS load MB |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += ["| system | burn-down tasks/s | worker CPU µs/task | Postgres CPU µs/task | idle p50 ms | idle p99 ms "
+              "| load p50 ms | load p99 ms | idle stmts/s/worker | RSS idle MB | RSS load MB |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     names = list(dict.fromkeys([*results["burn"], *results["latency"], *results["idle"]]))
     for n in names:
         burn = results["burn"].get(n, [])
@@ -226,7 +234,10 @@ def write(out: Path, results: dict) -> None:
         idle = results["idle"].get(n, [])
         capped = " *capped*" if any(r.get("capped") for r in burn) else ""
         lines.append(
-            f"| {n} | {_cell([r['tasks_per_s'] for r in burn])}{capped} | {_cell([r['idle_p50'] for r in lat], 2)} "
+            f"| {n} | {_cell([r['tasks_per_s'] for r in burn])}{capped} "
+            f"| {_cell([r.get('worker_cpu_us_per_task', float('nan')) for r in burn])} "
+            f"| {_cell([r.get('pg_cpu_us_per_task', float('nan')) for r in burn])} "
+            f"| {_cell([r['idle_p50'] for r in lat], 2)} "
             f"| {_cell([r['idle_p99'] for r in lat], 2)} | {_cell([r['load_p50'] for r in lat], 1)} "
             f"| {_cell([r['load_p99'] for r in lat], 1)} | {_cell([r['stmts_per_s_per_worker'] for r in idle], 2)} "
             f"| {_cell([r['rss_idle_mb'] for r in idle], 1)} | {_cell([r['rss_load_mb'] for r in burn], 1)} |")
@@ -239,10 +250,15 @@ def write(out: Path, results: dict) -> None:
     hist = results["history"]
     if hist.get("empty") or hist.get("history"):
         lines += ["", f"History scale (queueworker; history built in {hist.get('build_seconds', 0):.0f} s):", "",
-                  "| table | claim throughput tasks/s | idle CLAIM ms | idle CLAIM buffers |", "|---|---:|---:|---:|"]
+                  "| table | claim throughput tasks/s | worker CPU µs/task | Postgres CPU µs/task "
+                  "| vacuum running (share of run) | idle CLAIM ms | idle CLAIM buffers |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
         for label in ("empty", "history"):
             runs = hist.get(label, [])
             lines.append(f"| {label} | {_cell([r['tasks_per_s'] for r in runs])} "
+                         f"| {_cell([r.get('worker_cpu_us_per_task', float('nan')) for r in runs])} "
+                         f"| {_cell([r.get('pg_cpu_us_per_task', float('nan')) for r in runs])} "
+                         f"| {_cell([100 * r.get('vacuum_active', float('nan')) for r in runs])}% "
                          f"| {_cell([r['idle_claim_ms'] for r in runs], 2)} "
                          f"| {_cell([r['idle_claim_buffers'] for r in runs])} |")
     idle_rows = [(n, r) for n, runs in results["idle"].items() for r in runs]

@@ -40,7 +40,7 @@ class Config:
     idle_window: float = 30.0
     history_finished: int = 10_000_000
     history_delayed: int = 1_000_000
-    history_tasks: int = 100_000
+    history_tasks: int = 300_000  # long enough for autovacuum cycles on the big table to show
     history_runs: int = 3
     ceiling_runs: int = 3
 
@@ -222,14 +222,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--history-delayed", type=int, default=None)
     parser.add_argument("--pgqueuer-batch-size", type=int, default=50,
                         help="PGQueuer dequeue batch (its max_concurrent_tasks must be >= 2x this)")
+    parser.add_argument("--from-json", default=None, metavar="RESULTS.json",
+                        help="only re-render the report from a previous run's raw results")
     args = parser.parse_args(argv)
+    if args.from_json:
+        report.write(Path(args.out), json.loads(Path(args.from_json).read_text()))
+        print(f"wrote {args.out}", flush=True)
+        return 0
 
     config = Config.quick() if args.quick else Config()
     for key in ("runs", "tasks", "history_finished", "history_delayed"):
         if getattr(args, key) is not None:
             setattr(config, key, getattr(args, key))
     if args.tasks is not None:
-        config.history_tasks = args.tasks
+        config.history_tasks = 3 * args.tasks if not args.quick else args.tasks
     systems, skipped = [], {}
     for name in [s.strip() for s in args.systems.split(",") if s.strip()]:
         if name not in ALL:

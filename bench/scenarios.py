@@ -145,10 +145,11 @@ def burn_down(system: System, dsn: str, tasks: int, processes: int, concurrency:
     system.preload_noop(dsn, tasks)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CHECKPOINT")  # every run starts from a clean checkpoint (same full-page writes)
-    pg_cpu0 = _postgres_cpu()
     workers = Workers.start(system, dsn, processes, concurrency)
     worker_cpu = float("nan")
     samples: list[tuple[float, int]] = []
+    vacuum_samples = 0
+    cpu_mark: tuple[int, float, float] | None = None
     rss_peak = [0.0] * processes
     capped = False
     try:
@@ -156,9 +157,14 @@ def burn_down(system: System, dsn: str, tasks: int, processes: int, concurrency:
             conn.execute("SET max_parallel_workers_per_gather = 0")  # the sampler keeps to one backend
             started = time.monotonic()
             while True:
-                now, remaining = conn.execute(
-                    f"SELECT extract(epoch FROM clock_timestamp())::float8, ({system.remaining_sql})").fetchone()
+                now, remaining, vacuuming = conn.execute(
+                    f"SELECT extract(epoch FROM clock_timestamp())::float8, ({system.remaining_sql}), "
+                    "EXISTS (SELECT 1 FROM pg_stat_progress_vacuum WHERE datname = current_database())").fetchone()
                 samples.append((now, remaining))
+                vacuum_samples += vacuuming
+                if cpu_mark is None and remaining <= tasks * 0.95:
+                    # CPU is counted from the 5% mark on: interpreter start-up is not per-task cost.
+                    cpu_mark = (remaining, _workers_cpu(workers), _postgres_cpu())
                 rss_peak = [max(a, b) for a, b in zip(rss_peak, workers.rss_mb())]
                 if remaining == 0:
                     worker_cpu = _workers_cpu(workers)
@@ -172,7 +178,7 @@ def burn_down(system: System, dsn: str, tasks: int, processes: int, concurrency:
                 workers.check_alive()
                 time.sleep(0.1)
     finally:
-        pg_cpu = _postgres_cpu() - pg_cpu0
+        pg_cpu_end = _postgres_cpu()
         workers.stop()
     t_start = _crossing(samples, tasks * 0.95)
     if capped:
@@ -180,8 +186,14 @@ def burn_down(system: System, dsn: str, tasks: int, processes: int, concurrency:
     else:
         t_end, done = _crossing(samples, tasks * 0.05), tasks * 0.9
     rate = done / (t_end - t_start) if t_start is not None and t_end and t_end > t_start else float("nan")
-    done_all = tasks - samples[-1][1]
+    if cpu_mark is not None:
+        done_all = cpu_mark[0] - samples[-1][1]
+        worker_cpu -= cpu_mark[1]
+        pg_cpu = pg_cpu_end - cpu_mark[2]
+    else:
+        done_all, pg_cpu = 0, float("nan")
     return {"tasks_per_s": rate, "capped": capped, "rss_load_mb": max(rss_peak),
+            "vacuum_active": vacuum_samples / len(samples),
             "worker_cpu_us_per_task": worker_cpu * 1e6 / done_all if done_all else float("nan"),
             "pg_cpu_us_per_task": pg_cpu * 1e6 / done_all if done_all else float("nan")}
 
