@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -87,10 +88,11 @@ class Completer:
             "ids": [a.id for a, _ in batch], "tokens": [a.token for a, _ in batch],
             "results": [r for _, r in batch]})
         updated = {row[0] for row in rows}
+        succeeded_per_queue = Counter(attempt.queue for attempt, _ in batch if attempt.id in updated)
+        for queue, count in succeeded_per_queue.items():
+            metrics.TASKS_COMPLETED.labels(queue, "succeeded").inc(count)
         for attempt, _ in batch:
-            if attempt.id in updated:
-                metrics.TASKS_COMPLETED.labels(attempt.queue, "succeeded").inc()
-            else:
+            if attempt.id not in updated:
                 _stale(attempt, "succeeded")
         return [a for a, _ in batch]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from prometheus_client import Counter, Gauge, Histogram
 
 TASKS_CLAIMED = Counter("queueworker_tasks_claimed_total", "Tasks claimed by this worker", ["queue"])
@@ -23,3 +25,9 @@ IN_FLIGHT = Gauge("queueworker_tasks_in_flight", "Attempts holding a lease in th
 DB_ERRORS = Counter("queueworker_db_errors_total", "Database errors, by operation", ["operation"])
 WORKER_STATE = Gauge("queueworker_worker_state", "1 for the fetch loop's current state", ["state"])
 TASKS_DELETED = Counter("queueworker_tasks_deleted_total", "Finished tasks deleted after the retention period")
+
+
+@lru_cache(maxsize=4096)
+def task_duration(queue: str, task: str) -> Histogram:
+    """The duration histogram's child for one queue and task, looked up once (a per-task hot path)."""
+    return TASK_DURATION.labels(queue, task)

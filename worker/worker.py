@@ -264,8 +264,8 @@ class Worker:
                 self.completer.succeed(attempt, encoded)
                 self._slot_freed.set()
         finally:
-            metrics.TASK_DURATION.labels(attempt.queue, attempt.task if attempt.task in self.registry
-                                         else "unknown").observe(loop.time() - attempt.started)
+            metrics.task_duration(attempt.queue, attempt.task if attempt.task in self.registry
+                                  else "unknown").observe(loop.time() - attempt.started)
 
     def _report_failure(self, attempt: Attempt, exc: BaseException) -> None:
         retryable = not isinstance(exc, PermanentError)
