@@ -146,7 +146,6 @@ def burn_down(system: System, dsn: str, tasks: int, processes: int, concurrency:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CHECKPOINT")  # every run starts from a clean checkpoint (same full-page writes)
     workers = Workers.start(system, dsn, processes, concurrency)
-    worker_cpu = float("nan")
     samples: list[tuple[float, int]] = []
     vacuum_samples = 0
     # Counting 100k unfinished rows costs Postgres ~30 ms, so big runs are sampled every 0.5 s
@@ -170,7 +169,6 @@ def burn_down(system: System, dsn: str, tasks: int, processes: int, concurrency:
                     cpu_mark = (remaining, _workers_cpu(workers), _postgres_cpu())
                 rss_peak = [max(a, b) for a, b in zip(rss_peak, workers.rss_mb())]
                 if remaining == 0:
-                    worker_cpu = _workers_cpu(workers)
                     break
                 t5 = _crossing(samples, tasks * 0.95)
                 if t5 is not None and now - t5 > cap_seconds and remaining > tasks * 0.05:
@@ -180,6 +178,7 @@ def burn_down(system: System, dsn: str, tasks: int, processes: int, concurrency:
                     raise RuntimeError(f"{system.name}: burn-down did not finish in {timeout}s ({remaining} left)")
                 workers.check_alive()
                 time.sleep(tick)
+            worker_cpu = _workers_cpu(workers)
     finally:
         pg_cpu_end = _postgres_cpu()
         workers.stop()
