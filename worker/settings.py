@@ -21,13 +21,15 @@ class WorkerSettings(BaseModel):
     rescue_interval_seconds: float | None = Field(default=None, gt=0)
     deadline_grace_seconds: float = Field(default=60.0, ge=0)
     worker_ttl_seconds: float | None = Field(default=None, gt=0)
-    scheduler_max_interval_seconds: float = Field(default=10.0, gt=0)
+    # Every way work appears (enqueue, release, rescue, promotion, retry) sends a NOTIFY, so the
+    # scheduler's and the fetch loop's own timers are only safety nets: keep them cheap when idle.
+    scheduler_max_interval_seconds: float = Field(default=30.0, gt=0)
     # History: finished tasks older than this are deleted with their audit rows (0 keeps them).
     retention_seconds: float = Field(default=7 * 24 * 3600.0, ge=0)
     cleaner_interval_seconds: float = Field(default=300.0, gt=0)
     # Idle polling fallback behind LISTEN/NOTIFY: grows from min to max while nothing is found.
     poll_min_seconds: float = Field(default=0.2, gt=0)
-    poll_max_seconds: float = Field(default=10.0, gt=0)
+    poll_max_seconds: float = Field(default=30.0, gt=0)
     # Completion batching: flush after this long or at this many results, whichever comes first.
     flush_interval_seconds: float = Field(default=0.002, ge=0)
     flush_max_batch: int = Field(default=1000, ge=1)
