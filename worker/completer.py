@@ -25,8 +25,9 @@ log = logging.getLogger("queueworker.completer")
 
 class Completer:
     def __init__(self, conn: DutyConnection, flush_interval: float, max_batch: int,
-                 on_flushed: Callable[[list[Attempt]], None]):
+                 on_flushed: Callable[[list[Attempt]], None], on_retrying: Callable[[], None]):
         self._conn = conn
+        self._on_retrying = on_retrying  # tasks entered `retrying`: the scheduler must know when they are due
         self._flush_interval = flush_interval
         self._max_batch = max_batch
         self._on_flushed = on_flushed
@@ -104,6 +105,8 @@ class Completer:
             "retryables": [b[1] for b in batch], "backoffs": [b[2] for b in batch],
             "errors": [Jsonb(b[3]) for b in batch]})
         outcome = dict(rows)
+        if "retrying" in outcome.values():
+            self._on_retrying()
         for attempt, _, _, error in batch:
             state = outcome.get(attempt.id)
             if state is None:

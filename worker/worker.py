@@ -79,14 +79,14 @@ class Worker:
         self._hurry: asyncio.Event | None = None
         self._wakeup: asyncio.Event | None = None
         self._slot_freed: asyncio.Event | None = None
+        self.scheduler = Scheduler(self._duty_conn, settings.scheduler_max_interval_seconds)
         self.completer = Completer(self._complete_conn, settings.flush_interval_seconds,
-                                   settings.flush_max_batch, self._flushed)
+                                   settings.flush_max_batch, self._flushed, on_retrying=self.scheduler.poke)
         self.heartbeater = Heartbeater(self._duty_conn, self.identity, settings.heartbeat_seconds,
                                        settings.lease_seconds, lambda: list(self._inflight.values()),
                                        lambda: self._draining, self._leases_lost)
         self.rescuer = Rescuer(self._duty_conn, settings.rescue_interval_seconds,
                                settings.deadline_grace_seconds, settings.worker_ttl_seconds)
-        self.scheduler = Scheduler(self._duty_conn, settings.scheduler_max_interval_seconds)
         self.cleaner = Cleaner(self._duty_conn, settings.retention_seconds, settings.cleaner_interval_seconds)
         self.listener = Listener(dsn, settings.queues, self._wake_at)
 
@@ -279,8 +279,6 @@ class Worker:
         backoff = retry_delay(attempt.attempt, self.settings.retry_base_seconds, self.settings.retry_max_seconds)
         self.completer.fail(attempt, retryable, backoff, error)
         self._slot_freed.set()
-        if retryable and attempt.attempt < attempt.max_attempts:
-            self.scheduler.poke()
 
     def _flushed(self, attempts: list[Attempt]) -> None:
         for attempt in attempts:
