@@ -165,7 +165,7 @@ def plot(path: Path, results: dict) -> bool:
 
 def write(out: Path, results: dict) -> None:
     out = out.resolve()
-    art_dir = out.parent / "bench" / "results" if (out.parent / "bench").is_dir() else out.parent
+    art_dir = out.parent / "bench" / "report" if (out.parent / "bench").is_dir() else out.parent
     stem = "benchmarks-quick" if results.get("quick") else "benchmarks"
     art_dir.mkdir(parents=True, exist_ok=True)
     png, raw = art_dir / f"{stem}.png", art_dir / f"{stem}.json"
