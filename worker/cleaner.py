@@ -6,14 +6,11 @@ advisory lock inside the statement makes sure only one at a time does the work."
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import random
-
-import psycopg
 
 from . import metrics, sql
 from .db import DutyConnection
+from .periodic import run_every
 
 log = logging.getLogger("queueworker.cleaner")
 
@@ -40,10 +37,4 @@ class Cleaner:
                 return total
 
     async def run(self) -> None:
-        while True:
-            await asyncio.sleep(self._interval * random.uniform(0.8, 1.2))
-            try:
-                await self.clean_once()
-            except psycopg.Error as exc:
-                metrics.DB_ERRORS.labels("clean").inc()
-                log.warning("clean-up pass failed: %s", exc)
+        await run_every(self._interval, self.clean_once, "clean", log)

@@ -4,14 +4,11 @@ lock inside the statement makes sure only one at a time does the work."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import random
-
-import psycopg
 
 from . import metrics, sql
 from .db import DutyConnection
+from .periodic import run_every
 
 log = logging.getLogger("queueworker.rescuer")
 
@@ -43,11 +40,4 @@ class Rescuer:
                 return total_requeued, total_failed
 
     async def run(self) -> None:
-        while True:
-            # Jitter spreads the workers' attempts so they rarely meet at the lock.
-            await asyncio.sleep(self._interval * random.uniform(0.8, 1.2))
-            try:
-                await self.rescue_once()
-            except psycopg.Error as exc:
-                metrics.DB_ERRORS.labels("rescue").inc()
-                log.warning("rescue pass failed: %s", exc)
+        await run_every(self._interval, self.rescue_once, "rescue", log)
