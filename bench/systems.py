@@ -56,11 +56,19 @@ class System:
     def worker_cmd(self, dsn: str, concurrency: int) -> list[str]:
         raise NotImplementedError
 
+    # One statement taking the timestamps as a float8[] that enqueues a `record` task for each,
+    # the way the system's own client would; systems with a client API override producer().
+    enqueue_sql = ""
+
     @asynccontextmanager
     async def producer(self, dsn: str) -> AsyncIterator[Send]:
         """Yields send(timestamps): enqueues one `record` task per timestamp, in one call."""
-        raise NotImplementedError
-        yield  # pragma: no cover
+        if not self.enqueue_sql:
+            raise NotImplementedError
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            async def send(stamps: list[float]) -> None:
+                await conn.execute(self.enqueue_sql, (stamps,))
+            yield send
 
 
 class QueueWorker(System):
@@ -242,6 +250,8 @@ class GraphileWorker(_NodePeer):
     script = "graphile.mjs"
     package = "graphile-worker"
     remaining_sql = "SELECT count(*) FROM graphile_worker._private_jobs"  # succeeded jobs are deleted
+    enqueue_sql = ("SELECT graphile_worker.add_jobs(array_agg(ROW('record', json_build_object('t', t), NULL, NULL, "
+                   "NULL, NULL, NULL, NULL)::graphile_worker.job_spec)) FROM unnest(%s::float8[]) AS t")
 
     def preload_noop(self, dsn: str, n: int) -> None:
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -251,14 +261,6 @@ class GraphileWorker(_NodePeer):
                              "NULL, NULL, NULL)::graphile_worker.job_spec)) FROM generate_series(1, %s)", (k,))
             conn.execute("VACUUM ANALYZE graphile_worker._private_jobs")
 
-    @asynccontextmanager
-    async def producer(self, dsn: str) -> AsyncIterator[Send]:
-        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-            async def send(stamps: list[float]) -> None:
-                await conn.execute(
-                    "SELECT graphile_worker.add_jobs(array_agg(ROW('record', json_build_object('t', t), NULL, NULL, "
-                    "NULL, NULL, NULL, NULL)::graphile_worker.job_spec)) FROM unnest(%s::float8[]) AS t", (stamps,))
-            yield send
 
 
 class PgBoss(_NodePeer):
@@ -267,21 +269,15 @@ class PgBoss(_NodePeer):
     script = "pgboss.mjs"
     package = "pg-boss"
     remaining_sql = "SELECT count(*) FROM pgboss.job WHERE state IN ('created', 'retry', 'active')"
+    # What pg-boss's own insert does for a `notify: true` queue: rows, then one NOTIFY.
+    enqueue_sql = ("WITH ins AS (INSERT INTO pgboss.job (name, data) SELECT 'record', jsonb_build_object('t', t) "
+                   "FROM unnest(%s::float8[]) AS t RETURNING 1) "
+                   "SELECT pg_notify('pgboss_' || left(encode(sha224('pgboss'::bytea), 'hex'), 24), 'record') "
+                   "FROM (SELECT 1 FROM ins LIMIT 1) AS one")
 
     def preload_noop(self, dsn: str, n: int) -> None:
         self._node(dsn, "preload", "--count", str(n))
 
-    @asynccontextmanager
-    async def producer(self, dsn: str) -> AsyncIterator[Send]:
-        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-            async def send(stamps: list[float]) -> None:
-                # What pg-boss's own insert does for a `notify: true` queue: rows, then one NOTIFY.
-                await conn.execute(
-                    "WITH ins AS (INSERT INTO pgboss.job (name, data) SELECT 'record', jsonb_build_object('t', t) "
-                    "FROM unnest(%s::float8[]) AS t RETURNING 1) "
-                    "SELECT pg_notify('pgboss_' || left(encode(sha224('pgboss'::bytea), 'hex'), 24), 'record') "
-                    "FROM (SELECT 1 FROM ins LIMIT 1) AS one", (stamps,))
-            yield send
 
 
 class River(System):
@@ -290,6 +286,11 @@ class River(System):
     name = "river"
     label = "River"
     remaining_sql = "SELECT count(*) FROM river_job WHERE state IN ('available', 'running', 'retryable')"
+    # What River's own insert does: rows, then one NOTIFY per queue on <schema>.river_insert.
+    enqueue_sql = ("WITH ins AS (INSERT INTO river_job (args, kind, max_attempts) "
+                   "SELECT jsonb_build_object('t', t), 'record', 25 FROM unnest(%s::float8[]) AS t RETURNING 1) "
+                   "SELECT pg_notify(current_schema() || '.river_insert', '{\"queue\": \"default\"}') "
+                   "FROM (SELECT 1 FROM ins LIMIT 1) AS one")
     binary = Path(__file__).resolve().parent / "peers" / "river" / "river-bench"
 
     def unavailable(self) -> str | None:
@@ -318,17 +319,6 @@ class River(System):
     def worker_cmd(self, dsn: str, concurrency: int) -> list[str]:
         return [str(self.binary), "work", "--dsn", dsn, "--concurrency", str(concurrency)]
 
-    @asynccontextmanager
-    async def producer(self, dsn: str) -> AsyncIterator[Send]:
-        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-            async def send(stamps: list[float]) -> None:
-                # What River's own insert does: rows, then one NOTIFY per queue on <schema>.river_insert.
-                await conn.execute(
-                    "WITH ins AS (INSERT INTO river_job (args, kind, max_attempts) "
-                    "SELECT jsonb_build_object('t', t), 'record', 25 FROM unnest(%s::float8[]) AS t RETURNING 1) "
-                    "SELECT pg_notify(current_schema() || '.river_insert', '{\"queue\": \"default\"}') "
-                    "FROM (SELECT 1 FROM ins LIMIT 1) AS one", (stamps,))
-            yield send
 
 
 ALL: dict[str, Callable[[], System]] = {
