@@ -21,12 +21,10 @@ log = logging.getLogger("queueworker.listener")
 
 
 class Listener:
-    def __init__(self, dsn: str, queues: tuple[str, ...], wake: Callable[[float], None],
-                 max_error_wait: float = 10.0):
+    def __init__(self, dsn: str, queues: tuple[str, ...], wake: Callable[[float], None]):
         self._dsn = dsn
         self._queues = set(queues)
         self._wake = wake  # called with the epoch time at which work is due (<= now: at once)
-        self._max_error_wait = max_error_wait
 
     async def run(self) -> None:
         failures = 0
@@ -35,8 +33,8 @@ class Listener:
                 conn = await db.connect(self._dsn, "queueworker-listen")
             except psycopg.Error as exc:
                 failures += 1
-                await asyncio.sleep(error_wait(failures, self._max_error_wait))
                 log.warning("listener cannot connect: %s", exc)
+                await asyncio.sleep(error_wait(failures))
                 continue
             try:
                 await conn.execute(f"LISTEN {sql.NOTIFY_CHANNEL}")
@@ -47,7 +45,7 @@ class Listener:
             except psycopg.Error as exc:
                 failures += 1
                 log.warning("listener connection lost: %s", exc)
-                await asyncio.sleep(error_wait(failures, self._max_error_wait))
+                await asyncio.sleep(error_wait(failures))
             finally:
                 await conn.close()
 
