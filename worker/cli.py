@@ -198,8 +198,8 @@ def _change_task(args: argparse.Namespace, statement: str, allowed_states: str, 
     """Runs an operator's state change on one task; explains why when it changes nothing."""
     from . import sql
 
-    with psycopg.connect(_dsn(args), application_name="queueworker-cli") as conn:
-        row = conn.execute(statement, {"id": args.id}).fetchone()
+    with psycopg.connect(_dsn(args), autocommit=True, application_name="queueworker-cli") as conn:
+        row = _execute_retrying_moved_rows(conn, statement, {"id": args.id})
         if row is None:
             current = conn.execute(sql.TASK_STATE, {"id": args.id}).fetchone()
             if current is None:
@@ -208,6 +208,20 @@ def _change_task(args: argparse.Namespace, statement: str, allowed_states: str, 
         if notify:
             conn.execute(sql.NOTIFY_QUEUE, {"queue": row[1]})
     return row
+
+
+def _execute_retrying_moved_rows(conn: psycopg.Connection, statement: str, params: dict) -> tuple | None:
+    """One autocommit statement, re-run when it met a row another transaction had just moved."""
+    from .db import MOVED_ROW_RETRIES, met_moved_row
+
+    retries = 0
+    while True:
+        try:
+            return conn.execute(statement, params).fetchone()
+        except psycopg.Error as exc:
+            if not met_moved_row(exc) or retries == MOVED_ROW_RETRIES:
+                raise
+            retries += 1
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

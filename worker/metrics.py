@@ -22,6 +22,9 @@ TASKS_PROMOTED = Counter("queueworker_tasks_promoted_total",
 TASK_DURATION = Histogram("queueworker_task_duration_seconds", "Handler run time per attempt", ["queue", "task"],
                           buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 1800))
 IN_FLIGHT = Gauge("queueworker_tasks_in_flight", "Attempts holding a lease in this worker")
+MOVED_ROW_RETRIES = Counter("queueworker_moved_row_retries_total",
+                            "Statements re-run because a row they meant to change had just moved "
+                            "between the active and finished partitions")
 DB_ERRORS = Counter("queueworker_db_errors_total", "Database errors, by operation", ["operation"])
 WORKER_STATE = Gauge("queueworker_worker_state", "1 for the fetch loop's current state", ["state"])
 TASKS_DELETED = Counter("queueworker_tasks_deleted_total", "Finished tasks deleted after the retention period")

@@ -81,7 +81,7 @@ SET state = 'running', attempts = t.attempts + 1, lease_owner = %(worker)s,
     deadline_at = now() + make_interval(secs => coalesce(t.timeout_seconds, %(timeout_seconds)s)),
     started_at = now(), updated_at = now()
 FROM picked
-WHERE t.id = picked.id
+WHERE t.id = picked.id AND t.state = 'pending'
 RETURNING t.id, t.queue, t.task, t.payload, t.attempts, t.max_attempts, t.lease_token,
           extract(epoch FROM t.deadline_at - now())::float8 AS seconds_to_deadline
 """
@@ -173,7 +173,7 @@ WITH guard AS MATERIALIZED (
         finished_at = CASE WHEN t.attempts >= t.max_attempts THEN now() END,
         lease_owner = NULL, leased_until = NULL, deadline_at = NULL
     FROM expired
-    WHERE t.id = expired.id
+    WHERE t.id = expired.id AND t.state = 'running'
     RETURNING t.id, t.queue, t.state
 ), reaped AS (
     DELETE FROM queueworker.workers w
@@ -204,7 +204,7 @@ WITH guard AS MATERIALIZED (
     FOR NO KEY UPDATE OF t SKIP LOCKED
 ), promoted AS (
     UPDATE queueworker.tasks t SET state = 'pending', delayed = false, updated_at = now()
-    FROM due WHERE t.id = due.id
+    FROM due WHERE t.id = due.id AND t.state IN ('retrying', 'pending')
     RETURNING t.queue
 ), notified AS (
     SELECT pg_notify('queueworker', queue) FROM promoted GROUP BY queue
@@ -310,6 +310,7 @@ WITH guard AS MATERIALIZED (
 ), events AS (
     DELETE FROM queueworker.task_events e USING old WHERE e.task_id = old.id
 )
-DELETE FROM queueworker.tasks t USING old WHERE t.id = old.id
+DELETE FROM queueworker.tasks t USING old
+WHERE t.id = old.id AND t.state IN ('succeeded', 'failed', 'cancelled')
 RETURNING t.id
 """

@@ -82,7 +82,9 @@ class Worker:
         self.scheduler = Scheduler(self._duty_conn, settings.scheduler_max_interval_seconds)
         self.completer = Completer(self._complete_conn, settings.flush_interval_seconds,
                                    settings.flush_max_batch, self._flushed, on_retrying=self.scheduler.poke)
-        self.heartbeater = Heartbeater(self._duty_conn, self.identity, settings.heartbeat_seconds,
+        # Heartbeats share the completer's connection, so one never runs while a flush is moving
+        # the same rows to `tasks_finished` (which would make it re-run: see db.met_moved_row).
+        self.heartbeater = Heartbeater(self._complete_conn, self.identity, settings.heartbeat_seconds,
                                        settings.lease_seconds, lambda: list(self._inflight.values()),
                                        lambda: self._draining, self._leases_lost)
         self.rescuer = Rescuer(self._duty_conn, settings.rescue_interval_seconds,

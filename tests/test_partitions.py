@@ -1,0 +1,132 @@
+"""Integration: finished tasks live in their own partition (migration 002), against a real Postgres.
+
+Covers the move itself (audited like any transition), the upgrade of a version-1 database with
+its rows, ids and audit trail intact, and the one new failure mode the move brings: a statement
+that meets a row a concurrent transaction just moved gets SQLSTATE 40001, and is re-run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import uuid
+
+import psycopg
+import pytest
+
+from queueworker import metrics, sql
+from queueworker.db import DutyConnection
+from queueworker.migrate import available_migrations, migrate
+from queueworker.producer import enqueue
+from tests.support import query, scalar, wait_until
+
+pytestmark = pytest.mark.integration
+
+CLAIM = {"queue": "default", "limit": 1, "lease_seconds": 30, "timeout_seconds": 60}
+
+
+def _partition_of(dsn: str, task_id: int) -> str:
+    return scalar(dsn, "SELECT tableoid::regclass::text FROM queueworker.tasks WHERE id = %s", (task_id,))
+
+
+def _claim_one(conn: psycopg.Connection) -> tuple[int, int]:
+    (task_id, token), = [(r[0], r[6]) for r in conn.execute(sql.CLAIM, {**CLAIM, "worker": uuid.uuid4()})]
+    return task_id, token
+
+
+def test_finishing_moves_the_row_to_the_finished_partition_and_retry_moves_it_back(dsn):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        task_id = enqueue(conn, "qw.noop")
+        assert _partition_of(dsn, task_id) == "queueworker.tasks_active"
+        _, token = _claim_one(conn)
+        done = conn.execute(sql.COMPLETE_FAILED, {"ids": [task_id], "tokens": [token], "retryables": [False],
+                                                  "backoffs": [0.0], "errors": [psycopg.types.json.Jsonb(
+                                                      {"type": "E", "message": "boom"})]}).fetchall()
+        assert done == [(task_id, "failed")]
+        assert _partition_of(dsn, task_id) == "queueworker.tasks_finished"
+        assert conn.execute(sql.RETRY_TASK, {"id": task_id}).fetchone()[0] == task_id
+    assert _partition_of(dsn, task_id) == "queueworker.tasks_active"
+    assert query(dsn, "SELECT from_state::text, to_state::text FROM queueworker.task_events "
+                      "WHERE task_id = %s ORDER BY id", (task_id,)) == [
+        (None, "pending"), ("pending", "running"), ("running", "failed"), ("failed", "pending")]
+
+
+def test_upgrading_a_version_1_database_keeps_rows_ids_and_audit_trail(blank_dsn):
+    first = available_migrations()[0]
+    with psycopg.connect(blank_dsn, autocommit=True) as conn:
+        conn.execute(sql.CREATE_MIGRATIONS_TABLE)
+        conn.execute(first.text)
+        conn.execute(sql.RECORD_MIGRATION, {"version": first.version, "name": first.name,
+                                            "checksum": first.checksum})
+        ids = [enqueue(conn, "qw.noop", {"n": n}) for n in range(4)]
+        running, token = _claim_one(conn)
+        conn.execute(sql.COMPLETE_SUCCEEDED, {"ids": [running], "tokens": [token], "results": [None]})
+        conn.execute("DELETE FROM queueworker.tasks WHERE id = %s", (ids[-1],))  # the sequence is past max(id)
+    before = query(blank_dsn, "SELECT id, state::text, payload FROM queueworker.tasks ORDER BY id")
+    events_before = scalar(blank_dsn, "SELECT count(*) FROM queueworker.task_events")
+
+    assert [m.version for m in migrate(blank_dsn)] == [m.version for m in available_migrations()[1:]]
+
+    assert query(blank_dsn, "SELECT id, state::text, payload FROM queueworker.tasks ORDER BY id") == before
+    assert scalar(blank_dsn, "SELECT count(*) FROM queueworker.task_events") == events_before, \
+        "copying the rows must not write audit rows"
+    assert _partition_of(blank_dsn, running) == "queueworker.tasks_finished"
+    with psycopg.connect(blank_dsn, autocommit=True) as conn:
+        assert enqueue(conn, "qw.noop") > ids[-1], "ids continue after every id ever handed out"
+    assert scalar(blank_dsn, "SELECT to_regclass('queueworker.tasks_v1')") is None
+
+
+def _wait_for_lock_wait(dsn: str, application_name: str) -> None:
+    wait_until(lambda: scalar(dsn, "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
+                                   "AND wait_event_type = 'Lock'", (application_name,)) == 1,
+               timeout=10, message=f"{application_name} waiting for the row lock")
+
+
+def test_a_heartbeat_that_meets_a_row_moved_meanwhile_is_rerun_not_failed(dsn):
+    """The completer moves a row while a heartbeat waits for its lock: Postgres fails the
+    heartbeat with 40001 (the row left the partition it was found in); DutyConnection re-runs it
+    with a fresh snapshot, which no longer sees the row."""
+    worker = uuid.uuid4()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        enqueue(conn, "qw.noop")
+        task_id, token = _claim_one(conn)
+    retries_before = metrics.MOVED_ROW_RETRIES._value.get()
+
+    async def scenario() -> list[tuple]:
+        completer = psycopg.connect(dsn)  # holds the moving UPDATE open until we commit it
+        heartbeat = DutyConnection(dsn, "qw-test-heartbeat")
+        try:
+            moved = completer.execute(sql.COMPLETE_SUCCEEDED,
+                                      {"ids": [task_id], "tokens": [token], "results": [None]}).fetchall()
+            assert moved == [(task_id,)]
+            beat = asyncio.create_task(heartbeat.fetch(sql.HEARTBEAT, {
+                "worker": worker, "hostname": "h", "pod_name": None, "pod_namespace": None, "pid": 1,
+                "queues": ["default"], "concurrency": 1, "running": 1, "draining": False, "version": "t",
+                "lease_seconds": 30, "ids": [task_id], "tokens": [token]}))
+            await asyncio.to_thread(_wait_for_lock_wait, dsn, "qw-test-heartbeat")
+            completer.commit()
+            return await asyncio.wait_for(beat, 10)
+        finally:
+            completer.close()
+            await heartbeat.close()
+
+    assert asyncio.run(scenario()) == [], "the re-run heartbeat no longer holds the finished task"
+    assert metrics.MOVED_ROW_RETRIES._value.get() == retries_before + 1
+    assert _partition_of(dsn, task_id) == "queueworker.tasks_finished"
+
+
+def test_cancel_racing_a_completion_explains_instead_of_failing(dsn):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        enqueue(conn, "qw.noop")
+        task_id, token = _claim_one(conn)
+    with psycopg.connect(dsn) as completer:
+        completer.execute(sql.COMPLETE_SUCCEEDED, {"ids": [task_id], "tokens": [token], "results": [None]})
+        cancel = subprocess.Popen([sys.executable, "-m", "queueworker.cli", "cancel", str(task_id), "--dsn", dsn],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        _wait_for_lock_wait(dsn, "queueworker-cli")
+        completer.commit()
+    out, err = cancel.communicate(timeout=30)
+    assert cancel.returncode != 0
+    assert f"task {task_id} is succeeded" in err, err
+    assert "Traceback" not in err
