@@ -14,6 +14,7 @@ import uuid
 
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
 from queueworker import metrics, sql
 from queueworker.db import DutyConnection
@@ -40,16 +41,35 @@ def test_finishing_moves_the_row_to_the_finished_partition_and_retry_moves_it_ba
         task_id = enqueue(conn, "qw.noop")
         assert _partition_of(dsn, task_id) == "queueworker.tasks_active"
         _, token = _claim_one(conn)
-        done = conn.execute(sql.COMPLETE_FAILED, {"ids": [task_id], "tokens": [token], "retryables": [False],
-                                                  "backoffs": [0.0], "errors": [psycopg.types.json.Jsonb(
-                                                      {"type": "E", "message": "boom"})]}).fetchall()
-        assert done == [(task_id, "failed")]
+        assert _fail_permanently(conn, task_id, token) == [(task_id, "failed")]
         assert _partition_of(dsn, task_id) == "queueworker.tasks_finished"
         assert conn.execute(sql.RETRY_TASK, {"id": task_id}).fetchone()[0] == task_id
     assert _partition_of(dsn, task_id) == "queueworker.tasks_active"
     assert query(dsn, "SELECT from_state::text, to_state::text FROM queueworker.task_events "
                       "WHERE task_id = %s ORDER BY id", (task_id,)) == [
         (None, "pending"), ("pending", "running"), ("running", "failed"), ("failed", "pending")]
+
+
+def test_success_moves_rows_itself_and_audits_the_transition(dsn):
+    worker = uuid.uuid4()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        task_id = enqueue(conn, "qw.noop", {"k": "v"}, priority=3)
+        (_, token), = [(r[0], r[6]) for r in conn.execute(sql.CLAIM, {**CLAIM, "worker": worker})]
+        stale = conn.execute(sql.COMPLETE_SUCCEEDED, {"ids": [task_id], "tokens": [token + 1],
+                                                      "results": [Jsonb(1)]}).fetchall()
+        assert stale == [], "a stale token moves nothing"
+        assert conn.execute(sql.COMPLETE_SUCCEEDED, {"ids": [task_id], "tokens": [token],
+                                                     "results": [Jsonb({"ok": True})]}).fetchall() == [(task_id,)]
+    assert _partition_of(dsn, task_id) == "queueworker.tasks_finished"
+    assert query(dsn, "SELECT state::text, payload, priority, result, attempts, lease_owner, leased_until, "
+                      "finished_at IS NOT NULL FROM queueworker.tasks WHERE id = %s", (task_id,)) == [
+        ("succeeded", {"k": "v"}, 3, {"ok": True}, 1, worker, None, True)]
+    assert query(dsn, "SELECT from_state::text, to_state::text, worker, lease_token, detail "
+                      "FROM queueworker.task_events WHERE task_id = %s ORDER BY id DESC LIMIT 1", (task_id,)) == [
+        ("running", "succeeded", worker, token, {"attempts": 1})]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DELETE FROM queueworker.tasks_active")  # a plain delete is no transition
+    assert scalar(dsn, "SELECT count(*) FROM queueworker.task_events WHERE task_id = %s", (task_id,)) == 3
 
 
 def test_upgrading_a_version_1_database_keeps_rows_ids_and_audit_trail(blank_dsn):
@@ -61,7 +81,8 @@ def test_upgrading_a_version_1_database_keeps_rows_ids_and_audit_trail(blank_dsn
                                             "checksum": first.checksum})
         ids = [enqueue(conn, "qw.noop", {"n": n}) for n in range(4)]
         running, token = _claim_one(conn)
-        conn.execute(sql.COMPLETE_SUCCEEDED, {"ids": [running], "tokens": [token], "results": [None]})
+        conn.execute("UPDATE queueworker.tasks SET state = 'succeeded', finished_at = now() WHERE id = %s",
+                     (running,))
         conn.execute("DELETE FROM queueworker.tasks WHERE id = %s", (ids[-1],))  # the sequence is past max(id)
     before = query(blank_dsn, "SELECT id, state::text, payload FROM queueworker.tasks ORDER BY id")
     events_before = scalar(blank_dsn, "SELECT count(*) FROM queueworker.task_events")
@@ -83,10 +104,17 @@ def _wait_for_lock_wait(dsn: str, application_name: str) -> None:
                timeout=10, message=f"{application_name} waiting for the row lock")
 
 
+def _fail_permanently(conn: psycopg.Connection, task_id: int, token: int) -> list[tuple]:
+    """COMPLETE_FAILED, which moves the row by an UPDATE routed through the partitioned parent."""
+    return conn.execute(sql.COMPLETE_FAILED, {"ids": [task_id], "tokens": [token], "retryables": [False],
+                                              "backoffs": [0.0], "errors": [Jsonb({"type": "E", "message": "x"})]
+                                              }).fetchall()
+
+
 def test_a_heartbeat_that_meets_a_row_moved_meanwhile_is_rerun_not_failed(dsn):
-    """The completer moves a row while a heartbeat waits for its lock: Postgres fails the
-    heartbeat with 40001 (the row left the partition it was found in); DutyConnection re-runs it
-    with a fresh snapshot, which no longer sees the row."""
+    """A failure moves a row while a heartbeat waits for its lock: Postgres fails the heartbeat
+    with 40001 (the row left the partition it was found in); DutyConnection re-runs it with a
+    fresh snapshot, which no longer sees the row."""
     worker = uuid.uuid4()
     with psycopg.connect(dsn, autocommit=True) as conn:
         enqueue(conn, "qw.noop")
@@ -94,39 +122,42 @@ def test_a_heartbeat_that_meets_a_row_moved_meanwhile_is_rerun_not_failed(dsn):
     retries_before = metrics.MOVED_ROW_RETRIES._value.get()
 
     async def scenario() -> list[tuple]:
-        completer = psycopg.connect(dsn)  # holds the moving UPDATE open until we commit it
+        mover = psycopg.connect(dsn)  # holds the moving UPDATE open until we commit it
         heartbeat = DutyConnection(dsn, "qw-test-heartbeat")
         try:
-            moved = completer.execute(sql.COMPLETE_SUCCEEDED,
-                                      {"ids": [task_id], "tokens": [token], "results": [None]}).fetchall()
-            assert moved == [(task_id,)]
+            assert _fail_permanently(mover, task_id, token) == [(task_id, "failed")]
             beat = asyncio.create_task(heartbeat.fetch(sql.HEARTBEAT, {
                 "worker": worker, "hostname": "h", "pod_name": None, "pod_namespace": None, "pid": 1,
                 "queues": ["default"], "concurrency": 1, "running": 1, "draining": False, "version": "t",
                 "lease_seconds": 30, "ids": [task_id], "tokens": [token]}))
             await asyncio.to_thread(_wait_for_lock_wait, dsn, "qw-test-heartbeat")
-            completer.commit()
+            mover.commit()
             return await asyncio.wait_for(beat, 10)
         finally:
-            completer.close()
+            mover.close()
             await heartbeat.close()
 
-    assert asyncio.run(scenario()) == [], "the re-run heartbeat no longer holds the finished task"
+    assert asyncio.run(scenario()) == [], "the re-run heartbeat no longer holds the failed task"
     assert metrics.MOVED_ROW_RETRIES._value.get() == retries_before + 1
     assert _partition_of(dsn, task_id) == "queueworker.tasks_finished"
 
 
-def test_cancel_racing_a_completion_explains_instead_of_failing(dsn):
+@pytest.mark.parametrize("mover", ["success (explicit move)", "failure (routed move)"])
+def test_cancel_racing_a_completion_explains_instead_of_failing(dsn, mover):
     with psycopg.connect(dsn, autocommit=True) as conn:
         enqueue(conn, "qw.noop")
         task_id, token = _claim_one(conn)
     with psycopg.connect(dsn) as completer:
-        completer.execute(sql.COMPLETE_SUCCEEDED, {"ids": [task_id], "tokens": [token], "results": [None]})
+        if mover.startswith("success"):
+            completer.execute(sql.COMPLETE_SUCCEEDED, {"ids": [task_id], "tokens": [token], "results": [None]})
+        else:
+            _fail_permanently(completer, task_id, token)
         cancel = subprocess.Popen([sys.executable, "-m", "queueworker.cli", "cancel", str(task_id), "--dsn", dsn],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         _wait_for_lock_wait(dsn, "queueworker-cli")
         completer.commit()
     out, err = cancel.communicate(timeout=30)
     assert cancel.returncode != 0
-    assert f"task {task_id} is succeeded" in err, err
+    finished = "succeeded" if mover.startswith("success") else "failed"
+    assert f"task {task_id} is {finished}" in err, err
     assert "Traceback" not in err

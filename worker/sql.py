@@ -106,13 +106,36 @@ RETURNING t.id
 
 DEREGISTER_WORKER = "DELETE FROM queueworker.workers WHERE id = %(worker)s"
 
+# Moves the rows from `tasks_active` to `tasks_finished` itself and writes their audit rows, in
+# one statement: as cheap as an in-place UPDATE, where an UPDATE routed through the partitioned
+# parent costs Postgres 15 about twice as much per row. DML aimed at a partition does not fire
+# the parent's audit triggers, hence the explicit `audited` step. Lists every column of
+# queueworker.tasks: keep it in step with the migrations.
 COMPLETE_SUCCEEDED = """
-UPDATE queueworker.tasks t
-SET state = 'succeeded', result = c.result, error = NULL, finished_at = now(), updated_at = now(),
-    leased_until = NULL, deadline_at = NULL
-FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(results)s::jsonb[]) AS c(id, token, result)
-WHERE t.id = c.id AND t.lease_token = c.token AND t.state = 'running'
-RETURNING t.id
+WITH done AS (
+    DELETE FROM queueworker.tasks_active t
+    USING unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(results)s::jsonb[]) AS c(id, token, result)
+    WHERE t.id = c.id AND t.lease_token = c.token AND t.state = 'running'
+    RETURNING t.id, t.queue, t.task, t.delayed, t.priority, t.run_after, t.attempts, t.max_attempts,
+              t.rescues, t.timeout_seconds, t.payload, c.result, t.error, t.lease_owner, t.lease_token,
+              t.created_at, t.started_at
+), moved AS (
+    INSERT INTO queueworker.tasks_finished
+        (id, queue, task, state, delayed, priority, run_after, attempts, max_attempts, rescues, timeout_seconds,
+         payload, result, error, lease_owner, lease_token, leased_until, deadline_at, created_at, updated_at,
+         started_at, finished_at)
+    OVERRIDING SYSTEM VALUE
+    SELECT id, queue, task, 'succeeded', delayed, priority, run_after, attempts, max_attempts, rescues,
+           timeout_seconds, payload, result, NULL, lease_owner, lease_token, NULL, NULL, created_at, now(),
+           started_at, now()
+    FROM done
+    RETURNING id
+), audited AS (
+    INSERT INTO queueworker.task_events (task_id, from_state, to_state, worker, lease_token, detail)
+    SELECT id, 'running', 'succeeded', lease_owner, lease_token, queueworker.transition_detail(attempts, NULL, error)
+    FROM done
+)
+SELECT id FROM moved
 """
 
 # A retryable failure with attempts left waits out its backoff in `retrying`; anything else fails.
