@@ -14,28 +14,15 @@ zero replicas, waits a random part of the polling interval, commits 50 tasks and
 from __future__ import annotations
 
 import argparse
-import os
 import random
-import signal
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
 
 import psycopg
-import yaml
-from kubernetes import client
 
-from queueworker.localpg import LocalPostgres
-from queueworker.migrate import migrate
+from bench.cluster_setup import bench_cluster, running_controller
 from queueworker.producer import enqueue_many
-from queueworker_controller.spec import GROUP, PLURAL, VERSION
-from tests.cluster.binaries import ensure_binaries
-from tests.cluster.controlplane import ControlPlane
 
-REPO = Path(__file__).resolve().parent.parent
 NAMESPACE = "bench"
 BACKLOG = 50
 
@@ -59,32 +46,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--polling", type=int, default=5)
     args = parser.parse_args()
-    server = LocalPostgres()
-    server.start()
-    migrate(server.dsn)
-    plane = ControlPlane(Path(tempfile.mkdtemp(prefix="qw-bench-plane-")))
-    plane.start(ensure_binaries())
-    controller = None
-    try:
-        api = plane.api_client()
-        client.ApiextensionsV1Api(api).create_custom_resource_definition(
-            yaml.safe_load((REPO / "crds" / "queueworker.dev_queueworkers.yaml").read_text()))
-        core, apps, custom = client.CoreV1Api(api), client.AppsV1Api(api), client.CustomObjectsApi(api)
-        core.create_namespace({"metadata": {"name": NAMESPACE}})
-        plane.wait_for(lambda: core.read_namespaced_service_account("default", NAMESPACE))
-        core.create_namespaced_secret(NAMESPACE, {"metadata": {"name": "db"}, "stringData": {"url": server.dsn}})
-        controller = subprocess.Popen(
-            [str(Path(sys.executable).parent / "queueworker-controller"), "--namespace", NAMESPACE],
-            env={**os.environ, "KUBECONFIG": str(plane.kubeconfig)}, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, cwd=REPO)
-        plane.wait_for(lambda: custom.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL) is not None,
-                       timeout=60)
-        custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, {
-            "apiVersion": f"{GROUP}/{VERSION}", "kind": "QueueWorker", "metadata": {"name": "bench"},
-            "spec": {"queue": "bench", "image": "queueworker:bench", "database": {"secretRef": {"name": "db"}},
-                     "drainSeconds": 1, "metricsPort": 0,
-                     "scaling": {"maxReplicas": 5, "pollingIntervalSeconds": args.polling,
-                                 "scaleDownStabilizationSeconds": 0, "cooldownSeconds": 0}}})
+    with bench_cluster(NAMESPACE) as cluster, running_controller(cluster):
+        server, plane, apps = cluster.server, cluster.plane, cluster.apps
+        cluster.create_queueworker("bench", {
+            "queue": "bench", "image": "queueworker:bench", "database": {"secretRef": {"name": "db"}},
+            "drainSeconds": 1, "metricsPort": 0,
+            "scaling": {"maxReplicas": 5, "pollingIntervalSeconds": args.polling,
+                        "scaleDownStabilizationSeconds": 0, "cooldownSeconds": 0}})
 
         def replicas() -> int:
             return apps.read_namespaced_deployment("bench-worker", NAMESPACE).spec.replicas
@@ -104,12 +72,6 @@ def main() -> None:
         for mode, samples in results.items():
             print(f"{mode}: p50 {statistics.median(samples):.2f}s, max {max(samples):.2f}s "
                   f"over {len(samples)} rounds (pollingIntervalSeconds={args.polling})")
-    finally:
-        if controller is not None:
-            controller.send_signal(signal.SIGTERM)
-            controller.wait(timeout=20)
-        plane.stop()
-        server.destroy()
 
 
 if __name__ == "__main__":
