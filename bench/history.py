@@ -71,8 +71,8 @@ def _sum_buffers(node: dict) -> int:
 def claim_script() -> str:
     """pgbench script: our CLAIM (its RETURNING rows aggregated into arrays) then our
     COMPLETE_SUCCEEDED verbatim, placeholders turned into pgbench variables."""
-    head, update = sql.CLAIM.strip().split("\nUPDATE queueworker.tasks t", 1)
-    claim = (f"{head},\nclaimed AS (\nUPDATE queueworker.tasks t{update}\n)\n"
+    head, _ = sql.CLAIM.strip().rsplit("\nSELECT ", 1)
+    claim = (f"{head}\n"
              "SELECT coalesce(array_agg(id), '{}')::text AS ids, "
              "coalesce(array_agg(lease_token), '{}')::text AS tokens, "
              "array_fill(NULL::jsonb, ARRAY[count(*)::int])::text AS results FROM claimed")

@@ -80,9 +80,12 @@ def test_upgrading_a_version_1_database_keeps_rows_ids_and_audit_trail(blank_dsn
         conn.execute(sql.RECORD_MIGRATION, {"version": first.version, "name": first.name,
                                             "checksum": first.checksum})
         ids = [enqueue(conn, "qw.noop", {"n": n}) for n in range(4)]
-        running, token = _claim_one(conn)
+        running, finished = ids[:2]
+        conn.execute("""UPDATE queueworker.tasks SET state = 'running', lease_owner = %s, lease_token = 1,
+                        leased_until = now() + interval '1 minute', deadline_at = now() + interval '1 hour'
+                        WHERE id = %s""", (uuid.uuid4(), running))
         conn.execute("UPDATE queueworker.tasks SET state = 'succeeded', finished_at = now() WHERE id = %s",
-                     (running,))
+                     (finished,))
         conn.execute("DELETE FROM queueworker.tasks WHERE id = %s", (ids[-1],))  # the sequence is past max(id)
     before = query(blank_dsn, "SELECT id, state::text, payload FROM queueworker.tasks ORDER BY id")
     events_before = scalar(blank_dsn, "SELECT count(*) FROM queueworker.task_events")
@@ -92,7 +95,8 @@ def test_upgrading_a_version_1_database_keeps_rows_ids_and_audit_trail(blank_dsn
     assert query(blank_dsn, "SELECT id, state::text, payload FROM queueworker.tasks ORDER BY id") == before
     assert scalar(blank_dsn, "SELECT count(*) FROM queueworker.task_events") == events_before, \
         "copying the rows must not write audit rows"
-    assert _partition_of(blank_dsn, running) == "queueworker.tasks_finished"
+    assert _partition_of(blank_dsn, finished) == "queueworker.tasks_finished"
+    assert _partition_of(blank_dsn, running) == "queueworker.tasks_active"
     with psycopg.connect(blank_dsn, autocommit=True) as conn:
         assert enqueue(conn, "qw.noop") > ids[-1], "ids continue after every id ever handed out"
     assert scalar(blank_dsn, "SELECT to_regclass('queueworker.tasks_v1')") is None

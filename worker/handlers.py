@@ -40,7 +40,16 @@ class TaskContext:
     attempt: int
     max_attempts: int
     logger: logging.Logger
-    cancelled: threading.Event = field(default_factory=threading.Event)
+    _cancelled: threading.Event | None = field(default=None, repr=False)
+
+    @property
+    def cancelled(self) -> threading.Event:
+        """Made on first use: most attempts never need one, and an Event costs a Condition and a
+        Lock per task. run_handler makes it, in the event loop's thread, before a sync handler's
+        thread can look at it."""
+        if self._cancelled is None:
+            self._cancelled = threading.Event()
+        return self._cancelled
 
     @property
     def is_last_attempt(self) -> bool:
@@ -121,10 +130,11 @@ async def run_handler(handler: Handler, payload: Any, ctx: TaskContext, timeout:
         async with asyncio.timeout(timeout):
             return await handler.invoke(payload, ctx)
     loop = asyncio.get_running_loop()
+    cancelled = ctx.cancelled
     future = loop.run_in_executor(executor, handler.invoke, payload, ctx)
     try:
         async with asyncio.timeout(timeout):
             return await future
     except BaseException:
-        ctx.cancelled.set()  # the thread cannot be stopped; tell the handler to give up
+        cancelled.set()  # the thread cannot be stopped; tell the handler to give up
         raise
