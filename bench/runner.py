@@ -147,8 +147,15 @@ class Runner:
 
     def _latency(self) -> None:
         c = self.config
+        self._floor()
         self._alternating("latency", c.runs, lambda s, dsn: scenarios.latency(
             s, dsn, c.processes, c.concurrency, c.idle_samples, c.load_rate, c.load_seconds))
+        self._floor()
+
+    def _floor(self) -> None:
+        floor = scenarios.notify_floor(self.admin_dsn, self.config.idle_samples)
+        self.log(f"   latency floor (bare NOTIFY round trip): {_brief(floor)}")
+        self.results.setdefault("latency_floor", []).append(floor)
 
     def _idle(self) -> None:
         c = self.config

@@ -14,6 +14,7 @@ import signal
 import statistics
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -254,6 +255,38 @@ def latency(system: System, dsn: str, processes: int, concurrency: int, idle_sam
     return {"idle_p50": percentile(idle, 50), "idle_p99": percentile(idle, 99), "idle_n": len(idle),
             "load_p50": percentile(loaded, 50), "load_p99": percentile(loaded, 99), "load_n": len(loaded),
             "load_sent": sent, "load_rate": per_tick / tick}
+
+
+def notify_floor(dsn: str, samples: int, interval: float = 0.05) -> dict:
+    """The machine's floor for the idle path, with no queue at all: one connection sends
+    `SELECT pg_notify(...)` (autocommit) every `interval`, another, idle in LISTEN, receives it.
+    An idle enqueue-to-start needs at least this plus one claim round trip."""
+    received: list[float] = []
+
+    def listen(ready: threading.Event) -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("LISTEN bench_floor")
+            ready.set()
+            for note in conn.notifies(timeout=samples * interval + 10):
+                if note.payload == "stop":
+                    return
+                received.append((time.time() - float(note.payload)) * 1000)
+
+    ready = threading.Event()
+    listener = threading.Thread(target=listen, args=(ready,), daemon=True)
+    listener.start()
+    ready.wait(10)
+    calls = []
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for _ in range(samples):
+            sent = time.time()
+            conn.execute("SELECT pg_notify('bench_floor', %s)", (repr(sent),))
+            calls.append((time.time() - sent) * 1000)
+            time.sleep(interval)
+        conn.execute("SELECT pg_notify('bench_floor', 'stop')")
+    listener.join(15)
+    return {"notify_p50": percentile(received, 50), "notify_p99": percentile(received, 99),
+            "call_p50": percentile(calls, 50)}
 
 
 def idle_cost(system: System, dsn: str, admin_dsn: str, processes: int, concurrency: int,
