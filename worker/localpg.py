@@ -108,6 +108,7 @@ class LocalPostgres:
     def _initdb(self) -> None:
         if self._user is not None:
             shutil.chown(self.base_dir, self._user.pw_uid, self._user.pw_gid)
+            self._make_binaries_reachable()
         self._run([str(self.bin_dir / "initdb"), "-D", str(self.data_dir), "-U", "postgres", "--auth=trust",
                    "--encoding=UTF8", "--no-instructions"])
         settings = {
@@ -125,6 +126,25 @@ class LocalPostgres:
         with open(self.data_dir / "postgresql.conf", "a") as conf:
             conf.write("\n# queueworker LocalPostgres\n")
             conf.writelines(f"{key} = {value}\n" for key, value in settings.items())
+
+    def _make_binaries_reachable(self) -> None:
+        """As root, the server runs as another user, who may not reach binaries installed under a
+        private directory (the pgserver wheel inside a venv in a 0700 checkout, say). Then copy
+        that installation into our own directory, which that user owns."""
+        try:
+            self._run([str(self.bin_dir / "pg_ctl"), "--version"])
+            return
+        except PermissionError:
+            pass
+        install = self.bin_dir.parent    # site-packages/pgserver/pginstall
+        package = install.parent
+        copy = self.base_dir / "embedded" / package.name / install.name
+        shutil.copytree(install, copy, symlinks=True)
+        # The wheel's vendored libraries, which its binaries find by RPATH $ORIGIN/../../../pgserver.libs.
+        libs = package.parent / f"{package.name}.libs"
+        if libs.is_dir():
+            shutil.copytree(libs, self.base_dir / "embedded" / libs.name, symlinks=True)
+        self.bin_dir = copy / self.bin_dir.name
 
     def _pg_ctl(self, *args: str) -> None:
         self._run([str(self.bin_dir / "pg_ctl"), "-D", str(self.data_dir), *args])
