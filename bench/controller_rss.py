@@ -15,8 +15,8 @@ The workers' image is a placeholder the process kubelet has no entrypoint for: t
 reported Running without a process, so Deployments scale as in a cluster without hundreds of
 worker processes on this machine, and a backlog stays until the benchmark drains it.
 
-RSS is VmRSS of the controller process and its children (it has none today); CPU is utime+stime
-from /proc/PID/stat. Ticks and scale operations come from the controller's own metrics.
+RSS is the resident set of the controller process and its children (it has none today); CPU is
+user+system time (psutil). Ticks and scale operations come from the controller's own metrics.
 
     .venv/bin/python -m bench.controller_rss [--count 100] [--seconds 60] [--databases 1]
 """
@@ -24,15 +24,14 @@ from /proc/PID/stat. Ticks and scale operations come from the controller's own m
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
+import psutil
 import psycopg
 
 from bench.cluster_setup import BenchCluster, bench_cluster, running_controller
@@ -50,41 +49,22 @@ CYCLE_SECONDS = 15
 # Sampling starts after the first lastPollTime refresh, when QueueWorkers created together all patch
 # their status at once (kopf opens a TLS connection per concurrent request, which raises RSS for good).
 SETTLE_SECONDS = STATUS_REFRESH_SECONDS + 10
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 TICKS = "queueworker_controller_tick_duration_seconds_count"
 SCALES = "queueworker_controller_scale_total"
 
 
-def process_tree(pid: int) -> list[int]:
-    """`pid` and its descendants, from the parent pids in /proc."""
-    parents: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError):
-            continue
-    tree = [pid]
-    for member in tree:
-        tree += [child for child, parent in parents.items() if parent == member]
-    return tree
+def controller_processes(pid: int) -> list[psutil.Process]:
+    """The controller and its descendants (it has none today)."""
+    process = psutil.Process(pid)
+    return [process, *process.children(recursive=True)]
 
 
-def rss_mb(pids: list[int]) -> float:
-    total_kb = 0
-    for pid in pids:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                total_kb += int(line.split()[1])
-    return total_kb / 1024
+def rss_mb(pid: int) -> float:
+    return sum(p.memory_info().rss for p in controller_processes(pid)) / 2**20
 
 
-def cpu_seconds(pids: list[int]) -> float:
-    """User + system CPU of the processes (utime and stime, fields 14 and 15 of /proc/PID/stat)."""
-    ticks = 0
-    for pid in pids:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        ticks += int(fields[11]) + int(fields[12])
-    return ticks / CLOCK_TICKS
+def cpu_seconds(pid: int) -> float:
+    return sum(t.user + t.system for t in (p.cpu_times() for p in controller_processes(pid)))
 
 
 def answers(url: str) -> bool:
@@ -124,15 +104,15 @@ class PhaseResult:
 def measure(phase: str, pid: int, metrics: ControllerMetrics, seconds: float,
             each_second: Callable[[float], None] = lambda elapsed: None) -> PhaseResult:
     ticks, scales = metrics.total(TICKS), metrics.total(SCALES)
-    cpu, started = cpu_seconds(process_tree(pid)), time.monotonic()
+    cpu, started = cpu_seconds(pid), time.monotonic()
     rss = []
     while (elapsed := time.monotonic() - started) < seconds:
         each_second(elapsed)
-        rss.append(rss_mb(process_tree(pid)))
+        rss.append(rss_mb(pid))
         time.sleep(max(0.0, len(rss) - (time.monotonic() - started)))
     minutes = (time.monotonic() - started) / 60
     result = PhaseResult(
-        phase, rss, (cpu_seconds(process_tree(pid)) - cpu) / minutes,
+        phase, rss, (cpu_seconds(pid) - cpu) / minutes,
         (metrics.total(TICKS) - ticks) / minutes, int(metrics.total(SCALES) - scales))
     print(f"{phase}: RSS median {statistics.median(rss):.1f} MB, max {max(rss):.1f} MB, "
           f"drift {result.drift:+.1f} MB; CPU {result.cpu_per_minute:.2f} s/min; "

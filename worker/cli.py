@@ -195,33 +195,30 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def _change_task(args: argparse.Namespace, statement: str, allowed_states: str, notify: bool = False) -> tuple:
-    """Runs an operator's state change on one task; explains why when it changes nothing."""
+    """Runs an operator's state change on one task; explains why when it changes nothing.
+
+    Through a DutyConnection, like the worker's statements: a change that meets a row moved
+    between partitions meanwhile is re-run there (db.met_moved_row)."""
     from . import sql
+    from .db import DutyConnection
 
-    with psycopg.connect(_dsn(args), autocommit=True, application_name="queueworker-cli") as conn:
-        row = _execute_retrying_moved_rows(conn, statement, {"id": args.id})
-        if row is None:
-            current = conn.execute(sql.TASK_STATE, {"id": args.id}).fetchone()
-            if current is None:
-                raise CliError(f"no task with id {args.id}")
-            raise CliError(f"task {args.id} is {current[0]}; only {allowed_states} tasks can be changed this way")
-        if notify:
-            conn.execute(sql.NOTIFY_QUEUE, {"queue": row[1]})
-    return row
-
-
-def _execute_retrying_moved_rows(conn: psycopg.Connection, statement: str, params: dict) -> tuple | None:
-    """One autocommit statement, re-run when it met a row another transaction had just moved."""
-    from .db import MOVED_ROW_RETRIES, met_moved_row
-
-    retries = 0
-    while True:
+    async def change() -> tuple:
+        conn = DutyConnection(_dsn(args), "queueworker-cli")
         try:
-            return conn.execute(statement, params).fetchone()
-        except psycopg.Error as exc:
-            if not met_moved_row(exc) or retries == MOVED_ROW_RETRIES:
-                raise
-            retries += 1
+            rows = await conn.fetch(statement, {"id": args.id})
+            if not rows:
+                current = await conn.fetch(sql.TASK_STATE, {"id": args.id})
+                if not current:
+                    raise CliError(f"no task with id {args.id}")
+                raise CliError(f"task {args.id} is {current[0][0]}; only {allowed_states} tasks can be changed "
+                               "this way")
+            if notify:
+                await conn.fetch(sql.NOTIFY_QUEUE, {"queue": rows[0][1]})
+            return rows[0]
+        finally:
+            await conn.close()
+
+    return asyncio.run(change())
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
