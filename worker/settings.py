@@ -36,6 +36,18 @@ class WorkerSettings(BaseModel):
     retry_base_seconds: float = Field(default=1.0, gt=0)
     retry_max_seconds: float = Field(default=24 * 3600.0, gt=0)
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    metrics_address: str = "0.0.0.0"
+    # From the first stop signal to exit: drain, release, flush and deregister share this budget,
+    # which must stay below the pod's terminationGracePeriodSeconds. Unset: drain_seconds + 5.
+    shutdown_seconds: float | None = Field(default=None, gt=0)
+    # A task name no handler is registered for goes back to pending (no attempt consumed) for this
+    # long after it was created, since a newer worker may know it (rolling deploys); then it fails.
+    unknown_task_grace_seconds: float = Field(default=600.0, ge=0)
+    # External commands (--command): environment variables passed through besides a small safe
+    # base set (PATH, HOME, LANG, ...); the worker's own DATABASE_URL is not passed unless listed.
+    command_env: tuple[str, ...] = ()
+    # Bytes read from a command's stdout; past it the attempt fails permanently.
+    command_output_limit_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
 
     @model_validator(mode="before")
     @classmethod
@@ -46,6 +58,8 @@ class WorkerSettings(BaseModel):
             values["rescue_interval_seconds"] = lease / 4
         if values.get("worker_ttl_seconds") is None:
             values["worker_ttl_seconds"] = lease * 4
+        if values.get("shutdown_seconds") is None:
+            values["shutdown_seconds"] = float(values.get("drain_seconds", 20.0)) + 5
         return values
 
     @model_validator(mode="after")
