@@ -79,3 +79,80 @@ def state_counts(dsn: str) -> dict[str, int]:
 def worker_id_of(dsn: str, pid: int) -> str | None:
     rows = query(dsn, "SELECT id::text FROM queueworker.workers WHERE pid = %s", (pid,))
     return rows[0][0] if rows else None
+
+
+class FreezableProxy:
+    """A TCP proxy to Postgres that can go silent: `freeze()` stops relaying in both directions
+    while keeping every connection open (packets are accepted, nothing is delivered), which is
+    how a network partition or a hung server looks from the client; `thaw()` resumes. New
+    connections made while frozen hang too. Gives one process an unreachable database while
+    every other process still reaches it."""
+
+    def __init__(self, target_host: str, target_port: int):
+        import socket
+        import threading
+
+        self._target = (target_host, target_port)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._running = threading.Event()
+        self._running.set()
+        self._closed = False
+        self._sockets: list = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def dsn_for(self, dsn: str) -> str:
+        return psycopg.conninfo.make_conninfo(dsn, host="127.0.0.1", port=str(self.port))
+
+    def freeze(self) -> None:
+        self._running.clear()
+
+    def thaw(self) -> None:
+        self._running.set()
+
+    def close(self) -> None:
+        self._closed = True
+        self._running.set()
+        for sock in [self._listener, *self._sockets]:
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            self._running.wait()
+            try:
+                server = socket.create_connection(self._target)
+            except OSError:
+                client.close()
+                continue
+            self._sockets += [client, server]
+            for source, sink in ((client, server), (server, client)):
+                threading.Thread(target=self._relay, args=(source, sink), daemon=True).start()
+
+    def _relay(self, source, sink) -> None:
+        while not self._closed:
+            try:
+                data = source.recv(65536)
+            except OSError:
+                break
+            if not data:
+                break
+            self._running.wait()
+            try:
+                sink.sendall(data)
+            except OSError:
+                break
+        for sock in (source, sink):
+            try:
+                sock.shutdown(2)
+            except OSError:
+                pass

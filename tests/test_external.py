@@ -7,16 +7,16 @@ import time
 
 import pytest
 
-from queueworker.external import CommandFailed, CommandTask, register_commands
+from queueworker.external import CommandFailed, CommandTask, OutputTooLarge, register_commands
 from queueworker.handlers import PermanentError, Registry, TaskContext
 
 
-def _run(script: str, payload, timeout: float = 10.0):
+def _run(script: str, payload, timeout: float = 10.0, **options):
     ctx = TaskContext(7, "ext", "default", 2, 3, logging.getLogger("test"))
 
     async def go():
         async with asyncio.timeout(timeout):
-            return await CommandTask([sys.executable, "-c", script])(payload, ctx)
+            return await CommandTask([sys.executable, "-c", script], **options)(payload, ctx)
 
     return asyncio.run(go())
 
@@ -67,3 +67,37 @@ def test_register_commands_parses_name_equals_command():
     assert "resize" in registry
     with pytest.raises(ValueError, match="NAME=COMMAND"):
         register_commands(registry, ["no-equals-sign"])
+
+
+def test_stdout_past_the_limit_fails_permanently_without_reading_it_all():
+    script = "import sys\nfor _ in range(10000): sys.stdout.write('x' * 10000)"
+    with pytest.raises(OutputTooLarge, match="more than 65,536 bytes"):
+        _run(script, {}, output_limit_bytes=65536)
+
+
+def test_only_a_tail_of_stderr_is_kept_nul_bytes_included():
+    script = ("import sys; sys.stderr.write('early noise ' * 200000); sys.stderr.buffer.write(b'\\x00the cause');"
+              " sys.exit(1)")
+    with pytest.raises(CommandFailed) as caught:
+        _run(script, {})
+    message = str(caught.value)
+    assert message.endswith("\x00the cause") and len(message) < 2100
+
+
+def test_commands_see_an_allow_listed_environment(monkeypatch):
+    monkeypatch.setenv("DATABASE_URL", "postgresql://app:secret@db/app")
+    monkeypatch.setenv("SERVICE_TOKEN", "t0ken")
+    script = "import json, os; print(json.dumps(sorted(k for k in os.environ if not k.startswith('LC_'))))"
+    seen = _run(script, {})
+    assert "DATABASE_URL" not in seen and "SERVICE_TOKEN" not in seen
+    assert {"PATH", "QUEUEWORKER_TASK_ID", "QUEUEWORKER_ATTEMPT", "QUEUEWORKER_TASK", "QUEUEWORKER_QUEUE"} <= set(seen)
+    assert "SERVICE_TOKEN" in _run(script, {}, pass_env=["SERVICE_TOKEN"])
+
+
+@pytest.mark.parametrize("stdout, fragment", [
+    ("[" * 3000 + "]" * 3000, "nested too deeply"),
+    ("9" * 5000, "4,300 digits"),
+])
+def test_json_python_cannot_read_fails_permanently(stdout, fragment):
+    with pytest.raises(PermanentError, match=fragment):
+        _run(f"print({stdout!r})", {})

@@ -2,13 +2,16 @@
 
 import asyncio
 import logging
-from concurrent.futures import ThreadPoolExecutor
+import threading
+import time
 
 import pytest
 from pydantic import ValidationError
 
+from queueworker import metrics
 from queueworker.builtin_tasks import register_builtin_tasks
-from queueworker.handlers import PermanentError, Registry, TaskContext, UnknownTaskError, run_handler
+from queueworker.handlers import (CancelledByHandler, DeadlineExceeded, HandlerThreads, PermanentError, Registry,
+                                  TaskContext, UnknownTaskError, run_handler)
 from queueworker.settings import WorkerSettings
 
 
@@ -55,14 +58,12 @@ def test_sync_handler_past_its_deadline_is_told_to_stop():
 
     registry = Registry()
     handler = registry.register(slow)
-    ctx = _ctx()
 
     async def run():
-        with pytest.raises(TimeoutError):
-            await run_handler(handler, {}, ctx, 0.1, executor)
+        with pytest.raises(DeadlineExceeded):
+            await run_handler(handler, {}, _ctx(), 0.1, HandlerThreads())
 
-    with ThreadPoolExecutor(1) as executor:
-        asyncio.run(run())
+    asyncio.run(run())
     assert seen == [True]
 
 
@@ -71,10 +72,91 @@ def test_async_handler_gets_cancelled_at_its_deadline():
     register_builtin_tasks(registry)
 
     async def run():
-        with pytest.raises(TimeoutError):
-            await run_handler(registry.get("qw.sleep"), {"seconds": 5}, _ctx(), 0.05, None)
+        with pytest.raises(DeadlineExceeded):
+            await run_handler(registry.get("qw.sleep"), {"seconds": 5}, _ctx(), 0.05, HandlerThreads())
 
     asyncio.run(run())
+
+
+def test_a_timeout_the_handler_raises_itself_is_not_the_deadline():
+    registry = Registry()
+
+    async def calls_a_slow_service(payload):
+        raise TimeoutError("upstream took too long")
+
+    async def run():
+        with pytest.raises(TimeoutError) as caught:
+            await run_handler(registry.register(calls_a_slow_service), {}, _ctx(), 5, HandlerThreads())
+        assert not isinstance(caught.value, DeadlineExceeded)
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("is_async", [True, False])
+def test_a_handler_raising_cancelled_error_itself_fails_retryably(is_async):
+    registry = Registry()
+
+    async def async_quitter(payload):
+        raise asyncio.CancelledError()
+
+    def sync_quitter(payload):
+        raise asyncio.CancelledError()
+
+    handler = registry.register(async_quitter if is_async else sync_quitter)
+
+    async def run():
+        with pytest.raises(CancelledByHandler):
+            await run_handler(handler, {}, _ctx(), 5, HandlerThreads())
+
+    asyncio.run(run())
+
+
+def test_a_cancelled_attempt_still_propagates_cancellation():
+    registry = Registry()
+    register_builtin_tasks(registry)
+
+    async def run():
+        runner = asyncio.create_task(run_handler(registry.get("qw.sleep"), {"seconds": 5}, _ctx(), 5,
+                                                 HandlerThreads()))
+        await asyncio.sleep(0.05)
+        runner.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await runner
+
+    asyncio.run(run())
+
+
+def test_stuck_sync_threads_are_counted_and_never_delay_the_next_attempts():
+    """Handlers that ignore cancellation keep their threads; the attempts after them still start at
+    once and get their whole deadline (no waiting for a free thread)."""
+    release = threading.Event()
+    registry = Registry()
+
+    def stubborn(payload, ctx):
+        release.wait(10)  # ignores ctx.cancelled
+
+    def quick(payload, ctx):
+        time.sleep(0.2)
+        return "done"
+
+    threads = HandlerThreads()
+    stuck_handler, quick_handler = registry.register(stubborn), registry.register(quick)
+
+    async def run():
+        stuck = [run_handler(stuck_handler, {}, _ctx(), 0.1, threads) for _ in range(4)]
+        outcomes = await asyncio.gather(*stuck, return_exceptions=True)
+        assert all(isinstance(o, DeadlineExceeded) for o in outcomes)
+        assert threads.stuck == 4 and metrics.STUCK_HANDLER_THREADS._value.get() == 4
+        # Each quick attempt needs 0.2 s of its 0.5 s deadline: none may wait behind the stuck ones.
+        assert await asyncio.gather(*(run_handler(quick_handler, {}, _ctx(), 0.5, threads)
+                                      for _ in range(4))) == ["done"] * 4
+
+    asyncio.run(run())
+    release.set()
+    deadline = time.monotonic() + 5
+    while threads.stuck and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert threads.stuck == 0
 
 
 @pytest.mark.parametrize("options, message", [

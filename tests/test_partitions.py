@@ -46,7 +46,7 @@ def test_finishing_moves_the_row_to_the_finished_partition_and_retry_moves_it_ba
         task_id = enqueue(conn, "qw.noop")
         assert _partition_of(dsn, task_id) == "queueworker.tasks_active"
         _, token = _claim_one(conn)
-        assert _fail_permanently(conn, task_id, token) == [(task_id, "failed")]
+        assert _fail_permanently(conn, task_id, token) == [(task_id, token, "failed")]
         assert _partition_of(dsn, task_id) == "queueworker.tasks_finished"
         assert conn.execute(sql.RETRY_TASK, {"id": task_id}).fetchone()[0] == task_id
     assert _partition_of(dsn, task_id) == "queueworker.tasks_active"
@@ -64,7 +64,7 @@ def test_success_moves_rows_itself_and_audits_the_transition(dsn):
                                                       "results": [Jsonb(1)]}).fetchall()
         assert stale == [], "a stale token moves nothing"
         assert conn.execute(sql.COMPLETE_SUCCEEDED, {"ids": [task_id], "tokens": [token],
-                                                     "results": [Jsonb({"ok": True})]}).fetchall() == [(task_id,)]
+                                                     "results": [Jsonb({"ok": True})]}).fetchall() == [(task_id, token)]
     assert _partition_of(dsn, task_id) == "queueworker.tasks_finished"
     assert query(dsn, "SELECT state::text, payload, priority, result, attempts, lease_owner, leased_until, "
                       "finished_at IS NOT NULL FROM queueworker.tasks WHERE id = %s", (task_id,)) == [
@@ -134,7 +134,7 @@ def test_a_heartbeat_that_meets_a_row_moved_meanwhile_is_rerun_not_failed(dsn):
         mover = psycopg.connect(dsn)  # holds the moving UPDATE open until we commit it
         heartbeat = DutyConnection(dsn, "qw-test-heartbeat")
         try:
-            assert _fail_permanently(mover, task_id, token) == [(task_id, "failed")]
+            assert _fail_permanently(mover, task_id, token) == [(task_id, token, "failed")]
             beat = asyncio.create_task(heartbeat.fetch(sql.HEARTBEAT, {
                 "worker": worker, "hostname": "h", "pod_name": None, "pod_namespace": None, "pid": 1,
                 "queues": ["default"], "concurrency": 1, "running": 1, "draining": False, "version": "t",

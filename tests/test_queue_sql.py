@@ -110,7 +110,7 @@ def test_every_transition_out_of_running_is_fenced_by_the_lease_token(dsn):
         assert query(dsn, "SELECT state::text, lease_owner, lease_token, rescues FROM queueworker.tasks") == [
             ("running", new_worker, new_token, 1)]
         assert conn.execute(sql.COMPLETE_SUCCEEDED, {"ids": [task_id], "tokens": [new_token],
-                                                     "results": ['"ok"']}).fetchall() == [(task_id,)]
+                                                     "results": ['"ok"']}).fetchall() == [(task_id, new_token)]
     assert scalar(dsn, "SELECT result FROM queueworker.tasks") == "ok"
 
 

@@ -95,8 +95,9 @@ def test_sigstopped_worker_late_completion_is_rejected_by_fencing(dsn, workers):
                      (task_id,))[0]
     assert finished[0] == 2, "the rival's claim should carry fencing token 2"
     sleeper.signal(signal.SIGCONT)
-    # The sleeper wakes with its attempt long over: its heartbeat or its completion must be refused.
-    wait_until(lambda: "stale" in sleeper.log() or "lease lost" in sleeper.log(), timeout=15,
+    # The sleeper wakes with its attempt long over: it fences itself (its lease ran out by its own
+    # clock), or its heartbeat or its completion is refused.
+    wait_until(lambda: any(sign in sleeper.log() for sign in ("stale", "lease lost", "lease ran out")), timeout=15,
                message="sleeper noticed it lost the lease")
     time.sleep(1.0)
     assert query(dsn, "SELECT lease_token, result, finished_at FROM queueworker.tasks WHERE id = %s",
@@ -154,7 +155,10 @@ def test_retry_then_success_permanent_failure_exhaustion_and_unknown_task(dsn, w
     with psycopg.connect(dsn) as conn:
         retried, = enqueue_many(conn, [{"task": "qw.fail", "payload": {"retryable": True}, "max_attempts": 3}])
         permanent, = enqueue_many(conn, [{"task": "qw.fail", "payload": {"retryable": False, "message": "bad"}}])
-        unknown, = enqueue_many(conn, [{"task": "no.such.task"}])
+        young_unknown, old_unknown = enqueue_many(conn, [{"task": "no.such.task"}, {"task": "no.such.task"}])
+        # Older than the unknown-task grace period (10 minutes by default): no newer worker is coming.
+        conn.execute("UPDATE queueworker.tasks SET created_at = now() - interval '1 hour' WHERE id = %s",
+                     (old_unknown,))
     proc = workers(dsn, "--concurrency", "4", "--retry-base-seconds", "0.5")
     wait_until(lambda: scalar(dsn, "SELECT state::text FROM queueworker.tasks WHERE id = %s", (retried,))
                == "retrying", message="retrying after first failure")
@@ -171,9 +175,19 @@ def test_retry_then_success_permanent_failure_exhaustion_and_unknown_task(dsn, w
 
     assert query(dsn, "SELECT state::text, attempts, error->>'message', error->>'retryable' "
                       "FROM queueworker.tasks WHERE id = %s", (permanent,))[0] == ("failed", 1, "bad", "false")
-    state, message = query(dsn, "SELECT state::text, error->>'message' FROM queueworker.tasks WHERE id = %s",
-                           (unknown,))[0]
-    assert state == "failed" and "no handler registered for task 'no.such.task'" in message
+    state, attempts, message = query(dsn, "SELECT state::text, attempts, error->>'message' FROM queueworker.tasks "
+                                          "WHERE id = %s", (old_unknown,))[0]
+    assert state == "failed" and attempts == 1 and "no handler registered for task 'no.such.task'" in message
+    # A young task of an unknown name goes back, attempt not consumed, due again in a while: a newer
+    # worker (rolling deploy) may know it.
+    state, attempts, delayed, due_in, message = query(dsn, """
+        SELECT state::text, attempts, delayed, extract(epoch FROM run_after - now()), error->>'message'
+        FROM queueworker.tasks WHERE id = %s""", (young_unknown,))[0]
+    assert (state, attempts, delayed) == ("pending", 0, True) and 0 < due_in <= 10
+    assert "no handler registered for task 'no.such.task'" in message
+    assert [r[0] for r in query(dsn, """SELECT coalesce(from_state::text, '') || '>' || to_state::text
+                                        FROM queueworker.task_events WHERE task_id = %s ORDER BY id""",
+                                (young_unknown,))] == [">pending", "pending>running", "running>pending"]
 
     # The worker kept running through all of that.
     (after,) = _enqueue(dsn, "qw.noop", 1)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any
 
 from .handlers import TaskContext
 
@@ -15,12 +14,19 @@ class Attempt:
     token: int
     queue: str
     task: str
-    payload: Any
+    payload_json: str  # decoded by the attempt itself, so one undecodable row fails only its own task
     attempt: int
     max_attempts: int
     deadline: float  # event-loop time of the hard deadline
     ctx: TaskContext
+    lease_expires: float  # event-loop time the lease runs out unless a heartbeat extends it
     runner: asyncio.Task | None = None
     reporting: bool = False   # handler finished; outcome waits in the completer
-    abandoned: bool = False   # lease lost or released: any outcome is discarded
+    abandoned: bool = False   # lease lost, fenced or released: any outcome is discarded
     started: float = field(default=0.0)
+
+    @property
+    def key(self) -> tuple[int, int]:
+        """(task id, lease token): a task id alone repeats when a task comes back to this worker
+        (retried, rescued), and a late outcome of the old attempt must not touch the new one."""
+        return self.id, self.token

@@ -10,7 +10,6 @@ import logging
 
 from . import metrics, sql
 from .db import DutyConnection
-from .periodic import run_every
 
 log = logging.getLogger("queueworker.cleaner")
 
@@ -36,5 +35,8 @@ class Cleaner:
                     log.info("deleted %d finished tasks older than the retention", total)
                 return total
 
-    async def run(self) -> None:
-        await run_every(self._interval, self.clean_once, "clean", log)
+    async def step(self) -> float:
+        """One pass of the duty; the supervisor spreads the interval by ±20%, so workers rarely
+        meet at its advisory lock."""
+        await self.clean_once()
+        return self._interval

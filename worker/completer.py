@@ -1,7 +1,10 @@
 """Batched, fenced completion: outcomes are buffered and flushed in one statement per kind.
 
-Outcomes survive database errors in the buffer and are retried; rows whose
-lease moved on are reported by the database as not updated, counted as stale and dropped.
+Outcomes survive database errors that heal (connection lost, server restarting) in the buffer and
+are retried. A batch the database refuses for what is in it (a result Postgres will not store, a
+constraint) is written again row by row, so the innocent outcomes land and only the bad one is
+turned into a permanent failure that says why. Rows whose lease moved on are reported by the
+database as not updated, counted as stale and dropped.
 """
 
 from __future__ import annotations
@@ -9,114 +12,228 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from psycopg.types.json import Jsonb
 
-from . import metrics, sql
+from . import jsonvalue, metrics, sql
 from .attempt import Attempt
-from .backoff import error_wait
 from .db import DutyConnection
+from .supervisor import is_transient
 
 log = logging.getLogger("queueworker.completer")
+
+# Unknown task names are handed back for this long before a worker tries again (rolling deploys).
+UNKNOWN_TASK_RETRY_SECONDS = 10.0
+# What is kept of a database's refusal in the error of the task it failed.
+REFUSAL_TEXT_LIMIT = 500
+
+
+@dataclass
+class Success:
+    attempt: Attempt
+    result_json: str | None
+
+
+@dataclass
+class Failure:
+    attempt: Attempt
+    retryable: bool
+    backoff_seconds: float
+    error: dict[str, Any]
+
+
+@dataclass
+class UnknownTask:
+    attempt: Attempt
+    error: dict[str, Any]
+
+
+Outcome = Success | Failure | UnknownTask
 
 
 class Completer:
     def __init__(self, conn: DutyConnection, flush_interval: float, max_batch: int,
-                 on_flushed: Callable[[list[Attempt]], None], on_retrying: Callable[[], None]):
+                 on_flushed: Callable[[list[Attempt]], None], on_waiting: Callable[[], None],
+                 unknown_task_grace_seconds: float):
         self._conn = conn
-        self._on_retrying = on_retrying  # tasks entered `retrying`: the scheduler must know when they are due
+        self._on_waiting = on_waiting  # tasks now wait for a time: the scheduler must know when they are due
         self._flush_interval = flush_interval
         self._max_batch = max_batch
         self._on_flushed = on_flushed
-        self._succeeded: list[tuple[Attempt, str | None]] = []
-        self._failed: list[tuple[Attempt, bool, float, dict[str, Any]]] = []
-        self._pending = asyncio.Event()
-        self._failures = 0
+        self._unknown_task_grace = unknown_task_grace_seconds
+        self._buffers: dict[type, list[Any]] = {Success: [], Failure: [], UnknownTask: []}
+        self._writes: dict[type, Callable[[list[Any]], Awaitable[list[Attempt]]]] = {
+            Success: self._write_successes, Failure: self._write_failures, UnknownTask: self._write_unknown}
+        self.pending = asyncio.Event()
+        self._flush_lock = asyncio.Lock()
 
     def succeed(self, attempt: Attempt, result_json: str | None) -> None:
-        attempt.reporting = True
-        self._succeeded.append((attempt, result_json))
-        self._pending.set()
+        self._add(Success(attempt, result_json))
 
     def fail(self, attempt: Attempt, retryable: bool, backoff_seconds: float, error: dict[str, Any]) -> None:
-        attempt.reporting = True
-        self._failed.append((attempt, retryable, backoff_seconds, error))
-        self._pending.set()
+        self._add(Failure(attempt, retryable, backoff_seconds, error))
+
+    def hand_back_unknown(self, attempt: Attempt, error: dict[str, Any]) -> None:
+        """No handler here knows the task's name: defer it while it is young, fail it after."""
+        self._add(UnknownTask(attempt, error))
+
+    def _add(self, outcome: Outcome) -> None:
+        outcome.attempt.reporting = True
+        self._buffers[type(outcome)].append(outcome)
+        self.pending.set()
 
     @property
     def buffered(self) -> int:
-        return len(self._succeeded) + len(self._failed)
+        return sum(len(buffer) for buffer in self._buffers.values())
 
-    async def run(self) -> None:
-        """Flush loop: wait for outcomes, let a batch gather briefly, flush, repeat."""
-        while True:
-            await self._pending.wait()
-            if self.buffered < self._max_batch and self._flush_interval:
-                await asyncio.sleep(self._flush_interval)
-            try:
-                await self.flush()
-                self._failures = 0
-            except psycopg.Error as exc:
-                self._failures += 1
-                metrics.DB_ERRORS.labels("complete").inc()
-                log.warning("completion flush failed, will retry: %s", exc)
-                await asyncio.sleep(error_wait(self._failures))
+    async def step(self) -> float | None:
+        """One pass of the flush duty: let a batch gather briefly, flush it. The supervisor waits
+        for `pending` when this returns None, and comes back at once while outcomes remain."""
+        if not self.buffered:
+            return None
+        if self.buffered < self._max_batch and self._flush_interval:
+            await asyncio.sleep(self._flush_interval)
+        await self.flush()
+        return 0.0 if self.buffered else None
 
     async def flush(self) -> None:
-        """Writes every buffered outcome. On error the outcomes stay buffered."""
-        self._pending.clear()
-        succeeded, self._succeeded = self._succeeded[: self._max_batch], self._succeeded[self._max_batch:]
-        failed, self._failed = self._failed[: self._max_batch], self._failed[self._max_batch:]
+        """Writes up to a batch of each kind of buffered outcome. On an error that heals, the
+        outcomes stay buffered and the error is raised. Waits for a flush already under way, so
+        a caller that flushes until nothing is buffered knows every outcome was written."""
+        async with self._flush_lock:
+            for kind in (UnknownTask, Success, Failure):  # unknown tasks may turn into failures
+                batch = self._take(kind)
+                if batch:
+                    self._on_flushed(await self._write_batch(kind, batch))
+
+    async def drain(self) -> None:
+        """Flushes until nothing is buffered (shutdown): waits for a flush under way first."""
+        while self.buffered:
+            await self.flush()
+        async with self._flush_lock:  # a flush started by the duty may still be writing
+            pass
+
+    def _take(self, kind: type) -> list[Any]:
+        buffer = self._buffers[kind]
+        batch, self._buffers[kind] = buffer[: self._max_batch], buffer[self._max_batch:]
+        return batch
+
+    def _put_back(self, kind: type, outcomes: list[Any]) -> None:
+        self._buffers[kind][:0] = outcomes
+        self.pending.set()
+
+    async def _write_batch(self, kind: type, batch: list[Any]) -> list[Attempt]:
+        """One statement for the batch; if the database refuses it for its content, one per row."""
+        write = self._writes[kind]
         try:
-            done = await self._flush_succeeded(succeeded) + await self._flush_failed(failed)
-        except BaseException:
-            self._succeeded[:0] = succeeded
-            self._failed[:0] = failed
-            self._pending.set()
-            raise
-        finally:
-            if self._succeeded or self._failed:
-                self._pending.set()
-        self._on_flushed(done)
+            return await write(batch)
+        except Exception as exc:  # noqa: BLE001 - sorted below: heals (retry later) or content (row by row)
+            if is_transient(exc):
+                self._put_back(kind, batch)
+                raise
+            if len(batch) > 1:
+                log.warning("a batch of %d outcomes was refused (%s); writing them one by one",
+                            len(batch), _refusal(exc), extra={"outcomes": len(batch)})
+        done: list[Attempt] = []
+        for position, outcome in enumerate(batch):
+            try:
+                done += await write([outcome])
+            except Exception as exc:  # noqa: BLE001 - see above
+                if is_transient(exc):
+                    self._put_back(kind, batch[position:])
+                    self._on_flushed(done)
+                    raise
+                done += self._refused(outcome, exc)
+        return done
 
-    async def _flush_succeeded(self, batch: list[tuple[Attempt, str | None]]) -> list[Attempt]:
-        if not batch:
-            return []
+    def _refused(self, outcome: Outcome, exc: BaseException) -> list[Attempt]:
+        """The database will not store this outcome: fail the task permanently with an error that
+        says why (an error is always storable), or give up on a failure that still was not."""
+        attempt = outcome.attempt
+        metrics.UNSTORABLE_OUTCOMES.labels(attempt.queue).inc()
+        if isinstance(outcome, Failure) and outcome.error.get("type") == "OutcomeNotStorable":
+            log.error("task %s: even a plain error could not be stored (%s); leaving the lease to expire",
+                      attempt.id, _refusal(exc), extra={"task_id": attempt.id})
+            return [attempt]
+        what = "result" if isinstance(outcome, Success) else "outcome"
+        message = f"{what} not storable: {_refusal(exc)}"
+        log.error("task %s attempt %s: %s", attempt.id, attempt.attempt, message,
+                  extra={"task_id": attempt.id, "task": attempt.task})
+        self._put_back(Failure, [Failure(attempt, False, 0.0, {
+            "type": "OutcomeNotStorable", "message": message, "retryable": False, "attempt": attempt.attempt})])
+        return []
+
+    async def _write_successes(self, batch: list[Success]) -> list[Attempt]:
         rows = await self._conn.fetch(sql.COMPLETE_SUCCEEDED, {
-            "ids": [a.id for a, _ in batch], "tokens": [a.token for a, _ in batch],
-            "results": [r for _, r in batch]})
-        updated = {row[0] for row in rows}
-        succeeded_per_queue = Counter(attempt.queue for attempt, _ in batch if attempt.id in updated)
-        for queue, count in succeeded_per_queue.items():
+            "ids": [s.attempt.id for s in batch], "tokens": [s.attempt.token for s in batch],
+            "results": [s.result_json for s in batch]}, row=sql.FencedRow)
+        updated = {(row.id, row.lease_token) for row in rows}
+        for queue, count in Counter(s.attempt.queue for s in batch if s.attempt.key in updated).items():
             metrics.TASKS_COMPLETED.labels(queue, "succeeded").inc(count)
-        for attempt, _ in batch:
-            if attempt.id not in updated:
-                _stale(attempt, "succeeded")
-        return [a for a, _ in batch]
+        for success in batch:
+            if success.attempt.key not in updated:
+                _stale(success.attempt, "succeeded")
+        return [s.attempt for s in batch]
 
-    async def _flush_failed(self, batch: list[tuple[Attempt, bool, float, dict[str, Any]]]) -> list[Attempt]:
-        if not batch:
-            return []
+    async def _write_failures(self, batch: list[Failure]) -> list[Attempt]:
         rows = await self._conn.fetch(sql.COMPLETE_FAILED, {
-            "ids": [b[0].id for b in batch], "tokens": [b[0].token for b in batch],
-            "retryables": [b[1] for b in batch], "backoffs": [b[2] for b in batch],
-            "errors": [Jsonb(b[3]) for b in batch]})
-        outcome = dict(rows)
-        if "retrying" in outcome.values():
-            self._on_retrying()
-        for attempt, _, _, error in batch:
-            state = outcome.get(attempt.id)
+            "ids": [f.attempt.id for f in batch], "tokens": [f.attempt.token for f in batch],
+            "retryables": [f.retryable for f in batch], "backoffs": [f.backoff_seconds for f in batch],
+            "errors": [_error_json(f.error) for f in batch]}, row=sql.FailedRow)
+        recorded = {(row.id, row.lease_token): row.state for row in rows}
+        if "retrying" in recorded.values():
+            self._on_waiting()
+        for failure in batch:
+            attempt, state = failure.attempt, recorded.get(failure.attempt.key)
             if state is None:
                 _stale(attempt, "failed")
-            else:
-                metrics.TASKS_COMPLETED.labels(attempt.queue, "retried" if state == "retrying" else "failed").inc()
-                log.info("task %s attempt %s %s: %s", attempt.id, attempt.attempt,
-                         "will retry" if state == "retrying" else "failed", error.get("message"),
-                         extra={"task_id": attempt.id, "task": attempt.task, "error_type": error.get("type")})
-        return [b[0] for b in batch]
+                continue
+            metrics.TASKS_COMPLETED.labels(attempt.queue, "retried" if state == "retrying" else "failed").inc()
+            log.info("task %s attempt %s %s: %s", attempt.id, attempt.attempt,
+                     "will retry" if state == "retrying" else "failed", failure.error.get("message"),
+                     extra={"task_id": attempt.id, "task": attempt.task, "error_type": failure.error.get("type")})
+        return [f.attempt for f in batch]
+
+    async def _write_unknown(self, batch: list[UnknownTask]) -> list[Attempt]:
+        """Defers the young ones; the rest become permanent failures in this same flush."""
+        rows = await self._conn.fetch(sql.DEFER_UNKNOWN, {
+            "ids": [u.attempt.id for u in batch], "tokens": [u.attempt.token for u in batch],
+            "errors": [_error_json({**u.error, "retryable": True}) for u in batch],
+            "delay_seconds": UNKNOWN_TASK_RETRY_SECONDS, "grace_seconds": self._unknown_task_grace},
+            row=sql.FencedRow)
+        deferred = {(row.id, row.lease_token) for row in rows}
+        if deferred:
+            self._on_waiting()
+        for unknown in batch:
+            attempt = unknown.attempt
+            if attempt.key in deferred:
+                metrics.TASKS_DEFERRED.labels(attempt.queue).inc()
+                log.warning("task %s: %s; handed back for %.0f s (a newer worker may know it)", attempt.id,
+                            unknown.error["message"], UNKNOWN_TASK_RETRY_SECONDS,
+                            extra={"task_id": attempt.id, "task": attempt.task})
+            else:  # older than the grace period (or stale: the fenced failure will say so)
+                self._buffers[Failure].append(Failure(attempt, False, 0.0, unknown.error))
+        return [u.attempt for u in batch if u.attempt.key in deferred]
+
+
+def _error_json(error: dict[str, Any]) -> str:
+    """Errors are built from safe text, so this only fails on a bug; even then the task gets an error."""
+    try:
+        return jsonvalue.encode(error)
+    except jsonvalue.NotStorable as exc:
+        return jsonvalue.encode({"type": "OutcomeNotStorable", "message": f"error not storable: {exc}",
+                                 "retryable": bool(error.get("retryable"))})
+
+
+def _refusal(exc: BaseException) -> str:
+    """What the database said, safe to store and to log."""
+    diag = getattr(exc, "diag", None)
+    text = (diag.message_primary if diag is not None and diag.message_primary else None) or str(exc) \
+        or type(exc).__name__
+    return jsonvalue.safe_text(text.strip().splitlines()[0], limit=REFUSAL_TEXT_LIMIT)
 
 
 def _stale(attempt: Attempt, outcome: str) -> None:

@@ -5,47 +5,98 @@ a JSON envelope `{"ok": true, "result": ...}` / `{"ok": false, "error": "...", "
 any other JSON value (taken as the result), or nothing (result null). A non-zero exit fails the
 attempt retryably, with the tail of stderr as the message. On deadline or cancellation the
 command's whole process group gets SIGTERM, then SIGKILL after a grace period.
+
+A command is not trusted with more than it needs: it sees a small allow-listed environment (the
+worker's own DATABASE_URL is not passed unless configured), and what it prints is bounded — stdout
+up to a limit (past it the attempt fails permanently), stderr only as a tail.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import shlex
 import signal
+from collections.abc import Iterable
 from typing import Any
 
+from . import jsonvalue
 from .handlers import PermanentError, Registry, TaskContext
+from .settings import WorkerSettings
 
 KILL_GRACE_SECONDS = 5.0
 STDERR_TAIL = 2000
+READ_CHUNK = 64 * 1024
+# Passed to every command when set in the worker's environment; anything else only when listed
+# in WorkerSettings.command_env.
+BASE_ENV = ("PATH", "HOME", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR")
 
 
 class CommandFailed(RuntimeError):
     """The command exited non-zero or reported a retryable failure."""
 
 
+class OutputTooLarge(PermanentError):
+    """The command printed more on stdout than the configured limit."""
+
+
 class CommandTask:
     """An async handler that runs `argv` for each task."""
 
-    def __init__(self, argv: list[str]):
+    def __init__(self, argv: list[str], pass_env: Iterable[str] = (), output_limit_bytes: int | None = None):
         if not argv:
             raise ValueError("empty command")
         self.argv = argv
+        self.pass_env = tuple(dict.fromkeys((*BASE_ENV, *pass_env)))
+        self.output_limit_bytes = output_limit_bytes or WorkerSettings.model_fields["command_output_limit_bytes"].default
+
+    def environment(self, ctx: TaskContext) -> dict[str, str]:
+        env = {name: os.environ[name] for name in self.pass_env if name in os.environ}
+        env.update(QUEUEWORKER_TASK_ID=str(ctx.task_id), QUEUEWORKER_ATTEMPT=str(ctx.attempt),
+                   QUEUEWORKER_TASK=ctx.task, QUEUEWORKER_QUEUE=ctx.queue)
+        return env
 
     async def __call__(self, payload: Any, ctx: TaskContext) -> Any:
-        env = {**os.environ, "QUEUEWORKER_TASK_ID": str(ctx.task_id), "QUEUEWORKER_ATTEMPT": str(ctx.attempt),
-               "QUEUEWORKER_TASK": ctx.task, "QUEUEWORKER_QUEUE": ctx.queue}
         proc = await asyncio.create_subprocess_exec(
             *self.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True)
+            stderr=asyncio.subprocess.PIPE, env=self.environment(ctx), start_new_session=True)
+        stderr_tail = bytearray()
         try:
-            stdout, stderr = await proc.communicate(json.dumps(payload).encode())
+            _, stdout, _, returncode = await asyncio.gather(
+                _feed(proc, jsonvalue.encode(payload).encode()), self._read_stdout(proc),
+                _read_tail(proc, stderr_tail), proc.wait())
         except BaseException:
             await _terminate(proc)
             raise
-        return _interpret(proc.returncode, stdout, stderr)
+        return _interpret(returncode, stdout, bytes(stderr_tail))
+
+    async def _read_stdout(self, proc: asyncio.subprocess.Process) -> bytes:
+        chunks: list[bytes] = []
+        size = 0
+        while chunk := await proc.stdout.read(READ_CHUNK):
+            size += len(chunk)
+            if size > self.output_limit_bytes:
+                raise OutputTooLarge(f"command printed more than {self.output_limit_bytes:,} bytes on stdout")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+
+async def _feed(proc: asyncio.subprocess.Process, data: bytes) -> None:
+    """Writes the payload; a command that exits without reading it all is not an error here."""
+    try:
+        proc.stdin.write(data)
+        await proc.stdin.drain()
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    finally:
+        proc.stdin.close()
+
+
+async def _read_tail(proc: asyncio.subprocess.Process, tail: bytearray) -> None:
+    """Reads stderr to the end, keeping only its last STDERR_TAIL bytes (where the cause usually is)."""
+    while chunk := await proc.stderr.read(READ_CHUNK):
+        tail += chunk
+        del tail[:-STDERR_TAIL]
 
 
 async def _terminate(proc: asyncio.subprocess.Process) -> None:
@@ -67,7 +118,7 @@ async def _terminate(proc: asyncio.subprocess.Process) -> None:
 
 
 def _interpret(returncode: int, stdout: bytes, stderr: bytes) -> Any:
-    tail = stderr.decode(errors="replace")[-STDERR_TAIL:].strip()
+    tail = stderr.decode(errors="replace").strip()
     text = stdout.decode(errors="replace").strip()
     if returncode != 0:
         envelope = _parse(text)
@@ -91,9 +142,11 @@ _NOT_JSON = object()
 
 def _parse(text: str) -> Any:
     try:
-        return json.loads(text)
-    except ValueError:
+        return jsonvalue.decode(text)
+    except jsonvalue.InvalidJson:
         return _NOT_JSON
+    except jsonvalue.Undecodable as exc:
+        raise PermanentError(f"command printed JSON that cannot be read: {exc}") from None
 
 
 def _raise_envelope_error(envelope: dict, stderr_tail: str) -> None:
@@ -105,10 +158,13 @@ def _raise_envelope_error(envelope: dict, stderr_tail: str) -> None:
     raise PermanentError(message)
 
 
-def register_commands(registry: Registry, specs: list[str]) -> None:
-    """Registers `NAME=COMMAND LINE` specs (from `--command`) as handlers."""
+def register_commands(registry: Registry, specs: list[str], settings: WorkerSettings | None = None) -> None:
+    """Registers `NAME=COMMAND LINE` specs (from `--command`) as handlers, with the environment
+    allow-list and output limit of `settings`."""
+    settings = settings or WorkerSettings()
     for spec in specs:
         name, sep, command = spec.partition("=")
         if not sep or not name.strip() or not command.strip():
             raise ValueError(f"--command needs NAME=COMMAND, got {spec!r}")
-        registry.register(CommandTask(shlex.split(command)).__call__, name.strip())
+        task = CommandTask(shlex.split(command), settings.command_env, settings.command_output_limit_bytes)
+        registry.register(task.__call__, name.strip())

@@ -8,13 +8,19 @@ retryably by default, permanently with PermanentError.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import importlib
 import inspect
 import logging
+import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from . import metrics
+
+log = logging.getLogger("queueworker.handlers")
 
 
 class PermanentError(Exception):
@@ -23,6 +29,15 @@ class PermanentError(Exception):
 
 class UnknownTaskError(PermanentError):
     """No handler is registered for the task's name."""
+
+
+class DeadlineExceeded(TimeoutError):
+    """The attempt ran into its hard deadline and was cancelled."""
+
+
+class CancelledByHandler(RuntimeError):
+    """The handler raised CancelledError itself (the worker did not cancel it): a retryable
+    failure, so the attempt ends at once instead of holding its slot until the deadline."""
 
 
 @dataclass
@@ -121,20 +136,104 @@ def task(fn: Callable[..., Any] | None = None, *, name: str | None = None) -> An
     return decorate(fn) if fn is not None else decorate
 
 
+class HandlerThreads:
+    """Threads for sync handlers, one per running sync attempt and reused between attempts.
+
+    A thread cannot be stopped: a handler told to give up (deadline, lost lease, drain) that
+    ignores `ctx.cancelled` keeps its thread. Such threads are "stuck": counted, logged, exported
+    as a metric, and never waited for — the pool starts another thread instead, so the
+    attempts that come next start at once and their deadlines run from the moment they start,
+    never from a wait for a free thread. Threads are daemons: a stuck one cannot hold up exit.
+    """
+
+    def __init__(self, name_prefix: str = "handler"):
+        self._name_prefix = name_prefix
+        self._work: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+        self._started = 0
+        self._stuck = 0
+
+    @property
+    def stuck(self) -> int:
+        return self._stuck
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._work.put((future, fn, args))
+        with self._lock:
+            if self._idle:
+                self._idle -= 1  # an idle thread is promised to this item
+                return future
+            self._started += 1
+            number = self._started
+        threading.Thread(target=self._serve, name=f"{self._name_prefix}-{number}", daemon=True).start()
+        return future
+
+    def abandon(self, future: concurrent.futures.Future, ctx: TaskContext) -> None:
+        """The attempt gave up on this handler; if its thread still runs, it is stuck until it returns."""
+        if future.done():
+            return
+        with self._lock:
+            self._stuck += 1
+            stuck = self._stuck
+        metrics.STUCK_HANDLER_THREADS.set(stuck)
+        log.warning("sync handler of task %s (%s) was told to stop but keeps running; its thread is "
+                    "stuck (%d stuck now)", ctx.task_id, ctx.task, stuck,
+                    extra={"task_id": ctx.task_id, "task": ctx.task, "stuck_threads": stuck})
+        future.add_done_callback(lambda _: self._unstuck(ctx))
+
+    def _unstuck(self, ctx: TaskContext) -> None:
+        with self._lock:
+            self._stuck -= 1
+            stuck = self._stuck
+        metrics.STUCK_HANDLER_THREADS.set(stuck)
+        log.info("stuck sync handler of task %s returned (%d stuck now)", ctx.task_id, stuck,
+                 extra={"task_id": ctx.task_id, "stuck_threads": stuck})
+
+    def _serve(self) -> None:
+        while True:
+            future, fn, args = self._work.get()
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args))
+                except BaseException as exc:  # noqa: BLE001 - handed to the awaiting attempt
+                    future.set_exception(exc)
+            del future, fn, args  # drop references while idle
+            with self._lock:
+                self._idle += 1
+
+
 async def run_handler(handler: Handler, payload: Any, ctx: TaskContext, timeout: float,
-                      executor: Any) -> Any:
-    """Runs one attempt with a hard deadline: async handlers inline, sync ones on a thread."""
+                      threads: HandlerThreads) -> Any:
+    """Runs one attempt with a hard deadline: async handlers inline, sync ones on a thread.
+    Raises DeadlineExceeded at the deadline (a TimeoutError the handler raises itself stays an
+    ordinary failure), CancelledByHandler when the handler raised CancelledError itself."""
     if timeout <= 0:
-        raise TimeoutError("hard deadline already passed before the handler started")
-    if handler.is_async:
-        async with asyncio.timeout(timeout):
-            return await handler.invoke(payload, ctx)
-    loop = asyncio.get_running_loop()
-    cancelled = ctx.cancelled
-    future = loop.run_in_executor(executor, handler.invoke, payload, ctx)
+        raise DeadlineExceeded("hard deadline already passed before the handler started")
+    future: concurrent.futures.Future | None = None
+    scope = asyncio.timeout(timeout)
     try:
-        async with asyncio.timeout(timeout):
-            return await future
-    except BaseException:
-        cancelled.set()  # the thread cannot be stopped; tell the handler to give up
+        async with scope:
+            if handler.is_async:
+                return await handler.invoke(payload, ctx)
+            ctx.cancelled  # made here, in the event loop's thread, before the handler's thread looks
+            future = threads.submit(handler.invoke, payload, ctx)
+            return await asyncio.wrap_future(future)
+    except BaseException as exc:
+        if future is not None and not future.done():
+            ctx.cancelled.set()  # the thread cannot be stopped; tell the handler to give up
+            threads.abandon(future, ctx)
+        if isinstance(exc, TimeoutError) and scope.expired():
+            raise DeadlineExceeded("hard deadline exceeded: attempt cancelled") from None
+        if isinstance(exc, asyncio.CancelledError):
+            _raise_if_cancelled_by_handler()
         raise
+
+
+def _raise_if_cancelled_by_handler() -> None:
+    """Called while a CancelledError propagates: if nobody cancelled this task, the handler
+    raised it itself, which is a failure of the attempt, not a cancellation of it."""
+    task = asyncio.current_task()
+    if task is not None and not task.cancelling():
+        raise CancelledByHandler("the handler raised CancelledError itself") from None

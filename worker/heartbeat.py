@@ -1,5 +1,12 @@
-"""Heartbeats: one statement per interval extends every lease this worker still holds and
-refreshes its `workers` row. Leases the database no longer grants are reported as lost."""
+"""Heartbeats and self-fencing.
+
+One statement per interval extends every lease this worker still holds and refreshes its
+`workers` row; leases the database no longer grants are reported as lost. Between heartbeats,
+each attempt also knows when its lease runs out by this worker's own clock (the last heartbeat
+that extended it, plus the lease): when heartbeats fail — the database unreachable from this
+worker only — attempts whose lease has passed are cancelled before another worker can rescue and
+re-run them, which bounds duplicate work to about one lease.
+"""
 
 from __future__ import annotations
 
@@ -11,13 +18,9 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import psycopg
-
 from . import __version__, metrics, sql
 from .attempt import Attempt
-from .backoff import error_wait
 from .db import DutyConnection
-from .events import wait_event
 
 log = logging.getLogger("queueworker.heartbeat")
 
@@ -40,46 +43,72 @@ class WorkerIdentity:
                    os.environ.get("POD_NAMESPACE") or None, os.getpid(), queues, concurrency)
 
 
+def fence_margin(lease_seconds: float) -> float:
+    """How long before its lease runs out (by our clock) an attempt is cancelled: a tenth of the
+    lease, at least half a second, so it stops before any rescuer may take the task."""
+    return max(0.5, lease_seconds / 10)
+
+
 class Heartbeater:
     def __init__(self, conn: DutyConnection, identity: WorkerIdentity, interval: float, lease_seconds: float,
-                 held: Callable[[], list[Attempt]], draining: Callable[[], bool],
-                 on_lost: Callable[[list[Attempt]], None]):
+                 held: Callable[[], list[Attempt]], draining: Callable[[], bool], can_claim: Callable[[], bool],
+                 on_lost: Callable[[list[Attempt], str], None]):
         self._conn = conn
         self._identity = identity
-        self._interval = interval
+        self.interval = interval
         self._lease_seconds = lease_seconds
         self._held = held
         self._draining = draining
+        self._can_claim = can_claim
         self._on_lost = on_lost
-        self._now = asyncio.Event()
+        self.now = asyncio.Event()  # wakes the heartbeat duty for a beat at once
+        self._skipping = False
 
     def beat_soon(self) -> None:
-        self._now.set()
+        self.now.set()
 
     async def beat(self) -> None:
         """Registers or refreshes the worker row and extends held leases; reports lost ones."""
         held = self._held()
         ident = self._identity
+        sent_at = asyncio.get_running_loop().time()  # the database extends from a later moment
         rows = await self._conn.fetch(sql.HEARTBEAT, {
             "worker": ident.id, "hostname": ident.hostname, "pod_name": ident.pod_name,
             "pod_namespace": ident.pod_namespace, "pid": ident.pid, "queues": list(ident.queues),
             "concurrency": ident.concurrency, "running": len(held), "draining": self._draining(),
             "version": __version__, "lease_seconds": self._lease_seconds,
-            "ids": [a.id for a in held], "tokens": [a.token for a in held]})
-        still_held = {row[0] for row in rows}
-        lost = [a for a in held if a.id not in still_held and not a.reporting and not a.abandoned]
+            "ids": [a.id for a in held], "tokens": [a.token for a in held]},
+            row=sql.FencedRow, timeout=self._lease_seconds)
+        still_held = {(row.id, row.lease_token) for row in rows}
+        lost = []
+        for attempt in held:
+            if attempt.key in still_held:
+                attempt.lease_expires = max(attempt.lease_expires, sent_at + self._lease_seconds)
+            elif not attempt.reporting and not attempt.abandoned:
+                lost.append(attempt)
         if lost:
-            self._on_lost(lost)
+            self._on_lost(lost, "lease lost (expired, cancelled or re-claimed)")
 
-    async def run(self) -> None:
-        failures = 0
-        while True:
-            await wait_event(self._now, self._interval if not failures else error_wait(failures))
-            self._now.clear()
-            try:
-                await self.beat()
-                failures = 0
-            except psycopg.Error as exc:
-                failures += 1
-                metrics.DB_ERRORS.labels("heartbeat").inc()
-                log.warning("heartbeat failed: %s", exc)
+    async def step(self) -> float:
+        """One pass of the heartbeat duty. A worker whose claim loop is failing does not heartbeat:
+        it must not look alive to anyone while it cannot take work."""
+        if self._can_claim():
+            if self._skipping:
+                log.info("claiming works again: heartbeats resume")
+                self._skipping = False
+            await self.beat()
+        elif not self._skipping:
+            log.error("claiming is failing: heartbeats stop until it works again")
+            self._skipping = True
+        return self.interval
+
+    def fence(self) -> float:
+        """One pass of the fence duty: cancels attempts whose lease has passed by our own clock.
+        Returns the seconds until the next pass."""
+        now = asyncio.get_running_loop().time()
+        margin = fence_margin(self._lease_seconds)
+        expired = [a for a in self._held() if not a.reporting and not a.abandoned and now >= a.lease_expires - margin]
+        if expired:
+            metrics.ATTEMPTS_FENCED.inc(len(expired))
+            self._on_lost(expired, "its lease ran out by this worker's clock (no heartbeat extended it in time)")
+        return min(1.0, margin)

@@ -27,6 +27,10 @@ class Undecodable(ValueError):
     """Stored JSON that cannot be turned into Python values; the message says why."""
 
 
+class InvalidJson(Undecodable):
+    """The text is not JSON at all."""
+
+
 def encode(value: Any, limit_bytes: int | None = None) -> str:
     """`value` as JSON text Postgres accepts, or NotStorable. ASCII only (non-ASCII characters
     are escaped), so the text is always encodable however odd the strings inside are."""
@@ -61,7 +65,7 @@ def decode(text: str | bytes) -> Any:
     except ValueError as exc:
         if "integer string conversion" in str(exc):
             raise Undecodable("an integer has more than 4,300 digits") from None
-        raise Undecodable(f"not valid JSON: {exc}") from None
+        raise InvalidJson(f"not valid JSON: {exc}") from None
 
 
 def safe_text(text: str, limit: int | None = None) -> str:

@@ -8,14 +8,10 @@ sent while it was disconnected are lost.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 
-import psycopg
-
 from . import db, sql
-from .backoff import error_wait
 
 log = logging.getLogger("queueworker.listener")
 
@@ -26,35 +22,27 @@ class Listener:
         self._queues = set(queues)
         self._wake = wake  # called with the epoch time at which work is due (<= now: at once)
 
-    async def run(self) -> None:
-        failures = 0
-        while True:
-            try:
-                conn = await db.connect(self._dsn, "queueworker-listen")
-            except psycopg.Error as exc:
-                failures += 1
-                log.warning("listener cannot connect: %s", exc)
-                await asyncio.sleep(error_wait(failures))
-                continue
-            try:
-                await conn.execute(f"LISTEN {sql.NOTIFY_CHANNEL}")
-                failures = 0
-                self._wake(0.0)  # anything enqueued while we were not listening
-                async for notify in conn.notifies():
-                    self._handle(notify.payload)
-            except psycopg.Error as exc:
-                failures += 1
-                log.warning("listener connection lost: %s", exc)
-                await asyncio.sleep(error_wait(failures))
-            finally:
-                await conn.close()
+    async def step(self) -> float:
+        """Listens until the connection breaks, which raises: the supervisor reconnects after its
+        ErrorWait. Notifications for queues this worker does not work are ignored."""
+        conn = await db.connect(self._dsn, "queueworker-listen")
+        try:
+            await conn.execute(f"LISTEN {sql.NOTIFY_CHANNEL}")
+            self._wake(0.0)  # anything enqueued while we were not listening
+            async for notify in conn.notifies():
+                self._handle(notify.payload)
+        finally:
+            await conn.close()
+        return 0.0
 
     def _handle(self, payload: str) -> None:
         queue, _, due = payload.partition(" ")
         if queue not in self._queues:
             return
         try:
-            self._wake(float(due) if due else 0.0)
+            due_epoch = float(due) if due else 0.0
         except ValueError:
-            log.warning("ignoring malformed notification %r", payload)
-
+            log.warning("ignoring malformed notification for queue %s", queue)
+            return
+        if due_epoch == due_epoch:  # NaN never comes from our producers; ignore it like any garbage
+            self._wake(due_epoch)

@@ -25,8 +25,31 @@ IN_FLIGHT = Gauge("queueworker_tasks_in_flight", "Attempts holding a lease in th
 MOVED_ROW_RETRIES = Counter("queueworker_moved_row_retries_total",
                             "Statements re-run because a row they meant to change had just moved "
                             "between the active and finished partitions")
-DB_ERRORS = Counter("queueworker_db_errors_total", "Database errors, by operation", ["operation"])
+DB_ERRORS = Counter("queueworker_db_errors_total", "Database errors expected to heal (connection lost, server "
+                    "restarting, timeouts), by operation", ["operation"])
+UNEXPECTED_ERRORS = Counter("queueworker_unexpected_errors_total",
+                            "Errors that are not expected to heal (bugs, bad rows, missing grants), by duty; "
+                            "each is logged with its traceback", ["duty"])
+ATTEMPTS_FENCED = Counter("queueworker_attempts_fenced_total",
+                          "Attempts cancelled because their lease passed by this worker's own clock "
+                          "(heartbeats failing): another worker may already run them")
+UNSTORABLE_OUTCOMES = Counter("queueworker_unstorable_outcomes_total",
+                              "Outcomes Postgres refused (result or error not storable); their tasks failed "
+                              "permanently instead", ["queue"])
+TASKS_DEFERRED = Counter("queueworker_tasks_deferred_total",
+                         "Tasks handed back because no handler knows their name yet (rolling deploys)", ["queue"])
+STUCK_HANDLER_THREADS = Gauge("queueworker_stuck_handler_threads",
+                              "Threads of sync handlers that were told to stop (deadline, lost lease, drain) "
+                              "and are still running")
+EVENT_LOOP_LAG = Gauge("queueworker_event_loop_lag_seconds",
+                       "How late the event loop answered the watchdog's last ping (a blocking async handler "
+                       "shows here)")
+EVENT_LOOP_BLOCKED = Counter("queueworker_event_loop_blocked_total",
+                             "Times the event loop was blocked longer than the watchdog's threshold")
 WORKER_STATE = Gauge("queueworker_worker_state", "1 for the fetch loop's current state", ["state"])
+WORKER_STATE_TRANSITIONS = Counter("queueworker_worker_state_transitions_total",
+                                   "Transitions of the fetch loop's state machine (docs/state-machine.md)",
+                                   ["from_state", "to_state"])
 TASKS_DELETED = Counter("queueworker_tasks_deleted_total", "Finished tasks deleted after the retention period")
 
 

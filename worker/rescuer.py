@@ -8,7 +8,6 @@ import logging
 
 from . import metrics, sql
 from .db import DutyConnection
-from .periodic import run_every
 
 log = logging.getLogger("queueworker.rescuer")
 
@@ -39,5 +38,8 @@ class Rescuer:
             if not held or requeued + failed < BATCH:
                 return total_requeued, total_failed
 
-    async def run(self) -> None:
-        await run_every(self._interval, self.rescue_once, "rescue", log)
+    async def step(self) -> float:
+        """One pass of the duty; the supervisor spreads the interval by ±20%, so workers rarely
+        meet at its advisory lock."""
+        await self.rescue_once()
+        return self._interval

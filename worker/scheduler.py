@@ -10,12 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-import psycopg
-
 from . import metrics, sql
-from .backoff import error_wait
 from .db import DutyConnection
-from .events import wait_event
 
 log = logging.getLogger("queueworker.scheduler")
 
@@ -27,11 +23,11 @@ class Scheduler:
     def __init__(self, conn: DutyConnection, max_interval: float):
         self._conn = conn
         self._max_interval = max_interval
-        self._poke = asyncio.Event()
+        self.poked = asyncio.Event()
 
     def poke(self) -> None:
         """Something became due or started waiting: run a pass now and recompute the next due time."""
-        self._poke.set()
+        self.poked.set()
 
     async def promote_once(self) -> float | None:
         """Promotes due tasks; returns seconds until the next one is due (None: none waiting)."""
@@ -44,20 +40,7 @@ class Scheduler:
             if promoted < BATCH:
                 return next_due_in
 
-    async def run(self) -> None:
-        failures = 0
-        sleep = 0.0
-        while True:
-            await wait_event(self._poke, sleep)
-            self._poke.clear()
-            try:
-                next_due_in = await self.promote_once()
-                failures = 0
-            except psycopg.Error as exc:
-                failures += 1
-                metrics.DB_ERRORS.labels("schedule").inc()
-                log.warning("scheduler pass failed: %s", exc)
-                sleep = error_wait(failures)
-                continue
-            sleep = self._max_interval if next_due_in is None else min(self._max_interval,
-                                                                         max(MIN_SLEEP, next_due_in))
+    async def step(self) -> float:
+        """One pass of the scheduler duty; returns how long to sleep (until the next task is due)."""
+        next_due_in = await self.promote_once()
+        return self._max_interval if next_due_in is None else min(self._max_interval, max(MIN_SLEEP, next_due_in))

@@ -2,8 +2,11 @@
 
 Statements use psycopg named placeholders. Each transition out of `running` is fenced:
 it matches `(id, lease_token, state = 'running')`, so a worker that lost its lease
-(expired, rescued, re-claimed, cancelled) changes nothing.
+(expired, rescued, re-claimed, cancelled) changes nothing. Statements whose rows are read by
+name return a row type defined next to them (see `DutyConnection.fetch(..., row=...)`).
 """
+
+from dataclasses import dataclass
 
 NOTIFY_CHANNEL = "queueworker"
 
@@ -84,15 +87,30 @@ WITH picked AS MATERIALIZED (
         started_at = now(), updated_at = now()
     FROM picked
     WHERE t.id = picked.id AND t.state = 'pending'
-    RETURNING t.id, t.queue, t.task, t.payload, t.attempts, t.max_attempts, t.lease_token,
+    RETURNING t.id, t.queue, t.task, t.payload::text AS payload_json, t.attempts, t.max_attempts, t.lease_token,
               extract(epoch FROM t.deadline_at - now())::float8 AS seconds_to_deadline
 ), audited AS (
     INSERT INTO queueworker.task_events (task_id, from_state, to_state, worker, lease_token, detail)
     SELECT id, 'pending', 'running', %(worker)s, lease_token, jsonb_build_object('attempts', attempts)
     FROM claimed
 )
-SELECT id, queue, task, payload, attempts, max_attempts, lease_token, seconds_to_deadline FROM claimed
+SELECT id, queue, task, payload_json, attempts, max_attempts, lease_token, seconds_to_deadline FROM claimed
 """
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedRow:
+    """A task a claim just leased. The payload stays JSON text here: each attempt decodes its own,
+    so a row Python cannot read (nested 2,000 deep, a 5,000-digit number) fails only that task."""
+
+    id: int
+    queue: str
+    task: str
+    payload_json: str
+    attempts: int
+    max_attempts: int
+    lease_token: int
+    seconds_to_deadline: float
 
 # Extends the leases this worker still holds and refreshes its `workers` row, in one statement.
 # Leases past their hard deadline are not extended. Returns the ids still held.
@@ -109,7 +127,7 @@ UPDATE queueworker.tasks t
 SET leased_until = now() + make_interval(secs => %(lease_seconds)s)
 FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS h(id, token)
 WHERE t.id = h.id AND t.lease_token = h.token AND t.state = 'running' AND t.deadline_at > now()
-RETURNING t.id
+RETURNING t.id, t.lease_token
 """
 
 DEREGISTER_WORKER = "DELETE FROM queueworker.workers WHERE id = %(worker)s"
@@ -137,13 +155,13 @@ WITH done AS (
            timeout_seconds, payload, result, NULL, lease_owner, lease_token, NULL, NULL, created_at, now(),
            started_at, now()
     FROM done
-    RETURNING id
+    RETURNING id, lease_token
 ), audited AS (
     INSERT INTO queueworker.task_events (task_id, from_state, to_state, worker, lease_token, detail)
     SELECT id, 'running', 'succeeded', lease_owner, lease_token, queueworker.transition_detail(attempts, NULL, error)
     FROM done
 )
-SELECT id FROM moved
+SELECT id, lease_token FROM moved
 """
 
 # A retryable failure with attempts left waits out its backoff in `retrying`; anything else fails.
@@ -158,8 +176,25 @@ SET state = CASE WHEN c.retryable AND t.attempts < t.max_attempts
 FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(retryables)s::bool[],
             %(backoffs)s::float8[], %(errors)s::jsonb[]) AS c(id, token, retryable, backoff_seconds, error)
 WHERE t.id = c.id AND t.lease_token = c.token AND t.state = 'running'
-RETURNING t.id, t.state::text
+RETURNING t.id, t.lease_token, t.state::text AS state
 """
+
+
+@dataclass(frozen=True, slots=True)
+class FencedRow:
+    """A row a fenced statement changed: which attempt of which task."""
+
+    id: int
+    lease_token: int
+
+
+@dataclass(frozen=True, slots=True)
+class FailedRow:
+    """A failed attempt as recorded: `retrying` (backoff) or `failed`."""
+
+    id: int
+    lease_token: int
+    state: str
 
 # Graceful shutdown: hand leases back without consuming the attempt, and wake other workers.
 RELEASE = """
@@ -174,6 +209,20 @@ WITH released AS (
     SELECT pg_notify('queueworker', queue) FROM released GROUP BY queue
 )
 SELECT id, (SELECT count(*) FROM notified) AS notified FROM released
+"""
+
+# Hands tasks back to `pending` without consuming their attempt, due again after a delay, while
+# they are younger than the grace period: a worker that has no handler for a task's name defers it,
+# since a newer worker may have one (rolling deploys). Rows not returned are stale or too old.
+DEFER_UNKNOWN = """
+UPDATE queueworker.tasks t
+SET state = 'pending', delayed = true, attempts = greatest(t.attempts - 1, 0),
+    run_after = now() + make_interval(secs => %(delay_seconds)s), error = d.error, updated_at = now(),
+    lease_owner = NULL, leased_until = NULL, deadline_at = NULL
+FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(errors)s::jsonb[]) AS d(id, token, error)
+WHERE t.id = d.id AND t.lease_token = d.token AND t.state = 'running'
+  AND t.created_at > now() - make_interval(secs => %(grace_seconds)s)
+RETURNING t.id, t.lease_token
 """
 
 # -- background duties -----------------------------------------------------------------------

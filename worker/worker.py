@@ -1,47 +1,60 @@
 """The worker process: the lease loop of docs/state-machine.md.
 
 The fetch loop claims pending tasks in batches sized by free slots and hands each attempt to
-its handler; the completer flushes outcomes in batches; the heartbeater keeps leases alive;
-the rescuer and scheduler run the queue's background duties; the listener wakes the fetch loop.
-On SIGTERM/SIGINT the worker drains: stop claiming, let attempts finish until the drain
-deadline, cancel the rest and hand their leases back without consuming an attempt.
+its handler; the completer flushes outcomes in batches; the heartbeater keeps leases alive and
+fences attempts whose lease passed by its own clock; the rescuer, scheduler and cleaner run the
+queue's background duties; the listener wakes the fetch loop. Every duty runs under the same
+supervisor (worker/supervisor.py): no error ends it. On SIGTERM/SIGINT the worker drains within
+one shutdown budget: stop claiming, let attempts finish until the drain deadline, cancel the rest
+and hand their leases back without consuming an attempt, flush every outcome, deregister.
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
-import json
 import logging
+import math
 import signal
 import time
 import traceback
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-import psycopg
-
-from . import metrics, sql
+from . import dsn as dsn_text
+from . import jsonvalue, metrics, sql
 from .attempt import Attempt
-from .backoff import error_wait, retry_delay
+from .backoff import retry_delay
 from .builtin_tasks import register_builtin_tasks
 from .cleaner import Cleaner
 from .completer import Completer
 from .db import DutyConnection
 from .events import wait_event
-from .handlers import PermanentError, Registry, TaskContext, UnknownTaskError, run_handler
+from .handlers import (CancelledByHandler, DeadlineExceeded, HandlerThreads, PermanentError, Registry, TaskContext,
+                       UnknownTaskError, run_handler)
 from .heartbeat import Heartbeater, WorkerIdentity
 from .listener import Listener
 from .migrate import latest_version, migrate
 from .rescuer import Rescuer
 from .scheduler import Scheduler
 from .settings import WorkerSettings
+from .supervisor import ErrorStreak, supervise
+from .watchdog import LoopWatchdog
 
 log = logging.getLogger("queueworker.worker")
 task_log = logging.getLogger("queueworker.task")
 
-RELEASE_TIMEOUT = 10.0  # how long shutdown keeps retrying to hand leases back and flush
 TRACEBACK_LIMIT = 4000
+MESSAGE_LIMIT = 2000
+# Results larger than this fail their task ("result not storable"): a queue row is no blob store,
+# and Postgres refuses jsonb values past 256 MB anyway.
+RESULT_LIMIT_BYTES = 64 * 1024 * 1024
+# Consecutive claim failures that are not database hiccups (a bug, a missing grant) after which the
+# worker stops: it cannot take work, so it must not pretend to (its pod restarts and says why).
+CLAIM_FAILURES_BEFORE_EXIT = 5
+# Stop signal to exit: time kept back from the drain for releasing, flushing and deregistering.
+SHUTDOWN_RESERVE_SECONDS = 3.0
+EXIT_UNCLEAN = 1
 
 
 class State(enum.Enum):
@@ -61,6 +74,7 @@ class State(enum.Enum):
 
 class Worker:
     def __init__(self, dsn: str, settings: WorkerSettings, registry: Registry, auto_migrate: bool = False):
+        dsn_text.validate(dsn)  # a malformed URL cannot heal: refuse it before anything starts
         self.settings = settings
         self.registry = registry
         register_builtin_tasks(registry)
@@ -70,23 +84,29 @@ class Worker:
         self._claim_conn = DutyConnection(dsn, "queueworker-claim")
         self._complete_conn = DutyConnection(dsn, "queueworker-complete")
         self._duty_conn = DutyConnection(dsn, "queueworker-duty")
-        self._inflight: dict[int, Attempt] = {}
-        self._executor = ThreadPoolExecutor(max_workers=settings.concurrency, thread_name_prefix="handler")
+        self._inflight: dict[tuple[int, int], Attempt] = {}
+        self._threads = HandlerThreads()
         self.state = State.STARTUP
+        self._exit_code = 0
         self._stopping = False
+        self._stop_started = 0.0
         self._draining = False
         self._stop_requested: asyncio.Event | None = None
         self._hurry: asyncio.Event | None = None
         self._wakeup: asyncio.Event | None = None
         self._slot_freed: asyncio.Event | None = None
+        self._due_timer: asyncio.TimerHandle | None = None
+        self._due_timer_at = math.inf
+        self._claim_errors = ErrorStreak("claim", log, dsn)
         self.scheduler = Scheduler(self._duty_conn, settings.scheduler_max_interval_seconds)
-        self.completer = Completer(self._complete_conn, settings.flush_interval_seconds,
-                                   settings.flush_max_batch, self._flushed, on_retrying=self.scheduler.poke)
+        self.completer = Completer(self._complete_conn, settings.flush_interval_seconds, settings.flush_max_batch,
+                                   self._flushed, on_waiting=self.scheduler.poke,
+                                   unknown_task_grace_seconds=settings.unknown_task_grace_seconds)
         # Heartbeats share the completer's connection, so one never runs while a flush is moving
         # the same rows to `tasks_finished` (which would make it re-run: see db.met_moved_row).
         self.heartbeater = Heartbeater(self._complete_conn, self.identity, settings.heartbeat_seconds,
                                        settings.lease_seconds, lambda: list(self._inflight.values()),
-                                       lambda: self._draining, self._leases_lost)
+                                       lambda: self._draining, self._can_claim, self._leases_lost)
         self.rescuer = Rescuer(self._duty_conn, settings.rescue_interval_seconds,
                                settings.deadline_grace_seconds, settings.worker_ttl_seconds)
         self.cleaner = Cleaner(self._duty_conn, settings.retention_seconds, settings.cleaner_interval_seconds)
@@ -103,51 +123,79 @@ class Worker:
         self._slot_freed = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
+        watchdog = LoopWatchdog(loop)
+        watchdog.start()
         log.info("worker starting", extra={"worker_id": str(self.identity.id), "queues": list(self.settings.queues),
                                            "concurrency": self.settings.concurrency,
+                                           "database": dsn_text.describe(self._dsn),
                                            "tasks": self.registry.names()})
         duties: list[asyncio.Task] = []
         try:
             if not await self._connect():
-                return 0
+                return self._exit_code
             self._set_state(State.RECOVERY)
             await self._recover_at_start()
-            background = {"listener": self.listener.run(), "heartbeat": self.heartbeater.run(),
-                          "rescuer": self.rescuer.run(), "scheduler": self.scheduler.run(),
-                          "completer": self.completer.run()}
-            if self.settings.retention_seconds:
-                background["cleaner"] = self.cleaner.run()
-            duties = [asyncio.create_task(coro, name=name) for name, coro in background.items()]
+            duties = [asyncio.create_task(supervise(name, step, log, dsn=self._dsn, **options), name=name)
+                      for name, step, options in self._duties()]
             fetch = asyncio.create_task(self._fetch_loop(), name="fetch")
-            await self._stop_requested.wait()
-            # Let the fetch loop stop on its own: cancelling it mid-claim would lose the claimed rows.
-            self._wakeup.set()
-            self._slot_freed.set()
-            await asyncio.gather(fetch, return_exceptions=True)
-            return await self._drain(duties)
+            stop = asyncio.create_task(self._stop_requested.wait())
+            done, _ = await asyncio.wait([stop, fetch, *duties], return_when=asyncio.FIRST_COMPLETED)
+            for ended in done - {stop}:
+                if not self._stopping:
+                    # Loops never end on their own (the supervisor keeps them going); if one does,
+                    # the worker cannot be trusted to do its job: stop, cleanly, and say so.
+                    log.critical("%s loop ended unexpectedly: stopping the worker", ended.get_name(),
+                                 exc_info=ended.exception())
+                    self.request_stop(EXIT_UNCLEAN)
+            stop.cancel()
+            return await self._drain(fetch, duties)
         finally:
+            watchdog.stop()
+            if self._due_timer is not None:
+                self._due_timer.cancel()
             for duty in duties:
                 duty.cancel()
             await asyncio.gather(*duties, return_exceptions=True)
             for conn in (self._claim_conn, self._complete_conn, self._duty_conn):
                 await conn.close()
-            self._executor.shutdown(wait=False, cancel_futures=True)
             self._set_state(State.STOPPED)
 
-    def request_stop(self) -> None:
+    def _duties(self) -> list[tuple[str, Callable[[], Awaitable[float | None]], dict[str, Any]]]:
+        """(name, step, supervise() options) of every background duty."""
+        duties = [
+            ("listen", self.listener.step, {}),
+            ("heartbeat", self.heartbeater.step, {"wake": self.heartbeater.now,
+                                                  "first_delay": self.settings.heartbeat_seconds}),
+            ("fence", self._fence_step, {"first_delay": 1.0}),
+            ("rescue", self.rescuer.step, {"first_delay": self.settings.rescue_interval_seconds, "jitter": 0.2}),
+            ("schedule", self.scheduler.step, {"wake": self.scheduler.poked}),
+            ("complete", self.completer.step, {"wake": self.completer.pending, "first_delay": None}),
+        ]
+        if self.settings.retention_seconds:
+            duties.append(("clean", self.cleaner.step, {"first_delay": self.settings.cleaner_interval_seconds,
+                                                        "jitter": 0.2}))
+        return duties
+
+    def request_stop(self, exit_code: int = 0) -> None:
         """First call: drain. Second call: shorten the drain to zero."""
+        self._exit_code = max(self._exit_code, exit_code)
         if self._stopping:
-            log.warning("second stop signal: cancelling remaining attempts now")
+            log.warning("second stop request: cancelling remaining attempts now")
             self._hurry.set()
             return
-        log.info("stop requested: draining", extra={"drain_seconds": self.settings.drain_seconds})
+        log.info("stop requested: draining", extra={"drain_seconds": self.settings.drain_seconds,
+                                                    "shutdown_seconds": self.settings.shutdown_seconds})
         self._stopping = True
+        self._stop_started = time.monotonic()
         self._stop_requested.set()
+        self._wakeup.set()
+        self._slot_freed.set()
 
     async def _connect(self) -> bool:
         """Connecting: register the worker row once the schema is there. False if stopped first."""
         self._set_state(State.CONNECTING)
-        failures = 0
+        errors = ErrorStreak("connect", log, self._dsn, cap_seconds=30.0, expected=(SchemaNotReady,),
+                             failed="cannot start")
         while not self._stopping:
             try:
                 if self._auto_migrate:
@@ -155,12 +203,10 @@ class Worker:
                 await self._check_schema()
                 await self.heartbeater.beat()
                 return True
-            except (psycopg.Error, _SchemaMissing) as exc:
-                failures += 1
-                metrics.DB_ERRORS.labels("connect").inc()
+            except Exception as exc:  # noqa: BLE001 - start-up keeps trying; every error is logged
+                wait = errors.record(exc)
                 self._set_state(State.ERROR_WAIT)
-                log.error("cannot start: %s", exc)
-                await self._sleep_unless_stopped(error_wait(failures, cap=30.0))
+                await self._sleep_unless_stopped(wait)
                 self._set_state(State.CONNECTING)
         return False
 
@@ -168,20 +214,19 @@ class Worker:
         (exists,), = await self._duty_conn.fetch(sql.SCHEMA_EXISTS)
         version = (await self._duty_conn.fetch(sql.SCHEMA_VERSION))[0][0] if exists else 0
         if version < latest_version():
-            raise _SchemaMissing(f"database schema is at version {version}, this worker needs "
+            raise SchemaNotReady(f"database schema is at version {version}, this worker needs "
                                  f"{latest_version()}: run `queueworker migrate` (or start the worker with --migrate)")
 
     async def _recover_at_start(self) -> None:
         try:
             await self.rescuer.rescue_once()
-        except psycopg.Error as exc:
-            log.warning("start-up recovery failed, the rescuer will retry: %s", exc)
+        except Exception as exc:  # noqa: BLE001 - the rescue duty retries it shortly
+            ErrorStreak("rescue", log, self._dsn).record(exc)
 
     # -- fetch loop -----------------------------------------------------------------------
 
     async def _fetch_loop(self) -> None:
         idle_polls = 0
-        failures = 0
         queues = list(self.settings.queues)
         while not self._stopping:
             self._set_state(State.POLLING)
@@ -200,13 +245,16 @@ class Worker:
                     if claimed >= free:
                         break
                 queues.append(queues.pop(0))  # fairness between queues across rounds
-                failures = 0
-            except psycopg.Error as exc:
-                failures += 1
-                metrics.DB_ERRORS.labels("claim").inc()
+                self._claim_errors.succeeded()
+            except Exception as exc:  # noqa: BLE001 - supervised: logged, counted, ErrorWait
+                wait = self._claim_errors.record(exc)
                 self._set_state(State.ERROR_WAIT)
-                log.warning("claim failed: %s", exc)
-                await self._sleep_unless_woken(error_wait(failures))
+                if self._claim_errors.unexpected >= CLAIM_FAILURES_BEFORE_EXIT:
+                    log.critical("claiming failed %d times in a row for reasons that do not heal: stopping "
+                                 "the worker", self._claim_errors.unexpected)
+                    self.request_stop(EXIT_UNCLEAN)
+                    return
+                await self._sleep_unless_woken(wait)
                 continue
             if claimed:
                 idle_polls = 0
@@ -219,6 +267,10 @@ class Worker:
             self._set_state(State.IDLE)
             await self._sleep_unless_woken(interval)
 
+    def _can_claim(self) -> bool:
+        """False while claims fail for reasons that do not heal: such a worker must not heartbeat."""
+        return self._claim_errors.unexpected == 0
+
     def _free_slots(self) -> int:
         """Handlers that may start now. A finished handler frees its slot at once, so the next
         claim overlaps the flush of its outcome; outcomes waiting for a flush are bounded by
@@ -227,16 +279,19 @@ class Worker:
         return min(self.settings.concurrency - running, 2 * self.settings.concurrency - len(self._inflight))
 
     async def _claim(self, queue: str, limit: int) -> int:
+        loop = asyncio.get_running_loop()
+        sent_at = loop.time()  # the database starts the lease later than this: our clock is on the safe side
         rows = await self._claim_conn.fetch(sql.CLAIM, {
             "queue": queue, "limit": limit, "worker": self.identity.id,
             "lease_seconds": self.settings.lease_seconds,
-            "timeout_seconds": self.settings.task_timeout_seconds})
-        now = asyncio.get_running_loop().time()
-        for task_id, queue_name, task, payload, attempt_no, max_attempts, token, to_deadline in rows:
-            ctx = TaskContext(task_id, task, queue_name, attempt_no, max_attempts, task_log)
-            attempt = Attempt(task_id, token, queue_name, task, payload, attempt_no, max_attempts,
-                              now + to_deadline, ctx, started=now)
-            self._inflight[task_id] = attempt
+            "timeout_seconds": self.settings.task_timeout_seconds}, row=sql.ClaimedRow)
+        now = loop.time()
+        for row in rows:
+            ctx = TaskContext(row.id, row.task, row.queue, row.attempts, row.max_attempts, task_log)
+            attempt = Attempt(row.id, row.lease_token, row.queue, row.task, row.payload_json, row.attempts,
+                              row.max_attempts, now + row.seconds_to_deadline, ctx,
+                              lease_expires=sent_at + self.settings.lease_seconds, started=now)
+            self._inflight[attempt.key] = attempt
             attempt.runner = asyncio.create_task(self._process(attempt))
         if rows:
             metrics.TASKS_CLAIMED.labels(queue).inc(len(rows))
@@ -249,18 +304,23 @@ class Worker:
         """Processing, then ReportingSuccess or ReportingFailure (through the completer)."""
         loop = asyncio.get_running_loop()
         try:
+            try:
+                payload = jsonvalue.decode(attempt.payload_json)
+            except jsonvalue.Undecodable as exc:
+                raise PermanentError(f"payload cannot be decoded: {exc}") from None
             handler = self.registry.get(attempt.task)
-            result = await run_handler(handler, attempt.payload, attempt.ctx, attempt.deadline - loop.time(),
-                                       self._executor)
-            encoded = None if result is None else _encode_result(result)
+            result = await run_handler(handler, payload, attempt.ctx, attempt.deadline - loop.time(), self._threads)
+            try:
+                encoded = None if result is None else jsonvalue.encode(result, RESULT_LIMIT_BYTES)
+            except jsonvalue.NotStorable as exc:
+                raise PermanentError(f"result not storable: {exc}") from None
         except asyncio.CancelledError:
             if attempt.abandoned:
                 return
             raise
         except BaseException as exc:  # noqa: BLE001 - every handler failure is reported, never lost
-            if attempt.abandoned:
-                return
-            self._report_failure(attempt, exc)
+            if not attempt.abandoned:
+                self._report_failure(attempt, exc)
         else:
             if not attempt.abandoned:
                 self.completer.succeed(attempt, encoded)
@@ -271,30 +331,36 @@ class Worker:
 
     def _report_failure(self, attempt: Attempt, exc: BaseException) -> None:
         retryable = not isinstance(exc, PermanentError)
-        if isinstance(exc, TimeoutError):
-            error_type, message = "DeadlineExceeded", "hard deadline exceeded: attempt cancelled"
+        error_type = "DeadlineExceeded" if isinstance(exc, DeadlineExceeded) else type(exc).__name__
+        message = jsonvalue.safe_text(str(exc) or type(exc).__name__, limit=MESSAGE_LIMIT)
+        error: dict[str, Any] = {"type": error_type, "message": message, "retryable": retryable,
+                                 "attempt": attempt.attempt}
+        if not isinstance(exc, (UnknownTaskError, DeadlineExceeded, CancelledByHandler)):
+            error["traceback"] = jsonvalue.safe_text("".join(traceback.format_exception(exc)), limit=TRACEBACK_LIMIT)
+        if isinstance(exc, UnknownTaskError):
+            self.completer.hand_back_unknown(attempt, error)
         else:
-            error_type, message = type(exc).__name__, str(exc) or type(exc).__name__
-        error = {"type": error_type, "message": message, "retryable": retryable, "attempt": attempt.attempt}
-        if not isinstance(exc, (UnknownTaskError, TimeoutError)):
-            error["traceback"] = "".join(traceback.format_exception(exc))[-TRACEBACK_LIMIT:]
-        backoff = retry_delay(attempt.attempt, self.settings.retry_base_seconds, self.settings.retry_max_seconds)
-        self.completer.fail(attempt, retryable, backoff, error)
+            backoff = retry_delay(attempt.attempt, self.settings.retry_base_seconds, self.settings.retry_max_seconds)
+            self.completer.fail(attempt, retryable, backoff, error)
         self._slot_freed.set()
 
     def _flushed(self, attempts: list[Attempt]) -> None:
         for attempt in attempts:
-            self._inflight.pop(attempt.id, None)
+            self._forget(attempt)
         metrics.IN_FLIGHT.set(len(self._inflight))
         self._slot_freed.set()
 
-    def _leases_lost(self, attempts: list[Attempt]) -> None:
-        """The database no longer grants these leases: stop the handlers, free the slots."""
+    def _forget(self, attempt: Attempt) -> None:
+        if self._inflight.get(attempt.key) is attempt:
+            del self._inflight[attempt.key]
+
+    def _leases_lost(self, attempts: list[Attempt], reason: str) -> None:
+        """The lease is gone or about to be: stop the handlers, free the slots."""
         for attempt in attempts:
-            log.warning("lease lost for task %s (expired, cancelled or re-claimed): cancelling its handler",
-                        attempt.id, extra={"task_id": attempt.id, "lease_token": attempt.token})
+            log.warning("task %s: %s: cancelling its handler", attempt.id, reason,
+                        extra={"task_id": attempt.id, "lease_token": attempt.token})
             self._abandon(attempt)
-            self._inflight.pop(attempt.id, None)
+            self._forget(attempt)
         metrics.LEASES_LOST.inc(len(attempts))
         metrics.IN_FLIGHT.set(len(self._inflight))
         self._slot_freed.set()
@@ -306,15 +372,36 @@ class Worker:
         if attempt.runner is not None:
             attempt.runner.cancel()
 
+    async def _fence_step(self) -> float:
+        """The fence duty: cancel attempts whose lease passed by our clock; stop the worker when
+        handler threads that ignore cancellation pile up (only a new process frees them)."""
+        interval = self.heartbeater.fence()
+        if self._threads.stuck > self.settings.concurrency and not self._stopping:
+            log.critical("%d sync handler threads ignored cancellation and still run: restarting the worker "
+                         "to free them", self._threads.stuck)
+            self.request_stop(EXIT_UNCLEAN)
+        return interval
+
     # -- wake-ups -------------------------------------------------------------------------
 
     def _wake_at(self, due_epoch: float) -> None:
-        """Due now: claim. Due later: have the scheduler admit it then; its NOTIFY wakes us all."""
+        """Due now: claim. Due later: have the scheduler admit it then; its NOTIFY wakes us all.
+        One timer at most, for the earliest due time: the scheduler's pass at that moment also
+        finds every later task and sleeps until the next one itself."""
         delay = due_epoch - time.time()
         if delay <= 0:
             self._wakeup.set()
-        else:
-            asyncio.get_running_loop().call_later(delay, self.scheduler.poke)
+            return
+        if self._due_timer is not None and self._due_timer_at <= due_epoch:
+            return
+        if self._due_timer is not None:
+            self._due_timer.cancel()
+        self._due_timer_at = due_epoch
+        self._due_timer = asyncio.get_running_loop().call_later(delay, self._due)
+
+    def _due(self) -> None:
+        self._due_timer, self._due_timer_at = None, math.inf
+        self.scheduler.poke()
 
     async def _sleep_unless_woken(self, seconds: float) -> None:
         await wait_event(self._wakeup, seconds)
@@ -326,76 +413,95 @@ class Worker:
         if state is not self.state:
             metrics.WORKER_STATE.labels(self.state.value).set(0)
             metrics.WORKER_STATE.labels(state.value).set(1)
+            metrics.WORKER_STATE_TRANSITIONS.labels(self.state.value, state.value).inc()
             self.state = state
 
     # -- shutdown -------------------------------------------------------------------------
 
-    async def _drain(self, duties: list[asyncio.Task]) -> int:
-        """Draining: finish what runs until the deadline, release the rest, flush, deregister."""
+    async def _drain(self, fetch: asyncio.Task, duties: list[asyncio.Task]) -> int:
+        """Draining: finish what runs until the drain deadline, release the rest, flush, deregister,
+        all within `shutdown_seconds` of the stop request. Clean only if every claimed task was
+        recorded or released."""
+        loop = asyncio.get_running_loop()
+        budget = self.settings.shutdown_seconds
+        end = loop.time() + budget - (time.monotonic() - self._stop_started)
+        drain_end = min(end - min(SHUTDOWN_RESERVE_SECONDS, budget / 4),
+                        loop.time() + self.settings.drain_seconds - (time.monotonic() - self._stop_started))
         self._set_state(State.DRAINING)
         self._draining = True
         self.heartbeater.beat_soon()
+        clean = await self._stop_fetching(fetch, drain_end)
         running = [a.runner for a in self._inflight.values() if a.runner and not a.runner.done()]
-        if running and self.settings.drain_seconds > 0:
+        if running and drain_end > loop.time():
             # All attempts finishing, a second signal, or the drain deadline: whichever is first.
             finished = asyncio.create_task(asyncio.wait(running))
             hurry = asyncio.create_task(self._hurry.wait())
-            await asyncio.wait([finished, hurry], timeout=self.settings.drain_seconds,
-                               return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([finished, hurry], timeout=drain_end - loop.time(), return_when=asyncio.FIRST_COMPLETED)
             finished.cancel()
             hurry.cancel()
         unfinished = [a for a in self._inflight.values() if not a.reporting]
         for attempt in unfinished:
             self._abandon(attempt)
-        ok = await self._retry_until(RELEASE_TIMEOUT, "release", lambda: self._release(unfinished))
-        ok = await self._retry_until(RELEASE_TIMEOUT, "flush", self._flush_all) and ok
+        clean = await self._until(end, "release", lambda timeout: self._release(unfinished, timeout)) and clean
+        clean = await self._until(end, "flush", lambda _: self.completer.drain()) and clean
         for duty in duties:
             duty.cancel()
         await asyncio.gather(*duties, return_exceptions=True)
-        ok = await self._retry_until(RELEASE_TIMEOUT, "deregister", lambda: self._duty_conn.fetch(
-            sql.DEREGISTER_WORKER, {"worker": self.identity.id})) and ok
-        log.info("worker stopped", extra={"released": len(unfinished), "clean": ok})
-        return 0 if ok else 1
+        clean = await self._until(end, "deregister", lambda timeout: self._duty_conn.fetch(
+            sql.DEREGISTER_WORKER, {"worker": self.identity.id}, timeout=timeout)) and clean
+        left = len(self._inflight)
+        clean = clean and not left
+        log.info("worker stopped", extra={"released": len(unfinished), "clean": clean, "unrecorded": left})
+        if left:
+            log.error("%d claimed tasks were neither recorded nor released: their leases expire and the rescuer "
+                      "returns them to the queue", left)
+        return max(self._exit_code, 0 if clean else EXIT_UNCLEAN)
 
-    async def _release(self, attempts: list[Attempt]) -> None:
+    async def _stop_fetching(self, fetch: asyncio.Task, deadline: float) -> bool:
+        """Lets the fetch loop stop on its own (cancelling it mid-claim could lose claimed rows);
+        if a hung claim keeps it past the drain deadline, cancels it, and the stop is not clean."""
+        try:
+            async with asyncio.timeout_at(max(deadline, asyncio.get_running_loop().time())):
+                await asyncio.gather(fetch, return_exceptions=True)
+            return True
+        except TimeoutError:
+            fetch.cancel()
+            await asyncio.gather(fetch, return_exceptions=True)
+            log.error("a claim was still waiting for the database at the drain deadline; its tasks, if it "
+                      "took any, return to the queue when their lease expires")
+            return False
+
+    async def _release(self, attempts: list[Attempt], timeout: float) -> None:
         if not attempts:
             return
         rows = await self._claim_conn.fetch(sql.RELEASE, {"ids": [a.id for a in attempts],
-                                                          "tokens": [a.token for a in attempts]})
+                                                          "tokens": [a.token for a in attempts]}, timeout=timeout)
         released = {row[0] for row in rows}
         for attempt in attempts:
-            self._inflight.pop(attempt.id, None)
+            self._forget(attempt)  # released now, or no longer ours (the database says so)
             if attempt.id in released:
                 metrics.TASKS_RELEASED.labels(attempt.queue).inc()
         log.info("released %d leases back to pending (attempts not consumed)", len(released),
                  extra={"task_ids": sorted(released)})
 
-    async def _flush_all(self) -> None:
-        while self.completer.buffered:
-            await self.completer.flush()
-
-    async def _retry_until(self, seconds: float, what: str, step: Any) -> bool:
-        deadline = time.monotonic() + seconds
-        failures = 0
+    async def _until(self, end: float, what: str, step: Callable[[float], Awaitable[Any]]) -> bool:
+        """Retries a shutdown step until it succeeds or the shutdown budget is spent."""
+        loop = asyncio.get_running_loop()
+        errors = ErrorStreak(what, log, self._dsn, cap_seconds=1.0)
         while True:
+            remaining = end - loop.time()
+            if remaining <= 0:
+                log.error("shutdown %s did not finish within the shutdown budget", what)
+                return False
             try:
-                await step()
+                async with asyncio.timeout(remaining):
+                    await step(remaining)
                 return True
-            except psycopg.Error as exc:
-                failures += 1
-                metrics.DB_ERRORS.labels(what).inc()
-                if time.monotonic() >= deadline:
-                    log.error("shutdown %s failed, leases will expire and be rescued: %s", what, exc)
-                    return False
-                await asyncio.sleep(error_wait(failures, cap=1.0))
+            except TimeoutError:
+                continue
+            except Exception as exc:  # noqa: BLE001 - logged and retried within the budget
+                await asyncio.sleep(min(errors.record(exc), max(0.0, end - loop.time())))
 
 
-class _SchemaMissing(Exception):
-    pass
-
-
-def _encode_result(result: Any) -> str:
-    try:
-        return json.dumps(result)
-    except (TypeError, ValueError) as exc:
-        raise PermanentError(f"handler returned a value that is not JSON-serialisable: {exc}") from None
+class SchemaNotReady(Exception):
+    """The database schema is missing or older than this worker needs."""
