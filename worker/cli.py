@@ -35,7 +35,7 @@ MAX_COUNT = 1_000_000
 BIGINT_MAX = 2**63 - 1
 LOG_FORMATS = ("json", "text")
 # TaskSpec fields as `queueworker enqueue` names them in messages.
-ENQUEUE_LABELS = {"task": "TASK", "payload": "payload", "queue": "--queue", "priority": "--priority",
+ENQUEUE_LABELS = {"task": "TASK", "queue": "--queue", "priority": "--priority",
                   "delay": "--delay", "max_attempts": "--max-attempts", "timeout_seconds": "--timeout"}
 
 
