@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from queueworker import cli
 from queueworker.localpg import free_port
@@ -107,10 +107,16 @@ def test_payloads_too_deep_or_not_text_from_a_file_or_stdin_are_one_line(tmp_pat
                     2, "the payload on stdin: nested too deeply")
     _one_clear_line(qw("enqueue", "qw.noop", "--payload", "-", "--dsn", UNUSED_DSN, stdin=b'"\xff"'), 2,
                     "the payload on stdin is not UTF-8 text")
+    closed_stdin = subprocess.run([sys.executable, "-m", "queueworker.cli", "enqueue", "qw.noop", "--payload", "-",
+                                   "--dsn", UNUSED_DSN], capture_output=True, text=True, timeout=60,
+                                  preexec_fn=lambda: os.close(0))
+    _one_clear_line(closed_stdin, 2, "cannot read the payload on stdin: stdin is closed")
 
 
 @settings(max_examples=200, deadline=None)
-@given(option=st.sampled_from(["--delay", "--priority", "--timeout", "--max-attempts", "--count", "--queue"]),
+@example(option="--payload", value="-", task="qw.noop")  # stdin, which pytest does not let anyone read
+@given(option=st.sampled_from(["--delay", "--priority", "--timeout", "--max-attempts", "--count", "--queue",
+                               "--payload"]),
        value=st.one_of(st.floats().map(repr), st.integers().map(str), st.text()),
        task=st.one_of(st.just("qw.noop"), st.text()))
 def test_any_value_through_enqueue_is_one_line_never_a_traceback(option, value, task):

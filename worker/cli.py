@@ -205,8 +205,12 @@ def _payload(args: argparse.Namespace) -> dict[str, Any]:
             raise CliError(f"{label} is not UTF-8 text") from None
     elif args.payload == "-":
         label = "the payload on stdin"
+        if sys.stdin is None:
+            raise CliError(f"cannot read {label}: stdin is closed")
         try:
             text = sys.stdin.buffer.read().decode("utf-8")
+        except OSError as exc:
+            raise CliError(f"cannot read {label}: {exc.strerror or exc}") from None
         except UnicodeDecodeError:
             raise CliError(f"{label} is not UTF-8 text") from None
     elif args.payload is not None:
