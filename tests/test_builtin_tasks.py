@@ -28,7 +28,7 @@ def test_sleep_refuses_a_payload_that_can_never_work(payload):
         asyncio.run(sleep(payload, _ctx()))
 
 
-def test_sleep_takes_whole_and_fractional_seconds_and_an_empty_payload_means_one_second():
+def test_sleep_takes_whole_and_fractional_seconds():
     assert asyncio.run(sleep({"seconds": 0}, _ctx())) == {"slept": 0, "attempt": 1}
     assert asyncio.run(sleep({"seconds": 0.01}, _ctx()))["slept"] == 0.01
 
