@@ -160,8 +160,8 @@ def test_stuck_sync_threads_are_counted_and_never_delay_the_next_attempts():
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"lease_seconds": 4}, "at most half the lease"),
-    ({"queues": ("bad queue",)}, "invalid queue name"),
+    ({"lease_seconds": 4, "heartbeat_seconds": 3}, "at most half the lease"),
+    ({"queues": ("bad queue",)}, "should match pattern"),
     ({"concurrency": 0}, "greater than or equal to 1"),
     ({"unknown": 1}, "Extra inputs are not permitted"),
 ])

@@ -1,9 +1,20 @@
-"""queueworker: a Postgres lease queue, its worker process and producer API."""
+"""queueworker: a Postgres lease queue, its worker process and producer API.
+
+What applications import:
+
+- `task`, `TaskContext`, `PermanentError`: write handlers (`@task`), see the attempt they run,
+  fail a task without retries.
+- `enqueue`, `enqueue_many` and their `_async` twins, `TaskSpec`: add tasks inside the caller's
+  transaction; bad input raises pydantic's `ValidationError` before the database is touched.
+- `WorkerSettings`, `SettingsError`: a worker's settings, every default and bound in one place
+  (the CLI's flags and QUEUEWORKER_* variables are derived from it).
+"""
 
 __version__ = "0.1.0"
 
 from .handlers import PermanentError, TaskContext, task  # noqa: E402
 from .producer import TaskSpec, enqueue, enqueue_async, enqueue_many, enqueue_many_async  # noqa: E402
+from .settings import SettingsError, WorkerSettings  # noqa: E402
 
-__all__ = ["PermanentError", "TaskContext", "TaskSpec", "enqueue", "enqueue_async", "enqueue_many",
-           "enqueue_many_async", "task"]
+__all__ = ["PermanentError", "SettingsError", "TaskContext", "TaskSpec", "WorkerSettings", "enqueue",
+           "enqueue_async", "enqueue_many", "enqueue_many_async", "task"]

@@ -1,7 +1,10 @@
-"""The `queueworker` command line: migrate, enqueue, worker, status, retry, cancel.
+"""The `queueworker` command line: migrate, enqueue, worker, status, retry, cancel, demo.
 
-Every user error (bad JSON, bad option, unreachable database) ends in one line on stderr and
-a non-zero exit status, never a traceback.
+Every user error (bad JSON, a bad flag or environment variable, a malformed or unreachable
+database URL) ends in one line on stderr, `queueworker: ...`, and a non-zero exit status (2 for
+usage errors), never a traceback. Nothing printed or logged carries the database password: the
+URL is validated before anything starts, database errors are explained by `dsn.explain`, and
+logs and messages are scrubbed of the URL and its password.
 """
 
 from __future__ import annotations
@@ -13,40 +16,64 @@ import logging
 import os
 import sys
 import threading
-from typing import Any
+import traceback
+from pathlib import Path
+from typing import Any, NoReturn
 
 import psycopg
 from pydantic import ValidationError
 
-from . import __version__, status
-from .logs import configure_logging
+from . import __version__, dsn as dsns, jsonvalue, status
+from .logs import LEVELS, configure_logging
+from .settings import SETTING_OPTIONS, SettingOption, SettingsError, WorkerSettings, one_line
 
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
+EXIT_INTERRUPTED = 130
+CONNECT_TIMEOUT_SECONDS = 10
+MAX_COUNT = 1_000_000
+BIGINT_MAX = 2**63 - 1
+LOG_FORMATS = ("json", "text")
+# TaskSpec fields as `queueworker enqueue` names them in messages.
+ENQUEUE_LABELS = {"task": "TASK", "queue": "--queue", "priority": "--priority",
+                  "delay": "--delay", "max_attempts": "--max-attempts", "timeout_seconds": "--timeout"}
 
 
 class CliError(Exception):
     """A user-facing error: printed as one line, exit status 2."""
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse that reports a usage error as one `queueworker: ...` line (exit 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"queueworker: {message} (see `{self.prog} --help`)\n")
 
 
-def _json_payload(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"not valid JSON ({exc}): {text!r}") from None
+def _bounded_int(low: int, high: int) -> Any:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text[:40]!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be from {low:,} to {high:,}")
+        return value
+
+    return parse
+
+
+def _default(model: Any, field: str) -> Any:
+    return model.model_fields[field].default
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="queueworker", description="Postgres lease queue workers.")
+    from .demo import DemoConfig
+    from .producer import TaskSpec
+
+    parser = ArgumentParser(prog="queueworker", description="Postgres lease queue workers.")
     parser.add_argument("--version", action="version", version=f"queueworker {__version__}")
-    common = argparse.ArgumentParser(add_help=False)
+    common = ArgumentParser(add_help=False)
     common.add_argument("--dsn", default=None, help="Postgres connection URL (default: $DATABASE_URL)")
     sub = parser.add_subparsers(dest="subcommand", required=True, metavar="COMMAND")
 
@@ -54,106 +81,186 @@ def build_parser() -> argparse.ArgumentParser:
 
     enq = sub.add_parser("enqueue", parents=[common], help="enqueue tasks")
     enq.add_argument("task", help="task name, e.g. qw.sleep")
-    enq.add_argument("--payload", type=_json_payload, default={}, help="JSON payload (default {})")
-    enq.add_argument("--queue", default="default")
-    enq.add_argument("--priority", type=int, default=0, help="higher runs first")
-    enq.add_argument("--delay", type=float, default=None, help="seconds before the task may run")
-    enq.add_argument("--max-attempts", type=_positive_int, default=None)
-    enq.add_argument("--timeout", type=_positive_int, default=None, help="hard deadline per attempt, seconds")
-    enq.add_argument("--count", type=_positive_int, default=1, help="enqueue this many copies")
+    source = enq.add_mutually_exclusive_group()
+    source.add_argument("--payload", metavar="JSON", help="JSON payload; - reads it from stdin (default {})")
+    source.add_argument("--payload-file", metavar="FILE", help="read the JSON payload from FILE")
+    enq.add_argument("--queue", help=f"default {_default(TaskSpec, 'queue')}")
+    enq.add_argument("--priority", help=f"higher runs first (default {_default(TaskSpec, 'priority')})")
+    enq.add_argument("--delay", metavar="SECONDS", help="seconds before the task may run")
+    enq.add_argument("--max-attempts", metavar="N", help=f"default {_default(TaskSpec, 'max_attempts')}")
+    enq.add_argument("--timeout", metavar="SECONDS", help="hard deadline per attempt, whole seconds "
+                                                          "(default: the worker's --task-timeout)")
+    enq.add_argument("--count", type=_bounded_int(1, MAX_COUNT), default=1, help="enqueue this many copies")
 
-    wrk = sub.add_parser("worker", parents=[common], help="run a worker process")
-    wrk.add_argument("--queue", action="append", dest="queues", help="queue to work (repeatable; default: default)")
+    wrk = sub.add_parser("worker", parents=[common], help="run a worker process",
+                         description="Run a worker process. Each setting is also read from the environment "
+                                     "variable shown ($QUEUEWORKER_...; lists comma-separated); a flag wins "
+                                     "over its variable.")
     wrk.add_argument("--handlers", action="append", default=[], help="module with @task handlers (repeatable)")
     wrk.add_argument("--command", action="append", default=[], dest="commands", metavar="NAME=COMMAND",
                      help="run COMMAND for tasks named NAME: payload on stdin, JSON result on stdout")
-    wrk.add_argument("--concurrency", type=_positive_int, default=10)
-    wrk.add_argument("--lease-seconds", type=float, default=30.0)
-    wrk.add_argument("--heartbeat-seconds", type=float, default=10.0)
-    wrk.add_argument("--drain-seconds", type=float, default=20.0)
-    wrk.add_argument("--task-timeout", type=float, default=1800.0, help="default hard deadline per attempt")
-    wrk.add_argument("--retry-base-seconds", type=float, default=1.0,
-                     help="backoff after the first failed attempt; doubles per attempt, capped at 24 h")
-    wrk.add_argument("--retention-hours", type=float, default=7 * 24.0,
-                     help="delete finished tasks and their audit rows after this long (0: keep forever)")
-    wrk.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
     wrk.add_argument("--migrate", action="store_true", help="apply pending migrations before starting")
-    wrk.add_argument("--log-level", default=os.environ.get("QUEUEWORKER_LOG_LEVEL", "INFO"))
-    wrk.add_argument("--log-format", choices=("json", "text"), default="json")
+    wrk.add_argument("--log-level", type=str.lower, choices=LEVELS,
+                     help="default info ($QUEUEWORKER_LOG_LEVEL)")
+    wrk.add_argument("--log-format", choices=LOG_FORMATS, help="default json ($QUEUEWORKER_LOG_FORMAT)")
+    settings = wrk.add_argument_group("settings")
+    for option in SETTING_OPTIONS:
+        settings.add_argument(option.flag, dest=option.field, metavar=_metavar(option), default=None,
+                              action="append" if option.is_list else "store", help=_setting_help(option))
 
     st = sub.add_parser("status", parents=[common], help="counts per queue and state, live workers")
     st.add_argument("--queue", default=None)
     st.add_argument("--json", action="store_true", help="print JSON")
 
     retry = sub.add_parser("retry", parents=[common], help="put a failed or cancelled task back to pending")
-    retry.add_argument("id", type=int)
+    retry.add_argument("id", type=_bounded_int(1, BIGINT_MAX))
     cancel = sub.add_parser("cancel", parents=[common], help="cancel a pending, retrying or running task")
-    cancel.add_argument("id", type=int)
+    cancel.add_argument("id", type=_bounded_int(1, BIGINT_MAX))
 
     demo = sub.add_parser("demo", help="run it all locally: a throwaway Postgres, a burst of tasks, "
                           "workers scaled by the controller's policy")
-    demo.add_argument("--tasks", type=_positive_int, default=300, help="qw.sleep tasks to enqueue")
-    demo.add_argument("--task-seconds", type=float, default=1.0, help="how long each task sleeps")
-    demo.add_argument("--concurrency", type=_positive_int, default=5, help="slots per worker process")
-    demo.add_argument("--tasks-per-worker", type=_positive_int, default=None, help="default: --concurrency")
-    demo.add_argument("--min-workers", type=int, default=0)
-    demo.add_argument("--max-workers", type=_positive_int, default=8)
-    demo.add_argument("--interval", type=float, default=1.0, help="seconds between scaling decisions")
-    demo.add_argument("--scale-down-window", type=float, default=5.0, help="scale-down stabilization, seconds")
-    demo.add_argument("--cooldown", type=float, default=5.0, help="idle seconds before scaling to zero")
-    demo.add_argument("--drain-seconds", type=float, default=5.0)
+    demo.add_argument("--tasks", type=int, default=_default(DemoConfig, "tasks"), help="qw.sleep tasks to enqueue")
+    demo.add_argument("--task-seconds", type=float, default=_default(DemoConfig, "task_seconds"),
+                      help="how long each task sleeps")
+    demo.add_argument("--concurrency", type=int, default=_default(DemoConfig, "concurrency"),
+                      help="slots per worker process")
+    demo.add_argument("--tasks-per-worker", type=int, default=None, help="default: --concurrency")
+    demo.add_argument("--min-workers", type=int, default=_default(DemoConfig, "min_workers"))
+    demo.add_argument("--max-workers", type=int, default=_default(DemoConfig, "max_workers"))
+    demo.add_argument("--interval", type=float, default=_default(DemoConfig, "interval"),
+                      help="seconds between scaling decisions")
+    demo.add_argument("--scale-down-window", type=float, default=_default(DemoConfig, "scale_down_window"),
+                      help="scale-down stabilization, seconds")
+    demo.add_argument("--cooldown", type=float, default=_default(DemoConfig, "cooldown"),
+                      help="idle seconds before scaling to zero")
+    demo.add_argument("--drain-seconds", type=float, default=_default(DemoConfig, "drain_seconds"))
     demo.add_argument("--timeout", type=float, default=None, help="give up (exit 1) after this many seconds")
     demo.add_argument("--dsn", default=None, help="use this Postgres instead of a throwaway one")
     demo.add_argument("--no-tty", action="store_true", help="one line per tick instead of a live view")
     return parser
 
 
-def _dsn(args: argparse.Namespace) -> str:
-    dsn = args.dsn or os.environ.get("DATABASE_URL")
-    if not dsn:
+def _metavar(option: SettingOption) -> str:
+    field = option.field
+    if field.endswith("_seconds"):
+        return "SECONDS" if option.scale == 1.0 else "HOURS"
+    for suffix in ("port", "address", "bytes"):
+        if field.endswith(f"_{suffix}"):
+            return suffix.upper()
+    if option.is_list:
+        return "QUEUE" if field == "queues" else "NAME"
+    return "N"
+
+
+def _setting_help(option: SettingOption) -> str:
+    """The field's description, its default in the flag's unit, and its variable."""
+    description = WorkerSettings.model_fields[option.field].description or ""
+    default = option.default_text
+    repeat = "; repeatable" if option.is_list else ""
+    text = f"{description}{repeat} ({'default: ' + default + '; ' if default is not None else ''}${option.env})"
+    return text.replace("%", "%%")
+
+
+def _database_url(args: argparse.Namespace) -> str:
+    """The database URL from --dsn or $DATABASE_URL, validated before anything uses it."""
+    url, source = (args.dsn, "--dsn") if args.dsn else (os.environ.get("DATABASE_URL"), "DATABASE_URL")
+    if not url:
         raise CliError("no database: pass --dsn or set DATABASE_URL")
-    return dsn
+    try:
+        dsns.validate(url)
+    except dsns.InvalidDsn as exc:
+        raise CliError(f"{source}: {exc}") from None
+    return url
+
+
+def _secrets(url: str | None) -> list[str]:
+    """What must never be printed: the URL itself, its password, and libpq's $PGPASSWORD."""
+    if not url:
+        return []
+    return [url, dsns.parse(url).get("password"), os.environ.get("PGPASSWORD")]  # type: ignore[list-item]
+
+
+def _connect(url: str) -> psycopg.Connection:
+    return psycopg.connect(url, application_name="queueworker-cli", connect_timeout=CONNECT_TIMEOUT_SECONDS)
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     from .migrate import latest_version, migrate
 
-    applied = migrate(_dsn(args))
+    applied = migrate(args.dsn)
     names = ", ".join(f"{m.version:03d}_{m.name}" for m in applied) or "nothing to apply"
     print(f"schema at version {latest_version()} ({names})")
     return 0
 
 
+def _payload(args: argparse.Namespace) -> dict[str, Any]:
+    """{"payload": value} from --payload, stdin (--payload -) or --payload-file; {} for the default."""
+    if args.payload_file is not None:
+        label = f"--payload-file {args.payload_file!r}"
+        try:
+            text = Path(args.payload_file).read_bytes().decode("utf-8")
+        except OSError as exc:
+            raise CliError(f"cannot read {label}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError:
+            raise CliError(f"{label} is not UTF-8 text") from None
+    elif args.payload == "-":
+        label = "the payload on stdin"
+        if sys.stdin is None:
+            raise CliError(f"cannot read {label}: stdin is closed")
+        try:
+            text = sys.stdin.buffer.read().decode("utf-8")
+        except OSError as exc:
+            raise CliError(f"cannot read {label}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError:
+            raise CliError(f"{label} is not UTF-8 text") from None
+    elif args.payload is not None:
+        label, text = "--payload", args.payload
+    else:
+        return {}
+    try:
+        return {"payload": jsonvalue.decode(text)}
+    except jsonvalue.Undecodable as exc:
+        raise CliError(f"{label}: {exc}") from None
+
+
 def cmd_enqueue(args: argparse.Namespace) -> int:
     from .producer import TaskSpec, enqueue_many
 
-    options: dict[str, Any] = {"task": args.task, "payload": args.payload, "queue": args.queue,
-                               "priority": args.priority, "delay": args.delay, "timeout_seconds": args.timeout}
-    if args.max_attempts is not None:
-        options["max_attempts"] = args.max_attempts
-    spec = TaskSpec(**options)
-    with psycopg.connect(_dsn(args), application_name="queueworker-cli") as conn:
+    given = {"task": args.task, "queue": args.queue, "priority": args.priority, "delay": args.delay,
+             "max_attempts": args.max_attempts, "timeout_seconds": args.timeout}
+    try:
+        spec = TaskSpec(**{k: v for k, v in given.items() if v is not None}, **_payload(args))
+    except ValidationError as exc:
+        raise CliError(one_line(exc, ENQUEUE_LABELS)) from None
+    with _connect(args.dsn) as conn:
         ids = enqueue_many(conn, (spec for _ in range(args.count)))
     if len(ids) == 1:
         print(ids[0])
     else:
-        print(f"enqueued {len(ids)} tasks (ids {ids[0]}..{ids[-1]}) on queue {args.queue}")
+        print(f"enqueued {len(ids)} tasks (ids {ids[0]}..{ids[-1]}) on queue {spec.queue}")
     return 0
+
+
+def _process_option(given: str | None, flag: str, env: str, choices: tuple[str, ...], default: str) -> str:
+    """A flag, else its environment variable, else the default; checked against `choices`."""
+    value, source = (given, flag) if given is not None else (os.environ.get(env, "").strip().lower(), env)
+    if not value:
+        return default
+    if value not in choices:
+        raise CliError(f"{source}: must be one of {', '.join(choices)}")
+    return value
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
     from .external import register_commands
     from .handlers import default_registry
-    from .settings import WorkerSettings
+    from .settings import settings_from
     from .worker import Worker
 
-    configure_logging(args.log_level, args.log_format == "json")
-    settings = WorkerSettings(
-        queues=tuple(args.queues or ["default"]), concurrency=args.concurrency, lease_seconds=args.lease_seconds,
-        heartbeat_seconds=args.heartbeat_seconds, drain_seconds=args.drain_seconds,
-        task_timeout_seconds=args.task_timeout, retry_base_seconds=args.retry_base_seconds,
-        retention_seconds=args.retention_hours * 3600,
-        metrics_port=args.metrics_port)
+    level = _process_option(args.log_level, "--log-level", "QUEUEWORKER_LOG_LEVEL", LEVELS, "info")
+    log_format = _process_option(args.log_format, "--log-format", "QUEUEWORKER_LOG_FORMAT", LOG_FORMATS, "json")
+    settings = settings_from({option.field: getattr(args, option.field) for option in SETTING_OPTIONS}, os.environ)
+    configure_logging(level, log_format == "json", _secrets(args.dsn))
     default_registry.import_modules(args.handlers)
     try:
         register_commands(default_registry, args.commands)
@@ -162,8 +269,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if settings.metrics_port is not None:
         from prometheus_client import start_http_server
 
-        start_http_server(settings.metrics_port)
-    code = asyncio.run(Worker(_dsn(args), settings, default_registry, auto_migrate=args.migrate).run())
+        try:
+            start_http_server(settings.metrics_port, addr=settings.metrics_address)
+        except OSError as exc:
+            raise CliError(f"cannot serve metrics on {settings.metrics_address} port {settings.metrics_port}: "
+                           f"{exc.strerror or exc}") from None
+    code = asyncio.run(Worker(args.dsn, settings, default_registry, auto_migrate=args.migrate).run())
     if any(t.name.startswith("handler") and t.is_alive() for t in threading.enumerate()):
         # A sync handler ignored cancellation; its lease is already released. Do not wait for it.
         logging.shutdown()
@@ -172,7 +283,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    with psycopg.connect(_dsn(args), application_name="queueworker-cli") as conn:
+    with _connect(args.dsn) as conn:
         report = status.collect(conn, args.queue)
     print(json.dumps(report, indent=2, default=str) if args.json else status.render(report))
     return 0
@@ -203,7 +314,7 @@ def _change_task(args: argparse.Namespace, statement: str, allowed_states: str, 
     from .db import DutyConnection
 
     async def change() -> tuple:
-        conn = DutyConnection(_dsn(args), "queueworker-cli")
+        conn = DutyConnection(args.dsn, "queueworker-cli")
         try:
             rows = await conn.fetch(statement, {"id": args.id})
             if not rows:
@@ -226,7 +337,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from .localpg import PostgresNotFound
 
     try:
-        return run_demo(DemoConfig.model_validate(vars(args)))
+        config = DemoConfig.model_validate(vars(args))
+    except ValidationError as exc:
+        raise CliError(one_line(exc, {field: "--" + field.replace("_", "-") for field in vars(args)})) from None
+    try:
+        return run_demo(config)
     except PostgresNotFound as exc:
         raise CliError(str(exc)) from None
 
@@ -237,28 +352,28 @@ COMMANDS = {"migrate": cmd_migrate, "enqueue": cmd_enqueue, "worker": cmd_worker
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    url: str | None = None
     try:
+        if args.subcommand != "demo" or args.dsn is not None:  # the demo starts its own database
+            args.dsn = url = _database_url(args)
         return COMMANDS[args.subcommand](args)
-    except CliError as exc:
-        return _fail(str(exc), EXIT_USAGE)
+    except (CliError, SettingsError) as exc:
+        return _fail(str(exc), EXIT_USAGE, url)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}" for e in exc.errors())
-        return _fail(f"invalid input: {problems}", EXIT_USAGE)
+        return _fail(f"invalid input: {one_line(exc)}", EXIT_USAGE, url)
     except psycopg.Error as exc:
-        return _fail(f"database error: {_first_line(exc)}", EXIT_FAILURE)
+        return _fail(f"database error: {dsns.explain(exc, url)}", EXIT_FAILURE, url)
     except ImportError as exc:
-        return _fail(str(exc), EXIT_USAGE)
+        return _fail(str(exc), EXIT_USAGE, url)
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # noqa: BLE001 - a bug: keep its traceback, but never a secret in it
+        print(dsns.scrub("".join(traceback.format_exception(exc)), _secrets(url)), file=sys.stderr, end="")
+        return _fail(f"internal error: {type(exc).__name__}", EXIT_FAILURE, url)
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-def _fail(message: str, code: int) -> int:
-    print(f"queueworker: {message}", file=sys.stderr)
+def _fail(message: str, code: int, url: str | None) -> int:
+    print(f"queueworker: {dsns.scrub(message, _secrets(url))}", file=sys.stderr)
     return code
 
 

@@ -19,6 +19,10 @@ from typing import Any
 _SUSPECT_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u(?:0000|[dD][89a-fA-F])")
 
 
+# One encoder for every call: json.dumps with any non-default option builds a new one each time.
+_STRICT_ENCODER = json.JSONEncoder(allow_nan=False)
+
+
 class NotStorable(ValueError):
     """A value Postgres would refuse as `jsonb`; the message says why."""
 
@@ -35,7 +39,7 @@ def encode(value: Any, limit_bytes: int | None = None) -> str:
     """`value` as JSON text Postgres accepts, or NotStorable. ASCII only (non-ASCII characters
     are escaped), so the text is always encodable however odd the strings inside are."""
     try:
-        text = json.dumps(value, allow_nan=False)
+        text = _STRICT_ENCODER.encode(value)
     except RecursionError:
         raise NotStorable("nested too deeply (the limit is about 1,000 levels)") from None
     except ValueError as exc:
@@ -47,7 +51,8 @@ def encode(value: Any, limit_bytes: int | None = None) -> str:
         raise NotStorable(message) from None
     except TypeError as exc:
         raise NotStorable(f"not JSON-serialisable: {exc}") from None
-    if _SUSPECT_ESCAPE.search(text):
+    # The substring test is a fast path: most payloads hold no escape at all.
+    if "\\u" in text and _SUSPECT_ESCAPE.search(text):
         problem = _string_problem(value)
         if problem:
             raise NotStorable(problem)

@@ -1,4 +1,10 @@
-"""Structured JSON logs on stderr: one object per line."""
+"""Logs on stderr, JSON lines (or text for humans), never carrying a password.
+
+Every formatted line is redacted: passwords inside connection URLs and key=value strings
+(`dsn.redact`), and the configured secrets (the database URL and its password) wherever they
+appear literally (`dsn.scrub`). That covers the message and its arguments, `extra` fields and
+exception text, whatever code logged them: a driver error, a handler or a library.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +12,43 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Iterable
+from typing import Any
+
+from .dsn import scrub
 
 _RESERVED = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+class _Redacting:
+    """Scrubbing shared by both formatters."""
+
+    def __init__(self, secrets: Iterable[str | None] = ()):
+        self.secrets = tuple(s for s in secrets if s)
+
+    def clean(self, value: Any) -> Any:
+        """`value` with every string in it scrubbed; values JSON cannot hold become scrubbed text."""
+        if isinstance(value, str):
+            return scrub(value, self.secrets)
+        if value is None or isinstance(value, (bool, int, float)):
+            return value
+        if isinstance(value, dict):
+            return {self.clean(str(k)): self.clean(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple, set, frozenset)):
+            return [self.clean(item) for item in value]
+        return scrub(str(value), self.secrets)
 
 
 class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts, level, logger, msg, the record's `extra` fields, exc."""
+
+    def __init__(self, secrets: Iterable[str | None] = ()):
+        super().__init__()
+        self._redacting = _Redacting(secrets)
+
     def format(self, record: logging.LogRecord) -> str:
-        entry = {
+        entry: dict[str, Any] = {
             "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "logger": record.name,
@@ -21,12 +57,27 @@ class JsonFormatter(logging.Formatter):
         entry.update({k: v for k, v in vars(record).items() if k not in _RESERVED})
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str)
+        if record.stack_info:
+            entry["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(self._redacting.clean(entry))
 
 
-def configure_logging(level: str = "INFO", json_format: bool = True) -> None:
+class TextFormatter(logging.Formatter):
+    """`LEVEL logger: message` (and any traceback), redacted as a whole."""
+
+    def __init__(self, secrets: Iterable[str | None] = ()):
+        super().__init__("%(levelname)s %(name)s: %(message)s")
+        self._redacting = _Redacting(secrets)
+
+    def format(self, record: logging.LogRecord) -> str:
+        return self._redacting.clean(super().format(record))
+
+
+def configure_logging(level: str = "INFO", json_format: bool = True, secrets: Iterable[str | None] = ()) -> None:
+    """Routes every logger to stderr through a redacting formatter; `secrets` are masked
+    wherever they appear literally (pass the database URL and its password)."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if json_format else logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(JsonFormatter(secrets) if json_format else TextFormatter(secrets))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
