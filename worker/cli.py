@@ -12,10 +12,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 import os
 import sys
-import threading
 import traceback
 from pathlib import Path
 from typing import Any, NoReturn
@@ -263,7 +261,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     configure_logging(level, log_format == "json", _secrets(args.dsn))
     default_registry.import_modules(args.handlers)
     try:
-        register_commands(default_registry, args.commands)
+        register_commands(default_registry, args.commands, settings)
     except ValueError as exc:
         raise CliError(str(exc)) from None
     if settings.metrics_port is not None:
@@ -274,12 +272,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise CliError(f"cannot serve metrics on {settings.metrics_address} port {settings.metrics_port}: "
                            f"{exc.strerror or exc}") from None
-    code = asyncio.run(Worker(args.dsn, settings, default_registry, auto_migrate=args.migrate).run())
-    if any(t.name.startswith("handler") and t.is_alive() for t in threading.enumerate()):
-        # A sync handler ignored cancellation; its lease is already released. Do not wait for it.
-        logging.shutdown()
-        os._exit(code)
-    return code
+    # Threads of sync handlers that ignored cancellation are daemons: they cannot hold up the exit.
+    return asyncio.run(Worker(args.dsn, settings, default_registry, auto_migrate=args.migrate).run())
 
 
 def cmd_status(args: argparse.Namespace) -> int:

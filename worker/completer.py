@@ -16,7 +16,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import psycopg
 
 from . import jsonvalue, metrics, sql
 from .attempt import Attempt

@@ -18,9 +18,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
+
 from . import metrics
+from .producer import TaskName
 
 log = logging.getLogger("queueworker.handlers")
+_TASK_NAME = TypeAdapter(TaskName)
 
 
 class PermanentError(Exception):
@@ -90,6 +94,10 @@ class Registry:
 
     def register(self, fn: Callable[..., Any], name: str | None = None) -> Handler:
         name = name or fn.__name__
+        try:
+            name = _TASK_NAME.validate_python(name)
+        except ValidationError as exc:
+            raise ValueError(f"invalid task name {name!r}: {exc.errors()[0]['msg']}") from None
         params = [p for p in inspect.signature(fn).parameters.values()
                   if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
         if not 1 <= len(params) <= 2:

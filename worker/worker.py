@@ -75,6 +75,8 @@ class State(enum.Enum):
 class Worker:
     def __init__(self, dsn: str, settings: WorkerSettings, registry: Registry, auto_migrate: bool = False):
         dsn_text.validate(dsn)  # a malformed URL cannot heal: refuse it before anything starts
+        # Handlers may put the worker's own connection string in an error message: never store it.
+        self._secrets = (dsn, dsn_text.parse(dsn).get("password"))
         self.settings = settings
         self.registry = registry
         register_builtin_tasks(registry)
@@ -332,17 +334,19 @@ class Worker:
     def _report_failure(self, attempt: Attempt, exc: BaseException) -> None:
         retryable = not isinstance(exc, PermanentError)
         error_type = "DeadlineExceeded" if isinstance(exc, DeadlineExceeded) else type(exc).__name__
-        message = jsonvalue.safe_text(str(exc) or type(exc).__name__, limit=MESSAGE_LIMIT)
-        error: dict[str, Any] = {"type": error_type, "message": message, "retryable": retryable,
-                                 "attempt": attempt.attempt}
+        error: dict[str, Any] = {"type": error_type, "message": self._storable_text(_describe(exc), MESSAGE_LIMIT),
+                                 "retryable": retryable, "attempt": attempt.attempt}
         if not isinstance(exc, (UnknownTaskError, DeadlineExceeded, CancelledByHandler)):
-            error["traceback"] = jsonvalue.safe_text("".join(traceback.format_exception(exc)), limit=TRACEBACK_LIMIT)
+            error["traceback"] = self._storable_text(_format_traceback(exc), TRACEBACK_LIMIT)
         if isinstance(exc, UnknownTaskError):
             self.completer.hand_back_unknown(attempt, error)
         else:
             backoff = retry_delay(attempt.attempt, self.settings.retry_base_seconds, self.settings.retry_max_seconds)
             self.completer.fail(attempt, retryable, backoff, error)
         self._slot_freed.set()
+
+    def _storable_text(self, text: str, limit: int) -> str:
+        return jsonvalue.safe_text(dsn_text.scrub(text, self._secrets), limit=limit)
 
     def _flushed(self, attempts: list[Attempt]) -> None:
         for attempt in attempts:
@@ -501,6 +505,21 @@ class Worker:
                 continue
             except Exception as exc:  # noqa: BLE001 - logged and retried within the budget
                 await asyncio.sleep(min(errors.record(exc), max(0.0, end - loop.time())))
+
+
+def _describe(exc: BaseException) -> str:
+    """str(exc), which is user code and may itself raise."""
+    try:
+        return str(exc) or type(exc).__name__
+    except Exception:  # noqa: BLE001 - a broken __str__ must not lose the failure
+        return f"{type(exc).__name__} (its message could not be rendered)"
+
+
+def _format_traceback(exc: BaseException) -> str:
+    try:
+        return "".join(traceback.format_exception(exc))
+    except Exception:  # noqa: BLE001 - same as above: the traceback renders the message too
+        return "".join(traceback.format_tb(exc.__traceback__))
 
 
 class SchemaNotReady(Exception):
