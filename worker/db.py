@@ -29,6 +29,10 @@ CONNECT_TIMEOUT = 10
 CLIENT_TIMEOUT_SECONDS = STATEMENT_TIMEOUT_SECONDS + 5
 # A statement whose connection was severed fails within psycopg's wait interval (0.1 s).
 REAP_SECONDS = 2.0
+# When the caller is cancelled mid-statement, the statement gets this long to end on its own (a
+# healthy server answers in milliseconds) before its connection is severed: so a cancelled
+# duty's last statement has really ended, one way or the other, when the cancellation returns.
+CANCEL_GRACE_SECONDS = 1.0
 # How often a statement is re-run at once after meeting a row that moved partitions.
 MOVED_ROW_RETRIES = 5
 
@@ -83,6 +87,7 @@ class DutyConnection:
             try:
                 done, _ = await asyncio.wait({statement}, timeout=max(0.0, deadline - loop.time()))
             except asyncio.CancelledError:
+                await asyncio.wait({statement}, timeout=CANCEL_GRACE_SECONDS)
                 await self._sever(statement)
                 raise
             if not done:
@@ -94,9 +99,10 @@ class DutyConnection:
             self._lock.release()
 
     async def _sever(self, statement: asyncio.Future) -> None:
-        """Shuts the connection's socket down so the statement fails at once, then drops it."""
+        """Shuts the connection's socket down so an unfinished statement fails at once, then drops
+        the connection (its state is unknown either way)."""
         conn = self._conn
-        if conn is not None and not conn.closed:
+        if conn is not None and not conn.closed and not statement.done():
             try:
                 with socket.socket(fileno=os.dup(conn.pgconn.socket)) as sock:
                     sock.shutdown(socket.SHUT_RDWR)

@@ -25,7 +25,8 @@ from .handlers import PermanentError, Registry, TaskContext
 from .settings import WorkerSettings
 
 KILL_GRACE_SECONDS = 5.0
-STDERR_TAIL = 2000
+STDERR_TAIL = 2000  # bytes of stderr kept while reading
+STDERR_TAIL_CHARS = 1500  # of those, characters kept in an error message once escaped
 READ_CHUNK = 64 * 1024
 # Passed to every command when set in the worker's environment; anything else only when listed
 # in WorkerSettings.command_env.
@@ -118,7 +119,8 @@ async def _terminate(proc: asyncio.subprocess.Process) -> None:
 
 
 def _interpret(returncode: int, stdout: bytes, stderr: bytes) -> Any:
-    tail = stderr.decode(errors="replace").strip()
+    # Escaped (NUL bytes and the like spelled out) and cut here, keeping its end: the cause.
+    tail = jsonvalue.safe_text(stderr.decode(errors="replace").strip(), limit=STDERR_TAIL_CHARS, keep_end=True)
     text = stdout.decode(errors="replace").strip()
     if returncode != 0:
         envelope = _parse(text)

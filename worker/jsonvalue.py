@@ -73,17 +73,20 @@ def decode(text: str | bytes) -> Any:
         raise InvalidJson(f"not valid JSON: {exc}") from None
 
 
-def safe_text(text: str, limit: int | None = None) -> str:
+def safe_text(text: str, limit: int | None = None, keep_end: bool = False) -> str:
     """`text` with what a `jsonb` string cannot hold spelled out: NUL as `\\x00`, a lone
-    surrogate as `\\udXXX`. Keeps the last `limit` characters when given (tails carry the cause)."""
-    if limit is not None and len(text) > limit:
-        text = text[-limit:]
+    surrogate as `\\udXXX`; then cut to `limit` characters, keeping the start (a message says
+    what happened first) or, with `keep_end`, the end (a traceback's cause is at its end)."""
+    if limit is not None and len(text) > limit:  # escaping only lengthens: cut the raw text first
+        text = text[-limit:] if keep_end else text[:limit]
     if "\x00" in text:
         text = text.replace("\x00", "\\x00")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
         text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    if limit is not None and len(text) > limit:
+        text = "…" + text[-(limit - 1):] if keep_end else text[:limit - 1] + "…"
     return text
 
 

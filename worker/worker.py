@@ -337,7 +337,7 @@ class Worker:
         error: dict[str, Any] = {"type": error_type, "message": self._storable_text(_describe(exc), MESSAGE_LIMIT),
                                  "retryable": retryable, "attempt": attempt.attempt}
         if not isinstance(exc, (UnknownTaskError, DeadlineExceeded, CancelledByHandler)):
-            error["traceback"] = self._storable_text(_format_traceback(exc), TRACEBACK_LIMIT)
+            error["traceback"] = self._storable_text(_format_traceback(exc), TRACEBACK_LIMIT, keep_end=True)
         if isinstance(exc, UnknownTaskError):
             self.completer.hand_back_unknown(attempt, error)
         else:
@@ -345,8 +345,8 @@ class Worker:
             self.completer.fail(attempt, retryable, backoff, error)
         self._slot_freed.set()
 
-    def _storable_text(self, text: str, limit: int) -> str:
-        return jsonvalue.safe_text(dsn_text.scrub(text, self._secrets), limit=limit)
+    def _storable_text(self, text: str, limit: int, keep_end: bool = False) -> str:
+        return jsonvalue.safe_text(dsn_text.scrub(text, self._secrets), limit=limit, keep_end=keep_end)
 
     def _flushed(self, attempts: list[Attempt]) -> None:
         for attempt in attempts:
