@@ -15,8 +15,17 @@ CLEANER_LOCK_KEY = 0x71770004
 
 # -- migrations ---------------------------------------------------------------------------
 
+# The schema is created only when missing: `CREATE SCHEMA IF NOT EXISTS` needs CREATE on the
+# database even when the schema exists, which a migrator role that owns only the schema lacks
+# (docs/database-roles.sql creates the schema for it).
 CREATE_MIGRATIONS_TABLE = """
-CREATE SCHEMA IF NOT EXISTS queueworker;
+DO $$
+BEGIN
+    IF to_regnamespace('queueworker') IS NULL THEN
+        CREATE SCHEMA queueworker;
+    END IF;
+END
+$$;
 CREATE TABLE IF NOT EXISTS queueworker.schema_migrations (
     version    integer PRIMARY KEY,
     name       text NOT NULL,
@@ -327,21 +336,10 @@ GROUP BY w.id, w.pod_name, w.running, w.draining
 """
 
 # Cleaner: deletes finished tasks (and their audit rows) older than the retention, oldest first,
-# in batches, so history never grows without bound. Guarded like the other duties.
+# in batches, so history never grows without bound. Guarded like the other duties. A SECURITY
+# DEFINER function (migration 003): the worker role may run it, but holds no DELETE on the history
+# or the audit trail (docs/security.md).
 CLEAN_FINISHED = """
-WITH guard AS MATERIALIZED (
-    SELECT pg_try_advisory_xact_lock(%(lock_key)s) AS held
-), old AS (
-    SELECT t.id FROM queueworker.tasks t, guard
-    WHERE guard.held AND t.finished_at < now() - make_interval(secs => %(retention_seconds)s)
-      AND t.state IN ('succeeded', 'failed', 'cancelled')
-    ORDER BY t.finished_at
-    LIMIT %(limit)s
-    FOR UPDATE OF t SKIP LOCKED
-), events AS (
-    DELETE FROM queueworker.task_events e USING old WHERE e.task_id = old.id
-)
-DELETE FROM queueworker.tasks t USING old
-WHERE t.id = old.id AND t.state IN ('succeeded', 'failed', 'cancelled')
-RETURNING t.id
+SELECT id FROM queueworker.clean_finished(%(lock_key)s::bigint, %(retention_seconds)s::float8, %(limit)s::integer)
+    AS deleted(id)
 """
