@@ -36,6 +36,23 @@ CREATE TABLE IF NOT EXISTS queueworker.schema_migrations (
 
 LOCK_MIGRATIONS = "SELECT pg_advisory_lock(%(key)s)"
 UNLOCK_MIGRATIONS = "SELECT pg_advisory_unlock(%(key)s)"
+# SET LOCAL, with a parameter: how long a migration's statements wait for a lock before giving up.
+SET_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', %(lock_timeout)s, true)"
+# Other sessions holding locks on queueworker's tables, oldest transaction first: who a migration
+# that timed out waiting for a lock was most likely waiting for.
+LOCK_HOLDERS = """
+SELECT a.pid, a.usename::text AS user_name, a.application_name, a.state,
+       extract(epoch FROM now() - a.xact_start)::float8 AS transaction_seconds,
+       string_agg(DISTINCT l.mode || ' on ' || l.relation::regclass::text, ', ') AS locks
+FROM pg_locks l
+JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.granted AND l.locktype = 'relation' AND l.pid <> pg_backend_pid()
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND l.relation IN (SELECT oid FROM pg_class WHERE relnamespace = to_regnamespace('queueworker'))
+GROUP BY a.pid, a.usename, a.application_name, a.state, a.xact_start
+ORDER BY a.xact_start NULLS LAST
+LIMIT %(limit)s
+"""
 APPLIED_MIGRATIONS = "SELECT version, name, checksum FROM queueworker.schema_migrations ORDER BY version"
 RECORD_MIGRATION = """
 INSERT INTO queueworker.schema_migrations (version, name, checksum)
