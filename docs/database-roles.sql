@@ -9,7 +9,7 @@
 -- roles and the `queueworker` schema owned by the migrator; the grants wait for the tables and
 -- say so in a NOTICE), and again after it (it grants on what the migrations created). It is
 -- idempotent: run it again after every upgrade. A release whose migrations add objects ships
--- their grants here, and refuses to grant on a schema version it was not written for.
+-- their grants here; the script refuses a schema version newer than the one it was written for.
 --
 -- Five NOLOGIN group roles, one per duty; people and programs log in as members of one of them:
 --   queueworker_migrator    owns the schema; runs `queueworker migrate`

@@ -114,7 +114,8 @@ def test_migrate_gives_up_with_one_clear_line_when_the_transaction_never_ends(bl
     assert _run_cli_migrate(blank_dsn).returncode == 0
 
 
-@pytest.mark.parametrize("value, problem", [("abc", "valid number"), ("0", "greater than 0")])
+@pytest.mark.parametrize("value, problem", [("abc", "valid number"), ("0", "greater than 0"),
+                                            ("31", "less than or equal to 30")])
 def test_a_bad_lock_setting_is_one_clear_line(value, problem):
     """Checked before connecting: no database needed to be told."""
     result = _run_cli_migrate(f"postgresql://nobody@127.0.0.1:{free_port()}/x",

@@ -62,12 +62,14 @@ class LockPolicy(BaseModel):
 
     model_config = ConfigDict(frozen=True, populate_by_name=True, extra="forbid")
 
-    lock_timeout_seconds: float = Field(default=3.0, gt=0, le=600, alias="QUEUEWORKER_MIGRATE_LOCK_TIMEOUT")
+    # At most MAX_RETRY_WAIT_SECONDS, so the waits between attempts stay at least half an attempt long.
+    lock_timeout_seconds: float = Field(default=3.0, gt=0, le=MAX_RETRY_WAIT_SECONDS,
+                                        alias="QUEUEWORKER_MIGRATE_LOCK_TIMEOUT")
     budget_seconds: float = Field(default=120.0, gt=0, alias="QUEUEWORKER_MIGRATE_LOCK_BUDGET")
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] = os.environ) -> LockPolicy:
-        """Raises pydantic.ValidationError naming the variable when a value is not a positive number."""
+        """Raises pydantic.ValidationError naming the variable when a value is not a number in range."""
         names = {field.alias for field in cls.model_fields.values()}
         return cls.model_validate({name: value for name, value in environ.items() if name in names})
 
