@@ -9,6 +9,7 @@ database at version 1 has a real migration that needs that lock).
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -50,8 +51,6 @@ def _migrator_waits_for_a_table_lock(dsn: str) -> bool:
 
 
 def _run_cli_migrate(dsn: str, **env: str) -> subprocess.CompletedProcess:
-    import os
-
     return subprocess.run([sys.executable, "-m", "queueworker.cli", "migrate", "--dsn", dsn],
                           capture_output=True, text=True, timeout=60, env={**os.environ, **env})
 

@@ -133,7 +133,7 @@ def migrate(dsn: str, policy: LockPolicy | None = None) -> list[Migration]:
     with psycopg.connect(dsn, autocommit=True, application_name="queueworker-migrate") as conn:
         conn.execute(sql.LOCK_MIGRATIONS, {"key": sql.MIGRATION_LOCK_KEY})
         try:
-            _in_lock_timeout(conn, policy, "creating the migrations table",
+            _with_lock_retries(conn, policy, "creating the migrations table",
                              lambda: conn.execute(sql.CREATE_MIGRATIONS_TABLE))
             done = {row[0]: row for row in conn.execute(sql.APPLIED_MIGRATIONS)}
             for migration in available_migrations():
@@ -141,7 +141,7 @@ def migrate(dsn: str, policy: LockPolicy | None = None) -> list[Migration]:
                     if done[migration.version][2] != migration.checksum:
                         log.warning("migration %s changed after it was applied; not re-applied", migration.label)
                     continue
-                _in_lock_timeout(conn, policy, f"migration {migration.label}", partial(_apply, conn, migration))
+                _with_lock_retries(conn, policy, f"migration {migration.label}", partial(_apply, conn, migration))
                 log.info("applied migration %s", migration.label)
                 applied_now.append(migration)
         finally:
@@ -155,7 +155,7 @@ def _apply(conn: psycopg.Connection, migration: Migration) -> None:
                                         "checksum": migration.checksum})
 
 
-def _in_lock_timeout(conn: psycopg.Connection, policy: LockPolicy, what: str, step: Callable[[], object]) -> None:
+def _with_lock_retries(conn: psycopg.Connection, policy: LockPolicy, what: str, step: Callable[[], object]) -> None:
     """Runs `step` in one transaction under the policy's lock_timeout, retrying it after lock
     timeouts until the budget is spent. The session's advisory lock is kept throughout."""
     started = time.monotonic()
@@ -166,7 +166,7 @@ def _in_lock_timeout(conn: psycopg.Connection, policy: LockPolicy, what: str, st
                 step()
             return
         except psycopg.errors.LockNotAvailable:
-            holders = lock_holders(conn)
+            holders = _lock_holders(conn)
             wait = policy.retry_wait(attempt)
             elapsed = time.monotonic() - started
             if elapsed + wait + policy.lock_timeout_seconds > policy.budget_seconds:
@@ -179,7 +179,7 @@ def _in_lock_timeout(conn: psycopg.Connection, policy: LockPolicy, what: str, st
             time.sleep(wait)
 
 
-def lock_holders(conn: psycopg.Connection) -> list[LockHolder]:
+def _lock_holders(conn: psycopg.Connection) -> list[LockHolder]:
     """Other sessions holding locks on queueworker's tables, oldest transaction first."""
     with conn.cursor(row_factory=class_row(LockHolder)) as cursor:
         return cursor.execute(sql.LOCK_HOLDERS, {"limit": HOLDERS_NAMED}).fetchall()
