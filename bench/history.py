@@ -7,6 +7,7 @@ the synthetic history has no audit rows; the measured tasks go through the trigg
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import tempfile
@@ -102,7 +103,9 @@ def ceiling(dsn: str, tasks: int, clients: int, limit: int, pgbench: Path | None
            "-U", info.get("user", "postgres"), "-c", str(clients), "-j", str(clients), "-t", str(per_client),
            "-D", "queue=default", "-D", f"limit={limit}", "-D", f"worker={uuid.uuid4()}",
            "-D", "lease_seconds=30", "-D", "timeout_seconds=1800", "-f", script.name, info["dbname"]]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    # The password goes by environment, never argv (other local users can read argv).
+    env = {**os.environ, **({"PGPASSWORD": info["password"]} if info.get("password") else {})}
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     Path(script.name).unlink()
     if out.returncode != 0:
         raise RuntimeError(f"pgbench failed: {out.stderr.strip() or out.stdout.strip()}")

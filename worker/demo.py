@@ -9,6 +9,7 @@ drains and hands its leases back, exactly as a pod does when its Deployment shri
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import socket
@@ -189,10 +190,15 @@ class WorkerFleet:
     logs: dict[int, Path] = field(default_factory=dict)
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "queueworker.cli", "worker", "--dsn", self.dsn, "--queue", self.config.queue,
+        """The worker's command line. Without the DSN, which holds a password any local user could
+        read from argv: the workers get it as DATABASE_URL (see environment)."""
+        return [sys.executable, "-m", "queueworker.cli", "worker", "--queue", self.config.queue,
                 "--concurrency", str(self.config.concurrency), "--drain-seconds", str(self.config.drain_seconds),
                 "--lease-seconds", "10", "--heartbeat-seconds", "2",
                 "--log-format", "text", "--log-level", "WARNING"]
+
+    def environment(self) -> dict[str, str]:
+        return {**os.environ, "DATABASE_URL": self.dsn}
 
     def scale_to(self, desired: int, loads: Callable[[list[int]], Mapping[int, int]]) -> int:
         """Starts or stops workers to reach `desired`; returns the change in size."""
@@ -203,7 +209,7 @@ class WorkerFleet:
             with log_path.open("wb") as log:
                 # A session of its own: the terminal's Ctrl-C reaches the demo only, which then
                 # stops every worker itself, as a kubelet would.
-                proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
+                proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=self.environment(),
                                         stdin=subprocess.DEVNULL, start_new_session=True)
             self.active[proc.pid] = proc
             self.logs[proc.pid] = log_path

@@ -3,6 +3,11 @@
 Uses the system's server binaries when present (Debian's /usr/lib/postgresql/N/bin, or
 pg_config on PATH), otherwise the ones shipped by the `pgserver` wheel from PyPI. Postgres
 refuses to run as root, so as root the server runs as the `postgres` (or `nobody`) user.
+
+Every connection needs the server's password, over TCP and over the unix socket alike
+(scram-sha-256, never `trust`): with trust, any local user could connect as the superuser and,
+with `COPY ... TO PROGRAM`, run commands as the account the server runs as. The password is
+random per server and travels only inside `LocalPostgres.dsn`.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import glob
 import importlib.util
 import os
 import pwd
+import secrets
 import shutil
 import socket
 import subprocess
@@ -62,7 +68,7 @@ def free_port() -> int:
 
 
 class LocalPostgres:
-    """initdb + pg_ctl in a temporary directory, on a free loopback port, trust auth."""
+    """initdb + pg_ctl in a temporary directory, on a free loopback port, password auth."""
 
     def __init__(self, bin_dir: Path | None = None, port: int | None = None, durable: bool = False,
                  extra_settings: dict[str, str] | None = None):
@@ -74,10 +80,12 @@ class LocalPostgres:
         self.data_dir = self.base_dir / "data"
         self.log_file = self.base_dir / "postgres.log"
         self._user = _server_user()
+        self.password = secrets.token_urlsafe(24)  # URL-safe: goes into the DSN as it is
 
     @property
     def dsn(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        """The superuser's connection URL, password included: keep it out of logs and argv."""
+        return f"postgresql://postgres:{self.password}@127.0.0.1:{self.port}/postgres"
 
     def start(self) -> str:
         if not self.data_dir.exists():
@@ -109,8 +117,18 @@ class LocalPostgres:
         if self._user is not None:
             shutil.chown(self.base_dir, self._user.pw_uid, self._user.pw_gid)
             self._make_binaries_reachable()
-        self._run([str(self.bin_dir / "initdb"), "-D", str(self.data_dir), "-U", "postgres", "--auth=trust",
-                   "--encoding=UTF8", "--no-instructions"])
+        password_file = self.base_dir / "password"
+        descriptor = os.open(password_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as file:
+            file.write(self.password + "\n")
+        if self._user is not None:
+            os.chown(password_file, self._user.pw_uid, self._user.pw_gid)
+        try:
+            self._run([str(self.bin_dir / "initdb"), "-D", str(self.data_dir), "-U", "postgres",
+                       "--auth-host=scram-sha-256", "--auth-local=scram-sha-256", f"--pwfile={password_file}",
+                       "--encoding=UTF8", "--no-instructions"])
+        finally:
+            password_file.unlink()
         settings = {
             "listen_addresses": "'127.0.0.1'",
             "port": str(self.port),

@@ -18,8 +18,17 @@ CLEANER_LOCK_KEY = 0x71770004
 
 # -- migrations ---------------------------------------------------------------------------
 
+# The schema is created only when missing: `CREATE SCHEMA IF NOT EXISTS` needs CREATE on the
+# database even when the schema exists, which a migrator role that owns only the schema lacks
+# (docs/database-roles.sql creates the schema for it).
 CREATE_MIGRATIONS_TABLE = """
-CREATE SCHEMA IF NOT EXISTS queueworker;
+DO $$
+BEGIN
+    IF to_regnamespace('queueworker') IS NULL THEN
+        CREATE SCHEMA queueworker;
+    END IF;
+END
+$$;
 CREATE TABLE IF NOT EXISTS queueworker.schema_migrations (
     version    integer PRIMARY KEY,
     name       text NOT NULL,
@@ -30,6 +39,23 @@ CREATE TABLE IF NOT EXISTS queueworker.schema_migrations (
 
 LOCK_MIGRATIONS = "SELECT pg_advisory_lock(%(key)s)"
 UNLOCK_MIGRATIONS = "SELECT pg_advisory_unlock(%(key)s)"
+# SET LOCAL, with a parameter: how long a migration's statements wait for a lock before giving up.
+SET_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', %(lock_timeout)s, true)"
+# Other sessions holding locks on queueworker's tables, oldest transaction first: who a migration
+# that timed out waiting for a lock was most likely waiting for.
+LOCK_HOLDERS = """
+SELECT a.pid, a.usename::text AS user_name, a.application_name, a.state,
+       extract(epoch FROM now() - a.xact_start)::float8 AS transaction_seconds,
+       string_agg(DISTINCT l.mode || ' on ' || l.relation::regclass::text, ', ') AS locks
+FROM pg_locks l
+JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.granted AND l.locktype = 'relation' AND l.pid <> pg_backend_pid()
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND l.relation IN (SELECT oid FROM pg_class WHERE relnamespace = to_regnamespace('queueworker'))
+GROUP BY a.pid, a.usename, a.application_name, a.state, a.xact_start
+ORDER BY a.xact_start NULLS LAST
+LIMIT %(limit)s
+"""
 APPLIED_MIGRATIONS = "SELECT version, name, checksum FROM queueworker.schema_migrations ORDER BY version"
 RECORD_MIGRATION = """
 INSERT INTO queueworker.schema_migrations (version, name, checksum)
@@ -376,21 +402,10 @@ GROUP BY w.id, w.pod_name, w.running, w.draining
 """
 
 # Cleaner: deletes finished tasks (and their audit rows) older than the retention, oldest first,
-# in batches, so history never grows without bound. Guarded like the other duties.
+# in batches, so history never grows without bound. Guarded like the other duties. A SECURITY
+# DEFINER function (migration 003): the worker role may run it, but holds no DELETE on the history
+# or the audit trail (docs/security.md).
 CLEAN_FINISHED = """
-WITH guard AS MATERIALIZED (
-    SELECT pg_try_advisory_xact_lock(%(lock_key)s) AS held
-), old AS (
-    SELECT t.id FROM queueworker.tasks t, guard
-    WHERE guard.held AND t.finished_at < now() - make_interval(secs => %(retention_seconds)s)
-      AND t.state IN ('succeeded', 'failed', 'cancelled')
-    ORDER BY t.finished_at
-    LIMIT %(limit)s
-    FOR UPDATE OF t SKIP LOCKED
-), events AS (
-    DELETE FROM queueworker.task_events e USING old WHERE e.task_id = old.id
-)
-DELETE FROM queueworker.tasks t USING old
-WHERE t.id = old.id AND t.state IN ('succeeded', 'failed', 'cancelled')
-RETURNING t.id
+SELECT id FROM queueworker.clean_finished(%(lock_key)s::bigint, %(retention_seconds)s::float8, %(limit)s::integer)
+    AS deleted(id)
 """

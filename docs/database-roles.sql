@@ -1,0 +1,157 @@
+-- Least-privilege database roles for queueworker, schema version 3. Why each grant exists, and
+-- what the roles still can do: docs/security.md.
+--
+-- Run it as a superuser, in the application's database:
+--
+--     psql "$ADMIN_URL" -v ON_ERROR_STOP=1 -f docs/database-roles.sql
+--
+-- On a new installation run it twice: before the first `queueworker migrate` (it creates the
+-- roles and the `queueworker` schema owned by the migrator; the grants wait for the tables and
+-- say so in a NOTICE), and again after it (it grants on what the migrations created). It is
+-- idempotent: run it again after every upgrade. A release whose migrations add objects ships
+-- their grants here; the script refuses a schema version newer than the one it was written for.
+--
+-- Five NOLOGIN group roles, one per duty; people and programs log in as members of one of them:
+--   queueworker_migrator    owns the schema; runs `queueworker migrate`
+--   queueworker_producer    enqueues tasks (queueworker.enqueue / enqueue_many, `queueworker enqueue`)
+--   queueworker_worker      runs `queueworker worker`: claims, completes, heartbeats, rescues,
+--                           schedules, cleans history past the retention
+--   queueworker_controller  the Kubernetes controller: reads queue depth and leases, LISTENs
+--   queueworker_operator    people: `queueworker status`, `queueworker retry`, `queueworker cancel`
+--
+-- Login roles, e.g. (in psql, `\password NAME` sets a password without it reaching the server
+-- log or the shell history):
+--
+--     CREATE ROLE billing_app LOGIN IN ROLE queueworker_producer;
+--     CREATE ROLE qw_worker LOGIN IN ROLE queueworker_worker;
+--     CREATE ROLE qw_controller LOGIN IN ROLE queueworker_controller;
+--     CREATE ROLE alice LOGIN IN ROLE queueworker_operator;
+--     CREATE ROLE qw_migrate LOGIN IN ROLE queueworker_migrator;
+--     -- Objects a migration creates must belong to the group, not to the login that ran it:
+--     ALTER ROLE qw_migrate SET role = 'queueworker_migrator';
+--
+-- An application that also enqueues keeps its own login and is granted the producer group:
+--     GRANT queueworker_producer TO billing_app;
+
+-- 1. The group roles.
+DO $$
+DECLARE
+    group_role text;
+BEGIN
+    FOREACH group_role IN ARRAY ARRAY['queueworker_migrator', 'queueworker_producer', 'queueworker_worker',
+                                      'queueworker_controller', 'queueworker_operator'] LOOP
+        IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = group_role) THEN
+            EXECUTE format('CREATE ROLE %I NOLOGIN', group_role);
+        END IF;
+    END LOOP;
+    EXECUTE format('GRANT CONNECT ON DATABASE %I TO queueworker_migrator, queueworker_producer, queueworker_worker, '
+                   'queueworker_controller, queueworker_operator', current_database());
+END
+$$;
+
+-- 2. The schema, owned by the migrator, which needs no CREATE on the database.
+CREATE SCHEMA IF NOT EXISTS queueworker AUTHORIZATION queueworker_migrator;
+
+-- 3. An installation migrated before these roles existed: everything in the schema passes to the
+--    migrator (a no-op once it owns everything). Indexes, identity sequences and the row types of
+--    tables follow their table; the enum's array type follows the enum.
+DO $$
+DECLARE
+    statement text;
+BEGIN
+    FOR statement IN
+        SELECT 'ALTER SCHEMA queueworker OWNER TO queueworker_migrator'
+        FROM pg_catalog.pg_namespace
+        WHERE nspname = 'queueworker' AND nspowner <> 'queueworker_migrator'::regrole
+        UNION ALL
+        SELECT format('ALTER TABLE %s OWNER TO queueworker_migrator', c.oid::regclass)
+        FROM pg_catalog.pg_class c
+        WHERE c.relnamespace = 'queueworker'::regnamespace AND c.relkind IN ('r', 'p')
+          AND c.relowner <> 'queueworker_migrator'::regrole
+        UNION ALL
+        SELECT format('ALTER TYPE %s OWNER TO queueworker_migrator', t.oid::regtype)
+        FROM pg_catalog.pg_type t
+        WHERE t.typnamespace = 'queueworker'::regnamespace AND t.typtype = 'e'
+          AND t.typowner <> 'queueworker_migrator'::regrole
+        UNION ALL
+        SELECT format('ALTER FUNCTION %s OWNER TO queueworker_migrator', p.oid::regprocedure)
+        FROM pg_catalog.pg_proc p
+        WHERE p.pronamespace = 'queueworker'::regnamespace AND p.proowner <> 'queueworker_migrator'::regrole
+    LOOP
+        EXECUTE statement;
+    END LOOP;
+END
+$$;
+
+-- 4. Objects later migrations create. Functions are executable by PUBLIC unless revoked, and a
+--    new one may be a SECURITY DEFINER: none is callable until granted below. Operators may read
+--    every new table at once; every other role gets exactly the grants its statements need, here,
+--    in the release that adds the object.
+ALTER DEFAULT PRIVILEGES FOR ROLE queueworker_migrator REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC;
+ALTER DEFAULT PRIVILEGES FOR ROLE queueworker_migrator IN SCHEMA queueworker
+    GRANT SELECT ON TABLES TO queueworker_operator;
+
+-- 5. The grants, for schema version 3.
+DO $$
+DECLARE
+    applied_version integer;
+BEGIN
+    IF to_regclass('queueworker.schema_migrations') IS NOT NULL THEN
+        SELECT max(m.version) INTO applied_version FROM queueworker.schema_migrations m;
+    END IF;
+    IF coalesce(applied_version, 0) < 3 THEN
+        RAISE NOTICE 'queueworker is at schema version %, these grants are for version 3: run `queueworker '
+                     'migrate` as a member of queueworker_migrator, then run this script again',
+                     coalesce(applied_version, 0);
+        RETURN;
+    END IF;
+    IF applied_version > 3 THEN
+        RAISE EXCEPTION 'these grants are for queueworker schema version 3, the database is at version %: '
+                        'run the database-roles.sql of the queueworker release that migrated it', applied_version;
+    END IF;
+
+    GRANT USAGE ON SCHEMA queueworker
+        TO queueworker_producer, queueworker_worker, queueworker_controller, queueworker_operator;
+    GRANT USAGE ON TYPE queueworker.task_state
+        TO queueworker_producer, queueworker_worker, queueworker_controller, queueworker_operator;
+    -- The trigger functions queueworker.audit_task_inserts, queueworker.audit_task_updates and
+    -- queueworker.forbid_event_updates need no EXECUTE grant: a trigger fires whoever causes it.
+    REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA queueworker FROM PUBLIC;
+
+    -- Producer (sql.ENQUEUE): inserts the columns a TaskSpec sets, reads back what ENQUEUE returns.
+    -- It cannot choose a state, a lease or an id, so it cannot forge a task's history, and it
+    -- cannot read other tasks' payloads, results or errors. Its audit row is written by the
+    -- insert trigger, as the owner.
+    GRANT INSERT (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds),
+          SELECT (id, queue, run_after)
+        ON queueworker.tasks TO queueworker_producer;
+
+    -- Worker. Through the parent: HEARTBEAT, COMPLETE_FAILED, RELEASE, RESCUE, PROMOTE_DUE.
+    -- Aimed at the partitions: CLAIM (tasks_active), COMPLETE_SUCCEEDED (moves a row from
+    -- tasks_active to tasks_finished). Those two write their own audit rows, hence INSERT on
+    -- task_events (and nothing else there). Retention goes through queueworker.clean_finished.
+    GRANT SELECT ON queueworker.schema_migrations TO queueworker_worker;
+    GRANT SELECT, UPDATE ON queueworker.tasks TO queueworker_worker;
+    GRANT SELECT, UPDATE, DELETE ON queueworker.tasks_active TO queueworker_worker;
+    GRANT SELECT, INSERT ON queueworker.tasks_finished TO queueworker_worker;
+    GRANT INSERT ON queueworker.task_events TO queueworker_worker;
+    GRANT SELECT, INSERT, UPDATE, DELETE ON queueworker.workers TO queueworker_worker;
+    GRANT EXECUTE ON FUNCTION queueworker.transition_detail(integer, jsonb, jsonb),
+                              queueworker.clean_finished(bigint, float8, integer)
+        TO queueworker_worker;
+
+    -- Controller (sql.QUEUE_DEPTH, sql.WORKER_LEASES): counts and leases, never payloads.
+    GRANT SELECT (id, queue, state, delayed, priority, run_after, lease_owner, started_at)
+        ON queueworker.tasks TO queueworker_controller;
+    GRANT SELECT (id, pod_name, pod_namespace, queues, running, draining)
+        ON queueworker.workers TO queueworker_controller;
+
+    -- Operator (sql.STATUS_COUNTS, OLDEST_PENDING_AGE, LIVE_WORKERS, TASK_STATE, RETRY_TASK,
+    -- CANCEL_TASK): reads everything, changes only what retry and cancel set. Its changes are
+    -- audited by the update trigger.
+    GRANT SELECT ON ALL TABLES IN SCHEMA queueworker TO queueworker_operator;
+    GRANT UPDATE (state, delayed, run_after, max_attempts, lease_owner, leased_until, deadline_at, updated_at,
+                  finished_at)
+        ON queueworker.tasks TO queueworker_operator;
+END
+$$;

@@ -1,0 +1,337 @@
+"""docs/database-roles.sql, for real: the roles it creates run every flow of theirs with only its
+grants, and nothing else. The migrator migrates (and owns the schema), a producer enqueues, a
+real worker process works the queue, the controller reads depth and leases and LISTENs, an
+operator runs status, retry and cancel; the audit trail holds against all of them."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql as pgsql
+from queueworker_controller.policy import QueueDepth
+from queueworker_controller.queuedb import QueueDatabases
+
+from queueworker import sql
+from queueworker.cleaner import Cleaner
+from queueworker.db import DutyConnection
+from queueworker.migrate import available_migrations
+from queueworker.producer import enqueue, enqueue_many
+from tests.support import FAST_LEASES, WorkerProcess, query, scalar, wait_until
+
+pytestmark = pytest.mark.integration
+
+SCRIPT = Path(__file__).resolve().parent.parent / "docs" / "database-roles.sql"
+GROUPS = ("migrator", "producer", "worker", "controller", "operator")
+QUEUE = "roles"
+RESCUE_QUEUE = "roles-rescue"   # holds a task whose worker "died" before the real worker starts
+NOTIFY_QUEUE = "roles-notify"   # no worker: a task here only wakes the controller
+NAMESPACE = "roles-test"
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+OWNERS = """
+SELECT DISTINCT pg_get_userbyid(owner) FROM (
+    SELECT nspowner AS owner FROM pg_namespace WHERE nspname = 'queueworker'
+    UNION ALL SELECT relowner FROM pg_class WHERE relnamespace = 'queueworker'::regnamespace
+    UNION ALL SELECT typowner FROM pg_type WHERE typnamespace = 'queueworker'::regnamespace
+    UNION ALL SELECT proowner FROM pg_proc WHERE pronamespace = 'queueworker'::regnamespace) AS objects
+"""
+
+
+@dataclass(frozen=True)
+class Installation:
+    admin: str
+    logins: dict[str, str]  # group (e.g. "worker") -> DSN of a login role in queueworker_<group>
+
+    def run_script(self) -> list[str]:
+        """Runs docs/database-roles.sql as the superuser; returns its notices."""
+        notices: list[str] = []
+        with psycopg.connect(self.admin, autocommit=True) as conn:
+            conn.add_notice_handler(lambda diagnostic: notices.append(diagnostic.message_primary))
+            conn.execute(SCRIPT.read_text())
+        return notices
+
+    def install(self) -> None:
+        """The documented order: script, migrate as the migrator, script again."""
+        assert any("run `queueworker migrate`" in notice for notice in self.run_script())
+        migrated = qw("migrate", "--dsn", self.logins["migrator"])
+        assert migrated.returncode == 0, migrated.stderr
+        assert not any("run `queueworker migrate`" in notice for notice in self.run_script())
+
+
+@pytest.fixture
+def installation(blank_dsn):
+    """A login role per group (created as docs/database-roles.sql shows), each with a password."""
+    logins, names = {}, []
+    with psycopg.connect(blank_dsn, autocommit=True) as conn:
+        conn.execute(SCRIPT.read_text())  # the group roles must exist before logins join them
+        for group in GROUPS:
+            name, password = f"qw_{group}_{secrets.token_hex(4)}", secrets.token_urlsafe(18)
+            conn.execute(pgsql.SQL("CREATE ROLE {} LOGIN PASSWORD {} IN ROLE {}").format(
+                pgsql.Identifier(name), pgsql.Literal(password), pgsql.Identifier(f"queueworker_{group}")))
+            if group == "migrator":
+                conn.execute(pgsql.SQL("ALTER ROLE {} SET role = 'queueworker_migrator'").format(
+                    pgsql.Identifier(name)))
+            names.append(name)
+            logins[group] = psycopg.conninfo.make_conninfo(blank_dsn, user=name, password=password)
+    yield Installation(blank_dsn, logins)
+    with psycopg.connect(blank_dsn, autocommit=True) as conn:
+        for name in names:
+            conn.execute(pgsql.SQL("DROP ROLE {}").format(pgsql.Identifier(name)))
+
+
+def qw(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "queueworker.cli", *args], capture_output=True, text=True,
+                          timeout=60, env={k: v for k, v in os.environ.items() if k != "DATABASE_URL"})
+
+
+def states(dsn: str, ids: list[int]) -> dict[int, str]:
+    return dict(query(dsn, "SELECT id, state::text FROM queueworker.tasks WHERE id = ANY(%s)", (ids,)))
+
+
+def test_each_role_runs_its_flows_with_only_its_grants(installation):
+    admin, login = installation.admin, installation.logins
+    installation.install()
+    assert [row[0] for row in query(admin, OWNERS)] == ["queueworker_migrator"]
+
+    # Producer: the library, in one transaction of the application's, and the CLI.
+    with psycopg.connect(login["producer"]) as conn:
+        noop = enqueue(conn, "qw.noop", queue=QUEUE)
+        flaky, broken, delayed = enqueue_many(conn, [
+            {"task": "qw.fail", "payload": {"retryable": True, "message": "flaky"}, "queue": QUEUE, "max_attempts": 2},
+            {"task": "qw.fail", "payload": {"retryable": False, "message": "broken"}, "queue": QUEUE},
+            {"task": "qw.noop", "queue": QUEUE, "delay": 1.0}])
+        orphan = enqueue(conn, "qw.noop", queue=RESCUE_QUEUE)
+    enqueued = qw("enqueue", "qw.sleep", "--payload", '{"seconds": 4}', "--queue", QUEUE, "--dsn", login["producer"])
+    assert enqueued.returncode == 0, enqueued.stderr
+    heartbeaten = int(enqueued.stdout)  # runs 4 s on a 3 s lease: only heartbeats keep it
+    # A worker that died holding `orphan`: its lease is over, the real worker must rescue it.
+    with psycopg.connect(login["worker"], autocommit=True) as conn:
+        assert [row[0] for row in conn.execute(sql.CLAIM, {
+            "queue": RESCUE_QUEUE, "limit": 1, "worker": uuid.uuid4(), "lease_seconds": 0,
+            "timeout_seconds": 60})] == [orphan]
+
+    worker = WorkerProcess(login["worker"], "--queue", QUEUE, "--queue", RESCUE_QUEUE, "--concurrency", "4",
+                           "--retry-base-seconds", "0.2", "--drain-seconds", "0.5", *FAST_LEASES,
+                           env={"POD_NAME": "worker-0", "POD_NAMESPACE": NAMESPACE})
+    try:
+        expected = {noop: "succeeded", flaky: "failed", broken: "failed", delayed: "succeeded",
+                    heartbeaten: "succeeded", orphan: "succeeded"}
+        wait_until(lambda: states(admin, list(expected)) == expected, timeout=60,
+                   message="the worker to finish every task")
+        with psycopg.connect(login["producer"], autocommit=True) as conn:
+            held = enqueue(conn, "qw.sleep", {"seconds": 60}, queue=QUEUE)
+        wait_until(lambda: states(admin, [held]) == {held: "running"}, message="the worker to claim the long task")
+        depth, leases, woken = asyncio.run(_controller_flows(admin, login["controller"], login["producer"]))
+        worker.signal(signal.SIGTERM)  # drains: the long task's lease goes back, the worker row goes
+        assert worker.wait(30) == 0, worker.log()
+    finally:
+        worker.stop()
+    log = worker.log()
+    assert "permission denied" not in log, log
+    assert psycopg.conninfo.conninfo_to_dict(login["worker"])["password"] not in log
+
+    assert depth == QueueDepth(ready=0, running=1, retrying=0, oldest_ready_age_seconds=None)
+    assert [(lease.pod_name, lease.running, lease.draining) for lease in leases] == [("worker-0", 1, False)]
+    assert woken, "the controller's LISTEN heard the producer's NOTIFY"
+    assert query(admin, "SELECT state::text, attempts FROM queueworker.tasks WHERE id = %s", (held,)) == [
+        ("pending", 0)], "released on drain without consuming the attempt"
+    assert scalar(admin, "SELECT count(*) FROM queueworker.workers") == 0, "deregistered"
+    assert dict(query(admin, "SELECT id, rescues FROM queueworker.tasks WHERE id = ANY(%s)",
+                      ([heartbeaten, orphan],))) == {heartbeaten: 0, orphan: 1}
+
+    # Operator: status, cancel, retry.
+    status = qw("status", "--queue", QUEUE, "--dsn", login["operator"])
+    assert status.returncode == 0 and QUEUE in status.stdout, status.stderr
+    for command, task_id, state in (("cancel", held, "cancelled"), ("retry", held, "pending"),
+                                    ("retry", broken, "pending")):
+        result = qw(command, str(task_id), "--dsn", login["operator"])
+        assert result.returncode == 0, result.stderr
+        assert states(admin, [task_id]) == {task_id: state}
+
+    # Every task's history is complete, whoever changed it: the producer's inserts and the
+    # operator's changes were audited by the definer triggers, the worker's by itself or them.
+    everything = [noop, flaky, broken, delayed, heartbeaten, orphan, held]
+    transitions = set(query(admin, "SELECT DISTINCT from_state::text, to_state::text FROM queueworker.task_events"))
+    assert transitions >= {(None, "pending"), ("pending", "running"), ("running", "succeeded"),
+                           ("running", "retrying"), ("retrying", "pending"), ("running", "failed"),
+                           ("running", "pending"), ("pending", "cancelled"), ("cancelled", "pending"),
+                           ("failed", "pending")}, transitions
+    assert {row[0] for row in query(admin, "SELECT task_id FROM queueworker.task_events WHERE from_state IS NULL")
+            } >= set(everything)
+    assert query(admin, "SELECT detail->>'error_type' FROM queueworker.task_events WHERE task_id = %s "
+                        "AND from_state = 'running' AND to_state = 'pending'", (orphan,)) == [("LeaseExpired",)]
+
+    # Worker: the cleaner duty, as the worker role, deletes finished history past the retention.
+    with psycopg.connect(admin, autocommit=True) as conn:
+        finished = [row[0] for row in conn.execute(
+            "UPDATE queueworker.tasks SET finished_at = now() - interval '2 hours' WHERE state = ANY(%s) "
+            "RETURNING id", (list(TERMINAL),))]
+    assert sorted(finished) == sorted([noop, flaky, delayed, heartbeaten, orphan])
+    assert asyncio.run(_clean(login["worker"])) == len(finished)
+    remaining = {row[0] for row in query(admin, "SELECT task_id FROM queueworker.task_events")}
+    assert not remaining & set(finished) and {broken, held} <= remaining
+
+
+async def _controller_flows(admin: str, controller: str, producer: str) -> tuple[QueueDepth, list, bool]:
+    """What the controller does each tick, through its own QueueDatabases: depth, leases, LISTEN."""
+    databases = QueueDatabases()
+    try:
+        depth = await databases.depth(controller, QUEUE, cap=100)
+        leases = await databases.worker_leases(controller, NAMESPACE, QUEUE)
+        databases.listen(controller)
+        await asyncio.to_thread(wait_until, lambda: scalar(
+            admin, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'queueworker-controller-listen' "
+                   "AND query LIKE 'LISTEN%%'"), message="the controller's LISTEN")
+        since = time.monotonic()
+        with psycopg.connect(producer, autocommit=True) as conn:
+            enqueue(conn, "qw.noop", queue=NOTIFY_QUEUE)
+        for _ in range(100):
+            if databases.notified_since(controller, NOTIFY_QUEUE, since):
+                return depth, leases, True
+            await asyncio.sleep(0.1)
+        return depth, leases, False
+    finally:
+        databases.close()
+
+
+async def _clean(worker: str) -> int:
+    connection = DutyConnection(worker, "roles-test-cleaner")
+    try:
+        return await Cleaner(connection, retention_seconds=3600, interval=300).clean_once()
+    finally:
+        await connection.close()
+
+
+# (group, statement) pairs each group must be refused.
+REFUSED = [
+    *(("producer", statement) for statement in (
+        "SELECT payload FROM queueworker.tasks",
+        "SELECT result, error FROM queueworker.tasks",
+        "SELECT count(*) FROM queueworker.task_events",
+        "UPDATE queueworker.tasks SET priority = 1",
+        "DELETE FROM queueworker.tasks",
+        "INSERT INTO queueworker.tasks (task, state) VALUES ('forged', 'succeeded')",
+        "INSERT INTO queueworker.tasks_active (task) VALUES ('forged')",
+        "INSERT INTO queueworker.task_events (task_id, to_state, lease_token) VALUES (1, 'succeeded', 0)",
+        "UPDATE queueworker.task_events SET detail = NULL",
+        "DELETE FROM queueworker.task_events",
+        "TRUNCATE queueworker.task_events",
+        "SELECT * FROM queueworker.clean_finished(1, 0, 100)",
+        "DELETE FROM queueworker.workers",
+    )),
+    *(("controller", statement) for statement in (
+        "SELECT payload FROM queueworker.tasks",
+        "INSERT INTO queueworker.tasks (task) VALUES ('x')",
+        "UPDATE queueworker.tasks SET priority = 1",
+        "DELETE FROM queueworker.tasks",
+        "INSERT INTO queueworker.task_events (task_id, to_state, lease_token) VALUES (1, 'succeeded', 0)",
+        "DELETE FROM queueworker.task_events",
+        "UPDATE queueworker.workers SET draining = true",
+        "DELETE FROM queueworker.workers",
+        "SELECT * FROM queueworker.clean_finished(1, 0, 100)",
+        "TRUNCATE queueworker.tasks",
+    )),
+    *(("worker", statement) for statement in (
+        "UPDATE queueworker.task_events SET detail = NULL",
+        "DELETE FROM queueworker.task_events",
+        "TRUNCATE queueworker.task_events",
+        "DELETE FROM queueworker.tasks",
+        "DELETE FROM queueworker.tasks_finished",
+        "UPDATE queueworker.tasks_finished SET result = NULL",
+        "ALTER TABLE queueworker.task_events DISABLE TRIGGER task_events_append_only",
+    )),
+    *(("operator", statement) for statement in (
+        "INSERT INTO queueworker.tasks (task) VALUES ('x')",
+        "UPDATE queueworker.tasks SET payload = '{}'",
+        "DELETE FROM queueworker.tasks",
+        "INSERT INTO queueworker.task_events (task_id, to_state, lease_token) VALUES (1, 'succeeded', 0)",
+        "DELETE FROM queueworker.task_events",
+        "SELECT * FROM queueworker.clean_finished(1, 0, 100)",
+    )),
+]
+
+
+def test_each_role_is_refused_what_it_does_not_need(installation):
+    installation.install()
+    with psycopg.connect(installation.admin, autocommit=True) as conn:
+        enqueue(conn, "qw.noop")
+    allowed = []
+    for group, statement in REFUSED:
+        with psycopg.connect(installation.logins[group], autocommit=True) as conn:
+            try:
+                conn.execute(statement)
+            except psycopg.errors.InsufficientPrivilege:
+                continue
+            allowed.append((group, statement))
+    assert allowed == []
+    events = scalar(installation.admin, "SELECT count(*) FROM queueworker.task_events")
+    assert events == 1, "the one enqueue's audit row, untouched"
+
+
+def test_truncating_the_audit_trail_is_refused_even_to_its_owner(installation):
+    installation.install()
+    with psycopg.connect(installation.logins["migrator"], autocommit=True) as conn:
+        assert conn.execute("SELECT current_user").fetchone() == ("queueworker_migrator",)
+        with pytest.raises(psycopg.errors.RaiseException, match="append-only"):
+            conn.execute("TRUNCATE queueworker.task_events")
+
+
+def test_definer_functions_pin_their_search_path_and_are_not_public(dsn):
+    definers = dict(query(dsn, "SELECT proname, proconfig FROM pg_proc "
+                               "WHERE pronamespace = 'queueworker'::regnamespace AND prosecdef"))
+    assert definers == {name: ["search_path=pg_catalog, pg_temp"]
+                        for name in ("audit_task_inserts", "audit_task_updates", "clean_finished")}
+    # Even without docs/database-roles.sql, only the owner may run the retention function.
+    assert scalar(dsn, "SELECT bool_or(grantee = 0) FROM pg_proc, aclexplode(proacl) "
+                       "WHERE oid = 'queueworker.clean_finished(bigint, float8, integer)'::regprocedure") is False
+
+
+def test_the_script_decides_on_every_object_of_the_schema(dsn):
+    """A migration that adds a table, partition, type or function must add its grants to the script
+    (or say there why it needs none) in the same release."""
+    objects = query(dsn, """
+        SELECT relname FROM pg_class WHERE relnamespace = 'queueworker'::regnamespace AND relkind IN ('r', 'p')
+        UNION SELECT proname FROM pg_proc WHERE pronamespace = 'queueworker'::regnamespace
+        UNION SELECT typname FROM pg_type WHERE typnamespace = 'queueworker'::regnamespace AND typtype = 'e'""")
+    script = SCRIPT.read_text()
+    assert [name for (name,) in objects if f"queueworker.{name}" not in script] == []
+    assert f"schema version {available_migrations()[-1].version}" in script
+
+
+def test_an_installation_migrated_before_the_roles_passes_to_the_migrator(installation):
+    """In the field the schema was migrated by whoever ran `queueworker migrate` (here the
+    superuser, up to version 2). The script hands everything to the migrator, which then
+    upgrades it; the roles work from there."""
+    admin = installation.admin
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute("DROP SCHEMA queueworker")  # the fixture's run of the script made it; the field had none
+        conn.execute(sql.CREATE_MIGRATIONS_TABLE)
+        for migration in available_migrations()[:2]:
+            conn.execute(migration.text)
+            conn.execute(sql.RECORD_MIGRATION, {"version": migration.version, "name": migration.name,
+                                                "checksum": migration.checksum})
+        old = enqueue(conn, "qw.noop")
+        conn.execute("UPDATE queueworker.tasks SET state = 'succeeded', finished_at = now() - interval '2 hours'")
+    assert [row[0] for row in query(admin, OWNERS)] == ["postgres"]
+
+    installation.install()
+
+    assert [row[0] for row in query(admin, OWNERS)] == ["queueworker_migrator"]
+    with psycopg.connect(installation.logins["producer"]) as conn:
+        new = enqueue(conn, "qw.noop")
+    assert query(admin, "SELECT from_state, to_state::text FROM queueworker.task_events WHERE task_id = %s",
+                 (new,)) == [(None, "pending")]
+    assert asyncio.run(_clean(installation.logins["worker"])) == 1
+    assert sorted(row[0] for row in query(admin, "SELECT id FROM queueworker.tasks")) == [new]
+    assert old not in {row[0] for row in query(admin, "SELECT task_id FROM queueworker.task_events")}
