@@ -23,9 +23,10 @@ class WorkerProcess:
     def __init__(self, dsn: str, *args: str, env: dict[str, str] | None = None):
         self.log_path = Path(tempfile.mkstemp(prefix="qw-worker-", suffix=".log")[1])
         self._log = open(self.log_path, "wb")
+        # The URL goes by environment, as in a pod: on the command line any local user could read it.
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "queueworker.cli", "worker", "--dsn", dsn, "--log-format", "text", *args],
-            stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+            [sys.executable, "-m", "queueworker.cli", "worker", "--log-format", "text", *args],
+            stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, "DATABASE_URL": dsn, **(env or {})})
 
     @property
     def pid(self) -> int:
