@@ -1,7 +1,7 @@
 """Batched, fenced completion: outcomes are buffered and flushed in one statement per kind.
 
-Outcomes survive database errors that heal (connection lost, server restarting) in the buffer and
-are retried. A batch the database refuses for what is in it (a result Postgres will not store, a
+Outcomes stay buffered through any error that is not about their content (connection lost, server
+restarting, a bug) and are retried. A batch the database refuses for what is in it (a result Postgres will not store, a
 constraint) is written again row by row, so the innocent outcomes land and only the bad one is
 turned into a permanent failure that says why. Rows whose lease moved on are reported by the
 database as not updated, counted as stale and dropped.
@@ -16,11 +16,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 
 from . import jsonvalue, metrics, sql
 from .attempt import Attempt
 from .db import DutyConnection
-from .supervisor import is_transient
 
 log = logging.getLogger("queueworker.completer")
 
@@ -125,12 +125,13 @@ class Completer:
         self.pending.set()
 
     async def _write_batch(self, kind: type, batch: list[Any]) -> list[Attempt]:
-        """One statement for the batch; if the database refuses it for its content, one per row."""
+        """One statement for the batch; if the database refuses it for its content, one per row.
+        Any other error puts the batch back and is raised (the supervisor logs it and retries)."""
         write = self._writes[kind]
         try:
             return await write(batch)
-        except Exception as exc:  # noqa: BLE001 - sorted below: heals (retry later) or content (row by row)
-            if is_transient(exc):
+        except Exception as exc:
+            if not refused_for_content(exc):
                 self._put_back(kind, batch)
                 raise
             if len(batch) > 1:
@@ -140,8 +141,8 @@ class Completer:
         for position, outcome in enumerate(batch):
             try:
                 done += await write([outcome])
-            except Exception as exc:  # noqa: BLE001 - see above
-                if is_transient(exc):
+            except Exception as exc:
+                if not refused_for_content(exc):
                     self._put_back(kind, batch[position:])
                     self._on_flushed(done)
                     raise
@@ -216,6 +217,17 @@ class Completer:
             else:  # older than the grace period (or stale: the fenced failure will say so)
                 self._buffers[Failure].append(Failure(attempt, False, 0.0, unknown.error))
         return [u.attempt for u in batch if u.attempt.key in deferred]
+
+
+def refused_for_content(exc: BaseException) -> bool:
+    """Whether the database refused a write because of the values in it (SQLSTATE classes 22 data
+    exception, 23 integrity constraint, 54 program limit such as a jsonb too large), or the driver
+    could not send them: the fault of one row, not of the database or of our code."""
+    if not isinstance(exc, psycopg.Error):
+        return False
+    if exc.sqlstate is None:
+        return isinstance(exc, psycopg.DataError)
+    return exc.sqlstate[:2] in ("22", "23", "54")
 
 
 def _error_json(error: dict[str, Any]) -> str:
