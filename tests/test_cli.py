@@ -383,11 +383,23 @@ def test_a_worker_that_cannot_connect_logs_and_prints_no_password(dsn, password_
     assert PASSWORD not in output and expected in output
 
 
+@pytest.fixture
+def leaky_role(dsn):
+    """A superuser whose password is PASSWORD, so the worker's URL carries that password."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE qw_leaky LOGIN SUPERUSER PASSWORD '{PASSWORD}'")
+        try:
+            yield "qw_leaky"
+        finally:
+            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = 'qw_leaky'")
+            conn.execute("DROP ROLE qw_leaky")
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("log_format", ["json", "text"])
-def test_a_worker_never_logs_its_password_whoever_writes_it(dsn, tmp_path, log_format):
+def test_a_worker_never_logs_its_password_whoever_writes_it(dsn, tmp_path, log_format, leaky_role):
     (tmp_path / "leaky_handlers.py").write_text(LEAKY_HANDLERS)
-    url = _url(dsn, "postgres", PASSWORD)  # trust authentication: the password is sent but not needed
+    url = _url(dsn, leaky_role, PASSWORD)
     with psycopg.connect(url) as conn:
         task_id = conn.execute("INSERT INTO queueworker.tasks (queue, task, max_attempts) "
                                "VALUES ('default', 'leaky', 1) RETURNING id").fetchone()[0]

@@ -64,6 +64,9 @@ def test_sync_handler_past_its_deadline_is_told_to_stop():
             await run_handler(handler, {}, _ctx(), 0.1, HandlerThreads())
 
     asyncio.run(run())
+    deadline = time.monotonic() + 5  # the handler's thread is a daemon nobody joins: give it its moment
+    while not seen and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert seen == [True]
 
 

@@ -1,18 +1,24 @@
 """docs/state-machine.md must stay true to the code: every documented task transition is one the
-SQL really makes (and no other), and the worker-state table names exactly the State enum."""
+SQL really makes (and no other), and every documented worker-state transition is one a running
+worker really makes (and no other)."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from collections import Counter
 from pathlib import Path
 
 import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from queueworker import sql
-from queueworker.producer import enqueue
-from queueworker.worker import State
+from queueworker import metrics, sql
+from queueworker.handlers import Registry
+from queueworker.migrate import migrate
+from queueworker.producer import enqueue, enqueue_many
+from queueworker.settings import WorkerSettings
+from queueworker.worker import State, Worker
 from tests.support import query
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "state-machine.md"
@@ -37,9 +43,105 @@ def documented_task_transitions() -> set[tuple[str, str]]:
     return {("" if row[0] == "(none)" else row[0], row[1]) for row in _first_table("## Task states")}
 
 
+def documented_worker_transitions() -> set[tuple[str, str]]:
+    return {(row[0], row[1]) for row in _first_table("## Worker process states")}
+
+
 def test_worker_state_table_names_the_state_enum():
-    documented = {cell for row in _first_table("## Worker process states") for cell in row[:2]}
+    documented = {cell for pair in documented_worker_transitions() for cell in pair}
     assert documented == {state.value for state in State}
+
+
+def _transitions_seen() -> Counter:
+    return Counter({(sample.labels["from_state"], sample.labels["to_state"]): sample.value
+                    for metric in metrics.WORKER_STATE_TRANSITIONS.collect() for sample in metric.samples
+                    if sample.name.endswith("_total")})
+
+
+SETTINGS = WorkerSettings(concurrency=2, lease_seconds=3, drain_seconds=1, poll_min_seconds=0.05)
+
+
+async def _run(worker: Worker, until) -> int:
+    running = asyncio.create_task(worker.run())
+    for _ in range(300):
+        if running.done() or await until():
+            break
+        await asyncio.sleep(0.05)
+    if not running.done():
+        worker.request_stop()
+    return await running
+
+
+def _in_state(worker: Worker, state: State):
+    async def check() -> bool:
+        return worker.state is state
+    return check
+
+
+@pytest.mark.integration
+def test_documented_worker_transitions_are_exactly_the_ones_a_worker_makes(dsn):
+    """Drives real workers (real Postgres) through every path of the fetch loop's state machine,
+    and compares the transitions their metric counted with the documented table."""
+    before = _transitions_seen()
+
+    # Work comes and goes: full and partial batches, no free slots, idle, a stop while idle.
+    with psycopg.connect(dsn) as conn:
+        ids = enqueue_many(conn, [{"task": "qw.sleep", "payload": {"seconds": 0.2}}] * 5)
+
+    async def all_done() -> bool:
+        return await asyncio.to_thread(lambda: query(dsn, "SELECT count(*) FROM queueworker.tasks WHERE "
+                                                          "id = ANY(%s) AND state = 'succeeded'", (ids,))[0][0] == 5)
+    worker = Worker(dsn, SETTINGS, Registry())
+
+    async def done_and_idle() -> bool:
+        return await all_done() and worker.state is State.IDLE
+    assert asyncio.run(_run(worker, done_and_idle)) == 0
+
+    # No schema yet: start-up errors, then a stop before the worker ever started.
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DROP SCHEMA queueworker CASCADE")
+    starting = Worker(dsn, SETTINGS, Registry())
+    assert asyncio.run(_run(starting, _in_state(starting, State.ERROR_WAIT))) == 0
+    migrate(dsn)
+
+    # Claims fail, the worker waits, tries again, and is stopped while it waits.
+    failing = Worker(dsn, SETTINGS, Registry())
+    calls = []
+
+    async def broken_claim(queue: str, limit: int) -> int:
+        calls.append(queue)
+        raise RuntimeError("injected claim failure")
+    failing._claim = broken_claim
+
+    async def failed_twice() -> bool:
+        return len(calls) >= 2 and failing.state is State.ERROR_WAIT
+    assert asyncio.run(_run(failing, failed_twice)) == 0
+
+    # A stop request arrives while a full batch is being claimed.
+    with psycopg.connect(dsn) as conn:
+        enqueue_many(conn, [{"task": "qw.sleep", "payload": {"seconds": 5}}] * 2)
+    claiming = Worker(dsn, SETTINGS, Registry())
+    real_claim = claiming._claim
+
+    async def claim_then_stop(queue: str, limit: int) -> int:
+        claimed = await real_claim(queue, limit)
+        claiming.request_stop()
+        return claimed
+    claiming._claim = claim_then_stop
+    assert asyncio.run(_run(claiming, lambda: asyncio.sleep(0, False))) == 0
+
+    # A stop request arrives during the start-up rescue pass.
+    recovering = Worker(dsn, SETTINGS, Registry())
+    real_rescue = recovering.rescuer.rescue_once
+
+    async def rescue_then_stop() -> tuple[int, int]:
+        recovering.request_stop()
+        return await real_rescue()
+    recovering.rescuer.rescue_once = rescue_then_stop
+    assert asyncio.run(_run(recovering, lambda: asyncio.sleep(0, False))) == 0
+
+    seen = {pair for pair, count in (_transitions_seen() - before).items() if count}
+    assert seen == documented_worker_transitions()
 
 
 @pytest.mark.integration
@@ -71,6 +173,11 @@ def test_documented_task_transitions_are_exactly_the_ones_the_sql_makes(dsn):
 
         released = enqueue(conn, "qw.noop")
         conn.execute(sql.RELEASE, {"ids": [released], "tokens": [claimed_token(conn, released)]})
+
+        unknown = enqueue(conn, "no.such.task")                                          # running -> pending
+        conn.execute(sql.DEFER_UNKNOWN, {"ids": [unknown], "tokens": [claimed_token(conn, unknown)],
+                                         "errors": [Jsonb({"message": "x"})], "delay_seconds": 10,
+                                         "grace_seconds": 600})
 
         rescued = enqueue(conn, "qw.noop", max_attempts=2)
         claimed_token(conn, rescued)

@@ -11,7 +11,6 @@ import inspect
 import logging
 import signal
 import time
-from pathlib import Path
 
 import psycopg
 import pytest

@@ -56,8 +56,8 @@ class WorkerSettings(BaseModel):
     drain_seconds: Seconds = Field(default=20.0, description="on SIGTERM, how long running attempts may finish")
     task_timeout_seconds: PositiveSeconds = Field(
         default=1800.0, description="hard deadline per attempt for tasks that set none")
-    # Background duties: a SIGKILLed worker's tasks are back in the queue at most lease + lease/4
-    # after its last heartbeat (37.5 s with the defaults).
+    # Background duties: a SIGKILLed worker's tasks are back in the queue at most lease + 1.2 × lease/4
+    # after its last heartbeat (39 s with the defaults; the rescue interval is jittered ±20%).
     rescue_interval_seconds: PositiveSeconds | None = Field(
         default=None, description="how often expired leases are returned to the queue; unset: a quarter of the lease")
     deadline_grace_seconds: Seconds = Field(
