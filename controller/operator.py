@@ -29,6 +29,9 @@ RESOLVER_THREADS = 32
 API_REQUEST_TIMEOUT_SECONDS = 30
 API_CONNECT_TIMEOUT_SECONDS = 10
 WATCH_SERVER_TIMEOUT_SECONDS = 300
+# A deleted QueueWorker's timer stops after its running tick; kopf looks again this often (its
+# default, 60 s, would hold every deletion that meets a tick in progress for a minute).
+TIMER_STOP_POLLING_SECONDS = 1
 
 
 @kopf.on.startup()
@@ -43,6 +46,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.networking.connect_timeout = API_CONNECT_TIMEOUT_SECONDS
     settings.watching.server_timeout = WATCH_SERVER_TIMEOUT_SECONDS
     settings.watching.client_timeout = WATCH_SERVER_TIMEOUT_SECONDS + API_REQUEST_TIMEOUT_SECONDS
+    settings.background.cancellation_polling = TIMER_STOP_POLLING_SECONDS
     asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(RESOLVER_THREADS, thread_name_prefix="resolve"))
     memo.reconciler = Reconciler(Kube(load_config()), QueueDatabases(),
                                  allow_privileged_templates=bool(memo.get("allow_privileged_templates")))

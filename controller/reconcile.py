@@ -221,7 +221,7 @@ class Reconciler:
         elif desired != current_replicas and spec.scaling.dry_run and desired != previous.get("desiredReplicas"):
             events.append(Event("Normal", "DryRun", f"would scale: {decision.message}"))
 
-        ready = _ready_condition(error_reason, error, decision)
+        ready = _ready_condition(error_reason, decision)
         replica_failure = _replica_failure(deployment)
         was = previous.get("conditions")
         events += _ready_transition_events(conditions.find(was, "Ready") or {}, ready)
@@ -348,10 +348,11 @@ def _status_patch(previous: dict[str, Any], status: dict[str, Any], now: float) 
     return patch
 
 
-def _ready_condition(error_reason: str | None, error: str | None, decision: Decision) -> Condition:
+def _ready_condition(error_reason: str | None, decision: Decision) -> Condition:
+    """The decision's message says it all: on errors it starts with why the queue was not read."""
     if error_reason:
-        return Condition("Ready", "False", error_reason, f"{error}; {decision.message}")
-    return Condition("Ready", "True", "QueueReadable", decision.message)
+        return Condition("Ready", "False", error_reason, decision.message[:MESSAGE_LIMIT])
+    return Condition("Ready", "True", "QueueReadable", decision.message[:MESSAGE_LIMIT])
 
 
 def _ready_transition_events(was: dict[str, Any], ready: Condition) -> list[Event]:
