@@ -290,11 +290,14 @@ class _DepthBatch:
             async with self._lock:
                 self.started = True
                 rows = await self._fetch(sql.QUEUE_DEPTH, {"queues": list(self._waiters), "cap": self._cap})
-        except Exception as exc:  # noqa: BLE001 - every waiter gets the error to report
+        except BaseException as exc:  # every waiter gets an outcome, whatever happened here
+            error = exc if isinstance(exc, Exception) else psycopg.OperationalError("the depth read was interrupted")
             for futures in self._waiters.values():
                 for future in futures:
                     if not future.done():
-                        future.set_exception(exc)
+                        future.set_exception(error)
+            if not isinstance(exc, Exception):
+                raise
             return
         depths = {queue: QueueDepth(int(ready), int(running), int(retrying), age)
                   for queue, ready, running, retrying, age in rows}

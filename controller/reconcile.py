@@ -45,6 +45,9 @@ MIN_NOTIFIED_POLL_SECONDS = 1.0
 STATUS_REFRESH_SECONDS = 60
 # A spec that cannot be parsed is looked at again this often (a spec change is seen at once).
 UNPARSABLE_SPEC_RETRY_SECONDS = 60
+# The last guard: a tick still running after this long (every call in it has a shorter timeout of
+# its own) is abandoned and reported, so no QueueWorker is ever stuck, nor its deletion.
+TICK_TIMEOUT_SECONDS = 120
 # Threads for Kubernetes calls (each bounded by kube.REQUEST_TIMEOUT); never used for database work.
 KUBE_THREADS = 8
 # Status messages and Event messages are cut to this many characters.
@@ -138,7 +141,9 @@ class Reconciler:
         memory.generation = obj.generation
         memory.next_poll = started + UNPARSABLE_SPEC_RETRY_SECONDS
         try:
-            return await self._tick(obj, memory, started)
+            return await asyncio.wait_for(self._tick(obj, memory, started), TICK_TIMEOUT_SECONDS)
+        except asyncio.TimeoutError:
+            return self._failed(obj, "ReconcileError", f"the tick did not finish within {TICK_TIMEOUT_SECONDS}s")
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - the handler boundary: report, never retry-loop

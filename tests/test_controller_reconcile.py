@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 import psycopg
 import pytest
 
-from queueworker_controller import metrics
+from queueworker_controller import metrics, reconcile
 from queueworker_controller.deployment import SECRET_VERSION_ANNOTATION, secret_version
 from queueworker_controller.kube import SecretUnavailable, SecretValue
 from queueworker_controller.policy import QueueDepth
@@ -375,3 +376,17 @@ def test_the_scale_down_window_survives_a_controller_restart():
     assert busy.status["recommendations"][0]["replicas"] == 5
     after_restart = tick(kube, QueueDepth(ready=0, running=1), spec, status=busy.status, memory=ObjectMemory())
     assert kube.scaled == [] and after_restart.status["reason"] == "Stabilizing"
+
+
+class StuckKube(FakeKube):
+    def read_deployment(self, namespace, name):
+        time.sleep(1)  # far longer than the tick may take here
+        return None
+
+
+def test_a_tick_that_never_ends_is_abandoned_and_reported(monkeypatch):
+    monkeypatch.setattr(reconcile, "TICK_TIMEOUT_SECONDS", 0.2)
+    result = tick(StuckKube(), QueueDepth(0, 0))
+    ready = next(c for c in result.status["conditions"] if c["type"] == "Ready")
+    assert (ready["reason"], ready["message"]) == ("ReconcileError", "the tick did not finish within 0.2s")
+    assert [e.reason for e in result.events] == ["ReconcileError"]
