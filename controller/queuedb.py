@@ -180,9 +180,7 @@ class Database:
                         # "queue due_epoch" announces tasks due later; unwatched queues are not kept.
                         if notify.payload in self.watched:
                             self._notified[notify.payload] = time.monotonic()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - the loop must outlive any error
+            except Exception as exc:  # noqa: BLE001 - the loop must outlive any error (not cancellation)
                 failures += 1
                 delay = min(LISTEN_RETRY_MAX_SECONDS, 2 ** failures)
                 log.debug("LISTEN on %s failed (%s); polling only, retrying in %ss", self._where,

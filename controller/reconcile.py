@@ -140,13 +140,13 @@ class Reconciler:
         started = self.monotonic()
         memory.generation = obj.generation
         memory.next_poll = started + UNPARSABLE_SPEC_RETRY_SECONDS
+        deadline = asyncio.timeout(TICK_TIMEOUT_SECONDS)
         try:
-            return await asyncio.wait_for(self._tick(obj, memory, started), TICK_TIMEOUT_SECONDS)
-        except asyncio.TimeoutError:
-            return self._failed(obj, "ReconcileError", f"the tick did not finish within {TICK_TIMEOUT_SECONDS}s")
-        except asyncio.CancelledError:
-            raise
+            async with deadline:
+                return await self._tick(obj, memory, started)
         except Exception as exc:  # noqa: BLE001 - the handler boundary: report, never retry-loop
+            if deadline.expired():
+                return self._failed(obj, "ReconcileError", f"the tick did not finish within {TICK_TIMEOUT_SECONDS}s")
             return self._failed(obj, "ReconcileError", f"the tick failed: {type(exc).__name__}: "
                                 f"{self.secrets.scrub(_first_line(exc))}", exc)
         finally:
@@ -183,7 +183,8 @@ class Reconciler:
         except ApiException as exc:
             return self._failed(obj, "DeploymentError", f"worker Deployment: {api_error(exc)}")
         try:
-            # Without the Secret, keep the version the pods run with: no rollout because of an outage.
+            # Without a usable URL (Secret missing or invalid), keep the version the pods run with:
+            # they keep working with the value they started with; rolling them would break them.
             rendered = build_deployment(obj.name, obj.namespace, obj.uid, spec,
                                         secret.version if secret.dsn is not None else secret_version(current))
         except InvalidSpec as exc:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from queueworker_controller import podsecurity
 from queueworker_controller.deployment import (
-    HASH_ANNOTATION, OWNER_LABEL, SECRET_VERSION_ANNOTATION, build_deployment, deployment_name,
+    HASH_ANNOTATION, OWNER_LABEL, SECRET_VERSION_ANNOTATION, WORKER_UID, build_deployment, deployment_name,
     grace_period_seconds, merge, secret_version,
 )
 from queueworker_controller.spec import InvalidSpec, QueueWorkerSpec
@@ -177,3 +179,9 @@ def test_spec_defaults_and_effective_tasks_per_replica():
     spec = QueueWorkerSpec.from_dict({**MINIMAL, "concurrency": 4, "scaling": {"tasksPerReplica": 2}})
     params = spec.scaling_params()
     assert params.tasks_per_replica == 2 and params.max_replicas == 10
+
+
+def test_the_pod_runs_as_the_worker_images_user():
+    dockerfile = (Path(__file__).resolve().parent.parent / "Dockerfile.worker").read_text()
+    (user,) = [line.split()[1] for line in dockerfile.splitlines() if line.startswith("USER ")]
+    assert user == f"{WORKER_UID}:{WORKER_UID}"
