@@ -50,6 +50,8 @@ UNPARSABLE_SPEC_RETRY_SECONDS = 60
 TICK_TIMEOUT_SECONDS = 120
 # Threads for Kubernetes calls (each bounded by kube.REQUEST_TIMEOUT); never used for database work.
 KUBE_THREADS = 8
+# A Secret value longer than this is no database URL; it is neither parsed nor kept in memory.
+MAX_DATABASE_URL_BYTES = 8192
 # Status messages and Event messages are cut to this many characters.
 MESSAGE_LIMIT = 1000
 
@@ -107,6 +109,9 @@ class DatabaseSecret:
 
 def database_url(raw: bytes) -> str:
     """The Postgres URL in a Secret's raw value; InvalidDsn (a message without the value) otherwise."""
+    if len(raw) > MAX_DATABASE_URL_BYTES:
+        raise dsn_text.InvalidDsn(f"the Secret value is {len(raw)} bytes long; a database URL is at most "
+                                  f"{MAX_DATABASE_URL_BYTES}")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -204,6 +209,10 @@ class Reconciler:
         depth, error_reason, error = None, secret.error_reason, secret.error
         if secret.dsn is not None:
             depth, error_reason, error = await self._read_depth(obj, spec, secret.dsn, memory)
+        else:  # the Secret names no database now: the one it named is not kept open for it
+            self.databases.release(obj.key)
+            metrics.databases.set(self.databases.open_databases)
+            memory.listening_on = None
         if error_reason:
             metrics.errors.labels(obj.namespace, obj.name, error_reason).inc()
         previous = obj.status
@@ -264,8 +273,9 @@ class Reconciler:
             return DatabaseSecret(error_reason="SecretUnavailable", error=str(exc))
         except ApiException as exc:
             return DatabaseSecret(error_reason="SecretUnavailable", error=f"{where}: {api_error(exc)}")
-        self.secrets.remember(obj.key, value.data.decode("utf-8", "replace"))
         try:
+            if len(value.data) <= MAX_DATABASE_URL_BYTES:  # masked in logs from now on (memory stays bounded)
+                self.secrets.remember(obj.key, value.data.decode("utf-8", "replace"))
             return DatabaseSecret(dsn=database_url(value.data), version=value.version)
         except dsn_text.InvalidDsn as exc:
             return DatabaseSecret(version=value.version, error_reason="InvalidDatabaseUrl", error=f"{where}: {exc}")

@@ -290,7 +290,7 @@ def test_any_error_in_a_tick_becomes_a_condition_an_event_and_a_scrubbed_log(cap
     ("ghp_0123456789abcdefTOKENTOKENTOKEN", "not a valid Postgres connection string"),
     ("postgresq://app:Sup3rSecretPw@db/app", "scheme"),
     ("postgresql://app:Sup3rSecretPw@db/app\x00", "NUL byte"),
-    ("x" * 1_000_000, "not a valid Postgres connection string"),
+    ("x" * 1_000_000, "the Secret value is 1000000 bytes long"),
 ], ids=["not-utf8", "api-token", "scheme-typo", "nul-byte", "one-megabyte"])
 def test_a_hostile_secret_value_is_classified_and_never_repeated(secret, message):
     kube = FakeKube(replicas=2)
@@ -329,8 +329,9 @@ def test_a_rotated_secret_rolls_the_pods_and_an_outage_does_not():
     assert databases.bindings == {("ns", "w"): ("postgresql://db2/app", "jobs")}
     writes = kube.writes
     kube.secret = None  # deleted: the pods keep the version they run with
-    tick(kube, QueueDepth(0, 0))
+    tick(kube, QueueDepth(0, 0), databases=databases)
     assert kube.writes == writes
+    assert databases.bindings == {}  # and the database it named is not kept open
     assert kube.deployments["w-worker"]["spec"]["template"]["metadata"]["annotations"][SECRET_VERSION_ANNOTATION] == "2"
 
 
