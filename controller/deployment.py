@@ -3,6 +3,11 @@
 The rendered object never carries `spec.replicas`: the replica count belongs to the scaling loop
 (and to the user while paused), so re-rendering after a spec change never resets it. A hash of
 the rendered object is stored as an annotation so the controller can tell whether it must update.
+
+The generated pod passes the Pod Security "restricted" profile: non-root (the worker image's uid),
+seccomp RuntimeDefault, every capability dropped, no privilege escalation, a read-only root
+filesystem with an emptyDir on /tmp (the image's HOME and working directory), and no service
+account token unless the template asks for one.
 """
 
 from __future__ import annotations
@@ -12,12 +17,21 @@ import hashlib
 import json
 from typing import Any
 
-from .spec import GROUP, KIND, VERSION, QueueWorkerSpec
+from .spec import GROUP, KIND, VERSION, InvalidSpec, QueueWorkerSpec
 
 OWNER_LABEL = "queueworker.dev/queueworker"
 HASH_ANNOTATION = "queueworker.dev/spec-hash"
+# On the pod template: the resourceVersion of the database Secret the pods read DATABASE_URL from.
+# Environment variables are read at container start, so a changed Secret must roll the pods.
+SECRET_VERSION_ANNOTATION = "queueworker.dev/database-secret-version"
 CONTAINER_NAME = "worker"
 MANAGED_BY = "queueworker-controller"
+# The worker image's user (Dockerfile.worker `USER 10001:10001`).
+WORKER_UID = 10001
+TMP_VOLUME = "tmp"
+# The worker's `--shutdown-seconds` (its whole SIGTERM-to-exit budget, fitted to the grace period).
+# Workers older than the flag refuse it; this switch exists only for the merge that brings both.
+PASS_SHUTDOWN_SECONDS = True
 
 
 def deployment_name(queueworker_name: str) -> str:
@@ -34,6 +48,8 @@ def worker_args(spec: QueueWorkerSpec) -> list[str]:
     args = ["worker", "--queue", spec.queue, "--concurrency", str(spec.concurrency),
             "--lease-seconds", str(spec.lease_seconds), "--heartbeat-seconds", f"{spec.heartbeat_seconds:g}",
             "--drain-seconds", str(spec.drain_seconds)]
+    if PASS_SHUTDOWN_SECONDS:
+        args += ["--shutdown-seconds", str(spec.shutdown_seconds)]
     if spec.handlers:
         args += ["--handlers", spec.handlers]
     if spec.metrics_port:
@@ -41,8 +57,11 @@ def worker_args(spec: QueueWorkerSpec) -> list[str]:
     return args
 
 
-def build_deployment(name: str, namespace: str, uid: str, spec: QueueWorkerSpec) -> dict[str, Any]:
-    """The Deployment for QueueWorker `namespace/name` (uid for the owner reference), without replicas."""
+def build_deployment(name: str, namespace: str, uid: str, spec: QueueWorkerSpec,
+                     secret_version: str | None = None) -> dict[str, Any]:
+    """The Deployment for QueueWorker `namespace/name` (uid for the owner reference), without replicas.
+    `secret_version` (the database Secret's resourceVersion) goes on the pod template, so a changed
+    Secret rolls the pods. Raises InvalidSpec when the template cannot be merged."""
     labels = {"app.kubernetes.io/name": "queueworker", "app.kubernetes.io/instance": name,
               "app.kubernetes.io/component": "worker", "app.kubernetes.io/managed-by": MANAGED_BY,
               **selector_labels(name)}
@@ -56,17 +75,32 @@ def build_deployment(name: str, namespace: str, uid: str, spec: QueueWorkerSpec)
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
             {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         ],
+        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                            "capabilities": {"drop": ["ALL"]}},
+        "volumeMounts": [{"name": TMP_VOLUME, "mountPath": "/tmp"}],
     }
     pod_annotations: dict[str, str] = {}
     if spec.metrics_port:
         container["ports"] = [{"name": "metrics", "containerPort": spec.metrics_port, "protocol": "TCP"}]
         pod_annotations = {"prometheus.io/scrape": "true", "prometheus.io/port": str(spec.metrics_port)}
+    if secret_version is not None:
+        pod_annotations[SECRET_VERSION_ANNOTATION] = secret_version
     generated = {
         "metadata": {"labels": dict(labels), **({"annotations": pod_annotations} if pod_annotations else {})},
-        "spec": {"containers": [container], "terminationGracePeriodSeconds": spec.default_grace_seconds},
+        "spec": {
+            "containers": [container],
+            "terminationGracePeriodSeconds": spec.grace_period_seconds,
+            "automountServiceAccountToken": False,
+            "securityContext": {"runAsNonRoot": True, "runAsUser": WORKER_UID, "runAsGroup": WORKER_UID,
+                                "seccompProfile": {"type": "RuntimeDefault"}},
+            "volumes": [{"name": TMP_VOLUME, "emptyDir": {}}],
+        },
     }
-    template = merge(generated, spec.template)
-    template["metadata"]["labels"].update(selector_labels(name))  # the selector must keep matching
+    try:
+        template = merge(generated, spec.template)
+        template["metadata"]["labels"].update(selector_labels(name))  # the selector must keep matching
+    except (TypeError, AttributeError, KeyError) as exc:
+        raise InvalidSpec(f"template cannot be merged over the generated pod: {type(exc).__name__}: {exc}") from exc
     deployment: dict[str, Any] = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -87,6 +121,14 @@ def spec_hash(deployment: dict[str, Any]) -> str:
 
 def grace_period_seconds(deployment: dict[str, Any]) -> int:
     return int(deployment["spec"]["template"]["spec"].get("terminationGracePeriodSeconds", 30))
+
+
+def secret_version(deployment: dict[str, Any] | None) -> str | None:
+    """The database Secret version the Deployment's pods were started with, if any."""
+    if deployment is None:
+        return None
+    return ((deployment["spec"]["template"].get("metadata") or {}).get("annotations") or {}).get(
+        SECRET_VERSION_ANNOTATION)
 
 
 def merge(base: Any, override: Any) -> Any:

@@ -1,13 +1,16 @@
 """The few Kubernetes API calls the controller makes, with the official client.
 
-Every method blocks; the reconciler calls them through `asyncio.to_thread`. Objects come back as
-plain dicts (the JSON the API server sent), which is what the pure builders and tests use.
+Every method blocks; the reconciler runs them on a thread pool of their own (never shared with
+database work) and every request has a timeout (REQUEST_TIMEOUT), so a slow API server delays
+ticks but cannot pin threads forever. Objects come back as plain dicts (the JSON the API server
+sent), which is what the pure builders and tests use.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes import client, config
@@ -15,10 +18,31 @@ from kubernetes.client.rest import ApiException
 
 DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
 FIELD_MANAGER = "queueworker-controller"
+# (connect, read) seconds for every request.
+REQUEST_TIMEOUT = (5, 20)
 
 
 class SecretUnavailable(Exception):
     """The database Secret or its key is missing or unreadable."""
+
+
+@dataclass(frozen=True)
+class SecretValue:
+    """One key of a Secret, raw: a Secret may hold any bytes, decoding is the caller's business."""
+
+    data: bytes = field(repr=False)
+    version: str  # the Secret's resourceVersion
+
+
+def api_error(exc: ApiException) -> str:
+    """`422 Unprocessable Entity: <the API server's message>` for an ApiException. The API server's
+    message names fields and values of the objects the controller sends, which never hold a secret."""
+    message = ""
+    try:
+        message = str(json.loads(exc.body or "{}").get("message") or "")
+    except (ValueError, AttributeError):
+        pass
+    return f"{exc.status} {exc.reason}" + (f": {message[:500]}" if message else "")
 
 
 def load_config() -> client.ApiClient:
@@ -37,7 +61,8 @@ class Kube:
 
     def read_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            return _json(self._apps.read_namespaced_deployment(name, namespace, _preload_content=False))
+            return _json(self._apps.read_namespaced_deployment(name, namespace, _preload_content=False,
+                                                               _request_timeout=REQUEST_TIMEOUT))
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -46,7 +71,8 @@ class Kube:
     def create_deployment(self, namespace: str, body: dict[str, Any], replicas: int) -> dict[str, Any]:
         body = {**body, "spec": {**body["spec"], "replicas": replicas}}
         return _json(self._apps.create_namespaced_deployment(namespace, body, field_manager=FIELD_MANAGER,
-                                                             _preload_content=False))
+                                                             _preload_content=False,
+                                                             _request_timeout=REQUEST_TIMEOUT))
 
     def update_deployment(self, current: dict[str, Any], rendered: dict[str, Any]) -> dict[str, Any]:
         """Replaces the Deployment with `rendered`, keeping its replica count, other writers' labels and
@@ -60,30 +86,36 @@ class Kube:
                 "spec": {**rendered["spec"], "replicas": current["spec"].get("replicas", 1)}}
         return _json(self._apps.replace_namespaced_deployment(meta["name"], meta["namespace"], body,
                                                               field_manager=FIELD_MANAGER,
-                                                              _preload_content=False))
+                                                              _preload_content=False,
+                                                              _request_timeout=REQUEST_TIMEOUT))
 
     def scale_deployment(self, namespace: str, name: str, replicas: int) -> None:
         self._apps.patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": replicas}},
-                                                     field_manager=FIELD_MANAGER)
+                                                     field_manager=FIELD_MANAGER, _request_timeout=REQUEST_TIMEOUT)
 
-    def read_secret_value(self, namespace: str, name: str, key: str) -> str:
+    def read_secret(self, namespace: str, name: str, key: str) -> SecretValue:
+        """The raw value of one key. SecretUnavailable (with a secret-free message) when the Secret
+        or the key is missing or cannot be read."""
         try:
-            secret = self._core.read_namespaced_secret(name, namespace)
+            secret = _json(self._core.read_namespaced_secret(name, namespace, _preload_content=False,
+                                                             _request_timeout=REQUEST_TIMEOUT))
         except ApiException as exc:
             raise SecretUnavailable(f"Secret {namespace}/{name}: {exc.reason} ({exc.status})") from None
-        if key not in (secret.data or {}):
+        data = secret.get("data") or {}
+        if key not in data:
             raise SecretUnavailable(f"Secret {namespace}/{name} has no key {key!r}")
-        return base64.b64decode(secret.data[key]).decode()
+        return SecretValue(base64.b64decode(data[key]), secret["metadata"]["resourceVersion"])
 
     def list_pods(self, namespace: str, selector: dict[str, str]) -> list[dict[str, Any]]:
         label_selector = ",".join(f"{k}={v}" for k, v in selector.items())
         return _json(self._core.list_namespaced_pod(namespace, label_selector=label_selector,
-                                                    _preload_content=False))["items"]
+                                                    _preload_content=False, _request_timeout=REQUEST_TIMEOUT))["items"]
 
     def set_deletion_cost(self, namespace: str, pod: str, cost: int) -> None:
         patch = {"metadata": {"annotations": {DELETION_COST_ANNOTATION: str(cost)}}}
         try:
-            self._core.patch_namespaced_pod(pod, namespace, patch, field_manager=FIELD_MANAGER)
+            self._core.patch_namespaced_pod(pod, namespace, patch, field_manager=FIELD_MANAGER,
+                                            _request_timeout=REQUEST_TIMEOUT)
         except ApiException as exc:
             if exc.status != 404:  # the pod went away meanwhile: nothing to price
                 raise

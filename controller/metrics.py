@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
 
 OBJECT = ("namespace", "name")
 
@@ -16,17 +17,21 @@ errors = Counter("queueworker_controller_errors_total", "Ticks that could not re
                  (*OBJECT, "reason"))
 tick_seconds = Histogram("queueworker_controller_tick_duration_seconds", "Duration of one scaling tick",
                          buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
+databases = Gauge("queueworker_controller_databases", "Databases with an open pool and listener (in use by a "
+                  "QueueWorker)")
+
+# Every metric labelled per QueueWorker, with the label names that follow (namespace, name).
+PER_OBJECT: tuple[tuple[MetricWrapperBase, tuple[str, ...]], ...] = (
+    (desired_replicas, ()), (replicas, ()), (queue_depth, ("state",)), (decisions, ("reason",)),
+    (scales, ("direction",)), (errors, ("reason",)),
+)
 
 
 def forget(namespace: str, name: str) -> None:
-    """Drops a deleted QueueWorker's series."""
-    for gauge in (desired_replicas, replicas):
-        try:
-            gauge.remove(namespace, name)
-        except KeyError:
-            pass
-    for state in ("ready", "running", "retrying"):
-        try:
-            queue_depth.remove(namespace, name, state)
-        except KeyError:
-            pass
+    """Drops every series of a deleted QueueWorker, whatever its other labels (reasons, states)."""
+    for metric, extra in PER_OBJECT:
+        label_sets = {tuple(sample.labels[label] for label in extra)
+                      for family in metric.collect() for sample in family.samples
+                      if sample.labels.get("namespace") == namespace and sample.labels.get("name") == name}
+        for values in label_sets:
+            metric.remove(namespace, name, *values)

@@ -1,26 +1,38 @@
-"""Reading queue depth and worker leases from Postgres, gently.
+"""Reading queue depth and worker leases from Postgres, without letting one database hold up the rest.
 
-One small pool per distinct database (not per QueueWorker), a short connect timeout and a
-`statement_timeout` on every session, and depth reads coalesced: QueueWorkers that poll the same
-database at about the same moment share one `QUEUE_DEPTH` query for all their queues. The blocking
-psycopg calls run in threads so kopf's event loop never waits on the database.
+Every distinct database (connection URL) gets a `Database` of its own: at most POOL_SIZE
+connections, one LISTEN connection on the producers' NOTIFY channel, and coalesced depth reads
+(QueueWorkers that poll it at about the same moment share one `QUEUE_DEPTH` query). Everything is
+asyncio (psycopg's AsyncConnection): no thread pool is shared with other databases or with the
+Kubernetes calls, so a database that hangs only delays the QueueWorkers that use it.
 
-Each database also gets one LISTEN connection on the producers' NOTIFY channel, so a backlog
-that appears between two polls is noticed at once (the reconciler decides what to do with that).
-Without it (e.g. behind a transaction-pooling PgBouncer) polling alone still works.
+Nothing waits without a bound. `connect_timeout` covers the TCP connect, the startup and the
+authentication; every statement has a client-side deadline on top of the server's
+`statement_timeout`, because a server that hangs after the startup (or a proxy in front of a dead
+one) never enforces its own timeout. At the deadline the connection's socket is shut down, which
+wakes psycopg with an error at once; a cancel request would have to reach the same hung server.
+TCP keepalives and `tcp_user_timeout` notice a peer that vanished without closing the connection.
+
+`Database`s are reference counted by the QueueWorkers bound to them (`bind`/`release`): when the
+last one goes (deleted, or its Secret now names another database) the pool and the listener are
+closed. NOTIFYs are recorded only for queues a bound QueueWorker watches, so a producer announcing
+arbitrary queue names cannot grow the controller's memory.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import threading
+import socket
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
+from queueworker import dsn as dsn_text
 from queueworker import sql
 
 from .policy import QueueDepth
@@ -29,45 +41,25 @@ log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_SECONDS = 3
 STATEMENT_TIMEOUT_MS = 2000
+# Client-side bound on one statement: the server's statement_timeout plus a round trip.
+STATEMENT_DEADLINE_SECONDS = STATEMENT_TIMEOUT_MS / 1000 + 2
+# After the socket is shut down, how long a statement may take to notice before it is abandoned.
+ABANDON_SECONDS = 1.0
 POOL_SIZE = 2
 # How long a read waits for other QueueWorkers on the same database to join its query.
 COALESCE_SECONDS = 0.02
-SESSION_OPTIONS = f"-c statement_timeout={STATEMENT_TIMEOUT_MS} -c idle_in_transaction_session_timeout=10000"
 LISTEN_RETRY_MAX_SECONDS = 30
+CONNECTION_PARAMETERS: dict[str, Any] = {
+    "autocommit": True,
+    "connect_timeout": CONNECT_TIMEOUT_SECONDS,
+    "options": f"-c statement_timeout={STATEMENT_TIMEOUT_MS} -c idle_in_transaction_session_timeout=10000",
+    "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3,
+    "tcp_user_timeout": 15000,  # ms: unacknowledged data this long means the peer is gone
+}
 
 
-class SmallPool:
-    """At most POOL_SIZE idle autocommit connections to one database; a connection that errs is
-    dropped, so a restarted server costs one failed query, not a stuck pool."""
-
-    def __init__(self, dsn: str):
-        self._dsn = dsn
-        self._idle: list[psycopg.Connection] = []
-        self._lock = threading.Lock()
-
-    @contextmanager
-    def connection(self) -> Iterator[psycopg.Connection]:
-        with self._lock:
-            conn = self._idle.pop() if self._idle else None
-        if conn is None or conn.closed:
-            conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS,
-                                   options=SESSION_OPTIONS, application_name="queueworker-controller")
-        try:
-            yield conn
-        except BaseException:
-            conn.close()
-            raise
-        with self._lock:
-            if len(self._idle) < POOL_SIZE:
-                self._idle.append(conn)
-                return
-        conn.close()
-
-    def close(self) -> None:
-        with self._lock:
-            idle, self._idle = self._idle, []
-        for conn in idle:
-            conn.close()
+class StatementTimeout(psycopg.OperationalError):
+    """A statement got no answer within STATEMENT_DEADLINE_SECONDS (the message is secret-free)."""
 
 
 @dataclass(frozen=True)
@@ -79,78 +71,204 @@ class WorkerLease:
 
 
 class QueueDatabases:
-    """Every database the controller reads, keyed by connection URL."""
+    """Every database the controller reads, keyed by connection URL, kept while a QueueWorker uses it."""
 
     def __init__(self) -> None:
-        self._pools: dict[str, SmallPool] = {}
-        self._batches: dict[str, _DepthBatch] = {}
-        self._query_locks: dict[str, asyncio.Lock] = {}
-        self._listeners: dict[str, asyncio.Task[None]] = {}
-        self._notified: dict[tuple[str, str], float] = {}  # (dsn, queue) -> monotonic time of last NOTIFY
+        self._databases: dict[str, Database] = {}
+        self._bindings: dict[Hashable, tuple[str, str]] = {}  # owner -> (dsn, queue)
 
-    def pool(self, dsn: str) -> SmallPool:
-        if dsn not in self._pools:
-            self._pools[dsn] = SmallPool(dsn)
-        return self._pools[dsn]
+    def bind(self, owner: Hashable, dsn: str, queue: str) -> None:
+        """`owner` (a QueueWorker) now reads `queue` on `dsn`; whatever it read before is released."""
+        if self._bindings.get(owner) == (dsn, queue):
+            return
+        self.release(owner)
+        database = self._databases.get(dsn)
+        if database is None:
+            database = self._databases[dsn] = Database(dsn)
+        database.watch(queue)
+        self._bindings[owner] = (dsn, queue)
+
+    def release(self, owner: Hashable) -> None:
+        """Forgets `owner`'s binding; a database nobody reads any more is closed."""
+        binding = self._bindings.pop(owner, None)
+        if binding is None:
+            return
+        dsn, queue = binding
+        database = self._databases[dsn]
+        database.unwatch(queue)
+        if not database.watched:
+            del self._databases[dsn]
+            database.close()
+
+    @property
+    def open_databases(self) -> int:
+        return len(self._databases)
+
+    def _bound(self, dsn: str) -> Database:
+        database = self._databases.get(dsn)
+        if database is None:
+            raise LookupError("no QueueWorker is bound to this database")  # a caller's bug, never the URL
+        return database
 
     async def depth(self, dsn: str, queue: str, cap: int) -> QueueDepth:
         """The queue's depth, ready and retrying counted up to `cap`. Raises psycopg.Error."""
-        batch = self._batches.get(dsn)
-        if batch is None or batch.started:
-            lock = self._query_locks.setdefault(dsn, asyncio.Lock())
-            batch = self._batches[dsn] = _DepthBatch(self.pool(dsn), lock)
-            asyncio.get_running_loop().call_later(COALESCE_SECONDS, batch.start)
-        return await batch.add(queue, cap)
+        return await self._bound(dsn).depth(queue, cap)
 
     async def worker_leases(self, dsn: str, namespace: str, queue: str) -> list[WorkerLease]:
-        def read() -> list[WorkerLease]:
-            with self.pool(dsn).connection() as conn:
-                rows = conn.execute(sql.WORKER_LEASES, {"namespace": namespace, "queue": queue}).fetchall()
-            return [WorkerLease(*row) for row in rows]
-        return await asyncio.to_thread(read)
-
-    def listen(self, dsn: str) -> None:
-        """Starts listening for new tasks on this database, once."""
-        if dsn not in self._listeners:
-            self._listeners[dsn] = asyncio.ensure_future(self._listen(dsn))
+        rows = await self._bound(dsn).fetch(sql.WORKER_LEASES, {"namespace": namespace, "queue": queue})
+        return [WorkerLease(*row) for row in rows]
 
     def notified_since(self, dsn: str, queue: str, since: float) -> bool:
         """Whether tasks were enqueued on `queue` after monotonic time `since`."""
-        return self._notified.get((dsn, queue), float("-inf")) > since
+        database = self._databases.get(dsn)
+        return database is not None and database.notified_since(queue, since)
 
-    async def _listen(self, dsn: str) -> None:
+    def close(self) -> None:
+        for database in self._databases.values():
+            database.close()
+        self._databases.clear()
+        self._bindings.clear()
+
+
+class Database:
+    """One database: its connections, its LISTEN loop, its depth batches and the queues watched on it."""
+
+    def __init__(self, dsn: str):
+        self._dsn = dsn
+        self._where = dsn_text.describe(dsn)  # for log lines: never the URL itself
+        self._pool = _Pool(dsn)
+        self.watched: Counter[str] = Counter()
+        self._notified: dict[str, float] = {}  # queue -> monotonic time of its last NOTIFY
+        self._batch: _DepthBatch | None = None
+        self._query_lock = asyncio.Lock()  # one depth query at a time on this database
+        self._listener = asyncio.ensure_future(self._listen())
+
+    def watch(self, queue: str) -> None:
+        self.watched[queue] += 1
+
+    def unwatch(self, queue: str) -> None:
+        self.watched[queue] -= 1
+        if self.watched[queue] <= 0:
+            del self.watched[queue]
+            self._notified.pop(queue, None)
+
+    def notified_since(self, queue: str, since: float) -> bool:
+        return self._notified.get(queue, float("-inf")) > since
+
+    async def depth(self, queue: str, cap: int) -> QueueDepth:
+        batch = self._batch
+        if batch is None or batch.started:
+            batch = self._batch = _DepthBatch(self.fetch, self._query_lock)
+            asyncio.get_running_loop().call_later(COALESCE_SECONDS, batch.start)
+        return await batch.add(queue, cap)
+
+    async def fetch(self, statement: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        """Runs one statement on a pooled connection under the client-side deadline."""
+        async with self._pool.connection() as conn:
+            return await _within_deadline(conn, _execute(conn, statement, params))
+
+    async def _listen(self) -> None:
+        """Supervised for the database's lifetime: any failure is logged and retried with backoff."""
         failures = 0
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(
-                        dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS, options=SESSION_OPTIONS,
-                        application_name="queueworker-controller-listen",
-                        keepalives=1, keepalives_idle=10, keepalives_interval=5, keepalives_count=3) as conn:
-                    await conn.execute(f"LISTEN {sql.NOTIFY_CHANNEL}")
+                        self._dsn, **CONNECTION_PARAMETERS, application_name="queueworker-controller-listen") as conn:
+                    await _within_deadline(conn, conn.execute(f"LISTEN {sql.NOTIFY_CHANNEL}"))
                     failures = 0
                     async for notify in conn.notifies():
-                        if " " not in notify.payload:  # "queue due_epoch" announces tasks due later
-                            self._notified[(dsn, notify.payload)] = time.monotonic()
-            except psycopg.Error as exc:
+                        # "queue due_epoch" announces tasks due later; unwatched queues are not kept.
+                        if notify.payload in self.watched:
+                            self._notified[notify.payload] = time.monotonic()
+            except Exception as exc:  # noqa: BLE001 - the loop must outlive any error (not cancellation)
                 failures += 1
-                log.debug("LISTEN connection failed (%s); polling only until it is back", exc)
-                await asyncio.sleep(min(LISTEN_RETRY_MAX_SECONDS, 2 ** failures))
+                delay = min(LISTEN_RETRY_MAX_SECONDS, 2 ** failures)
+                log.debug("LISTEN on %s failed (%s); polling only, retrying in %ss", self._where,
+                          dsn_text.explain(exc, self._dsn), delay)
+                await asyncio.sleep(delay)
 
     def close(self) -> None:
-        for task in self._listeners.values():
-            task.cancel()
-        self._listeners.clear()
-        for pool in self._pools.values():
-            pool.close()
-        self._pools.clear()
+        self._listener.cancel()
+        self._pool.close()
+
+
+class _Pool:
+    """At most POOL_SIZE connections to one database, kept idle between uses. A connection that
+    errs is dropped, so a restarted server costs one failed query, not a stuck pool."""
+
+    def __init__(self, dsn: str):
+        self._dsn = dsn
+        self._idle: list[psycopg.AsyncConnection[Any]] = []
+        self._slots = asyncio.Semaphore(POOL_SIZE)
+        self._closed = False
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        async with self._slots:
+            conn = self._idle.pop() if self._idle else None
+            if conn is None or conn.closed:
+                conn = await psycopg.AsyncConnection.connect(self._dsn, **CONNECTION_PARAMETERS,
+                                                             application_name="queueworker-controller")
+            try:
+                yield conn
+            except BaseException:
+                await conn.close()
+                raise
+            if self._closed or len(self._idle) >= POOL_SIZE:
+                await conn.close()
+            else:
+                self._idle.append(conn)
+
+    def close(self) -> None:
+        """Idle connections close now; those in use close when their statement ends."""
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            asyncio.ensure_future(conn.close())
+
+
+async def _execute(conn: psycopg.AsyncConnection[Any], statement: str, params: dict[str, Any] | None = None
+                   ) -> list[tuple[Any, ...]]:
+    cursor = await conn.execute(statement, params)
+    return await cursor.fetchall() if cursor.description else []
+
+
+async def _within_deadline(conn: psycopg.AsyncConnection[Any], work: Any) -> Any:
+    """Awaits `work` (a statement on `conn`) for at most STATEMENT_DEADLINE_SECONDS; past that, shuts
+    the connection's socket down so the statement fails at once, and raises StatementTimeout."""
+    task = asyncio.ensure_future(work)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=STATEMENT_DEADLINE_SECONDS)
+    except asyncio.CancelledError:
+        _abandon(conn, task)
+        raise
+    if task in done:
+        return task.result()
+    _abandon(conn, task)
+    await asyncio.wait({task}, timeout=ABANDON_SECONDS)
+    raise StatementTimeout(f"no answer within {STATEMENT_DEADLINE_SECONDS:g}s: timed out")
+
+
+def _abandon(conn: psycopg.AsyncConnection[Any], task: asyncio.Future[Any]) -> None:
+    """Makes the statement on `conn` fail now: shutting the socket down wakes psycopg with an EOF
+    (no cancel request to a server that does not answer). The task's outcome is collected so it
+    is never reported as unretrieved; if psycopg still waits, it is cancelled."""
+    try:
+        with socket.fromfd(conn.pgconn.socket, socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.shutdown(socket.SHUT_RDWR)
+    except (OSError, psycopg.Error):
+        pass  # already closed: the statement is failing anyway
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())
+    asyncio.get_running_loop().call_later(ABANDON_SECONDS, task.cancel)
 
 
 class _DepthBatch:
     """Queues asked for on one database within COALESCE_SECONDS, or while the previous batch's
     query runs, answered by one query: at most one depth query per database at a time."""
 
-    def __init__(self, pool: SmallPool, lock: asyncio.Lock):
-        self._pool = pool
+    def __init__(self, fetch: Callable[[str, dict[str, Any]], Awaitable[list[tuple[Any, ...]]]],
+                 lock: asyncio.Lock):
+        self._fetch = fetch
         self._lock = lock
         self._waiters: dict[str, list[asyncio.Future[QueueDepth]]] = {}
         self._cap = 1
@@ -169,20 +287,19 @@ class _DepthBatch:
         try:
             async with self._lock:
                 self.started = True
-                rows = await asyncio.to_thread(self._query)
-        except Exception as exc:  # noqa: BLE001 - every waiter gets the error to report
+                rows = await self._fetch(sql.QUEUE_DEPTH, {"queues": list(self._waiters), "cap": self._cap})
+        except BaseException as exc:  # every waiter gets an outcome, whatever happened here
+            error = exc if isinstance(exc, Exception) else psycopg.OperationalError("the depth read was interrupted")
             for futures in self._waiters.values():
                 for future in futures:
                     if not future.done():
-                        future.set_exception(exc)
+                        future.set_exception(error)
+            if not isinstance(exc, Exception):
+                raise
             return
+        depths = {queue: QueueDepth(int(ready), int(running), int(retrying), age)
+                  for queue, ready, running, retrying, age in rows}
         for queue, futures in self._waiters.items():
             for future in futures:
                 if not future.done():
-                    future.set_result(rows[queue])
-
-    def _query(self) -> dict[str, QueueDepth]:
-        with self._pool.connection() as conn:
-            rows = conn.execute(sql.QUEUE_DEPTH, {"queues": list(self._waiters), "cap": self._cap}).fetchall()
-        return {queue: QueueDepth(int(ready), int(running), int(retrying), age)
-                for queue, ready, running, retrying, age in rows}
+                    future.set_result(depths[queue])

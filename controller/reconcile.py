@@ -1,37 +1,59 @@
 """One scaling tick of one QueueWorker: observe, decide, act, report.
 
 Kept free of kopf: the operator hands in the object's fields and gets back a status patch and the
-Events to post. Blocking Kubernetes and database calls run in threads.
+Events to post. `tick` never raises: whatever goes wrong becomes `Ready=False` with a reason, one
+Warning Event when the reason changes, and the next tick comes at the usual interval (never a kopf
+retry loop). Kubernetes calls run on a thread pool of their own; database reads are asyncio,
+isolated per database (queuedb.py). Messages derived from a database error or a Secret value go
+through `queueworker.dsn`, so no Secret value reaches a status field, an Event or a log line.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from kubernetes.client.rest import ApiException
+from queueworker import dsn as dsn_text
 
-from . import conditions, metrics
+from . import conditions, metrics, podsecurity
 from .conditions import Condition, status_of
-from .deployment import HASH_ANNOTATION, build_deployment, deployment_name, grace_period_seconds, selector_labels
-from .kube import DELETION_COST_ANNOTATION, Kube, SecretUnavailable
+from .deployment import (
+    HASH_ANNOTATION, build_deployment, deployment_name, grace_period_seconds, secret_version, selector_labels,
+)
+from .kube import DELETION_COST_ANNOTATION, Kube, SecretUnavailable, api_error
 from .policy import Decision, PolicyInputs, QueueDepth, Recommendation, decide
 from .queuedb import QueueDatabases
+from .redaction import KnownSecrets, known_secrets
 from .scalein import deletion_costs
-from .spec import QueueWorkerSpec
+from .spec import InvalidSpec, QueueWorkerSpec
 
 log = logging.getLogger(__name__)
-
+T = TypeVar("T")
 
 # A NOTIFY for the queue makes a tick due early, but not more often than this.
 MIN_NOTIFIED_POLL_SECONDS = 1.0
 # An unchanged status is still rewritten this often, to refresh lastPollTime.
 STATUS_REFRESH_SECONDS = 60
+# A spec that cannot be parsed is looked at again this often (a spec change is seen at once).
+UNPARSABLE_SPEC_RETRY_SECONDS = 60
+# The last guard: a tick still running after this long (every call in it has a shorter timeout of
+# its own) is abandoned and reported, so no QueueWorker is ever stuck, nor its deletion.
+TICK_TIMEOUT_SECONDS = 120
+# Threads for Kubernetes calls (each bounded by kube.REQUEST_TIMEOUT); never used for database work.
+KUBE_THREADS = 8
+# A Secret value longer than this is no database URL; it is neither parsed nor kept in memory.
+MAX_DATABASE_URL_BYTES = 8192
+# Status messages and Event messages are cut to this many characters.
+MESSAGE_LIMIT = 1000
 
 
 @dataclass
@@ -70,13 +92,44 @@ class QueueWorkerObject:
     spec: dict[str, Any]
     status: dict[str, Any]
 
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.namespace, self.name
+
+
+@dataclass(frozen=True)
+class DatabaseSecret:
+    """What the database Secret gave: a usable URL and the Secret's version, or why not."""
+
+    dsn: str | None = field(default=None, repr=False)
+    version: str | None = None
+    error_reason: str | None = None
+    error: str | None = None
+
+
+def database_url(raw: bytes) -> str:
+    """The Postgres URL in a Secret's raw value; InvalidDsn (a message without the value) otherwise."""
+    if len(raw) > MAX_DATABASE_URL_BYTES:
+        raise dsn_text.InvalidDsn(f"the Secret value is {len(raw)} bytes long; a database URL is at most "
+                                  f"{MAX_DATABASE_URL_BYTES}")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise dsn_text.InvalidDsn("the Secret value is not UTF-8 text") from None
+    dsn_text.validate(text)
+    return text
+
 
 class Reconciler:
-    def __init__(self, kube: Kube, databases: QueueDatabases, wall_clock=time.time, monotonic=time.monotonic):
+    def __init__(self, kube: Kube, databases: QueueDatabases, *, allow_privileged_templates: bool = False,
+                 secrets: KnownSecrets = known_secrets, wall_clock=time.time, monotonic=time.monotonic):
         self.kube = kube
         self.databases = databases
+        self.allow_privileged_templates = allow_privileged_templates
+        self.secrets = secrets
         self.wall_clock = wall_clock
         self.monotonic = monotonic
+        self._kube_threads = ThreadPoolExecutor(KUBE_THREADS, thread_name_prefix="kube")
 
     def due(self, obj: QueueWorkerObject, memory: ObjectMemory) -> bool:
         """A tick is due when the polling interval has passed, the spec changed, or tasks were
@@ -88,63 +141,111 @@ class Reconciler:
                 and self.databases.notified_since(*memory.listening_on, memory.last_poll))
 
     async def tick(self, obj: QueueWorkerObject, memory: ObjectMemory) -> TickResult:
+        """One tick; never raises (but for cancellation)."""
         started = self.monotonic()
-        try:
-            spec = QueueWorkerSpec.from_dict(obj.spec)
-        except (KeyError, TypeError, ValueError) as exc:
-            memory.generation = obj.generation
-            memory.next_poll = started + 60
-            return self._failed(obj, "InvalidSpec", f"spec cannot be used: {exc!r}")
         memory.generation = obj.generation
-        memory.last_poll = started
-        memory.next_poll = started + spec.scaling.polling_interval_seconds
+        memory.next_poll = started + UNPARSABLE_SPEC_RETRY_SECONDS
+        deadline = asyncio.timeout(TICK_TIMEOUT_SECONDS)
         try:
-            return await self._tick(obj, spec, memory)
+            async with deadline:
+                return await self._tick(obj, memory, started)
+        except Exception as exc:  # noqa: BLE001 - the handler boundary: report, never retry-loop
+            if deadline.expired():
+                return self._failed(obj, "ReconcileError", f"the tick did not finish within {TICK_TIMEOUT_SECONDS}s")
+            return self._failed(obj, "ReconcileError", f"the tick failed: {type(exc).__name__}: "
+                                f"{self.secrets.scrub(_first_line(exc))}", exc)
         finally:
             metrics.tick_seconds.observe(self.monotonic() - started)
 
-    async def _tick(self, obj: QueueWorkerObject, spec: QueueWorkerSpec, memory: ObjectMemory) -> TickResult:
-        now = self.wall_clock()
-        rendered = build_deployment(obj.name, obj.namespace, obj.uid, spec)
+    async def forget(self, namespace: str, name: str) -> None:
+        """A QueueWorker was deleted: drop what the controller kept for it (database binding, known
+        Secret value, metrics series). Its Deployment goes with it (owner reference)."""
+        self.databases.release((namespace, name))
+        metrics.databases.set(self.databases.open_databases)
+        self.secrets.forget((namespace, name))
+        metrics.forget(namespace, name)
+
+    def close(self) -> None:
+        self.databases.close()
+        self._kube_threads.shutdown(wait=False, cancel_futures=True)
+
+    async def _kube(self, call: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._kube_threads, functools.partial(call, *args))
+
+    async def _tick(self, obj: QueueWorkerObject, memory: ObjectMemory, started: float) -> TickResult:
         try:
-            deployment = await asyncio.to_thread(self._ensure_deployment, rendered, spec, obj.uid)
+            spec = QueueWorkerSpec.from_dict(obj.spec)
+        except InvalidSpec as exc:
+            return self._failed(obj, "InvalidSpec", f"spec cannot be used: {exc}")
+        memory.last_poll = started
+        memory.next_poll = started + spec.scaling.polling_interval_seconds
+        now = self.wall_clock()
+
+        secret = await self._read_secret(obj, spec)
+        name = deployment_name(obj.name)
+        try:
+            current = await self._kube(self.kube.read_deployment, obj.namespace, name)
         except ApiException as exc:
-            return self._failed(obj, "DeploymentError", f"worker Deployment: {exc.status} {exc.reason}")
+            return self._failed(obj, "DeploymentError", f"worker Deployment: {api_error(exc)}")
+        try:
+            # Without a usable URL (Secret missing or invalid), keep the version the pods run with:
+            # they keep working with the value they started with; rolling them would break them.
+            rendered = build_deployment(obj.name, obj.namespace, obj.uid, spec,
+                                        secret.version if secret.dsn is not None else secret_version(current))
+        except InvalidSpec as exc:
+            return self._failed(obj, "InvalidSpec", f"spec cannot be used: {exc}")
+        refused = [] if self.allow_privileged_templates else podsecurity.violations(rendered["spec"]["template"])
+        if refused:
+            return self._failed(obj, "InvalidSpec", _refusal(refused))
+        try:
+            deployment = await self._kube(self._ensure_deployment, current, rendered, obj.uid, spec)
+        except ApiException as exc:
+            return self._failed(obj, "DeploymentError", f"worker Deployment: {api_error(exc)}")
         except DeploymentNotOwned as exc:
             return self._failed(obj, "DeploymentNotOwned", str(exc))
-        current = int(deployment["spec"].get("replicas", 1))
+        current_replicas = int(deployment["spec"].get("replicas", 1))
         ready_replicas = int(deployment.get("status", {}).get("readyReplicas") or 0)
 
-        dsn, depth, error_reason, error = await self._read_depth(obj.namespace, spec, memory)
+        depth, error_reason, error = None, secret.error_reason, secret.error
+        if secret.dsn is not None:
+            depth, error_reason, error = await self._read_depth(obj, spec, secret.dsn, memory)
+        else:  # the Secret names no database now: the one it named is not kept open for it
+            self.databases.release(obj.key)
+            metrics.databases.set(self.databases.open_databases)
+            memory.listening_on = None
         if error_reason:
             metrics.errors.labels(obj.namespace, obj.name, error_reason).inc()
         previous = obj.status
         decision = decide(PolicyInputs(
-            spec.scaling_params(), current, depth, now, _history(previous), _epoch(previous.get("lastActiveTime")),
-            error))
+            spec.scaling_params(), current_replicas, depth, now, _history(previous),
+            _epoch(previous.get("lastActiveTime")), error))
         events: list[Event] = []
-        desired = current if spec.scaling.paused else decision.desired_replicas
-        replicas, last_scale = current, previous.get("lastScaleTime")
-        if desired != current and not spec.scaling.paused and not spec.scaling.dry_run:
+        desired = current_replicas if spec.scaling.paused else decision.desired_replicas
+        replicas, last_scale = current_replicas, previous.get("lastScaleTime")
+        if desired != current_replicas and not spec.scaling.paused and not spec.scaling.dry_run:
             try:
-                if desired < current and dsn is not None:
-                    await self._price_pods(obj.namespace, obj.name, spec, dsn)
-                await asyncio.to_thread(self.kube.scale_deployment, obj.namespace, deployment_name(obj.name), desired)
+                if desired < current_replicas and secret.dsn is not None:
+                    await self._price_pods(obj, spec, secret.dsn)
+                await self._kube(self.kube.scale_deployment, obj.namespace, name, desired)
             except ApiException as exc:
-                return self._failed(obj, "ScaleFailed", f"scaling {current} -> {desired}: {exc.status} {exc.reason}")
+                return self._failed(obj, "ScaleFailed", f"scaling {current_replicas} -> {desired}: {api_error(exc)}")
             replicas, last_scale = desired, _iso(now)
-            metrics.scales.labels(obj.namespace, obj.name, "up" if desired > current else "down").inc()
+            metrics.scales.labels(obj.namespace, obj.name, "up" if desired > current_replicas else "down").inc()
             events.append(Event("Normal", decision.reason, decision.message))
             log.info("%s/%s: %s: %s", obj.namespace, obj.name, decision.reason, decision.message)
-        elif desired != current and spec.scaling.dry_run and desired != previous.get("desiredReplicas"):
+        elif desired != current_replicas and spec.scaling.dry_run and desired != previous.get("desiredReplicas"):
             events.append(Event("Normal", "DryRun", f"would scale: {decision.message}"))
 
-        ready = _ready_condition(error_reason, error, decision)
-        events += _ready_transition_events(conditions.find(previous.get("conditions"), "Ready") or {}, ready)
-        new_conditions = [ready, *_other_conditions(spec, decision, error_reason, grace_period_seconds(rendered))]
+        ready = _ready_condition(error_reason, decision)
+        replica_failure = _replica_failure(deployment)
+        was = previous.get("conditions")
+        events += _ready_transition_events(conditions.find(was, "Ready") or {}, ready)
+        events += _replica_failure_events(conditions.find(was, "ReplicaFailure") or {}, replica_failure)
+        new_conditions = [ready, replica_failure,
+                          *_other_conditions(spec, decision, error_reason, grace_period_seconds(rendered))]
         status: dict[str, Any] = {
             "observedGeneration": obj.generation,
-            "deployment": deployment_name(obj.name),
+            "deployment": name,
             "replicas": replicas,
             "desiredReplicas": desired,
             "readyReplicas": ready_replicas,
@@ -153,9 +254,9 @@ class Reconciler:
             "lastScaleTime": last_scale,
             "lastActiveTime": _iso(decision.last_active_time) if decision.last_active_time else None,
             "reason": "Paused" if spec.scaling.paused else decision.reason,
-            "message": decision.message,
+            "message": decision.message[:MESSAGE_LIMIT],
             "recommendations": [{"time": _iso(r.time), "replicas": r.replicas} for r in decision.history],
-            "conditions": conditions.render(new_conditions, previous.get("conditions"), obj.generation, _iso(now)),
+            "conditions": conditions.render(new_conditions, was, obj.generation, _iso(now)),
         }
         if depth is not None:
             status["queueDepth"] = {"ready": depth.ready, "running": depth.running, "retrying": depth.retrying,
@@ -163,11 +264,41 @@ class Reconciler:
         _export(obj, decision, desired, replicas, depth)
         return TickResult(_status_patch(previous, status, now), events)
 
-    def _ensure_deployment(self, rendered: dict[str, Any], spec: QueueWorkerSpec, uid: str) -> dict[str, Any]:
+    async def _read_secret(self, obj: QueueWorkerObject, spec: QueueWorkerSpec) -> DatabaseSecret:
+        """The database URL from the Secret, validated; errors carry secret-free messages."""
+        where = f"Secret {obj.namespace}/{spec.secret_name} key {spec.secret_key!r}"
+        try:
+            value = await self._kube(self.kube.read_secret, obj.namespace, spec.secret_name, spec.secret_key)
+        except SecretUnavailable as exc:
+            return DatabaseSecret(error_reason="SecretUnavailable", error=str(exc))
+        except ApiException as exc:
+            return DatabaseSecret(error_reason="SecretUnavailable", error=f"{where}: {api_error(exc)}")
+        try:
+            if len(value.data) <= MAX_DATABASE_URL_BYTES:  # masked in logs from now on (memory stays bounded)
+                self.secrets.remember(obj.key, value.data.decode("utf-8", "replace"))
+            return DatabaseSecret(dsn=database_url(value.data), version=value.version)
+        except dsn_text.InvalidDsn as exc:
+            return DatabaseSecret(version=value.version, error_reason="InvalidDatabaseUrl", error=f"{where}: {exc}")
+
+    async def _read_depth(self, obj: QueueWorkerObject, spec: QueueWorkerSpec, dsn: str, memory: ObjectMemory
+                          ) -> tuple[QueueDepth | None, str | None, str | None]:
+        """(depth, error reason, error message); depth is None when it could not be read."""
+        self.databases.bind(obj.key, dsn, spec.queue)
+        metrics.databases.set(self.databases.open_databases)
+        memory.listening_on = (dsn, spec.queue)
+        # Enough to ask for maxReplicas, and to see that there is more than that.
+        cap = spec.scaling.max_replicas * spec.tasks_per_replica + 1
+        try:
+            return await self.databases.depth(dsn, spec.queue, cap), None, None
+        except psycopg.Error as exc:
+            return None, "DatabaseUnreachable", (f"cannot read queue {spec.queue!r} ({dsn_text.describe(dsn)}): "
+                                                 f"{dsn_text.explain(exc, dsn)}")
+
+    def _ensure_deployment(self, current: dict[str, Any] | None, rendered: dict[str, Any], uid: str,
+                           spec: QueueWorkerSpec) -> dict[str, Any]:
         """The worker Deployment, created (at minReplicas) or updated when its rendering changed.
         A same-named Deployment this QueueWorker does not control is left alone."""
         meta = rendered["metadata"]
-        current = self.kube.read_deployment(meta["namespace"], meta["name"])
         if current is None:
             return self.kube.create_deployment(meta["namespace"], rendered, spec.scaling.min_replicas)
         if not any(ref.get("uid") == uid and ref.get("controller")
@@ -178,40 +309,29 @@ class Reconciler:
             return self.kube.update_deployment(current, rendered)
         return current
 
-    async def _read_depth(self, namespace: str, spec: QueueWorkerSpec, memory: ObjectMemory
-                          ) -> tuple[str | None, QueueDepth | None, str | None, str | None]:
-        """(dsn, depth, error reason, error message); depth is None when it could not be read."""
-        try:
-            dsn = await asyncio.to_thread(self.kube.read_secret_value, namespace, spec.secret_name, spec.secret_key)
-        except SecretUnavailable as exc:
-            return None, None, "SecretUnavailable", str(exc)
-        except ApiException as exc:
-            return None, None, "SecretUnavailable", f"Secret {namespace}/{spec.secret_name}: {exc.status} {exc.reason}"
-        self.databases.listen(dsn)
-        memory.listening_on = (dsn, spec.queue)
-        # Enough to ask for maxReplicas, and to see that there is more than that.
-        cap = spec.scaling.max_replicas * spec.tasks_per_replica + 1
-        try:
-            return dsn, await self.databases.depth(dsn, spec.queue, cap), None, None
-        except psycopg.Error as exc:
-            return dsn, None, "DatabaseUnreachable", f"cannot read queue {spec.queue!r}: {_first_line(exc)}"
-
-    async def _price_pods(self, namespace: str, name: str, spec: QueueWorkerSpec, dsn: str) -> None:
+    async def _price_pods(self, obj: QueueWorkerObject, spec: QueueWorkerSpec, dsn: str) -> None:
         """Best effort: a failure here must not block the scale-down, only make its victims random."""
         try:
-            leases = await self.databases.worker_leases(dsn, namespace, spec.queue)
-            pods = await asyncio.to_thread(self.kube.list_pods, namespace, selector_labels(name))
+            leases = await self.databases.worker_leases(dsn, obj.namespace, spec.queue)
+            pods = await self._kube(self.kube.list_pods, obj.namespace, selector_labels(obj.name))
             costs = deletion_costs([p["metadata"]["name"] for p in pods], leases)
             for pod in pods:
                 meta = pod["metadata"]
                 cost = str(costs[meta["name"]])
                 if (meta.get("annotations") or {}).get(DELETION_COST_ANNOTATION) != cost:
-                    await asyncio.to_thread(self.kube.set_deletion_cost, namespace, meta["name"], int(cost))
-        except (ApiException, psycopg.Error) as exc:
-            log.warning("could not set pod deletion costs for %s/%s: %s", namespace, name, exc)
+                    await self._kube(self.kube.set_deletion_cost, obj.namespace, meta["name"], int(cost))
+        except ApiException as exc:
+            log.warning("could not set pod deletion costs for %s/%s: %s", obj.namespace, obj.name, api_error(exc))
+        except psycopg.Error as exc:
+            log.warning("could not set pod deletion costs for %s/%s: %s", obj.namespace, obj.name,
+                        dsn_text.explain(exc, dsn))
 
-    def _failed(self, obj: QueueWorkerObject, reason: str, message: str) -> TickResult:
-        """A tick that could not complete: only Ready changes, the rest of the status is kept."""
+    def _failed(self, obj: QueueWorkerObject, reason: str, message: str, exc: BaseException | None = None
+                ) -> TickResult:
+        """A tick that could not complete: only Ready changes, the rest of the status is kept. The
+        Warning Event and the log line (with the traceback of an unexpected error) come once per
+        change of reason, not once per tick."""
+        message = message[:MESSAGE_LIMIT]
         metrics.errors.labels(obj.namespace, obj.name, reason).inc()
         now = _iso(self.wall_clock())
         previous = [c for c in obj.status.get("conditions") or [] if c.get("type") != "Ready"]
@@ -219,10 +339,19 @@ class Reconciler:
         kept = [Condition(c["type"], c["status"], c.get("reason", ""), c.get("message", "")) for c in previous
                 if c.get("type") in conditions.TYPES]
         was = conditions.find(obj.status.get("conditions"), "Ready") or {}
-        events = [] if was.get("reason") == reason else [Event("Warning", reason, message)]
+        changed = was.get("reason") != reason
+        log.log(logging.ERROR if exc is not None and changed else logging.WARNING if changed else logging.DEBUG,
+                "%s/%s: %s: %s", obj.namespace, obj.name, reason, message, exc_info=exc)
         return TickResult({"observedGeneration": obj.generation, "reason": reason, "message": message,
                            "conditions": conditions.render([ready, *kept], obj.status.get("conditions"),
-                                                           obj.generation, now)}, events)
+                                                           obj.generation, now)},
+                          [Event("Warning", reason, message)] if changed else [])
+
+
+def _refusal(violations: list[str]) -> str:
+    shown = "; ".join(violations[:5]) + (f"; and {len(violations) - 5} more" if len(violations) > 5 else "")
+    return (f"the pod template asks for privileges a QueueWorker may not grant: {shown} (the controller runs "
+            f"with --allow-privileged-templates only where the cluster opts in)")
 
 
 def _status_patch(previous: dict[str, Any], status: dict[str, Any], now: float) -> dict[str, Any]:
@@ -235,10 +364,11 @@ def _status_patch(previous: dict[str, Any], status: dict[str, Any], now: float) 
     return patch
 
 
-def _ready_condition(error_reason: str | None, error: str | None, decision: Decision) -> Condition:
+def _ready_condition(error_reason: str | None, decision: Decision) -> Condition:
+    """The decision's message says it all: on errors it starts with why the queue was not read."""
     if error_reason:
-        return Condition("Ready", "False", error_reason, f"{error}; {decision.message}")
-    return Condition("Ready", "True", "QueueReadable", decision.message)
+        return Condition("Ready", "False", error_reason, decision.message[:MESSAGE_LIMIT])
+    return Condition("Ready", "True", "QueueReadable", decision.message[:MESSAGE_LIMIT])
 
 
 def _ready_transition_events(was: dict[str, Any], ready: Condition) -> list[Event]:
@@ -249,6 +379,24 @@ def _ready_transition_events(was: dict[str, Any], ready: Condition) -> list[Even
         return [Event("Warning", ready.reason, ready.message)]
     if was.get("status") == "False":
         return [Event("Normal", "Recovered", f"queue readable again; {ready.message}")]
+    return []
+
+
+def _replica_failure(deployment: dict[str, Any]) -> Condition:
+    """The Deployment's own ReplicaFailure condition (copied from its ReplicaSet): True when pods
+    cannot be created, e.g. refused by the namespace's Pod Security level or a quota."""
+    failure = next((c for c in (deployment.get("status") or {}).get("conditions") or []
+                    if c.get("type") == "ReplicaFailure" and c.get("status") == "True"), None)
+    if failure is None:
+        return Condition("ReplicaFailure", "False", "PodsCreated", "the worker pods can be created")
+    return Condition("ReplicaFailure", "True", failure.get("reason") or "FailedCreate",
+                     str(failure.get("message") or "the ReplicaSet cannot create pods")[:MESSAGE_LIMIT])
+
+
+def _replica_failure_events(was: dict[str, Any], failure: Condition) -> list[Event]:
+    """A Warning when pods stop being created (not on every tick while they cannot be)."""
+    if failure.status == "True" and was.get("status") != "True":
+        return [Event("Warning", failure.reason, failure.message)]
     return []
 
 

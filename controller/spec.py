@@ -23,6 +23,12 @@ DEFAULT_METRICS_PORT = 9100
 DEFAULT_SECRET_KEY = "url"
 # Time a worker needs after its drain to hand leases back and exit, added to the grace period.
 SHUTDOWN_MARGIN_SECONDS = 10
+# Kept free between the worker's shutdown budget and SIGKILL (process exit, the kubelet's own delay).
+SHUTDOWN_HEADROOM_SECONDS = 2
+
+
+class InvalidSpec(ValueError):
+    """The spec cannot be used; the message says why and never carries a Secret value."""
 
 
 @dataclass(frozen=True)
@@ -55,10 +61,25 @@ class QueueWorkerSpec:
 
     @classmethod
     def from_dict(cls, spec: dict[str, Any]) -> QueueWorkerSpec:
-        """Raises KeyError/TypeError/ValueError for a spec the schema should have refused."""
+        """Raises InvalidSpec for a spec the schema should have refused (stored before a rule
+        existed, or under a CRD installed without it)."""
+        try:
+            return cls._from_dict(spec)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise InvalidSpec(f"{type(exc).__name__}: {exc}") from exc
+
+    @classmethod
+    def _from_dict(cls, spec: dict[str, Any]) -> QueueWorkerSpec:
         secret_ref = spec["database"]["secretRef"]
         scaling = spec.get("scaling") or {}
         defaults = Scaling()
+        template = spec.get("template") or {}
+        if not isinstance(scaling, dict):
+            raise TypeError("scaling must be an object")
+        if not isinstance(template, dict) or not all(isinstance(template.get(part) or {}, dict)
+                                                     for part in ("metadata", "spec")):
+            raise TypeError("template, template.metadata and template.spec must be objects")
+        template_grace_period(template)  # a non-numeric value is refused here, with the rest of the spec
         return cls(
             queue=str(spec["queue"]), image=str(spec["image"]), secret_name=str(secret_ref["name"]),
             secret_key=str(secret_ref.get("key", DEFAULT_SECRET_KEY)), handlers=spec.get("handlers") or None,
@@ -66,7 +87,7 @@ class QueueWorkerSpec:
             lease_seconds=int(spec.get("leaseSeconds", DEFAULT_LEASE_SECONDS)),
             drain_seconds=int(spec.get("drainSeconds", DEFAULT_DRAIN_SECONDS)),
             metrics_port=int(spec.get("metricsPort", DEFAULT_METRICS_PORT)),
-            template=dict(spec.get("template") or {}),
+            template=dict(template),
             scaling=Scaling(**{
                 attr: (None if scaling.get(key) is None else type_(scaling[key])) if key in scaling
                 else getattr(defaults, attr)
@@ -83,8 +104,17 @@ class QueueWorkerSpec:
         return self.scaling.tasks_per_replica or self.concurrency
 
     @property
-    def default_grace_seconds(self) -> int:
-        return self.drain_seconds + SHUTDOWN_MARGIN_SECONDS
+    def grace_period_seconds(self) -> int:
+        """The pod's terminationGracePeriodSeconds: the template's when it sets one, else the drain
+        plus SHUTDOWN_MARGIN_SECONDS. (The template's scalar replaces the generated one in the merge.)"""
+        from_template = template_grace_period(self.template)
+        return self.drain_seconds + SHUTDOWN_MARGIN_SECONDS if from_template is None else from_template
+
+    @property
+    def shutdown_seconds(self) -> int:
+        """The worker's whole SIGTERM-to-exit budget (`--shutdown-seconds`): the grace period less
+        SHUTDOWN_HEADROOM_SECONDS, so drain, release, flush and deregister end before SIGKILL."""
+        return max(1, self.grace_period_seconds - SHUTDOWN_HEADROOM_SECONDS)
 
     def scaling_params(self) -> ScalingParams:
         s = self.scaling
@@ -93,6 +123,15 @@ class QueueWorkerSpec:
             activation_tasks=s.activation_tasks,
             scale_down_stabilization_seconds=s.scale_down_stabilization_seconds,
             cooldown_seconds=s.cooldown_seconds, fallback_replicas=s.fallback_replicas)
+
+
+def template_grace_period(template: dict[str, Any]) -> int | None:
+    """`template.spec.terminationGracePeriodSeconds`, if set; ValueError unless a whole number >= 0."""
+    value = (template.get("spec") or {}).get("terminationGracePeriodSeconds")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ValueError(f"template.spec.terminationGracePeriodSeconds must be a whole number of seconds "
+                         f"(at least 0), not {str(value)[:40]!r}")
+    return value
 
 
 # (dataclass attribute, CRD field name, type) of spec.scaling.

@@ -11,13 +11,17 @@ import json
 import os
 import re
 import subprocess
+import uuid
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 import yaml
 from kubernetes import client, dynamic
 from prometheus_client import REGISTRY
+
+from queueworker.migrate import migrate
 
 import queueworker.metrics  # noqa: F401 - registers the worker's metrics
 import queueworker_controller.metrics  # noqa: F401 - and the controller's
@@ -32,6 +36,7 @@ CRD_FILE = ROOT / "crds" / "queueworker.dev_queueworkers.yaml"
 RULES = yaml.safe_load((CHART / "files" / "controller-rules.yaml").read_text())
 DASHBOARD = CHART / "dashboards" / "queueworker.json"
 CLUSTER_SCOPED_RESOURCES = {"customresourcedefinitions", "namespaces"}
+RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted"}
 FIELD_MANAGER = "queueworker-chart-test"
 
 # Every value that changes what is rendered, set away from its default.
@@ -40,11 +45,12 @@ EVERYTHING: dict[str, Any] = {
     "imagePullSecrets": [{"name": "registry"}],
     "fullnameOverride": "qw",
     "watchNamespaces": ["team-a", "team-b"],
+    "allowPrivilegedTemplates": True,
     "crds": {"install": True, "keep": False},
     "serviceAccount": {"create": True, "name": "qw-operator", "annotations": {"iam.example.com/role": "qw"}},
     "controller": {
         "logFormat": "plain", "verbose": True, "extraArgs": ["--some-flag"],
-        "extraEnv": [{"name": "TZ", "value": "UTC"}], "livenessPort": 9081,
+        "extraEnv": [{"name": "TZ", "value": "UTC"}], "livenessPort": 9081, "livenessBindAddress": "::",
         "resources": {"requests": {"cpu": "100m", "memory": "200Mi"}},
         "podAnnotations": {"example.com/team": "queues"}, "podLabels": {"team": "queues"},
         "priorityClassName": "system-cluster-critical", "nodeSelector": {"kubernetes.io/os": "linux"},
@@ -52,11 +58,22 @@ EVERYTHING: dict[str, Any] = {
         "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
             {"matchExpressions": [{"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}]}]}}},
     },
-    "metrics": {"port": 9090, "service": {"type": "ClusterIP", "annotations": {"prometheus.io/scrape": "true"}},
+    "metrics": {"port": 9090, "bindAddress": "127.0.0.1",
+                "service": {"type": "ClusterIP", "annotations": {"prometheus.io/scrape": "true"}},
                 "serviceMonitor": {"enabled": True, "interval": "15s", "scrapeTimeout": "5s",
                                    "labels": {"release": "prometheus"}}},
+    "networkPolicy": {"enabled": True, "metricsFrom": [{"namespaceSelector": {"matchLabels": {
+                          "kubernetes.io/metadata.name": "monitoring"}}}],
+                      "apiServer": {"cidrs": ["10.0.0.1/32"], "ports": [6443]}, "dns": False,
+                      "databaseEgress": [{"to": [{"ipBlock": {"cidr": "10.20.0.0/16"}}],
+                                          "ports": [{"port": 5432, "protocol": "TCP"}]}]},
     "podDisruptionBudget": {"enabled": True, "maxUnavailable": 1},
-    "demoPostgres": {"enabled": True, "password": "s3cret", "database": "jobs", "user": "jobs"},
+    "migrations": {"enabled": True, "image": {"repository": "registry.example.com/queueworker", "tag": "1.2.3",
+                                              "pullPolicy": "Always"},
+                   "database": {"secretName": "migrator-db", "key": "admin-url"}, "backoffLimit": 1,
+                   "activeDeadlineSeconds": 120},
+    "demoPostgres": {"enabled": True, "password": "s3cret", "adminPassword": "r00t", "database": "jobs",
+                     "user": "jobs"},
     "grafanaDashboard": {"enabled": True, "labels": {"grafana_dashboard": "1"}, "annotations": {"folder": "queues"}},
 }
 
@@ -144,6 +161,7 @@ def test_defaults_render_a_locked_down_single_controller(helm, tmp_path):
     assert rendered.one("ClusterRole")["rules"] == RULES, "the rules are files/controller-rules.yaml, verbatim"
     assert rendered.one("Service")["spec"]["ports"][0]["port"] == 8080
     assert [h["kind"] for h in rendered.hooks] == ["Pod"]
+    assert "NetworkPolicy" not in rendered.kinds()
 
 
 def test_the_crd_is_the_repository_crd_with_the_keep_policy(helm, tmp_path):
@@ -174,14 +192,16 @@ def test_packaged_chart_carries_the_crd_itself(helm, tmp_path):
 
 def test_every_value_is_rendered_where_it_belongs(helm, tmp_path):
     rendered = render(helm, tmp_path, EVERYTHING)
-    assert rendered.kinds() == ["ClusterRole", "ClusterRole", "ClusterRoleBinding", "ConfigMap",
-                                "CustomResourceDefinition", "Deployment", "Deployment", "PodDisruptionBudget", "RoleBinding", "RoleBinding",
-                                "Secret", "Service", "Service", "ServiceAccount", "ServiceMonitor"]
+    assert rendered.kinds() == ["ClusterRole", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "ConfigMap",
+                                "CustomResourceDefinition", "Deployment", "Deployment", "NetworkPolicy",
+                                "PodDisruptionBudget", "RoleBinding", "RoleBinding", "Secret", "Secret", "Service",
+                                "Service", "ServiceAccount", "ServiceMonitor"]
     container = controller_container(rendered)
     assert container["image"] == "registry.example.com/queueworker-controller:1.2.3"
     assert container["imagePullPolicy"] == "Always"
     assert container["args"] == ["--namespace=team-a", "--namespace=team-b", "--log-format=plain",
-                                 "--liveness=http://0.0.0.0:9081/healthz", "--metrics-port=9090", "--verbose",
+                                 "--liveness=http://[::]:9081/healthz", "--metrics-port=9090",
+                                 "--metrics-address=127.0.0.1", "--allow-privileged-templates", "--verbose",
                                  "--some-flag"]
     assert {"name": "TZ", "value": "UTC"} in container["env"]
     pod_template = rendered.one("Deployment", "qw-controller")["spec"]["template"]
@@ -208,10 +228,15 @@ def test_every_value_is_rendered_where_it_belongs(helm, tmp_path):
 
     secret = rendered.one("Secret", "-demo-postgres")
     assert secret["stringData"]["url"] == "postgresql://jobs:s3cret@qw-demo-postgres.qw-system.svc:5432/jobs"
+    assert rendered.one("Secret", "-demo-postgres-admin")["stringData"] == {"password": "r00t"}
     postgres = rendered.one("Deployment", "-demo-postgres")
     assert "not-for-production" in str(postgres["metadata"]["annotations"])
-    test_pod_env = {e["name"] for e in rendered.hooks[0]["spec"]["containers"][0]["env"]}
-    assert test_pod_env == {"METRICS_URL", "DATABASE_URL"}
+    (test_pod,) = [h for h in rendered.hooks if h["kind"] == "Pod"]
+    assert {e["name"] for e in test_pod["spec"]["containers"][0]["env"]} == {"METRICS_URL", "DATABASE_URL"}
+    (job,) = [h for h in rendered.hooks if h["kind"] == "Job"]
+    assert job["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.example.com/queueworker:1.2.3"
+    assert (job["spec"]["backoffLimit"], job["spec"]["activeDeadlineSeconds"]) == (1, 120)
+    assert rendered.one("NetworkPolicy")["spec"]["ingress"][0]["from"] == EVERYTHING["networkPolicy"]["metricsFrom"]
     dashboard = rendered.one("ConfigMap", "-dashboard")
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(dashboard["data"]["queueworker.json"]) == json.loads(DASHBOARD.read_text())
@@ -223,10 +248,124 @@ def test_metrics_off_renders_no_service_and_no_flag(helm, tmp_path):
     assert not any(a.startswith("--metrics-port") for a in controller_container(rendered)["args"])
 
 
-def test_demo_postgres_password_is_random_when_unset(helm, tmp_path):
-    urls = {render(helm, tmp_path, {"demoPostgres": {"enabled": True}}).one("Secret")["stringData"]["url"]
-            for _ in range(2)}
-    assert len(urls) == 2
+def test_demo_postgres_passwords_are_random_when_unset(helm, tmp_path):
+    renders = [render(helm, tmp_path, {"demoPostgres": {"enabled": True}}) for _ in range(2)]
+    urls = {r.one("Secret", "-demo-postgres")["stringData"]["url"] for r in renders}
+    admin = {r.one("Secret", "-demo-postgres-admin")["stringData"]["password"] for r in renders}
+    assert len(urls) == 2 and len(admin) == 2
+    app_password = renders[0].one("Secret", "-demo-postgres")["stringData"]["password"]
+    assert app_password not in admin, "the app and the superuser share a password"
+
+
+def test_demo_postgres_gives_the_app_a_role_of_its_own(helm, tmp_path):
+    rendered = render(helm, tmp_path, {"demoPostgres": {"enabled": True, "user": "app", "database": "appdb"}})
+    (container,) = rendered.one("Deployment", "-demo-postgres")["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+    assert env["POSTGRES_USER"] == "postgres"
+    assert env["POSTGRES_PASSWORD"] == {"secretKeyRef": {"name": "rel-queueworker-demo-postgres-admin", "key": "password"}}
+    assert (env["APP_USER"], env["APP_DB"]) == ("app", "appdb")
+    assert env["APP_PASSWORD"] == {"secretKeyRef": {"name": "rel-queueworker-demo-postgres", "key": "password"}}
+    assert "POSTGRES_DB" not in env
+    assert "init-app-role.sh" in rendered.one("ConfigMap", "-demo-postgres-init")["data"]
+    result = run_helm(helm, "template", "rel", values={"demoPostgres": {"enabled": True, "user": "postgres"}},
+                      tmp_path=tmp_path)
+    assert result.returncode != 0 and "at '/demoPostgres/user'" in result.stderr
+
+
+@pytest.mark.integration
+def test_the_demo_init_script_makes_a_non_superuser_owner_that_can_migrate(helm, tmp_path, postgres):
+    """The ConfigMap's script, run as the image's entrypoint runs it, against a real Postgres."""
+    _, admin_dsn = postgres
+    script = render(helm, tmp_path, {"demoPostgres": {"enabled": True}}).one(
+        "ConfigMap", "-demo-postgres-init")["data"]["init-app-role.sh"]
+    (tmp_path / "init.sh").write_text(script)
+    user, database = f"app_{uuid.uuid4().hex[:8]}", f"appdb_{uuid.uuid4().hex[:8]}"
+    params = psycopg.conninfo.conninfo_to_dict(admin_dsn)
+    env = {**os.environ, "POSTGRES_USER": params["user"], "PGHOST": params["host"], "PGPORT": str(params["port"]),
+           "APP_USER": user, "APP_PASSWORD": "app-pass", "APP_DB": database}
+    result = subprocess.run(["sh", str(tmp_path / "init.sh")], env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    app_dsn = psycopg.conninfo.make_conninfo(admin_dsn, user=user, password="app-pass", dbname=database)
+    try:
+        migrate(app_dsn)
+        with psycopg.connect(app_dsn) as conn:
+            superuser, createrole = conn.execute(
+                "SELECT rolsuper, rolcreaterole FROM pg_roles WHERE rolname = current_user").fetchone()
+            owner = conn.execute("SELECT nspowner::regrole::text FROM pg_namespace "
+                                 "WHERE nspname = 'queueworker'").fetchone()[0]
+        assert (superuser, createrole) == (False, False) and owner == user
+    finally:
+        with psycopg.connect(admin_dsn, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+            conn.execute(f'DROP ROLE IF EXISTS "{user}"')
+
+
+def test_allow_privileged_templates_drops_exactly_the_forbidding_rules(helm, tmp_path):
+    def without_forbidding_rules(node):
+        if isinstance(node, dict):
+            kept = {k: without_forbidding_rules(v) for k, v in node.items() if k != "x-kubernetes-validations"}
+            rules = [r for r in node.get("x-kubernetes-validations", []) if r.get("reason") != "FieldValueForbidden"]
+            return {**kept, **({"x-kubernetes-validations": rules} if rules else {})}
+        return [without_forbidding_rules(v) for v in node] if isinstance(node, list) else node
+    source = yaml.safe_load(CRD_FILE.read_text())
+    assert json.dumps(source).count("FieldValueForbidden") >= 15
+    rendered = render(helm, tmp_path, {"allowPrivilegedTemplates": True})
+    crd = rendered.one("CustomResourceDefinition")
+    crd["metadata"] = source["metadata"]
+    assert crd == without_forbidding_rules(source)
+    assert "minReplicas must not be greater" in json.dumps(crd)  # the other rules stay
+    assert "--allow-privileged-templates" in controller_container(rendered)["args"]
+    assert "--allow-privileged-templates" not in controller_container(render(helm, tmp_path))["args"]
+
+
+def test_migrations_run_as_a_restricted_pre_install_and_pre_upgrade_hook(helm, tmp_path):
+    rendered = render(helm, tmp_path, {"migrations": {"enabled": True, "database": {"secretName": "mig", "key": "url"}}})
+    (job,) = [h for h in rendered.hooks if h["kind"] == "Job"]
+    annotations = job["metadata"]["annotations"]
+    assert annotations["helm.sh/hook"] == "pre-install,pre-upgrade"
+    assert annotations["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == "queueworker:0.1.0" and container["args"] == ["migrate"]
+    assert "command" not in container, "the worker image's entrypoint (tini -- queueworker) stays PID 1"
+    assert container["env"] == [{"name": "DATABASE_URL", "valueFrom": {"secretKeyRef": {"name": "mig", "key": "url"}}}]
+    assert pod["restartPolicy"] == "Never" and pod["automountServiceAccountToken"] is False
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                            "capabilities": {"drop": ["ALL"]}}
+    result = run_helm(helm, "template", "rel", values={"migrations": {"enabled": True}}, tmp_path=tmp_path)
+    assert result.returncode != 0
+    assert "migrations.database.secretName is required when migrations.enabled is true" in result.stderr
+    assert not [h for h in render(helm, tmp_path).hooks if h["kind"] == "Job"]
+
+
+def test_network_policy_allows_only_what_the_controller_needs(helm, tmp_path):
+    spec = render(helm, tmp_path, {"networkPolicy": {"enabled": True}}).one("NetworkPolicy")["spec"]
+    assert spec["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "controller"
+    assert spec["policyTypes"] == ["Ingress", "Egress"]
+    assert spec["ingress"] == [], "no metricsFrom: nothing may connect"
+    assert spec["egress"] == [
+        {"ports": [{"port": 443, "protocol": "TCP"}, {"port": 6443, "protocol": "TCP"}]},
+        {"ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]},
+        {"ports": [{"port": 5432, "protocol": "TCP"}]},
+    ]
+    peers = [{"podSelector": {"matchLabels": {"app": "prometheus"}}}]
+    spec = render(helm, tmp_path, {"networkPolicy": {"enabled": True, "metricsFrom": peers,
+                                                     "apiServer": {"cidrs": ["192.0.2.1/32"], "ports": [443]}}}
+                  ).one("NetworkPolicy")["spec"]
+    assert spec["ingress"] == [{"from": peers, "ports": [{"port": "healthz", "protocol": "TCP"},
+                                                         {"port": "metrics", "protocol": "TCP"}]}]
+    assert spec["egress"][0] == {"ports": [{"port": 443, "protocol": "TCP"}], "to": [{"ipBlock": {"cidr": "192.0.2.1/32"}}]}
+    assert "NetworkPolicy" not in render(helm, tmp_path).kinds()
+
+
+def test_metrics_and_liveness_bind_where_told(helm, tmp_path):
+    args = controller_container(render(helm, tmp_path))["args"]
+    assert "--metrics-address=0.0.0.0" in args and "--liveness=http://0.0.0.0:8081/healthz" in args
+    args = controller_container(render(helm, tmp_path, {"metrics": {"bindAddress": "127.0.0.1"},
+                                                        "controller": {"livenessBindAddress": "fd00::1"}}))["args"]
+    assert "--metrics-address=127.0.0.1" in args and "--liveness=http://[fd00::1]:8081/healthz" in args
 
 
 @pytest.mark.parametrize(("values", "message"), [
@@ -294,15 +433,18 @@ def service_account_can(api: client.ApiClient, account: str, namespace: str | No
 
 @pytest.mark.cluster
 def test_rendered_chart_is_accepted_by_the_api_server(helm, tmp_path, control_plane, cluster_namespace):
-    """Everything rendered with every value set is applied server-side; the RBAC it creates grants
-    the controller its rules in the watched namespaces only; a sample QueueWorker pointing at the
-    demo Postgres Secret passes the CRD's validation."""
+    """Everything rendered with every value set is applied server-side, in a namespace that enforces
+    Pod Security "restricted" (so the controller's and the demo database's pods must pass it to be
+    created); the RBAC it creates grants the controller its rules in the watched namespaces only; a
+    sample QueueWorker pointing at the demo Postgres Secret passes the CRD's validation."""
     watched = [control_plane.create_namespace("watched"), control_plane.create_namespace("watched")]
     # The ServiceMonitor's CRD (prometheus-operator) is not installed here: it is checked by rendering only.
+    # The CRD keeps its pod-security rules: other tests share it.
     values = {**EVERYTHING, "watchNamespaces": watched, "fullnameOverride": cluster_namespace,
-              "crds": {"install": True, "keep": True}}
+              "crds": {"install": True, "keep": True}, "allowPrivilegedTemplates": False}
     rendered = render(helm, tmp_path, values, release=cluster_namespace, namespace=cluster_namespace)
     with control_plane.api_client() as api:
+        client.CoreV1Api(api).patch_namespace(cluster_namespace, {"metadata": {"labels": RESTRICTED}})
         dyn = dynamic.DynamicClient(api)
         crd = rendered.one("CustomResourceDefinition")
         apply(dyn, crd)  # identical to crds/: harmless to other tests sharing the control plane
@@ -317,11 +459,25 @@ def test_rendered_chart_is_accepted_by_the_api_server(helm, tmp_path, control_pl
             applied = apply(dyn, obj, cluster_namespace)
             assert applied.metadata.name == obj["metadata"]["name"]
 
+        core = client.CoreV1Api(api)
+        for deployment in rendered.all("Deployment"):
+            selector = ",".join(f"{k}={v}" for k, v in deployment["spec"]["selector"]["matchLabels"].items())
+            control_plane.wait_for(lambda: core.list_namespaced_pod(cluster_namespace, label_selector=selector).items,
+                                   timeout=30, message=f"a pod of {deployment['metadata']['name']} admitted")
+
         account = f"{cluster_namespace}:qw-operator"
-        assert service_account_can(api, account, watched[0], "patch", "queueworkers", "queueworker.dev")
-        assert service_account_can(api, account, watched[1], "patch", "deployments/scale", "apps")
-        assert not service_account_can(api, account, "default", "patch", "queueworkers", "queueworker.dev")
+        for namespace in watched:
+            assert service_account_can(api, account, namespace, "patch", "queueworkers", "queueworker.dev")
+            assert service_account_can(api, account, namespace, "create", "deployments", "apps")
+            assert service_account_can(api, account, namespace, "patch", "deployments/scale", "apps")
+            assert service_account_can(api, account, namespace, "get", "secrets")
+        for namespace in ("default", cluster_namespace):  # namespaced really means namespaced
+            assert not service_account_can(api, account, namespace, "patch", "queueworkers", "queueworker.dev")
+            assert not service_account_can(api, account, namespace, "create", "deployments", "apps")
+            assert not service_account_can(api, account, namespace, "get", "secrets")
+            assert not service_account_can(api, account, namespace, "list", "pods")
         assert not service_account_can(api, account, None, "get", "secrets")
+        assert not service_account_can(api, account, None, "create", "deployments", "apps")
         assert service_account_can(api, account, None, "watch", "customresourcedefinitions",
                                    "apiextensions.k8s.io")
 
@@ -332,6 +488,34 @@ def test_rendered_chart_is_accepted_by_the_api_server(helm, tmp_path, control_pl
                            "scaling": {"minReplicas": 0, "maxReplicas": 5}}}
         accepted = apply(dyn, sample, dry_run=True)
         assert accepted.spec.concurrency == 10, "defaults from the CRD schema were applied"
+
+
+@pytest.mark.cluster
+def test_the_migrations_hook_job_migrates_a_real_database_under_pod_security_restricted(
+        helm, tmp_path, control_plane, cluster_namespace, blank_dsn):
+    """The hook Job, created as Helm creates it, in a namespace that enforces "restricted": the
+    job controller's pod is admitted, the process kubelet runs the worker image's entrypoint with
+    `migrate`, and the schema is there afterwards."""
+    values = {"fullnameOverride": cluster_namespace, "crds": {"install": False, "keep": True},
+              "migrations": {"enabled": True, "database": {"secretName": "migrator", "key": "url"}}}
+    (job,) = [h for h in render(helm, tmp_path, values, release=cluster_namespace,
+                                namespace=cluster_namespace).hooks if h["kind"] == "Job"]
+    with control_plane.api_client() as api:
+        core, batch = client.CoreV1Api(api), client.BatchV1Api(api)
+        core.patch_namespace(cluster_namespace, {"metadata": {"labels": RESTRICTED}})
+        core.create_namespaced_secret(cluster_namespace, {"metadata": {"name": "migrator"},
+                                                          "stringData": {"url": blank_dsn}})
+        apply(dynamic.DynamicClient(api), job, cluster_namespace)
+        name = job["metadata"]["name"]
+        status = control_plane.wait_for(
+            lambda: (lambda s: s if (s.succeeded or s.failed) else None)(
+                batch.read_namespaced_job_status(name, cluster_namespace).status),
+            timeout=90, message="the migration Job to finish")
+        pods = core.list_namespaced_pod(cluster_namespace, label_selector=f"job-name={name}").items
+    logs = "\n".join(control_plane.pod_log(cluster_namespace, p.metadata.name) for p in pods)
+    assert status.succeeded == 1, logs
+    with psycopg.connect(blank_dsn) as conn:
+        assert conn.execute("SELECT max(version) FROM queueworker.schema_migrations").fetchone()[0] >= 2
 
 
 @pytest.mark.cluster

@@ -1,5 +1,5 @@
-"""The controller's database side against a real Postgres: coalesced depth reads, caps, timeouts,
-errors and the LISTEN shortcut."""
+"""The controller's database side against a real Postgres and against servers that hang: coalesced
+depth reads, caps, timeouts, isolation between databases, reference counting and the LISTEN shortcut."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from queueworker.producer import enqueue_many
 from queueworker_controller import queuedb
 from queueworker_controller.policy import QueueDepth
 from queueworker_controller.queuedb import QueueDatabases
+from tests.hanging_servers import SilentServer, StalledPostgres
 
 pytestmark = pytest.mark.integration
 
@@ -22,21 +23,34 @@ def enqueue(dsn: str, queue: str, count: int) -> None:
         enqueue_many(conn, [{"task": "qw.noop", "queue": queue} for _ in range(count)])
 
 
+def run(scenario):
+    """Runs `scenario(databases)` on a fresh QueueDatabases, closed afterwards."""
+    async def main():
+        databases = QueueDatabases()
+        try:
+            return await scenario(databases)
+        finally:
+            databases.close()
+    return asyncio.run(main())
+
+
 def test_depth_reads_on_one_database_share_one_query(dsn, monkeypatch):
     enqueue(dsn, "a", 5)
     enqueue(dsn, "b", 50)
     queries = []
-    original = queuedb._DepthBatch._query
-    monkeypatch.setattr(queuedb._DepthBatch, "_query", lambda self: queries.append(1) or original(self))
-    databases = QueueDatabases()
+    original = queuedb.Database.fetch
 
-    async def read_both():
+    async def counting_fetch(self, statement, params):
+        queries.append(statement)
+        return await original(self, statement, params)
+    monkeypatch.setattr(queuedb.Database, "fetch", counting_fetch)
+
+    async def read_three(databases):
+        for owner, queue in (("qa", "a"), ("qb", "b"), ("qe", "empty")):
+            databases.bind(owner, dsn, queue)
         return await asyncio.gather(databases.depth(dsn, "a", 100), databases.depth(dsn, "b", 10),
                                     databases.depth(dsn, "empty", 10))
-    try:
-        a, b, empty = asyncio.run(read_both())
-    finally:
-        databases.close()
+    a, b, empty = run(read_three)
     assert len(queries) == 1
     assert (a.ready, a.running) == (5, 0)
     assert b.ready == 50  # the batch's cap is the highest asked for (100)
@@ -45,74 +59,147 @@ def test_depth_reads_on_one_database_share_one_query(dsn, monkeypatch):
 
 def test_ready_count_is_capped(dsn):
     enqueue(dsn, "big", 30)
-    databases = QueueDatabases()
-    try:
-        depth = asyncio.run(databases.depth(dsn, "big", 11))
-    finally:
-        databases.close()
+
+    async def read(databases):
+        databases.bind("q", dsn, "big")
+        return await databases.depth(dsn, "big", 11)
+    depth = run(read)
     assert depth.ready == 11 and depth.oldest_ready_age_seconds is not None
 
 
-def test_sessions_have_a_statement_timeout(dsn):
-    pool = QueueDatabases().pool(dsn)
-    with pool.connection() as conn:
-        assert conn.execute("SHOW statement_timeout").fetchone()[0] == "2s"
-    pool.close()
+def test_sessions_have_a_statement_timeout_keepalives_and_a_tcp_user_timeout(dsn):
+    async def settings(databases):
+        databases.bind("q", dsn, "jobs")
+        async with databases._bound(dsn)._pool.connection() as conn:
+            timeout = (await (await conn.execute("SHOW statement_timeout")).fetchone())[0]
+            return timeout, conn.info.get_parameters()
+    statement_timeout, parameters = run(settings)
+    assert statement_timeout == "2s"
+    assert parameters["keepalives"] == "1" and parameters["tcp_user_timeout"] == "15000"
+    assert parameters["connect_timeout"] == str(queuedb.CONNECT_TIMEOUT_SECONDS)
 
 
 def test_unreachable_database_fails_fast_for_every_waiter():
-    databases = QueueDatabases()
     dead = "postgresql://nobody@127.0.0.1:1/none"
 
-    async def read_two():
+    async def read_two(databases):
+        databases.bind("a", dead, "a")
+        databases.bind("b", dead, "b")
         return await asyncio.gather(databases.depth(dead, "a", 1), databases.depth(dead, "b", 1),
                                     return_exceptions=True)
     started = time.monotonic()
-    results = asyncio.run(read_two())
+    results = run(read_two)
     assert all(isinstance(r, psycopg.OperationalError) for r in results)
     assert time.monotonic() - started < queuedb.CONNECT_TIMEOUT_SECONDS + 1
 
 
-def test_listen_notices_new_tasks(dsn):
-    databases = QueueDatabases()
+@pytest.mark.parametrize("server_type", [SilentServer, StalledPostgres], ids=["silent", "stalled-after-startup"])
+def test_a_hung_server_fails_its_own_reads_and_holds_up_no_other_database(dsn, server_type):
+    """Six QueueWorkers on a hung server and one on a healthy database, read at the same time:
+    the healthy read answers at once; the hung ones fail within the connect timeout or the
+    statement deadline, with an error that says it timed out."""
+    hung = server_type()
+    enqueue(dsn, "healthy", 3)
 
-    async def scenario():
-        databases.listen(dsn)
+    async def scenario(databases):
+        for i in range(6):
+            databases.bind(f"hung-{i}", hung.dsn(), f"q{i}")
+        databases.bind("healthy", dsn, "healthy")
+        started = time.monotonic()
+        stuck = [asyncio.ensure_future(databases.depth(hung.dsn(), f"q{i}", 10)) for i in range(6)]
+        healthy = await databases.depth(dsn, "healthy", 10)
+        healthy_after = time.monotonic() - started
+        outcomes = await asyncio.gather(*stuck, return_exceptions=True)
+        return healthy, healthy_after, outcomes, time.monotonic() - started
+    try:
+        healthy, healthy_after, outcomes, all_after = run(scenario)
+    finally:
+        hung.close()
+    assert healthy.ready == 3
+    assert healthy_after < 1.5, "the healthy database waited for the hung one"
+    assert all(isinstance(o, psycopg.OperationalError) for o in outcomes), outcomes
+    assert all("timeout" in str(o) or "timed out" in str(o) for o in outcomes), outcomes
+    bound = queuedb.CONNECT_TIMEOUT_SECONDS + queuedb.STATEMENT_DEADLINE_SECONDS + queuedb.ABANDON_SECONDS
+    assert all_after < bound + 1
+
+
+def test_a_statement_past_its_deadline_frees_its_connection(monkeypatch):
+    """The connection of a statement that timed out is shut down, not kept waiting on the server."""
+    monkeypatch.setattr(queuedb, "STATEMENT_DEADLINE_SECONDS", 0.5)
+    stalled = StalledPostgres()
+
+    async def scenario(databases):
+        databases.bind("q", stalled.dsn(), "q")
+        for _ in range(queuedb.POOL_SIZE + 1):  # a stuck connection would keep its pool slot forever
+            with pytest.raises(queuedb.StatementTimeout):
+                await databases.depth(stalled.dsn(), "q", 1)
+        await asyncio.sleep(0.2)
+        return stalled.hung_up
+    try:
+        hung_up = run(scenario)
+    finally:
+        stalled.close()
+    assert hung_up >= queuedb.POOL_SIZE + 1  # each timed-out statement's connection was shut down
+
+
+def test_listen_notices_new_tasks_of_watched_queues_only(dsn):
+    async def scenario(databases):
+        databases.bind("q", dsn, "wake")
         await asyncio.sleep(0.5)  # let the LISTEN connection come up
         before = time.monotonic()
         await asyncio.to_thread(enqueue, dsn, "wake", 1)
+        await asyncio.to_thread(enqueue, dsn, "unwatched", 1)
         for _ in range(50):
             if databases.notified_since(dsn, "wake", before):
-                return True
+                break
             await asyncio.sleep(0.05)
-        return False
-    try:
-        assert asyncio.run(scenario())
-        assert not databases.notified_since(dsn, "other", 0)
-    finally:
-        databases.close()
+        return (databases.notified_since(dsn, "wake", before), databases.notified_since(dsn, "unwatched", 0),
+                dict(databases._bound(dsn)._notified))
+    woke, unwatched, recorded = run(scenario)
+    assert woke and not unwatched
+    assert set(recorded) == {"wake"}  # a NOTIFY for a queue nobody watches is not kept
+
+
+def test_databases_are_reference_counted_and_closed_when_unused(dsn, postgres):
+    _, other_database = postgres
+
+    async def scenario(databases):
+        databases.bind(("ns", "a"), dsn, "jobs")
+        databases.bind(("ns", "b"), dsn, "other")
+        await databases.depth(dsn, "jobs", 5)
+        first = databases._bound(dsn)
+        assert databases.open_databases == 1
+        databases.bind(("ns", "a"), other_database, "jobs")  # a's Secret now names another database
+        assert databases.open_databases == 2
+        databases.release(("ns", "b"))  # deleted: nobody reads the first database any more
+        assert databases.open_databases == 1
+        await asyncio.sleep(0.1)
+        assert first._listener.cancelled() and first._pool._closed
+        with pytest.raises(LookupError):
+            await databases.depth(dsn, "jobs", 5)
+        databases.release(("ns", "a"))
+        return databases.open_databases
+    assert run(scenario) == 0
 
 
 def test_reads_arriving_during_a_query_share_the_next_one(dsn, monkeypatch):
     queries = []
-    original = queuedb._DepthBatch._query
+    original = queuedb.Database.fetch
 
-    def slow_query(self):
-        queries.append(sorted(self._waiters))
-        time.sleep(0.3)
-        return original(self)
-    monkeypatch.setattr(queuedb._DepthBatch, "_query", slow_query)
-    databases = QueueDatabases()
+    async def slow_fetch(self, statement, params):
+        queries.append(sorted(params["queues"]))
+        await asyncio.sleep(0.3)
+        return await original(self, statement, params)
+    monkeypatch.setattr(queuedb.Database, "fetch", slow_fetch)
 
-    async def staggered():
+    async def staggered(databases):
+        for queue in "abcd":
+            databases.bind(queue, dsn, queue)
         first = asyncio.ensure_future(databases.depth(dsn, "a", 5))
         await asyncio.sleep(0.1)  # the first query is running now
         later = [asyncio.ensure_future(databases.depth(dsn, q, 5)) for q in ("b", "c")]
         await asyncio.sleep(0.1)
         later.append(asyncio.ensure_future(databases.depth(dsn, "d", 5)))
         return await asyncio.gather(first, *later)
-    try:
-        assert len(asyncio.run(staggered())) == 4
-    finally:
-        databases.close()
+    assert len(run(staggered)) == 4
     assert queries == [["a"], ["b", "c", "d"]]

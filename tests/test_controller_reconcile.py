@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from typing import Any
 
 import psycopg
 import pytest
 
-from queueworker_controller.kube import SecretUnavailable
+from queueworker_controller import metrics, reconcile
+from queueworker_controller.deployment import SECRET_VERSION_ANNOTATION, secret_version
+from queueworker_controller.kube import SecretUnavailable, SecretValue
 from queueworker_controller.policy import QueueDepth
 from queueworker_controller.queuedb import WorkerLease
 from queueworker_controller.reconcile import ObjectMemory, QueueWorkerObject, Reconciler
+from queueworker_controller.redaction import KnownSecrets
+from tests.pod_templates import REFUSED
 
 SPEC = {"queue": "jobs", "image": "img", "database": {"secretRef": {"name": "db", "key": "url"}},
         "concurrency": 2, "drainSeconds": 5,
@@ -24,19 +30,23 @@ class FakeKube:
         self.deployments: dict[str, dict[str, Any]] = {}
         self.scaled: list[int] = []
         self.costs: dict[str, int] = {}
-        self.secret: str | None = "postgresql://db/app"
+        self.secret: str | bytes | None = "postgresql://db/app"
+        self.secret_version = "1"
         self.replicas_at_start = replicas
+        self.writes = 0
 
     def read_deployment(self, namespace, name):
         return self.deployments.get(name)
 
     def create_deployment(self, namespace, body, replicas):
+        self.writes += 1
         created = {**body, "spec": {**body["spec"], "replicas": self.replicas_at_start if
                                     self.replicas_at_start is not None else replicas}}
         self.deployments[body["metadata"]["name"]] = created
         return created
 
     def update_deployment(self, current, rendered):
+        self.writes += 1
         updated = {**rendered, "spec": {**rendered["spec"], "replicas": current["spec"]["replicas"]}}
         self.deployments[rendered["metadata"]["name"]] = updated
         return updated
@@ -45,10 +55,11 @@ class FakeKube:
         self.scaled.append(replicas)
         self.deployments[name]["spec"]["replicas"] = replicas
 
-    def read_secret_value(self, namespace, name, key):
+    def read_secret(self, namespace, name, key):
         if self.secret is None:
             raise SecretUnavailable(f"Secret {namespace}/{name}: Not Found (404)")
-        return self.secret
+        data = self.secret.encode() if isinstance(self.secret, str) else self.secret
+        return SecretValue(data, self.secret_version)
 
     def list_pods(self, namespace, selector):
         return [{"metadata": {"name": n}} for n in ("idle", "busy")]
@@ -58,17 +69,29 @@ class FakeKube:
 
 
 class FakeDatabases:
-    def __init__(self, depth: QueueDepth | None):
+    def __init__(self, depth: QueueDepth | None, error: Exception | None = None):
         self.depth_value = depth
+        self.error = error or psycopg.OperationalError("connection refused")
         self.notified = False
+        self.bindings: dict[Any, tuple[str, str]] = {}
 
     async def depth(self, dsn, queue, cap):
         if self.depth_value is None:
-            raise psycopg.OperationalError("connection refused")
+            raise self.error
         return self.depth_value
 
-    def listen(self, dsn):
-        self.listening = dsn
+    def bind(self, owner, dsn, queue):
+        self.bindings[owner] = (dsn, queue)
+
+    def release(self, owner):
+        self.bindings.pop(owner, None)
+
+    @property
+    def open_databases(self):
+        return len(set(self.bindings.values()))
+
+    def close(self):
+        self.closed = True
 
     def notified_since(self, dsn, queue, since):
         return self.notified
@@ -78,10 +101,15 @@ class FakeDatabases:
 
 
 def tick(kube: FakeKube, depth: QueueDepth | None, spec: dict | None = None, status: dict | None = None,
-         memory: ObjectMemory | None = None, generation: int = 1):
-    reconciler = Reconciler(kube, FakeDatabases(depth), wall_clock=lambda: 1_000_000.0)  # type: ignore[arg-type]
+         memory: ObjectMemory | None = None, generation: int = 1, databases: FakeDatabases | None = None,
+         **options: Any):
+    reconciler = Reconciler(kube, databases or FakeDatabases(depth), wall_clock=lambda: 1_000_000.0,  # type: ignore[arg-type]
+                            secrets=KnownSecrets(), **options)
     obj = QueueWorkerObject("w", "ns", "uid", generation, spec or SPEC, status or {})
-    return asyncio.run(reconciler.tick(obj, memory or ObjectMemory()))
+    try:
+        return asyncio.run(reconciler.tick(obj, memory or ObjectMemory()))
+    finally:
+        reconciler.close()
 
 
 def conditions(result) -> dict[str, tuple[str, str]]:
@@ -173,7 +201,7 @@ def test_ticks_wait_for_the_polling_interval_unless_the_spec_changed_or_tasks_ar
     obj, memory = QueueWorkerObject("w", "ns", "uid", 1, SPEC, {}), ObjectMemory()
     assert reconciler.due(obj, memory)
     asyncio.run(reconciler.tick(obj, memory))
-    assert databases.listening == "postgresql://db/app"
+    assert databases.bindings == {("ns", "w"): ("postgresql://db/app", "jobs")}
     assert not reconciler.due(obj, memory)
     assert reconciler.due(QueueWorkerObject("w", "ns", "uid", 2, SPEC, {}), memory)
     databases.notified = True
@@ -198,6 +226,150 @@ def test_an_unusable_spec_is_reported_not_raised():
     assert conditions(result)["Ready"] == ("False", "InvalidSpec")
 
 
+@pytest.mark.parametrize("template", [
+    {"spec": {"containers": "x"}}, {"metadata": {"labels": None}}, {"spec": {"terminationGracePeriodSeconds": "30s"}},
+    {"spec": "x"}, {"metadata": None},
+], ids=["containers-text", "labels-null", "grace-text", "spec-text", "metadata-null"])
+def test_a_template_of_the_wrong_shape_is_an_invalid_spec_with_one_event(template):
+    """Objects stored before the CRD typed `template` (the API server refuses these now)."""
+    kube = FakeKube(replicas=2)
+    result = tick(kube, QueueDepth(0, 0), {**SPEC, "template": template})
+    assert conditions(result)["Ready"] == ("False", "InvalidSpec")
+    assert [(e.type, e.reason) for e in result.events] == [("Warning", "InvalidSpec")]
+    assert kube.writes == 0 and kube.scaled == []
+    again = tick(kube, QueueDepth(0, 0), {**SPEC, "template": template}, status=result.status)
+    assert again.events == []  # one Event per change of reason, not one per tick
+
+
+@pytest.mark.parametrize("case", REFUSED, ids=[c.id for c in REFUSED])
+def test_a_privileged_template_changes_no_deployment(case):
+    kube = FakeKube(replicas=2)
+    tick(kube, QueueDepth(0, 0))  # the Deployment as it was before the template changed
+    writes = kube.writes
+    result = tick(kube, QueueDepth(100, 0), {**SPEC, "template": case.template}, generation=2)
+    ready = next(c for c in result.status["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec")
+    assert case.path in ready["message"]
+    assert [(e.type, e.reason) for e in result.events] == [("Warning", "InvalidSpec")]
+    assert kube.writes == writes and kube.scaled == [0]  # the first tick's scale only
+
+
+def test_privileged_templates_are_deployed_where_the_cluster_allows_them():
+    kube = FakeKube()
+    privileged = {"spec": {"hostNetwork": True, "containers": [{"name": "worker", "securityContext": {"privileged": True}}]}}
+    result = tick(kube, QueueDepth(0, 0), {**SPEC, "template": privileged}, allow_privileged_templates=True)
+    assert conditions(result)["Ready"] == ("True", "QueueReadable")
+    assert kube.deployments["w-worker"]["spec"]["template"]["spec"]["hostNetwork"] is True
+
+
+class ExplodingKube(FakeKube):
+    def list_pods(self, namespace, selector):
+        raise RuntimeError("something nobody expected")
+
+    def read_deployment(self, namespace, name):
+        raise RuntimeError(f"boom while reading {self.secret}")
+
+
+def test_any_error_in_a_tick_becomes_a_condition_an_event_and_a_scrubbed_log(caplog):
+    kube = ExplodingKube()
+    kube.secret = "postgresql://app:hunter2hunter2@db/app"
+    memory = ObjectMemory()
+    with caplog.at_level(logging.DEBUG, logger="queueworker_controller"):
+        result = tick(kube, QueueDepth(0, 0), memory=memory)
+    ready = next(c for c in result.status["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "ReconcileError")
+    assert "RuntimeError" in ready["message"] and "hunter2hunter2" not in ready["message"]
+    assert [(e.type, e.reason) for e in result.events] == [("Warning", "ReconcileError")]
+    (record,) = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert record.exc_info is not None  # the traceback is logged (the scrubbing filter masks it: test_redaction)
+    assert memory.next_poll - memory.last_poll == SPEC["scaling"]["pollingIntervalSeconds"]  # polling goes on
+
+
+@pytest.mark.parametrize(("secret", "message"), [
+    (b"\xff\xfepostgresql://app:pw@db/app", "the Secret value is not UTF-8 text"),
+    ("ghp_0123456789abcdefTOKENTOKENTOKEN", "not a valid Postgres connection string"),
+    ("postgresq://app:Sup3rSecretPw@db/app", "scheme"),
+    ("postgresql://app:Sup3rSecretPw@db/app\x00", "NUL byte"),
+    ("x" * 1_000_000, "the Secret value is 1000000 bytes long"),
+], ids=["not-utf8", "api-token", "scheme-typo", "nul-byte", "one-megabyte"])
+def test_a_hostile_secret_value_is_classified_and_never_repeated(secret, message):
+    kube = FakeKube(replicas=2)
+    kube.secret = secret
+    result = tick(kube, QueueDepth(0, 0))
+    ready = next(c for c in result.status["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "InvalidDatabaseUrl")
+    assert message in ready["message"] and "Secret ns/db key 'url'" in ready["message"]
+    text = str(result.status) + " ".join(e.message for e in result.events)
+    for fragment in ("Sup3rSecretPw", "TOKENTOKEN", "xxxxxxxxxx", "\\xff"):
+        assert fragment not in text
+    assert kube.scaled == [] and result.status["desiredReplicas"] == 2  # holds, as for a missing Secret
+
+
+def test_database_errors_are_explained_without_the_url():
+    kube = FakeKube(replicas=1)
+    kube.secret = "postgresql://app:Sup3rSecretPw@db.example:5432/orders"
+    error = psycopg.OperationalError('connection to server failed: FATAL:  password authentication failed for '
+                                     'user "app" (postgresql://app:Sup3rSecretPw@db.example:5432/orders)')
+    result = tick(kube, None, databases=FakeDatabases(None, error))
+    ready = next(c for c in result.status["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == "DatabaseUnreachable"
+    assert 'password authentication failed for user "app"' in ready["message"]
+    assert "user app at db.example:5432/orders" in ready["message"]
+    assert "Sup3rSecretPw" not in str(result.status) + " ".join(e.message for e in result.events)
+
+
+def test_a_rotated_secret_rolls_the_pods_and_an_outage_does_not():
+    kube = FakeKube(replicas=1)
+    tick(kube, QueueDepth(0, 0))
+    assert secret_version(kube.deployments["w-worker"]) == "1"
+    kube.secret, kube.secret_version = "postgresql://db2/app", "2"
+    databases = FakeDatabases(QueueDepth(0, 0))
+    tick(kube, QueueDepth(0, 0), databases=databases)
+    assert secret_version(kube.deployments["w-worker"]) == "2"
+    assert databases.bindings == {("ns", "w"): ("postgresql://db2/app", "jobs")}
+    writes = kube.writes
+    kube.secret = None  # deleted: the pods keep the version they run with
+    tick(kube, QueueDepth(0, 0), databases=databases)
+    assert kube.writes == writes
+    assert databases.bindings == {}  # and the database it named is not kept open
+    assert kube.deployments["w-worker"]["spec"]["template"]["metadata"]["annotations"][SECRET_VERSION_ANNOTATION] == "2"
+
+
+def test_pods_that_cannot_be_created_show_in_a_condition_and_one_event():
+    kube = FakeKube(replicas=1)
+    first = tick(kube, QueueDepth(0, 1))
+    assert conditions(first)["ReplicaFailure"] == ("False", "PodsCreated")
+    kube.deployments["w-worker"]["status"] = {"conditions": [
+        {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate",
+         "message": 'pods "w-worker-1" is forbidden: violates PodSecurity "restricted:latest"'}]}
+    failing = tick(kube, QueueDepth(0, 1), status=first.status)
+    assert conditions(failing)["ReplicaFailure"] == ("True", "FailedCreate")
+    assert [(e.type, e.reason) for e in failing.events] == [("Warning", "FailedCreate")]
+    assert "violates PodSecurity" in failing.events[0].message
+    assert tick(kube, QueueDepth(0, 1), status={**first.status, **failing.status}).events == []
+
+
+def test_deleting_a_queueworker_forgets_its_database_secret_and_metrics():
+    databases = FakeDatabases(QueueDepth(3, 0))
+    secrets = KnownSecrets()
+    kube = FakeKube()
+    kube.secret = "postgresql://app:pw-to-forget@db/app"
+    reconciler = Reconciler(kube, databases, secrets=secrets)  # type: ignore[arg-type]
+    obj = QueueWorkerObject("gone", "ns", "uid", 1, SPEC, {})
+
+    async def scenario():
+        await reconciler.tick(obj, ObjectMemory())
+        metrics.errors.labels("ns", "gone", "DatabaseUnreachable").inc()
+        assert databases.bindings and "pw-to-forget" in secrets.values()
+        await reconciler.forget("ns", "gone")
+    asyncio.run(scenario())
+    reconciler.close()
+    assert databases.bindings == {} and secrets.values() == []
+    exported = [s for m, _ in metrics.PER_OBJECT for f in m.collect() for s in f.samples
+                if s.labels.get("name") == "gone"]
+    assert exported == []
+
+
 def test_the_scale_down_window_survives_a_controller_restart():
     spec = {**SPEC, "scaling": {**SPEC["scaling"], "scaleDownStabilizationSeconds": 300, "cooldownSeconds": 300}}
     kube = FakeKube(replicas=5)
@@ -205,3 +377,17 @@ def test_the_scale_down_window_survives_a_controller_restart():
     assert busy.status["recommendations"][0]["replicas"] == 5
     after_restart = tick(kube, QueueDepth(ready=0, running=1), spec, status=busy.status, memory=ObjectMemory())
     assert kube.scaled == [] and after_restart.status["reason"] == "Stabilizing"
+
+
+class StuckKube(FakeKube):
+    def read_deployment(self, namespace, name):
+        time.sleep(1)  # far longer than the tick may take here
+        return None
+
+
+def test_a_tick_that_never_ends_is_abandoned_and_reported(monkeypatch):
+    monkeypatch.setattr(reconcile, "TICK_TIMEOUT_SECONDS", 0.2)
+    result = tick(StuckKube(), QueueDepth(0, 0))
+    ready = next(c for c in result.status["conditions"] if c["type"] == "Ready")
+    assert (ready["reason"], ready["message"]) == ("ReconcileError", "the tick did not finish within 0.2s")
+    assert [e.reason for e in result.events] == ["ReconcileError"]

@@ -70,3 +70,23 @@ def test_printer_columns():
 def test_status_declares_conditions_as_a_map_list():
     conditions = version()["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["conditions"]
     assert conditions["x-kubernetes-list-type"] == "map" and conditions["x-kubernetes-list-map-keys"] == ["type"]
+
+
+def rules(schema: dict, path: str = "") -> list[tuple[str, dict]]:
+    """Every CEL rule in the schema, with the path of the node that carries it."""
+    found = [(path, rule) for rule in schema.get("x-kubernetes-validations", [])]
+    for name, prop in schema.get("properties", {}).items():
+        found += rules(prop, f"{path}.{name}")
+    if "items" in schema:
+        found += rules(schema["items"], f"{path}[]")
+    return found
+
+
+def test_the_pod_security_rules_are_the_forbidding_ones_and_guard_only_the_template():
+    """The chart's allowPrivilegedTemplates drops the rules with reason FieldValueForbidden: they must
+    be the template's pod-security rules, every one of them, and nothing else."""
+    every = rules(spec_schema(), "spec")
+    forbidding = [(path, rule) for path, rule in every if rule.get("reason") == "FieldValueForbidden"]
+    assert len(forbidding) >= 15
+    assert all(path.startswith("spec.template.") and rule.get("message") for path, rule in forbidding)
+    assert all(rule.get("reason") == "FieldValueForbidden" for path, rule in every if path.startswith("spec.template"))

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from queueworker_controller import podsecurity
 from queueworker_controller.deployment import (
-    HASH_ANNOTATION, OWNER_LABEL, build_deployment, deployment_name, grace_period_seconds, merge,
+    HASH_ANNOTATION, OWNER_LABEL, SECRET_VERSION_ANNOTATION, WORKER_UID, build_deployment, deployment_name,
+    grace_period_seconds, merge, secret_version,
 )
-from queueworker_controller.spec import QueueWorkerSpec
+from queueworker_controller.spec import InvalidSpec, QueueWorkerSpec
 
 MINIMAL = {"queue": "emails", "image": "registry.example/app-worker:1.4", "handlers": "app.tasks",
            "database": {"secretRef": {"name": "app-db", "key": "url"}}, "scaling": {"maxReplicas": 20}}
@@ -27,8 +31,8 @@ def test_minimal_deployment_runs_the_worker_with_the_spec_settings():
     assert deployment["metadata"]["name"] == deployment_name("emails") == "emails-worker"
     assert "command" not in container, "the image's entrypoint (tini -- queueworker) must stay PID 1"
     assert container["args"] == ["worker", "--queue", "emails", "--concurrency", "10", "--lease-seconds", "30",
-                                 "--heartbeat-seconds", "10", "--drain-seconds", "20", "--handlers", "app.tasks",
-                                 "--metrics-port", "9100"]
+                                 "--heartbeat-seconds", "10", "--drain-seconds", "20", "--shutdown-seconds", "28",
+                                 "--handlers", "app.tasks", "--metrics-port", "9100"]
     env = {e["name"]: e["valueFrom"] for e in container["env"]}
     assert env["DATABASE_URL"] == {"secretKeyRef": {"name": "app-db", "key": "url"}}
     assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
@@ -48,6 +52,82 @@ def test_owner_reference_selector_and_no_replicas():
 
 def test_grace_period_covers_the_drain():
     assert grace_period_seconds(render(drainSeconds=45)) == 55
+
+
+def shutdown_seconds(deployment) -> int:
+    args = worker_container(deployment)["args"]
+    return int(args[args.index("--shutdown-seconds") + 1])
+
+
+@pytest.mark.parametrize(("template_grace", "drain", "grace", "shutdown"), [
+    (None, 20, 30, 28),   # the default grace: drain + 10
+    (None, 0, 10, 8),
+    (120, 20, 120, 118),  # the template's grace wins the merge, and the budget follows it
+    (2, 20, 2, 1),        # never below 1 s
+    (0, 20, 0, 1),
+])
+def test_the_shutdown_budget_fits_the_effective_grace_period(template_grace, drain, grace, shutdown):
+    template = {} if template_grace is None else {"spec": {"terminationGracePeriodSeconds": template_grace}}
+    deployment = render(drainSeconds=drain, template=template)
+    assert grace_period_seconds(deployment) == grace
+    assert shutdown_seconds(deployment) == shutdown
+
+
+def test_the_generated_pod_passes_pod_security_restricted():
+    pod = render()["spec"]["template"]
+    assert podsecurity.violations(pod) == []
+    spec, worker = pod["spec"], worker_container(render())
+    assert spec["securityContext"] == {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001,
+                                       "seccompProfile": {"type": "RuntimeDefault"}}
+    assert worker["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                         "capabilities": {"drop": ["ALL"]}}
+    assert worker["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
+    assert spec["volumes"] == [{"name": "tmp", "emptyDir": {}}]
+    assert spec["automountServiceAccountToken"] is False
+
+
+def test_the_template_can_ask_for_a_token_and_its_own_volumes():
+    pod = render(template={"spec": {"automountServiceAccountToken": True,
+                                    "volumes": [{"name": "tmp", "emptyDir": {"medium": "Memory"}},
+                                                {"name": "config", "configMap": {"name": "app"}}]}})["spec"]["template"]
+    assert pod["spec"]["automountServiceAccountToken"] is True
+    assert pod["spec"]["volumes"] == [{"name": "tmp", "emptyDir": {"medium": "Memory"}},
+                                      {"name": "config", "configMap": {"name": "app"}}]
+
+
+def test_the_database_secret_version_is_on_the_pod_template():
+    spec = QueueWorkerSpec.from_dict(MINIMAL)
+    assert secret_version(build_deployment("emails", "prod", "uid-1", spec)) is None
+    deployment = build_deployment("emails", "prod", "uid-1", spec, secret_version="4711")
+    assert deployment["spec"]["template"]["metadata"]["annotations"][SECRET_VERSION_ANNOTATION] == "4711"
+    assert secret_version(deployment) == "4711"
+    rotated = build_deployment("emails", "prod", "uid-1", spec, secret_version="4712")
+    assert rotated["metadata"]["annotations"][HASH_ANNOTATION] != deployment["metadata"]["annotations"][HASH_ANNOTATION]
+
+
+@pytest.mark.parametrize("template", [
+    {"metadata": {"labels": None}},
+    {"metadata": None, "spec": {"nodeSelector": {"a": "b"}}},
+], ids=["labels-null", "metadata-null"])
+def test_a_template_that_cannot_be_merged_is_an_invalid_spec(template):
+    with pytest.raises(InvalidSpec, match="template cannot be merged"):
+        render(template=template)
+
+
+@pytest.mark.parametrize("spec_change", [
+    {"template": {"spec": {"terminationGracePeriodSeconds": "ten"}}},
+    {"template": {"spec": {"terminationGracePeriodSeconds": -1}}},
+    {"template": {"spec": {"terminationGracePeriodSeconds": True}}},
+    {"template": "x"},
+    {"template": {"spec": ["x"]}},
+    {"scaling": ["x"]},
+    {"database": "x"},
+    {"concurrency": "ten"},
+], ids=["grace-text", "grace-negative", "grace-bool", "template-text", "template-spec-list", "scaling-list",
+        "database-text", "concurrency-text"])
+def test_unusable_specs_raise_invalid_spec_only(spec_change):
+    with pytest.raises(InvalidSpec):
+        QueueWorkerSpec.from_dict({**MINIMAL, **spec_change})
 
 
 def test_no_handlers_and_no_metrics():
@@ -99,3 +179,9 @@ def test_spec_defaults_and_effective_tasks_per_replica():
     spec = QueueWorkerSpec.from_dict({**MINIMAL, "concurrency": 4, "scaling": {"tasksPerReplica": 2}})
     params = spec.scaling_params()
     assert params.tasks_per_replica == 2 and params.max_replicas == 10
+
+
+def test_the_pod_runs_as_the_worker_images_user():
+    dockerfile = (Path(__file__).resolve().parent.parent / "Dockerfile.worker").read_text()
+    (user,) = [line.split()[1] for line in dockerfile.splitlines() if line.startswith("USER ")]
+    assert user == f"{WORKER_UID}:{WORKER_UID}"

@@ -46,6 +46,11 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- end }}
 
+{{/* An address as a URL's host: IPv6 literals in brackets. */}}
+{{- define "queueworker.urlHost" -}}
+{{- if contains ":" . }}[{{ . }}]{{ else }}{{ . }}{{ end }}
+{{- end }}
+
 {{- define "queueworker.image" -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end }}
@@ -69,10 +74,26 @@ app.kubernetes.io/component: {{ .component }}
 
 {{/* What the chart adds to the CRD's metadata: labels, and the keep policy. */}}
 {{- define "queueworker.crdMetadata" -}}
-{{- $labels := include "queueworker.labels" . | fromYaml }}
-{{- $meta := dict "labels" $labels }}
+labels:
+  {{- include "queueworker.labels" . | nindent 2 }}
 {{- if .Values.crds.keep }}
-{{- $_ := set $meta "annotations" (dict "helm.sh/resource-policy" "keep") }}
+annotations:
+  helm.sh/resource-policy: keep
 {{- end }}
-{{- toYaml $meta | nindent 2 | trimPrefix "\n" }}
+{{- end }}
+
+{{/* Removes, in place, every CEL rule with reason FieldValueForbidden (the pod-security rules)
+     from a schema node and everything below it. Renders nothing. */}}
+{{- define "queueworker.dropForbiddingRules" -}}
+{{- if kindIs "map" . }}
+{{- $rules := get . "x-kubernetes-validations" }}
+{{- if $rules }}
+{{- $kept := list }}
+{{- range $rules }}{{ if ne (get . "reason") "FieldValueForbidden" }}{{ $kept = append $kept . }}{{ end }}{{ end }}
+{{- if $kept }}{{ $_ := set . "x-kubernetes-validations" $kept }}{{ else }}{{ $_ := unset . "x-kubernetes-validations" }}{{ end }}
+{{- end }}
+{{- range $key, $value := . }}{{ include "queueworker.dropForbiddingRules" $value }}{{ end }}
+{{- else if kindIs "slice" . }}
+{{- range . }}{{ include "queueworker.dropForbiddingRules" . }}{{ end }}
+{{- end }}
 {{- end }}
