@@ -11,6 +11,7 @@ VACUUM ANALYZE, as autovacuum would do on a queue that deep.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import statistics
 import time
 
@@ -19,7 +20,7 @@ import psycopg
 from queueworker import sql
 from queueworker.localpg import LocalPostgres
 from queueworker.migrate import migrate
-from queueworker_controller.queuedb import SmallPool
+from queueworker_controller.queuedb import Database
 
 QUEUE = "bench"
 MAX_REPLICAS, TASKS_PER_REPLICA = 100, 10
@@ -51,14 +52,28 @@ def add_running_and_retrying(conn: psycopg.Connection) -> None:
     conn.commit()
 
 
-def timed(pool: SmallPool, query: str, params: dict, repeat: int) -> list[float]:
+async def timed(database: Database, query: str, params: dict, repeat: int) -> list[float]:
     samples = []
     for _ in range(repeat):
         started = time.perf_counter()
-        with pool.connection() as conn:
-            conn.execute(query, params).fetchall()
+        await database.fetch(query, params)
         samples.append((time.perf_counter() - started) * 1000)
     return samples
+
+
+async def measure(dsn: str, repeat: int) -> None:
+    """Times the two statements over the controller's own pooled connections."""
+    database = Database(dsn)
+    try:
+        depth_params = {"queues": [QUEUE], "cap": CAP}
+        await timed(database, sql.QUEUE_DEPTH, depth_params, 5)  # warm up
+        depth = await timed(database, sql.QUEUE_DEPTH, depth_params, repeat)
+        leases = await timed(database, sql.WORKER_LEASES, {"namespace": "ns", "queue": QUEUE}, repeat)
+        row = (await database.fetch(sql.QUEUE_DEPTH, depth_params))[0]
+        print(f"  QUEUE_DEPTH (cap {CAP}) -> {row[1:4]}: {summary(depth)}")
+        print(f"  WORKER_LEASES (20 workers, 200 leases): {summary(leases)}")
+    finally:
+        database.close()
 
 
 def summary(samples: list[float]) -> str:
@@ -76,7 +91,6 @@ def main() -> None:
     server.start()
     try:
         migrate(server.dsn)
-        pool = SmallPool(server.dsn)
         with psycopg.connect(server.dsn) as conn:
             add_running_and_retrying(conn)
             loaded = 0
@@ -88,14 +102,7 @@ def main() -> None:
                 conn.execute("VACUUM ANALYZE queueworker.tasks")
                 conn.autocommit = False
                 print(f"{size:>10,} ready tasks loaded in {time.monotonic() - started:.0f}s")
-                timed(pool, sql.QUEUE_DEPTH, {"queues": [QUEUE], "cap": CAP}, 5)  # warm up
-                depth = timed(pool, sql.QUEUE_DEPTH, {"queues": [QUEUE], "cap": CAP}, args.repeat)
-                leases = timed(pool, sql.WORKER_LEASES, {"namespace": "ns", "queue": QUEUE}, args.repeat)
-                with pool.connection() as c:
-                    row = c.execute(sql.QUEUE_DEPTH, {"queues": [QUEUE], "cap": CAP}).fetchone()
-                print(f"  QUEUE_DEPTH (cap {CAP}) -> {row[1:4]}: {summary(depth)}")
-                print(f"  WORKER_LEASES (20 workers, 200 leases): {summary(leases)}")
-        pool.close()
+                asyncio.run(measure(server.dsn, args.repeat))
     finally:
         server.destroy()
 

@@ -29,9 +29,6 @@ MANAGED_BY = "queueworker-controller"
 # The worker image's user (Dockerfile.worker `USER 10001:10001`).
 WORKER_UID = 10001
 TMP_VOLUME = "tmp"
-# The worker's `--shutdown-seconds` (its whole SIGTERM-to-exit budget, fitted to the grace period).
-# Workers older than the flag refuse it; this switch exists only for the merge that brings both.
-PASS_SHUTDOWN_SECONDS = True
 
 
 def deployment_name(queueworker_name: str) -> str:
@@ -44,12 +41,12 @@ def selector_labels(queueworker_name: str) -> dict[str, str]:
 
 def worker_args(spec: QueueWorkerSpec) -> list[str]:
     """Arguments to the image's entrypoint (`tini -- queueworker`): no `command`, so the
-    image's init stays PID 1 and reaps the external-command executor's orphans."""
+    image's init stays PID 1 and reaps the external-command executor's orphans. The heartbeat is
+    left to the worker, which derives it from the lease; `--shutdown-seconds` fits the worker's
+    whole SIGTERM-to-exit budget into the pod's grace period."""
     args = ["worker", "--queue", spec.queue, "--concurrency", str(spec.concurrency),
-            "--lease-seconds", str(spec.lease_seconds), "--heartbeat-seconds", f"{spec.heartbeat_seconds:g}",
-            "--drain-seconds", str(spec.drain_seconds)]
-    if PASS_SHUTDOWN_SECONDS:
-        args += ["--shutdown-seconds", str(spec.shutdown_seconds)]
+            "--lease-seconds", str(spec.lease_seconds), "--drain-seconds", str(spec.drain_seconds),
+            "--shutdown-seconds", str(spec.shutdown_seconds)]
     if spec.handlers:
         args += ["--handlers", spec.handlers]
     if spec.metrics_port:

@@ -95,11 +95,6 @@ class QueueWorkerSpec:
         )
 
     @property
-    def heartbeat_seconds(self) -> float:
-        """A third of the lease, so two heartbeats can fail before the lease expires."""
-        return self.lease_seconds / 3
-
-    @property
     def tasks_per_replica(self) -> int:
         return self.scaling.tasks_per_replica or self.concurrency
 

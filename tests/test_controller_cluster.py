@@ -96,17 +96,6 @@ def controller_kubeconfig(control_plane, crd, tmp_path_factory) -> Path:
 
 # --- per test: a namespace with the database Secret and a running controller -------------------------
 
-def controller_command() -> list[str]:
-    """The controller as production starts it. The worker Deployment passes `--shutdown-seconds`,
-    which the worker learns in the same release; until a branch has both, the workers here would
-    exit on the unknown flag, so the controller is started with deployment.PASS_SHUTDOWN_SECONDS off."""
-    worker_help = subprocess.run([str(WORKER), "worker", "--help"], capture_output=True, text=True, timeout=60).stdout
-    if "--shutdown-seconds" in worker_help:
-        return [str(CONTROLLER)]
-    return [sys.executable, "-c", "import sys; from queueworker_controller import cli, deployment; "
-                                  "deployment.PASS_SHUTDOWN_SECONDS = False; sys.exit(cli.main())"]
-
-
 @dataclass
 class Cluster:
     """Helpers bound to one test namespace, acting as the admin."""
@@ -190,7 +179,7 @@ def cluster(control_plane, cluster_namespace, controller_kubeconfig, dsn, tmp_pa
             "metadata": {"name": DB_SECRET}, "stringData": {"url": dsn}})
         with log_path.open("wb") as log:
             process = subprocess.Popen(
-                [*controller_command(), "--namespace", cluster_namespace, "--metrics-port", str(helper.metrics_port),
+                [str(CONTROLLER), "--namespace", cluster_namespace, "--metrics-port", str(helper.metrics_port),
                  "--metrics-address", "127.0.0.1", f"--liveness=http://127.0.0.1:{helper.liveness_port}/healthz"],
                 env={**os.environ, "KUBECONFIG": str(controller_kubeconfig)}, stdout=log, stderr=subprocess.STDOUT,
                 cwd=REPO)

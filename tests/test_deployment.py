@@ -31,7 +31,7 @@ def test_minimal_deployment_runs_the_worker_with_the_spec_settings():
     assert deployment["metadata"]["name"] == deployment_name("emails") == "emails-worker"
     assert "command" not in container, "the image's entrypoint (tini -- queueworker) must stay PID 1"
     assert container["args"] == ["worker", "--queue", "emails", "--concurrency", "10", "--lease-seconds", "30",
-                                 "--heartbeat-seconds", "10", "--drain-seconds", "20", "--shutdown-seconds", "28",
+                                 "--drain-seconds", "20", "--shutdown-seconds", "28",
                                  "--handlers", "app.tasks", "--metrics-port", "9100"]
     env = {e["name"]: e["valueFrom"] for e in container["env"]}
     assert env["DATABASE_URL"] == {"secretKeyRef": {"name": "app-db", "key": "url"}}
