@@ -1,0 +1,39 @@
+"""Wake-ups cost constant memory: however many tasks are announced as due later, a worker keeps
+one timer, for the earliest of them (unit tier)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+from queueworker.handlers import Registry
+from queueworker.settings import WorkerSettings
+from queueworker.worker import Worker
+
+DSN = "postgresql://app@127.0.0.1:1/app"  # never connected to
+
+
+def _live_timers(loop: asyncio.AbstractEventLoop) -> list[asyncio.TimerHandle]:
+    return [handle for handle in loop._scheduled if not handle.cancelled()]  # type: ignore[attr-defined]
+
+
+def test_many_future_due_times_keep_one_timer_for_the_earliest():
+    async def announce() -> None:
+        loop = asyncio.get_running_loop()
+        worker = Worker(DSN, WorkerSettings(), Registry())
+        worker._wakeup = asyncio.Event()
+        baseline = len(_live_timers(loop))
+        now = time.time()
+        due_times = [now + 60 + i * 0.001 for i in range(100_000)]
+        random.shuffle(due_times)
+        for due in due_times:
+            worker._wake_at(due)
+        timers = _live_timers(loop)
+        assert len(timers) - baseline == 1
+        assert worker._due_timer_at == min(due_times)
+        worker._wake_at(now - 1)  # due already: a wake-up now, no timer
+        assert worker._wakeup.is_set() and len(_live_timers(loop)) - baseline == 1
+        worker._due_timer.cancel()
+
+    asyncio.run(announce())
