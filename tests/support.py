@@ -102,6 +102,12 @@ class FreezableProxy:
         self._sockets: list = []
         threading.Thread(target=self._accept, daemon=True).start()
 
+    @classmethod
+    def in_front_of(cls, dsn: str) -> "FreezableProxy":
+        """A proxy to the server `dsn` points at."""
+        params = psycopg.conninfo.conninfo_to_dict(dsn)
+        return cls(params.get("host") or "127.0.0.1", int(params.get("port") or 5432))
+
     def dsn_for(self, dsn: str) -> str:
         return psycopg.conninfo.make_conninfo(dsn, host="127.0.0.1", port=str(self.port))
 

@@ -282,7 +282,8 @@ def test_the_demo_init_script_makes_a_non_superuser_owner_that_can_migrate(helm,
     user, database = f"app_{uuid.uuid4().hex[:8]}", f"appdb_{uuid.uuid4().hex[:8]}"
     params = psycopg.conninfo.conninfo_to_dict(admin_dsn)
     env = {**os.environ, "POSTGRES_USER": params["user"], "PGHOST": params["host"], "PGPORT": str(params["port"]),
-           "APP_USER": user, "APP_PASSWORD": "app-pass", "APP_DB": database}
+           "PGPASSWORD": params.get("password", ""), "APP_USER": user, "APP_PASSWORD": "app-pass",
+           "APP_DB": database}
     result = subprocess.run(["sh", str(tmp_path / "init.sh")], env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     app_dsn = psycopg.conninfo.make_conninfo(admin_dsn, user=user, password="app-pass", dbname=database)

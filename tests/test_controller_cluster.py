@@ -612,9 +612,9 @@ def test_a_rotated_secret_moves_the_reads_rolls_the_workers_and_deletion_forgets
     _, admin = postgres
     role, database = f"rotated_{uuid.uuid4().hex[:8]}", f"rotated_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f"CREATE ROLE {role} LOGIN")
+        conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'rotated-pass'")
         conn.execute(f"CREATE DATABASE {database} OWNER {role}")
-    rotated = psycopg.conninfo.make_conninfo(admin, user=role, dbname=database)
+    rotated = psycopg.conninfo.make_conninfo(admin, user=role, password="rotated-pass", dbname=database)
     try:
         migrate(rotated)
         enqueue_sleeps(dsn, 60, 60)  # two ready tasks in the first database, five in the new one

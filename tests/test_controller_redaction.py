@@ -98,8 +98,8 @@ def test_install_everywhere_covers_the_root_and_kopfs_event_poster():
         handlers = [*root.handlers, *objects.handlers]
         assert handlers and all(any(isinstance(f, ScrubbingFilter) for f in h.filters) for h in handlers)
         assert any(type(h).__name__ == "K8sPoster" for h in objects.handlers)
-    finally:
-        for handler in objects.handlers:
+    finally:  # pytest's own capture handlers are among the root's: leave them as they were
+        for handler in {*objects.handlers, *root.handlers, *saved[0]}:
             for f in [f for f in handler.filters if isinstance(f, ScrubbingFilter)]:
                 handler.removeFilter(f)
         root.handlers[:] = saved[0]

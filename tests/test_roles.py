@@ -187,9 +187,11 @@ async def _controller_flows(admin: str, controller: str, producer: str) -> tuple
     """What the controller does each tick, through its own QueueDatabases: depth, leases, LISTEN."""
     databases = QueueDatabases()
     try:
+        # Two QueueWorkers on this database: one reads the worked queue, one watches the other.
+        databases.bind("worked", controller, QUEUE)
+        databases.bind("watched", controller, NOTIFY_QUEUE)
         depth = await databases.depth(controller, QUEUE, cap=100)
         leases = await databases.worker_leases(controller, NAMESPACE, QUEUE)
-        databases.listen(controller)
         await asyncio.to_thread(wait_until, lambda: scalar(
             admin, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'queueworker-controller-listen' "
                    "AND query LIKE 'LISTEN%%'"), message="the controller's LISTEN")

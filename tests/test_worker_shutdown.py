@@ -63,7 +63,8 @@ def test_a_graceful_stop_never_leaves_a_task_running(dsn):
                 proc.signal(signal.SIGTERM)
                 code = proc.wait(30)
                 running = scalar(dsn, "SELECT count(*) FROM queueworker.tasks WHERE state = 'running'")
-                assert (code, running) == (0, 0), f"exit {code} with {running} tasks left running:\n{proc.log()[-3000:]}"
+                assert (code, running) == (0, 0), \
+                    f"exit {code} with {running} tasks left running:\n{proc.log()[-3000:]}"
             finally:
                 proc.stop()
 
@@ -71,8 +72,8 @@ def test_a_graceful_stop_never_leaves_a_task_running(dsn):
 def test_shutdown_fits_its_budget_even_when_the_database_hangs(dsn):
     """The database stops answering (packets accepted, nothing delivered): the drain, the release
     and the flush share one budget (drain 2 s + 5 s by default), and the worker says it was not clean."""
-    ids = enqueue_many_plain(dsn, 2, {"seconds": 60})
-    proxy = FreezableProxy(*_host_port(dsn))
+    ids = _enqueue_sleeps(dsn, 2, seconds=60)
+    proxy = FreezableProxy.in_front_of(dsn)
     proc = WorkerProcess(proxy.dsn_for(dsn), "--concurrency", "2", "--drain-seconds", "2")
     try:
         wait_until(lambda: scalar(dsn, "SELECT count(*) FROM queueworker.tasks WHERE state = 'running' "
@@ -90,11 +91,6 @@ def test_shutdown_fits_its_budget_even_when_the_database_hangs(dsn):
         proxy.close()
 
 
-def enqueue_many_plain(dsn: str, count: int, payload: dict) -> list[int]:
+def _enqueue_sleeps(dsn: str, count: int, seconds: float) -> list[int]:
     with psycopg.connect(dsn) as conn:
-        return enqueue_many(conn, [{"task": "qw.sleep", "payload": payload}] * count)
-
-
-def _host_port(dsn: str) -> tuple[str, int]:
-    params = psycopg.conninfo.conninfo_to_dict(dsn)
-    return params.get("host") or "127.0.0.1", int(params.get("port") or 5432)
+        return enqueue_many(conn, [{"task": "qw.sleep", "payload": {"seconds": seconds}}] * count)

@@ -108,7 +108,8 @@ def describe(dsn: str) -> str:
 
 # (pattern in libpq's or psycopg's message, explanation; {user}, {db}, {address}, {host} filled in)
 _EXPLANATIONS: tuple[tuple[re.Pattern[str], str], ...] = tuple((re.compile(p, re.IGNORECASE), e) for p, e in (
-    (r"password authentication failed for user \"(?P<user>[^\"]*)\"", 'password authentication failed for user "{user}"'),
+    (r"password authentication failed for user \"(?P<user>[^\"]*)\"",
+     'password authentication failed for user "{user}"'),
     (r"no password supplied|fe_sendauth", 'the server asks for a password and the URL has none (user "{user}")'),
     (r"no pg_hba\.conf entry for host", 'the server refuses connections from this host for user "{user}" '
                                          "(no pg_hba.conf entry)"),

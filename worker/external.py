@@ -49,7 +49,8 @@ class CommandTask:
             raise ValueError("empty command")
         self.argv = argv
         self.pass_env = tuple(dict.fromkeys((*BASE_ENV, *pass_env)))
-        self.output_limit_bytes = output_limit_bytes or WorkerSettings.model_fields["command_output_limit_bytes"].default
+        self.output_limit_bytes = (output_limit_bytes
+                                   or WorkerSettings.model_fields["command_output_limit_bytes"].default)
 
     def environment(self, ctx: TaskContext) -> dict[str, str]:
         env = {name: os.environ[name] for name in self.pass_env if name in os.environ}
