@@ -10,8 +10,8 @@ from pydantic import ValidationError
 
 from queueworker import metrics
 from queueworker.builtin_tasks import register_builtin_tasks
-from queueworker.handlers import (CancelledByHandler, DeadlineExceeded, HandlerThreads, PermanentError, Registry,
-                                  TaskContext, UnknownTaskError, run_handler)
+from queueworker.handlers import (STUCK_GRACE_SECONDS, CancelledByHandler, DeadlineExceeded, HandlerThreads,
+                                  PermanentError, Registry, TaskContext, UnknownTaskError, run_handler)
 from queueworker.settings import WorkerSettings
 
 
@@ -131,7 +131,8 @@ def test_a_cancelled_attempt_still_propagates_cancellation():
 
 def test_stuck_sync_threads_are_counted_and_never_delay_the_next_attempts():
     """Handlers that ignore cancellation keep their threads; the attempts after them still start at
-    once and get their whole deadline (no waiting for a free thread)."""
+    once and get their whole deadline (no waiting for a free thread). A thread counts as stuck only
+    when its handler is still running a grace period after being told to stop."""
     release = threading.Event()
     registry = Registry()
 
@@ -142,17 +143,23 @@ def test_stuck_sync_threads_are_counted_and_never_delay_the_next_attempts():
         time.sleep(0.2)
         return "done"
 
+    def obedient(payload, ctx):
+        ctx.cancelled.wait(10)  # returns as soon as it is told to stop
+
     threads = HandlerThreads()
     stuck_handler, quick_handler = registry.register(stubborn), registry.register(quick)
+    obedient_handler = registry.register(obedient)
 
     async def run():
         stuck = [run_handler(stuck_handler, {}, _ctx(), 0.1, threads) for _ in range(4)]
-        outcomes = await asyncio.gather(*stuck, return_exceptions=True)
+        stopped = [run_handler(obedient_handler, {}, _ctx(), 0.1, threads) for _ in range(2)]
+        outcomes = await asyncio.gather(*stuck, *stopped, return_exceptions=True)
         assert all(isinstance(o, DeadlineExceeded) for o in outcomes)
-        assert threads.stuck == 4 and metrics.STUCK_HANDLER_THREADS._value.get() == 4
         # Each quick attempt needs 0.2 s of its 0.5 s deadline: none may wait behind the stuck ones.
         assert await asyncio.gather(*(run_handler(quick_handler, {}, _ctx(), 0.5, threads)
                                       for _ in range(4))) == ["done"] * 4
+        await asyncio.sleep(STUCK_GRACE_SECONDS + 0.2)
+        assert threads.stuck == 4 and metrics.STUCK_HANDLER_THREADS._value.get() == 4
 
     asyncio.run(run())
     release.set()

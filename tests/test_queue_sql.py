@@ -106,12 +106,28 @@ def test_every_transition_out_of_running_is_fenced_by_the_lease_token(dsn):
         assert conn.execute(sql.COMPLETE_SUCCEEDED, dict(stale, results=['"late"'])).fetchall() == []
         assert conn.execute(sql.COMPLETE_FAILED, dict(stale, retryables=[True], backoffs=[1.0],
                                                       errors=[Jsonb({"message": "late"})])).fetchall() == []
-        assert conn.execute(sql.RELEASE, stale).fetchall() == []
+        assert conn.execute(sql.RELEASE, {"worker": old_worker}).fetchall() == [], "the old worker holds nothing"
         assert query(dsn, "SELECT state::text, lease_owner, lease_token, rescues FROM queueworker.tasks") == [
             ("running", new_worker, new_token, 1)]
         assert conn.execute(sql.COMPLETE_SUCCEEDED, {"ids": [task_id], "tokens": [new_token],
                                                      "results": ['"ok"']}).fetchall() == [(task_id, new_token)]
     assert scalar(dsn, "SELECT result FROM queueworker.tasks") == "ok"
+
+
+def test_a_heartbeat_keeps_reporting_a_lease_past_its_deadline_but_stops_extending_it(dsn):
+    worker = uuid.uuid4()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        enqueue(conn, "qw.noop")
+        (task_id, _, _, _, _, _, token, _), = _claim(conn, worker)
+        beat = {"worker": worker, "hostname": "h", "pod_name": None, "pod_namespace": None, "pid": 1,
+                "queues": ["default"], "concurrency": 1, "running": 1, "draining": False, "version": "t",
+                "lease_seconds": 30, "ids": [task_id], "tokens": [token]}
+        assert conn.execute(sql.HEARTBEAT, beat).fetchall() == [(task_id, token, True)]
+        conn.execute("UPDATE queueworker.tasks SET deadline_at = now() - interval '1 second', "
+                     "leased_until = now() + interval '5 seconds' WHERE id = %s", (task_id,))
+        leased_until = scalar(dsn, "SELECT leased_until FROM queueworker.tasks WHERE id = %s", (task_id,))
+        assert conn.execute(sql.HEARTBEAT, beat).fetchall() == [(task_id, token, False)]
+        assert scalar(dsn, "SELECT leased_until FROM queueworker.tasks WHERE id = %s", (task_id,)) == leased_until
 
 
 def test_rescue_fails_a_task_whose_attempts_are_spent(dsn):

@@ -172,7 +172,8 @@ def test_documented_task_transitions_are_exactly_the_ones_the_sql_makes(dsn):
         conn.execute(sql.RETRY_TASK, {"id": retried})                                   # failed -> pending
 
         released = enqueue(conn, "qw.noop")
-        conn.execute(sql.RELEASE, {"ids": [released], "tokens": [claimed_token(conn, released)]})
+        claimed_token(conn, released)
+        conn.execute(sql.RELEASE, {"worker": worker})                                   # running -> pending
 
         unknown = enqueue(conn, "no.such.task")                                          # running -> pending
         conn.execute(sql.DEFER_UNKNOWN, {"ids": [unknown], "tokens": [claimed_token(conn, unknown)],

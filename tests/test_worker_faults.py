@@ -219,7 +219,8 @@ def test_sync_handlers_that_ignore_cancellation_do_not_starve_the_others(dsn):
                            "AND attempts = 1", (quick,)) == 6
         assert scalar(dsn, "SELECT count(*) FROM queueworker.tasks WHERE id = ANY(%s) AND state = 'failed' AND "
                            "error->>'type' = 'DeadlineExceeded'", (stuck,)) == 3
-        assert proc.log().count("its thread is stuck") == 3
+        wait_until(lambda: proc.log().count("its thread is stuck") == 3, timeout=10,
+                   message="the three stuck threads reported, once each")
         proc.signal(signal.SIGTERM)
         assert proc.wait(30) == 0, "stuck threads must not hold up the exit"
     finally:

@@ -28,6 +28,8 @@ log = logging.getLogger("queueworker.completer")
 UNKNOWN_TASK_RETRY_SECONDS = 10.0
 # What is kept of a database's refusal in the error of the task it failed.
 REFUSAL_TEXT_LIMIT = 500
+# Result bytes one completion statement carries at most (a single larger result goes alone).
+BATCH_RESULT_BYTES = 64 * 1024 * 1024
 
 
 @dataclass
@@ -109,15 +111,25 @@ class Completer:
                     self._on_flushed(await self._write_batch(kind, batch))
 
     async def drain(self) -> None:
-        """Flushes until nothing is buffered (shutdown): waits for a flush under way first."""
-        while self.buffered:
+        """Flushes until nothing is buffered (shutdown). Each flush first waits for one under way,
+        which may put outcomes back (an error, a refused outcome turned into a failure): so the
+        buffer is checked only after a flush of our own."""
+        while True:
             await self.flush()
-        async with self._flush_lock:  # a flush started by the duty may still be writing
-            pass
+            if not self.buffered:
+                return
 
     def _take(self, kind: type) -> list[Any]:
+        """Up to max_batch outcomes, and no more result bytes than BATCH_RESULT_BYTES (but at least
+        one outcome): a statement carrying many large results could pass Postgres's 1 GiB limit."""
         buffer = self._buffers[kind]
-        batch, self._buffers[kind] = buffer[: self._max_batch], buffer[self._max_batch:]
+        size = count = 0
+        for outcome in buffer[: self._max_batch]:
+            size += len(outcome.result_json or "") if isinstance(outcome, Success) else 0
+            if count and size > BATCH_RESULT_BYTES:
+                break
+            count += 1
+        batch, self._buffers[kind] = buffer[:count], buffer[count:]
         return batch
 
     def _put_back(self, kind: type, outcomes: list[Any]) -> None:
@@ -134,9 +146,10 @@ class Completer:
             if not refused_for_content(exc):
                 self._put_back(kind, batch)
                 raise
-            if len(batch) > 1:
-                log.warning("a batch of %d outcomes was refused (%s); writing them one by one",
-                            len(batch), _refusal(exc), extra={"outcomes": len(batch)})
+            if len(batch) == 1:
+                return self._refused(batch[0], exc)
+            log.warning("a batch of %d outcomes was refused (%s); writing them one by one",
+                        len(batch), _refusal(exc), extra={"outcomes": len(batch)})
         done: list[Attempt] = []
         for position, outcome in enumerate(batch):
             try:
@@ -153,11 +166,11 @@ class Completer:
         """The database will not store this outcome: fail the task permanently with an error that
         says why (an error is always storable), or give up on a failure that still was not."""
         attempt = outcome.attempt
-        metrics.UNSTORABLE_OUTCOMES.labels(attempt.queue).inc()
         if isinstance(outcome, Failure) and outcome.error.get("type") == "OutcomeNotStorable":
             log.error("task %s: even a plain error could not be stored (%s); leaving the lease to expire",
                       attempt.id, _refusal(exc), extra={"task_id": attempt.id})
             return [attempt]
+        metrics.UNSTORABLE_OUTCOMES.labels(attempt.queue).inc()
         what = "result" if isinstance(outcome, Success) else "outcome"
         message = f"{what} not storable: {_refusal(exc)}"
         log.error("task %s attempt %s: %s", attempt.id, attempt.attempt, message,
@@ -198,7 +211,8 @@ class Completer:
         return [f.attempt for f in batch]
 
     async def _write_unknown(self, batch: list[UnknownTask]) -> list[Attempt]:
-        """Defers the young ones; the rest become permanent failures in this same flush."""
+        """Defers the young ones; the rest become permanent failures, written right after (in this
+        flush, or the next when the failure buffer holds more than a batch)."""
         rows = await self._conn.fetch(sql.DEFER_UNKNOWN, {
             "ids": [u.attempt.id for u in batch], "tokens": [u.attempt.token for u in batch],
             "errors": [_error_json({**u.error, "retryable": True}) for u in batch],

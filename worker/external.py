@@ -63,12 +63,16 @@ class CommandTask:
             *self.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, env=self.environment(ctx), start_new_session=True)
         stderr_tail = bytearray()
+        io = [asyncio.ensure_future(step) for step in (
+            _feed(proc, jsonvalue.encode(payload).encode()), self._read_stdout(proc), _read_tail(proc, stderr_tail),
+            proc.wait())]
         try:
-            _, stdout, _, returncode = await asyncio.gather(
-                _feed(proc, jsonvalue.encode(payload).encode()), self._read_stdout(proc),
-                _read_tail(proc, stderr_tail), proc.wait())
+            _, stdout, _, returncode = await asyncio.gather(*io)
         except BaseException:
+            for step in io:  # gather leaves the others running
+                step.cancel()
             await _terminate(proc)
+            await asyncio.gather(*io, return_exceptions=True)
             raise
         return _interpret(returncode, stdout, bytes(stderr_tail))
 

@@ -144,6 +144,10 @@ def task(fn: Callable[..., Any] | None = None, *, name: str | None = None) -> An
     return decorate(fn) if fn is not None else decorate
 
 
+# How long a sync handler told to stop may take to return before its thread counts as stuck.
+STUCK_GRACE_SECONDS = 2.0
+
+
 class HandlerThreads:
     """Threads for sync handlers, one per running sync attempt and reused between attempts.
 
@@ -179,15 +183,21 @@ class HandlerThreads:
         return future
 
     def abandon(self, future: concurrent.futures.Future, ctx: TaskContext) -> None:
-        """The attempt gave up on this handler; if its thread still runs, it is stuck until it returns."""
+        """The attempt gave up on this handler (called in the event loop's thread). If its thread
+        still runs STUCK_GRACE_SECONDS later, the handler ignores `ctx.cancelled`: it is stuck
+        until it returns."""
+        if not future.done():
+            asyncio.get_running_loop().call_later(STUCK_GRACE_SECONDS, self._check_stuck, future, ctx)
+
+    def _check_stuck(self, future: concurrent.futures.Future, ctx: TaskContext) -> None:
         if future.done():
             return
         with self._lock:
             self._stuck += 1
             stuck = self._stuck
         metrics.STUCK_HANDLER_THREADS.set(stuck)
-        log.warning("sync handler of task %s (%s) was told to stop but keeps running; its thread is "
-                    "stuck (%d stuck now)", ctx.task_id, ctx.task, stuck,
+        log.warning("sync handler of task %s (%s) was told to stop %.0f s ago but keeps running; its thread "
+                    "is stuck (%d stuck now)", ctx.task_id, ctx.task, STUCK_GRACE_SECONDS, stuck,
                     extra={"task_id": ctx.task_id, "task": ctx.task, "stuck_threads": stuck})
         future.add_done_callback(lambda _: self._unstuck(ctx))
 
@@ -233,6 +243,7 @@ async def run_handler(handler: Handler, payload: Any, ctx: TaskContext, timeout:
             ctx.cancelled.set()  # the thread cannot be stopped; tell the handler to give up
             threads.abandon(future, ctx)
         if isinstance(exc, TimeoutError) and scope.expired():
+            ctx.cancelled.set()  # an async handler's own tasks may be watching it too
             raise DeadlineExceeded("hard deadline exceeded: attempt cancelled") from None
         if isinstance(exc, asyncio.CancelledError):
             _raise_if_cancelled_by_handler()

@@ -78,13 +78,14 @@ class Heartbeater:
             "concurrency": ident.concurrency, "running": len(held), "draining": self._draining(),
             "version": __version__, "lease_seconds": self._lease_seconds,
             "ids": [a.id for a in held], "tokens": [a.token for a in held]},
-            row=sql.FencedRow, timeout=self._lease_seconds)
-        still_held = {(row.id, row.lease_token) for row in rows}
+            row=sql.HeldRow, timeout=self.interval)
+        still_held = {(row.id, row.lease_token): row.extended for row in rows}
         lost = []
         for attempt in held:
-            if attempt.key in still_held:
+            extended = still_held.get(attempt.key)
+            if extended:
                 attempt.lease_expires = max(attempt.lease_expires, sent_at + self._lease_seconds)
-            elif not attempt.reporting and not attempt.abandoned:
+            elif extended is None and not attempt.reporting and not attempt.abandoned:
                 lost.append(attempt)
         if lost:
             self._on_lost(lost, "lease lost (expired, cancelled or re-claimed)")

@@ -11,7 +11,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from . import db, sql
+import psycopg
+
+from . import db, metrics, sql
+from . import dsn as dsn_text
 
 log = logging.getLogger("queueworker.listener")
 
@@ -23,14 +26,20 @@ class Listener:
         self._wake = wake  # called with the epoch time at which work is due (<= now: at once)
 
     async def step(self) -> float:
-        """Listens until the connection breaks, which raises: the supervisor reconnects after its
-        ErrorWait. Notifications for queues this worker does not work are ignored."""
+        """Listens until the connection is lost, then returns to reconnect at once: a listener that
+        has been listening is healthy, and its next connection failure starts a fresh ErrorWait.
+        Failing to connect or to LISTEN raises (the supervisor waits and retries). Notifications
+        for queues this worker does not work are ignored."""
         conn = await db.connect(self._dsn, "queueworker-listen")
         try:
             await conn.execute(f"LISTEN {sql.NOTIFY_CHANNEL}")
             self._wake(0.0)  # anything enqueued while we were not listening
-            async for notify in conn.notifies():
-                self._handle(notify.payload)
+            try:
+                async for notify in conn.notifies():
+                    self._handle(notify.payload)
+            except psycopg.OperationalError as exc:
+                metrics.DB_ERRORS.labels("listen").inc()
+                log.warning("listener connection lost, reconnecting: %s", dsn_text.explain(exc, self._dsn))
         finally:
             await conn.close()
         return 0.0

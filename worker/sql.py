@@ -139,7 +139,8 @@ class ClaimedRow:
     seconds_to_deadline: float
 
 # Extends the leases this worker still holds and refreshes its `workers` row, in one statement.
-# Leases past their hard deadline are not extended. Returns the ids still held.
+# Leases past their hard deadline are not extended, but still reported as held: the attempt's own
+# deadline ends it and reports DeadlineExceeded.
 HEARTBEAT = """
 WITH me AS (
     INSERT INTO queueworker.workers
@@ -150,11 +151,22 @@ WITH me AS (
     SET heartbeat_at = now(), running = EXCLUDED.running, draining = EXCLUDED.draining
 )
 UPDATE queueworker.tasks t
-SET leased_until = now() + make_interval(secs => %(lease_seconds)s)
+SET leased_until = CASE WHEN t.deadline_at > now() THEN now() + make_interval(secs => %(lease_seconds)s)
+                        ELSE t.leased_until END
 FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS h(id, token)
-WHERE t.id = h.id AND t.lease_token = h.token AND t.state = 'running' AND t.deadline_at > now()
-RETURNING t.id, t.lease_token
+WHERE t.id = h.id AND t.lease_token = h.token AND t.state = 'running'
+RETURNING t.id, t.lease_token, t.deadline_at > now() AS extended
 """
+
+
+@dataclass(frozen=True, slots=True)
+class HeldRow:
+    """A lease the heartbeat found still held, and whether it was extended (not past its deadline:
+    the worker's own deadline then cancels the attempt and reports it)."""
+
+    id: int
+    lease_token: int
+    extended: bool
 
 DEREGISTER_WORKER = "DELETE FROM queueworker.workers WHERE id = %(worker)s"
 
@@ -222,20 +234,30 @@ class FailedRow:
     lease_token: int
     state: str
 
-# Graceful shutdown: hand leases back without consuming the attempt, and wake other workers.
+# Graceful shutdown, once every outcome is flushed: hands back to `pending`, without consuming the
+# attempt, every task the database says this worker still holds, whatever the worker remembers
+# (attempts cut short by the drain, attempts it cancelled when their lease ran out by its own clock,
+# a claim whose answer never arrived), and wakes other workers.
 RELEASE = """
 WITH released AS (
     UPDATE queueworker.tasks t
     SET state = 'pending', attempts = greatest(t.attempts - 1, 0), run_after = now(), updated_at = now(),
         lease_owner = NULL, leased_until = NULL, deadline_at = NULL
-    FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS r(id, token)
-    WHERE t.id = r.id AND t.lease_token = r.token AND t.state = 'running'
+    WHERE t.lease_owner = %(worker)s AND t.state = 'running'
     RETURNING t.id, t.queue
 ), notified AS (
     SELECT pg_notify('queueworker', queue) FROM released GROUP BY queue
 )
-SELECT id, (SELECT count(*) FROM notified) AS notified FROM released
+SELECT id, queue, (SELECT count(*) FROM notified) AS notified FROM released
 """
+
+
+@dataclass(frozen=True, slots=True)
+class ReleasedRow:
+    id: int
+    queue: str
+    notified: int
+
 
 # Hands tasks back to `pending` without consuming their attempt, due again after a delay, while
 # they are younger than the grace period: a worker that has no handler for a task's name defers it,

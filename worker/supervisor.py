@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import time
 from collections.abc import Awaitable, Callable
 
 import psycopg
@@ -54,13 +53,10 @@ class ErrorStreak:
         self._cap = cap_seconds
         self.failures = 0
         self.unexpected = 0  # consecutive failures that were not transient database errors
-        self.failing_since: float | None = None  # monotonic time of the first failure of the streak
 
     def record(self, exc: BaseException) -> float:
         """Counts and logs one failure; returns how long to wait before trying again."""
         self.failures += 1
-        if self.failing_since is None:
-            self.failing_since = time.monotonic()
         if isinstance(exc, self._expected):
             self._log.warning("%s, will retry: %s", self._failed, exc,
                               extra={"duty": self.duty, "failures": self.failures})
@@ -80,19 +76,21 @@ class ErrorStreak:
         if self.failures:
             self._log.info("%s recovered after %d failures", self.duty, self.failures, extra={"duty": self.duty})
         self.failures = self.unexpected = 0
-        self.failing_since = None
 
 
 Step = Callable[[], Awaitable[float | None]]
 
 
 async def supervise(duty: str, step: Step, log: logging.Logger, *, wake: asyncio.Event | None = None,
-                    first_delay: float | None = 0.0, jitter: float = 0.0, dsn: str | None = None) -> None:
+                    first_delay: float | None = 0.0, jitter: float = 0.0, dsn: str | None = None,
+                    error_cap_seconds: float = 10.0) -> None:
     """Runs `step` forever. It returns the seconds to wait before the next pass (None: until
-    woken); `wake` cuts such a wait short, but never an ErrorWait (a duty that fails must not
-    hammer the database however often it is woken). `jitter` spreads every wait by ±that
-    fraction, so workers started together do not meet at the same moment."""
-    streak = ErrorStreak(duty, log, dsn)
+    woken, for duties that have a `wake` event); `wake` cuts such a wait short, but never an
+    ErrorWait (a duty that fails must not hammer the database however often it is woken), which
+    grows up to `error_cap_seconds`. `jitter` spreads every wait by ±that fraction, so workers
+    started together do not meet at the same moment. A CancelledError that does not come from
+    cancelling the duty itself is an error like any other."""
+    streak = ErrorStreak(duty, log, dsn, cap_seconds=error_cap_seconds)
     delay = first_delay
     while True:
         if streak.failures:
@@ -107,8 +105,12 @@ async def supervise(duty: str, step: Step, log: logging.Logger, *, wake: asyncio
             wake.clear()
         try:
             delay = await step()
-        except asyncio.CancelledError:
-            raise
+            if delay is None and wake is None:
+                raise TypeError(f"{duty}: a duty without a wake event must say when to run next")
+        except asyncio.CancelledError as exc:
+            if asyncio.current_task().cancelling():
+                raise
+            delay = streak.record(exc)
         except Exception as exc:  # noqa: BLE001 - no error may end a duty; each one is logged and counted
             delay = streak.record(exc)
         else:

@@ -54,6 +54,8 @@ RESULT_LIMIT_BYTES = 64 * 1024 * 1024
 CLAIM_FAILURES_BEFORE_EXIT = 5
 # Stop signal to exit: time kept back from the drain for releasing, flushing and deregistering.
 SHUTDOWN_RESERVE_SECONDS = 3.0
+# A shutdown step's own statement deadline comes this much before the budget's end.
+SHUTDOWN_STEP_MARGIN_SECONDS = 0.2
 EXIT_UNCLEAN = 1
 
 
@@ -85,6 +87,7 @@ class Worker:
         self._auto_migrate = auto_migrate
         self._claim_conn = DutyConnection(dsn, "queueworker-claim")
         self._complete_conn = DutyConnection(dsn, "queueworker-complete")
+        self._heartbeat_conn = DutyConnection(dsn, "queueworker-heartbeat")
         self._duty_conn = DutyConnection(dsn, "queueworker-duty")
         self._inflight: dict[tuple[int, int], Attempt] = {}
         self._threads = HandlerThreads()
@@ -104,9 +107,10 @@ class Worker:
         self.completer = Completer(self._complete_conn, settings.flush_interval_seconds, settings.flush_max_batch,
                                    self._flushed, on_waiting=self.scheduler.poke,
                                    unknown_task_grace_seconds=settings.unknown_task_grace_seconds)
-        # Heartbeats share the completer's connection, so one never runs while a flush is moving
-        # the same rows to `tasks_finished` (which would make it re-run: see db.met_moved_row).
-        self.heartbeater = Heartbeater(self._complete_conn, self.identity, settings.heartbeat_seconds,
+        # Heartbeats have a connection of their own: a slow flush must never hold back the beat that
+        # keeps every lease alive (a heartbeat that meets a row a flush just moved is re-run:
+        # db.met_moved_row).
+        self.heartbeater = Heartbeater(self._heartbeat_conn, self.identity, settings.heartbeat_seconds,
                                        settings.lease_seconds, lambda: list(self._inflight.values()),
                                        lambda: self._draining, self._can_claim, self._leases_lost)
         self.rescuer = Rescuer(self._duty_conn, settings.rescue_interval_seconds,
@@ -147,7 +151,7 @@ class Worker:
                     # Loops never end on their own (the supervisor keeps them going); if one does,
                     # the worker cannot be trusted to do its job: stop, cleanly, and say so.
                     log.critical("%s loop ended unexpectedly: stopping the worker", ended.get_name(),
-                                 exc_info=ended.exception())
+                                 exc_info=None if ended.cancelled() else ended.exception())
                     self.request_stop(EXIT_UNCLEAN)
             stop.cancel()
             return await self._drain(fetch, duties)
@@ -158,15 +162,20 @@ class Worker:
             for duty in duties:
                 duty.cancel()
             await asyncio.gather(*duties, return_exceptions=True)
-            for conn in (self._claim_conn, self._complete_conn, self._duty_conn):
+            for conn in self._connections():
                 await conn.close()
             self._set_state(State.STOPPED)
+
+    def _connections(self) -> tuple[DutyConnection, ...]:
+        return self._claim_conn, self._complete_conn, self._heartbeat_conn, self._duty_conn
 
     def _duties(self) -> list[tuple[str, Callable[[], Awaitable[float | None]], dict[str, Any]]]:
         """(name, step, supervise() options) of every background duty."""
         duties = [
             ("listen", self.listener.step, {}),
-            ("heartbeat", self.heartbeater.step, {"wake": self.heartbeater.now,
+            # A failed heartbeat is retried within a second: the fence cancels attempts whose lease
+            # runs out, and a database that came back must get its heartbeat before that.
+            ("heartbeat", self.heartbeater.step, {"wake": self.heartbeater.now, "error_cap_seconds": 1.0,
                                                   "first_delay": self.settings.heartbeat_seconds}),
             ("fence", self._fence_step, {"first_delay": 1.0}),
             ("rescue", self.rescuer.step, {"first_delay": self.settings.rescue_interval_seconds, "jitter": 0.2}),
@@ -317,9 +326,8 @@ class Worker:
             except jsonvalue.NotStorable as exc:
                 raise PermanentError(f"result not storable: {exc}") from None
         except asyncio.CancelledError:
-            if attempt.abandoned:
-                return
-            raise
+            if not attempt.abandoned:  # nobody here cancelled it: the handler cancelled its own task
+                self._report_failure(attempt, CancelledByHandler("the handler cancelled its own task"))
         except BaseException as exc:  # noqa: BLE001 - every handler failure is reported, never lost
             if not attempt.abandoned:
                 self._report_failure(attempt, exc)
@@ -423,9 +431,9 @@ class Worker:
     # -- shutdown -------------------------------------------------------------------------
 
     async def _drain(self, fetch: asyncio.Task, duties: list[asyncio.Task]) -> int:
-        """Draining: finish what runs until the drain deadline, release the rest, flush, deregister,
-        all within `shutdown_seconds` of the stop request. Clean only if every claimed task was
-        recorded or released."""
+        """Draining: finish what runs until the drain deadline, flush every outcome, hand back every
+        lease still held, deregister, all within `shutdown_seconds` of the stop request. Clean only
+        if every claimed task was recorded or released."""
         loop = asyncio.get_running_loop()
         budget = self.settings.shutdown_seconds
         end = loop.time() + budget - (time.monotonic() - self._stop_started)
@@ -443,19 +451,20 @@ class Worker:
             await asyncio.wait([finished, hurry], timeout=drain_end - loop.time(), return_when=asyncio.FIRST_COMPLETED)
             finished.cancel()
             hurry.cancel()
-        unfinished = [a for a in self._inflight.values() if not a.reporting]
-        for attempt in unfinished:
+        for attempt in [a for a in self._inflight.values() if not a.reporting]:
             self._abandon(attempt)
-        clean = await self._until(end, "release", lambda timeout: self._release(unfinished, timeout)) and clean
         clean = await self._until(end, "flush", lambda _: self.completer.drain()) and clean
+        released = await self._until(end, "release", self._release)
+        clean = released and clean
+        for conn in self._connections():  # a duty cancelled mid-statement may not outstay the budget
+            conn.cancel_grace = max(0.0, min(conn.cancel_grace, end - loop.time()))
         for duty in duties:
             duty.cancel()
         await asyncio.gather(*duties, return_exceptions=True)
         clean = await self._until(end, "deregister", lambda timeout: self._duty_conn.fetch(
             sql.DEREGISTER_WORKER, {"worker": self.identity.id}, timeout=timeout)) and clean
-        left = len(self._inflight)
-        clean = clean and not left
-        log.info("worker stopped", extra={"released": len(unfinished), "clean": clean, "unrecorded": left})
+        left = 0 if released else len(self._inflight)
+        log.info("worker stopped", extra={"clean": clean, "unrecorded": left})
         if left:
             log.error("%d claimed tasks were neither recorded nor released: their leases expire and the rescuer "
                       "returns them to the queue", left)
@@ -475,30 +484,32 @@ class Worker:
                       "took any, return to the queue when their lease expires")
             return False
 
-    async def _release(self, attempts: list[Attempt], timeout: float) -> None:
-        if not attempts:
-            return
-        rows = await self._claim_conn.fetch(sql.RELEASE, {"ids": [a.id for a in attempts],
-                                                          "tokens": [a.token for a in attempts]}, timeout=timeout)
-        released = {row[0] for row in rows}
-        for attempt in attempts:
-            self._forget(attempt)  # released now, or no longer ours (the database says so)
-            if attempt.id in released:
-                metrics.TASKS_RELEASED.labels(attempt.queue).inc()
-        log.info("released %d leases back to pending (attempts not consumed)", len(released),
-                 extra={"task_ids": sorted(released)})
+    async def _release(self, timeout: float) -> None:
+        """Hands back every task the database says this worker still holds (attempts not consumed):
+        attempts the drain cut short, and any the worker no longer tracks (fenced, or claimed by a
+        statement whose answer never arrived). Nothing it claimed is `running` any more after it."""
+        rows = await self._claim_conn.fetch(sql.RELEASE, {"worker": self.identity.id}, row=sql.ReleasedRow,
+                                            timeout=timeout)
+        for row in rows:
+            metrics.TASKS_RELEASED.labels(row.queue).inc()
+        self._inflight.clear()
+        metrics.IN_FLIGHT.set(0)
+        log.info("released %d leases back to pending (attempts not consumed)", len(rows),
+                 extra={"task_ids": sorted(row.id for row in rows)})
 
     async def _until(self, end: float, what: str, step: Callable[[float], Awaitable[Any]]) -> bool:
-        """Retries a shutdown step until it succeeds or the shutdown budget is spent."""
+        """Retries a shutdown step until it succeeds or the shutdown budget is spent. The step is
+        given a little less than the time left, so that its own deadline (which severs a hung
+        statement at once) comes before this one (which would cancel it, with a grace)."""
         loop = asyncio.get_running_loop()
         errors = ErrorStreak(what, log, self._dsn, cap_seconds=1.0)
         while True:
-            remaining = end - loop.time()
+            remaining = end - loop.time() - SHUTDOWN_STEP_MARGIN_SECONDS
             if remaining <= 0:
                 log.error("shutdown %s did not finish within the shutdown budget", what)
                 return False
             try:
-                async with asyncio.timeout(remaining):
+                async with asyncio.timeout(remaining + SHUTDOWN_STEP_MARGIN_SECONDS):
                     await step(remaining)
                 return True
             except TimeoutError:
