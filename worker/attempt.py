@@ -24,9 +24,9 @@ class Attempt:
     reporting: bool = False   # handler finished; outcome waits in the completer
     abandoned: bool = False   # lease lost, fenced or released: any outcome is discarded
     started: float = field(default=0.0)
+    # (task id, lease token): a task id alone repeats when a task comes back to this worker
+    # (retried, rescued), and a late outcome of the old attempt must not touch the new one.
+    key: tuple[int, int] = field(init=False)
 
-    @property
-    def key(self) -> tuple[int, int]:
-        """(task id, lease token): a task id alone repeats when a task comes back to this worker
-        (retried, rescued), and a late outcome of the old attempt must not touch the new one."""
-        return self.id, self.token
+    def __post_init__(self) -> None:
+        self.key = (self.id, self.token)

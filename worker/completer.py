@@ -20,7 +20,7 @@ import psycopg
 
 from . import jsonvalue, metrics, sql
 from .attempt import Attempt
-from .db import DutyConnection
+from .db import CLIENT_TIMEOUT_SECONDS, DutyConnection
 
 log = logging.getLogger("queueworker.completer")
 
@@ -32,13 +32,13 @@ REFUSAL_TEXT_LIMIT = 500
 BATCH_RESULT_BYTES = 64 * 1024 * 1024
 
 
-@dataclass
+@dataclass(slots=True)
 class Success:
     attempt: Attempt
     result_json: str | None
 
 
-@dataclass
+@dataclass(slots=True)
 class Failure:
     attempt: Attempt
     retryable: bool
@@ -46,7 +46,7 @@ class Failure:
     error: dict[str, Any]
 
 
-@dataclass
+@dataclass(slots=True)
 class UnknownTask:
     attempt: Attempt
     error: dict[str, Any]
@@ -66,7 +66,7 @@ class Completer:
         self._on_flushed = on_flushed
         self._unknown_task_grace = unknown_task_grace_seconds
         self._buffers: dict[type, list[Any]] = {Success: [], Failure: [], UnknownTask: []}
-        self._writes: dict[type, Callable[[list[Any]], Awaitable[list[Attempt]]]] = {
+        self._writes: dict[type, Callable[[list[Any], float], Awaitable[list[Attempt]]]] = {
             Success: self._write_successes, Failure: self._write_failures, UnknownTask: self._write_unknown}
         self.pending = asyncio.Event()
         self._flush_lock = asyncio.Lock()
@@ -100,22 +100,25 @@ class Completer:
         await self.flush()
         return 0.0 if self.buffered else None
 
-    async def flush(self) -> None:
-        """Writes up to a batch of each kind of buffered outcome. On an error that heals, the
-        outcomes stay buffered and the error is raised. Waits for a flush already under way, so
-        a caller that flushes until nothing is buffered knows every outcome was written."""
+    async def flush(self, timeout: float = CLIENT_TIMEOUT_SECONDS) -> None:
+        """Writes up to a batch of each kind of buffered outcome, each statement within `timeout`.
+        On an error that is not about their content, the outcomes stay buffered and the error is
+        raised. Waits for a flush already under way, so a caller that flushes until nothing is
+        buffered knows every outcome was written."""
         async with self._flush_lock:
             for kind in (UnknownTask, Success, Failure):  # unknown tasks may turn into failures
                 batch = self._take(kind)
                 if batch:
-                    self._on_flushed(await self._write_batch(kind, batch))
+                    self._on_flushed(await self._write_batch(kind, batch, timeout))
 
-    async def drain(self) -> None:
-        """Flushes until nothing is buffered (shutdown). Each flush first waits for one under way,
-        which may put outcomes back (an error, a refused outcome turned into a failure): so the
-        buffer is checked only after a flush of our own."""
+    async def drain(self, timeout: float) -> None:
+        """Flushes until nothing is buffered (shutdown), its statements within `timeout` seconds
+        in all. Each flush first waits for one under way, which may put outcomes back (an error, a
+        refused outcome turned into a failure): so the buffer is checked only after our own."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         while True:
-            await self.flush()
+            await self.flush(max(0.0, deadline - loop.time()))
             if not self.buffered:
                 return
 
@@ -123,12 +126,14 @@ class Completer:
         """Up to max_batch outcomes, and no more result bytes than BATCH_RESULT_BYTES (but at least
         one outcome): a statement carrying many large results could pass Postgres's 1 GiB limit."""
         buffer = self._buffers[kind]
-        size = count = 0
-        for outcome in buffer[: self._max_batch]:
-            size += len(outcome.result_json or "") if isinstance(outcome, Success) else 0
-            if count and size > BATCH_RESULT_BYTES:
-                break
-            count += 1
+        count = min(len(buffer), self._max_batch)
+        if kind is Success:
+            size = 0
+            for position, outcome in enumerate(buffer[:count]):
+                size += len(outcome.result_json or "")
+                if position and size > BATCH_RESULT_BYTES:
+                    count = position
+                    break
         batch, self._buffers[kind] = buffer[:count], buffer[count:]
         return batch
 
@@ -136,12 +141,12 @@ class Completer:
         self._buffers[kind][:0] = outcomes
         self.pending.set()
 
-    async def _write_batch(self, kind: type, batch: list[Any]) -> list[Attempt]:
+    async def _write_batch(self, kind: type, batch: list[Any], timeout: float) -> list[Attempt]:
         """One statement for the batch; if the database refuses it for its content, one per row.
         Any other error puts the batch back and is raised (the supervisor logs it and retries)."""
         write = self._writes[kind]
         try:
-            return await write(batch)
+            return await write(batch, timeout)
         except Exception as exc:
             if not refused_for_content(exc):
                 self._put_back(kind, batch)
@@ -153,7 +158,7 @@ class Completer:
         done: list[Attempt] = []
         for position, outcome in enumerate(batch):
             try:
-                done += await write([outcome])
+                done += await write([outcome], timeout)
             except Exception as exc:
                 if not refused_for_content(exc):
                     self._put_back(kind, batch[position:])
@@ -179,23 +184,28 @@ class Completer:
             "type": "OutcomeNotStorable", "message": message, "retryable": False, "attempt": attempt.attempt})])
         return []
 
-    async def _write_successes(self, batch: list[Success]) -> list[Attempt]:
+    async def _write_successes(self, batch: list[Success], timeout: float) -> list[Attempt]:
         rows = await self._conn.fetch(sql.COMPLETE_SUCCEEDED, {
             "ids": [s.attempt.id for s in batch], "tokens": [s.attempt.token for s in batch],
-            "results": [s.result_json for s in batch]}, row=sql.FencedRow)
-        updated = {(row.id, row.lease_token) for row in rows}
-        for queue, count in Counter(s.attempt.queue for s in batch if s.attempt.key in updated).items():
+            "results": [s.result_json for s in batch]}, row=sql.FencedRow, timeout=timeout)
+        attempts = [s.attempt for s in batch]
+        if len(rows) == len(batch):  # every lease was still held: the common case, checked cheaply
+            stale = []
+        else:
+            updated = {(row.id, row.lease_token) for row in rows}
+            stale = [attempt for attempt in attempts if attempt.key not in updated]
+            for attempt in stale:
+                _stale(attempt, "succeeded")
+        stale_keys = {attempt.key for attempt in stale}
+        for queue, count in Counter(a.queue for a in attempts if a.key not in stale_keys).items():
             metrics.TASKS_COMPLETED.labels(queue, "succeeded").inc(count)
-        for success in batch:
-            if success.attempt.key not in updated:
-                _stale(success.attempt, "succeeded")
-        return [s.attempt for s in batch]
+        return attempts
 
-    async def _write_failures(self, batch: list[Failure]) -> list[Attempt]:
+    async def _write_failures(self, batch: list[Failure], timeout: float) -> list[Attempt]:
         rows = await self._conn.fetch(sql.COMPLETE_FAILED, {
             "ids": [f.attempt.id for f in batch], "tokens": [f.attempt.token for f in batch],
             "retryables": [f.retryable for f in batch], "backoffs": [f.backoff_seconds for f in batch],
-            "errors": [_error_json(f.error) for f in batch]}, row=sql.FailedRow)
+            "errors": [_error_json(f.error) for f in batch]}, row=sql.FailedRow, timeout=timeout)
         recorded = {(row.id, row.lease_token): row.state for row in rows}
         if "retrying" in recorded.values():
             self._on_waiting()
@@ -210,14 +220,14 @@ class Completer:
                      extra={"task_id": attempt.id, "task": attempt.task, "error_type": failure.error.get("type")})
         return [f.attempt for f in batch]
 
-    async def _write_unknown(self, batch: list[UnknownTask]) -> list[Attempt]:
+    async def _write_unknown(self, batch: list[UnknownTask], timeout: float) -> list[Attempt]:
         """Defers the young ones; the rest become permanent failures, written right after (in this
         flush, or the next when the failure buffer holds more than a batch)."""
         rows = await self._conn.fetch(sql.DEFER_UNKNOWN, {
             "ids": [u.attempt.id for u in batch], "tokens": [u.attempt.token for u in batch],
             "errors": [_error_json({**u.error, "retryable": True}) for u in batch],
             "delay_seconds": UNKNOWN_TASK_RETRY_SECONDS, "grace_seconds": self._unknown_task_grace},
-            row=sql.FencedRow)
+            row=sql.FencedRow, timeout=timeout)
         deferred = {(row.id, row.lease_token) for row in rows}
         if deferred:
             self._on_waiting()

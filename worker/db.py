@@ -14,7 +14,7 @@ import socket
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg.rows import class_row
+from psycopg.rows import RowMaker
 
 from . import metrics
 
@@ -28,10 +28,6 @@ CONNECT_TIMEOUT = 10
 # The server's statement_timeout cannot fire for a statement that never reached it (a network
 # path that accepts packets and delivers none): the client gives up a little later by itself.
 CLIENT_TIMEOUT_SECONDS = STATEMENT_TIMEOUT_SECONDS + 5
-# When the caller is cancelled mid-statement, the statement gets this long to end on its own (a
-# healthy server answers in milliseconds) before its connection is severed: so a cancelled
-# duty's last statement has really ended, one way or the other, when the cancellation returns.
-CANCEL_GRACE_SECONDS = 1.0
 # How often a statement is re-run at once after meeting a row that moved partitions.
 MOVED_ROW_RETRIES = 5
 
@@ -59,58 +55,48 @@ class StatementTimedOut(psycopg.OperationalError):
 
 
 class DutyConnection:
-    """One autocommit connection, opened on first use and reopened after it breaks."""
+    """One autocommit connection, opened on first use and reopened after it breaks.
+
+    A statement that gets no answer by its deadline has its connection's socket shut down, so it
+    fails at once and the connection is dropped: the server's statement_timeout cannot fire for a
+    statement that never reached it, and psycopg's polite cancellation would wait up to 10 s for
+    an answer a hung server never sends. `sever()` does the same on demand (shutdown, when the
+    database is known to be unresponsive), so that cancelling the caller is quick too."""
 
     def __init__(self, dsn: str, application_name: str):
         self._dsn = dsn
         self._application_name = application_name
         self._conn: psycopg.AsyncConnection | None = None
         self._lock = asyncio.Lock()
-        # How long a statement whose caller was cancelled may take to end on its own (lowered
-        # when a shutdown has less time left than that).
-        self.cancel_grace = CANCEL_GRACE_SECONDS
 
     async def fetch(self, query: str, params: dict[str, Any] | None = None, row: type[Row] | None = None,
                     timeout: float = CLIENT_TIMEOUT_SECONDS) -> list[Any]:
         """Runs one statement and returns its rows (empty for statements without rows): tuples,
         or instances of `row` built by column name. Gives up after `timeout` seconds, waiting for
-        the connection and connecting included (StatementTimedOut). A statement that is timed out
-        or cancelled midway has its connection severed rather than cancelled politely: psycopg's
-        own cancellation waits up to 10 s for an answer, which a hung server never sends."""
+        the connection and connecting included (StatementTimedOut)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
+        if self._lock.locked():
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await self._lock.acquire()
+            except TimeoutError:
+                raise StatementTimedOut(f"{self._application_name}: the connection stayed busy for "
+                                        f"{timeout:.1f} s") from None
+        else:
+            await self._lock.acquire()  # free: returns at once
         try:
-            async with asyncio.timeout_at(deadline):
-                await self._lock.acquire()
-        except TimeoutError:
-            raise StatementTimedOut(f"{self._application_name}: the connection stayed busy for {timeout:g} s") from None
-        try:
-            retries = 0
-            while True:
-                conn = await self._connection(deadline, timeout)
-                statement = asyncio.ensure_future(_execute(conn, query, params, row))
-                try:
-                    done, _ = await asyncio.wait({statement}, timeout=max(0.0, deadline - loop.time()))
-                except asyncio.CancelledError:
-                    try:
-                        await asyncio.wait({statement}, timeout=self.cancel_grace)
-                    finally:
-                        self._abandon(conn, statement)  # runs even if cancelled again meanwhile
+            conn = await self._connection(deadline, timeout)
+            expiry = loop.call_at(deadline, _shut_down, conn)
+            try:
+                return await self._run(conn, query, params, row)
+            except psycopg.Error:
+                if loop.time() < deadline:
                     raise
-                if not done:
-                    self._abandon(conn, statement)
-                    raise StatementTimedOut(f"{self._application_name}: no answer from the database within "
-                                            f"{timeout:g} s")
-                try:
-                    return statement.result()
-                except psycopg.Error as exc:
-                    if conn.broken or conn.closed:
-                        await self._discard()
-                    if not met_moved_row(exc) or retries == MOVED_ROW_RETRIES:
-                        raise
-                    retries += 1
-                    metrics.MOVED_ROW_RETRIES.inc()
-                    log.debug("%s: re-running a statement that met a moved row", self._application_name)
+                raise StatementTimedOut(f"{self._application_name}: no answer from the database within "
+                                        f"{timeout:.1f} s") from None
+            finally:
+                expiry.cancel()
         finally:
             self._lock.release()
 
@@ -121,28 +107,31 @@ class DutyConnection:
                 async with asyncio.timeout_at(deadline):
                     self._conn = await connect(self._dsn, self._application_name)
             except TimeoutError:
-                raise StatementTimedOut(f"{self._application_name}: could not connect within {timeout:g} s") from None
+                raise StatementTimedOut(f"{self._application_name}: could not connect within {timeout:.1f} s") from None
         return self._conn
 
-    def _abandon(self, conn: psycopg.AsyncConnection, statement: asyncio.Future) -> None:
-        """Gives up on a statement: if it is still running, shuts its connection's socket down so
-        it fails at once (within psycopg's 0.1 s wait interval). Either way the connection is
-        dropped, and closed once the statement has ended. Synchronous, so that no second
-        cancellation can skip it."""
-        if self._conn is conn:
-            self._conn = None
-        if not statement.done() and not conn.closed:
+    async def _run(self, conn: psycopg.AsyncConnection, query: str, params: dict[str, Any] | None,
+                   row: type[Row] | None) -> list[Any]:
+        retries = 0
+        while True:
             try:
-                with socket.socket(fileno=os.dup(conn.pgconn.socket)) as sock:
-                    sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+                cursor = conn.cursor(row_factory=typed_rows(row)) if row else conn.cursor()
+                await cursor.execute(query, params)
+                return await cursor.fetchall() if cursor.description else []
+            except psycopg.Error as exc:
+                if conn.broken or conn.closed:
+                    await self._discard()
+                if not met_moved_row(exc) or retries == MOVED_ROW_RETRIES:
+                    raise
+                retries += 1
+                metrics.MOVED_ROW_RETRIES.inc()
+                log.debug("%s: re-running a statement that met a moved row", self._application_name)
 
-        def ended(_: asyncio.Future) -> None:
-            if not statement.cancelled():
-                statement.exception()  # seen: the caller got a timeout or a cancellation instead
-            conn.pgconn.finish()
-        statement.add_done_callback(ended)
+    def sever(self) -> None:
+        """Makes a statement under way fail at once (its socket is shut down): for a shutdown that
+        knows the database is not answering, before it cancels the duties waiting on it."""
+        if self._conn is not None:
+            _shut_down(self._conn)
 
     async def _discard(self) -> None:
         """Drops the connection (closing never waits for the server, which may be what hangs)."""
@@ -158,8 +147,26 @@ class DutyConnection:
             await self._discard()
 
 
-async def _execute(conn: psycopg.AsyncConnection, query: str, params: dict[str, Any] | None,
-                   row: type[Row] | None) -> list[Any]:
-    cursor = conn.cursor(row_factory=class_row(row)) if row else conn.cursor()
-    await cursor.execute(query, params)
-    return await cursor.fetchall() if cursor.description else []
+def _shut_down(conn: psycopg.AsyncConnection) -> None:
+    """Shuts a connection's socket down (without closing the descriptor psycopg waits on): the
+    statement waiting on it fails within psycopg's 0.1 s wait interval, and the connection is
+    broken, so its owner drops it."""
+    if conn.closed:
+        return
+    try:
+        with socket.socket(fileno=os.dup(conn.pgconn.socket)) as sock:
+            sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+def typed_rows(row: type[Row]):
+    """A psycopg row factory making `row` (a NamedTuple) of each row. The statement's column names
+    are checked against the row type's fields once per statement, then rows are built from their
+    values directly: as cheap as plain tuples, and read by name everywhere."""
+    def factory(cursor: psycopg.AsyncCursor) -> RowMaker[Row]:
+        names = tuple(column.name for column in cursor.description or ())
+        if names != row._fields:  # type: ignore[attr-defined]
+            raise TypeError(f"the statement returns {names}, {row.__name__} expects {row._fields}")  # type: ignore
+        return row._make  # type: ignore[attr-defined]
+    return factory

@@ -6,7 +6,7 @@ it matches `(id, lease_token, state = 'running')`, so a worker that lost its lea
 name return a row type defined next to them (see `DutyConnection.fetch(..., row=...)`).
 """
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 NOTIFY_CHANNEL = "queueworker"
 
@@ -124,8 +124,7 @@ SELECT id, queue, task, payload_json, attempts, max_attempts, lease_token, secon
 """
 
 
-@dataclass(frozen=True, slots=True)
-class ClaimedRow:
+class ClaimedRow(NamedTuple):
     """A task a claim just leased. The payload stays JSON text here: each attempt decodes its own,
     so a row Python cannot read (nested 2,000 deep, a 5,000-digit number) fails only that task."""
 
@@ -159,8 +158,7 @@ RETURNING t.id, t.lease_token, t.deadline_at > now() AS extended
 """
 
 
-@dataclass(frozen=True, slots=True)
-class HeldRow:
+class HeldRow(NamedTuple):
     """A lease the heartbeat found still held, and whether it was extended (not past its deadline:
     the worker's own deadline then cancels the attempt and reports it)."""
 
@@ -218,16 +216,14 @@ RETURNING t.id, t.lease_token, t.state::text AS state
 """
 
 
-@dataclass(frozen=True, slots=True)
-class FencedRow:
+class FencedRow(NamedTuple):
     """A row a fenced statement changed: which attempt of which task."""
 
     id: int
     lease_token: int
 
 
-@dataclass(frozen=True, slots=True)
-class FailedRow:
+class FailedRow(NamedTuple):
     """A failed attempt as recorded: `retrying` (backoff) or `failed`."""
 
     id: int
@@ -252,8 +248,7 @@ SELECT id, queue, (SELECT count(*) FROM notified) AS notified FROM released
 """
 
 
-@dataclass(frozen=True, slots=True)
-class ReleasedRow:
+class ReleasedRow(NamedTuple):
     id: int
     queue: str
     notified: int

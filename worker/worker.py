@@ -54,9 +54,10 @@ RESULT_LIMIT_BYTES = 64 * 1024 * 1024
 CLAIM_FAILURES_BEFORE_EXIT = 5
 # Stop signal to exit: time kept back from the drain for releasing, flushing and deregistering.
 SHUTDOWN_RESERVE_SECONDS = 3.0
-# A shutdown step's own statement deadline comes this much before the budget's end.
-SHUTDOWN_STEP_MARGIN_SECONDS = 0.2
 EXIT_UNCLEAN = 1
+# After severing connections, the moment their statements need to fail on their own (psycopg
+# notices within its 0.1 s wait interval), so that cancelling their callers is immediate.
+SEVERED_SETTLE_SECONDS = 0.2
 
 
 class State(enum.Enum):
@@ -453,11 +454,13 @@ class Worker:
             hurry.cancel()
         for attempt in [a for a in self._inflight.values() if not a.reporting]:
             self._abandon(attempt)
-        clean = await self._until(end, "flush", lambda _: self.completer.drain()) and clean
+        clean = await self._until(end, "flush", self.completer.drain) and clean
         released = await self._until(end, "release", self._release)
         clean = released and clean
-        for conn in self._connections():  # a duty cancelled mid-statement may not outstay the budget
-            conn.cancel_grace = max(0.0, min(conn.cancel_grace, end - loop.time()))
+        if not released:  # the database is not answering: duties must not wait on it as they stop
+            for conn in self._connections():
+                conn.sever()
+            await asyncio.sleep(SEVERED_SETTLE_SECONDS)  # their statements fail now, not when cancelled
         for duty in duties:
             duty.cancel()
         await asyncio.gather(*duties, return_exceptions=True)
@@ -478,6 +481,8 @@ class Worker:
                 await asyncio.gather(fetch, return_exceptions=True)
             return True
         except TimeoutError:
+            self._claim_conn.sever()
+            await asyncio.sleep(SEVERED_SETTLE_SECONDS)
             fetch.cancel()
             await asyncio.gather(fetch, return_exceptions=True)
             log.error("a claim was still waiting for the database at the drain deadline; its tasks, if it "
@@ -499,21 +504,18 @@ class Worker:
 
     async def _until(self, end: float, what: str, step: Callable[[float], Awaitable[Any]]) -> bool:
         """Retries a shutdown step until it succeeds or the shutdown budget is spent. The step is
-        given a little less than the time left, so that its own deadline (which severs a hung
-        statement at once) comes before this one (which would cancel it, with a grace)."""
+        given the time left and passes it on as its statements' deadline, which severs a hung
+        statement at once (cancelling one would wait for the server)."""
         loop = asyncio.get_running_loop()
         errors = ErrorStreak(what, log, self._dsn, cap_seconds=1.0)
         while True:
-            remaining = end - loop.time() - SHUTDOWN_STEP_MARGIN_SECONDS
+            remaining = end - loop.time()
             if remaining <= 0:
                 log.error("shutdown %s did not finish within the shutdown budget", what)
                 return False
             try:
-                async with asyncio.timeout(remaining + SHUTDOWN_STEP_MARGIN_SECONDS):
-                    await step(remaining)
+                await step(remaining)
                 return True
-            except TimeoutError:
-                continue
             except Exception as exc:  # noqa: BLE001 - logged and retried within the budget
                 await asyncio.sleep(min(errors.record(exc), max(0.0, end - loop.time())))
 
