@@ -41,15 +41,24 @@ class LoopWatchdog:
 
     def _watch(self) -> None:
         while not self._stopped.wait(self._interval):
-            pinged = time.monotonic()
-            answered = threading.Event()
             try:
-                self._loop.call_soon_threadsafe(answered.set)
-            except RuntimeError:  # the loop is closed
-                return
-            if not answered.wait(self._threshold):
-                self._report_blocked(pinged, answered)
-            metrics.EVENT_LOOP_LAG.set(time.monotonic() - pinged)
+                if not self._ping():
+                    return
+            except Exception:  # noqa: BLE001 - the watchdog must outlive its own errors
+                log.exception("the event loop watchdog failed; it carries on")
+
+    def _ping(self) -> bool:
+        """One ping; False once the loop is closed."""
+        pinged = time.monotonic()
+        answered = threading.Event()
+        try:
+            self._loop.call_soon_threadsafe(answered.set)
+        except RuntimeError:  # the loop is closed
+            return False
+        if not answered.wait(self._threshold):
+            self._report_blocked(pinged, answered)
+        metrics.EVENT_LOOP_LAG.set(time.monotonic() - pinged)
+        return True
 
     def _report_blocked(self, pinged: float, answered: threading.Event) -> None:
         metrics.EVENT_LOOP_BLOCKED.inc()
