@@ -16,9 +16,18 @@ test:
 smoke: $(PYTHON)
 	$(PYTHON) -m pytest -m smoke tests/smoke -ra -p no:cacheprovider
 
-images:
-	docker build --file Dockerfile.worker --tag queueworker:dev .
-	docker build --file Dockerfile.controller --tag queueworker-controller:dev .
+# Both images on PYTHON_IMAGE; when that can be neither found nor pulled (no registry), on a
+# Debian base made here instead (python -m tests.containers base: debootstrap, root, apt).
+PYTHON_IMAGE ?= python:3.11-slim-bookworm
+images: $(PYTHON)
+	@base='$(PYTHON_IMAGE)'; \
+	if ! docker image inspect "$$base" >/dev/null 2>&1 && ! docker pull --quiet "$$base" >/dev/null; then \
+	  echo "cannot pull $$base: building on a local Debian base" >&2; \
+	  base=$$($(PYTHON) -m tests.containers base) || exit 1; \
+	fi; \
+	set -x; \
+	docker build --file Dockerfile.worker --build-arg PYTHON_IMAGE="$$base" --tag queueworker:dev . && \
+	docker build --file Dockerfile.controller --build-arg PYTHON_IMAGE="$$base" --tag queueworker-controller:dev .
 
 demo: $(PYTHON)
 	$(VENV)/bin/queueworker demo

@@ -27,7 +27,9 @@ from queueworker.producer import enqueue_many
 from queueworker_controller.spec import GROUP, PLURAL, VERSION
 from tests.cluster.binaries import cache_root
 from tests.containers.engine import Engine
-from tests.containers.fixtures import required
+from tests.cluster.fixtures import REQUIRE_ENV
+from tests.containers import ContainersUnavailable, debian
+from tests.containers.fixtures import require, required
 from tests.containers.images import context_files, image_tag
 from tests.support import query, scalar, state_counts, wait_until
 
@@ -127,6 +129,36 @@ def test_image_tags_follow_every_file_the_build_sees_and_nothing_else(tmp_path):
     (tmp_path / "worker" / "cli.py").write_text("2")
     assert image_tag("worker", "base:1", tmp_path) != tag
     assert image_tag("controller", "base:1", tmp_path).startswith("queueworker-controller:local-")
+
+
+def test_the_base_is_fetched_from_the_mirror_apt_uses_in_either_sources_format(tmp_path, monkeypatch):
+    sources_dir = tmp_path / "sources.list.d"
+    sources_dir.mkdir()
+    monkeypatch.setattr(debian, "APT_SOURCES", tmp_path / "sources.list")
+    monkeypatch.setattr(debian, "APT_SOURCES_DIR", sources_dir)
+    (sources_dir / "debian.sources").write_text(
+        "Types: deb\n# http://snapshot.debian.org/archive/debian/20250520T000000Z\n"
+        "URIs: http://mirror.example/debian\nSuites: bookworm bookworm-updates\nComponents: main\n\n"
+        "Types: deb\nURIs: http://mirror.example/debian-security\nSuites: bookworm-security\n")
+    assert debian.mirror("bookworm-security") == "http://mirror.example/debian-security"
+    assert debian.mirror("bookworm") == "http://mirror.example/debian"
+    (tmp_path / "sources.list").write_text("# deb http://old.example/debian bookworm main\n"
+                                           "deb [arch=amd64] http://proxy.example:3142/debian bookworm main\n")
+    assert debian.mirror("bookworm") == "http://proxy.example:3142/debian"
+    with pytest.raises(ContainersUnavailable, match="trixie"):
+        debian.mirror("trixie")
+
+
+def test_an_engine_that_cannot_run_skips_the_tier_and_fails_it_in_ci(monkeypatch):
+    def unavailable() -> None:
+        raise ContainersUnavailable("no engine here")
+    for name in (REQUIRE_ENV, "CI"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(pytest.skip.Exception, match="no engine here"):
+        require(unavailable)
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="no engine here"):
+        require(unavailable)
 
 
 def test_dockerfiles_are_hadolint_clean():
@@ -248,6 +280,7 @@ def test_a_worker_container_drains_the_queue_and_docker_stop_hands_back_its_leas
     wait_until(lambda: state_counts(dsn).get("succeeded") == len(quick), timeout=60,
                message=f"the quick tasks done; log:\n{worker.logs()[-2000:]}")
     assert worker.exec("cat", "/proc/1/cmdline").split("\0")[:3] == [*TINI, "queueworker"]
+    assert worker.exec("id", "-u").strip() == "10001"
     slow = sleeps(dsn, 3, 600)
     wait_until(lambda: state_counts(dsn).get("running") == 3, timeout=30, message="3 slow tasks running")
     exit_code = worker.stop(grace=20)  # drain 1 s + the shutdown budget's 5 s, with room to spare

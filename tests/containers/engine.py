@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -60,41 +61,45 @@ class Engine:
 
 
 def _working_client(client: str) -> tuple[bool, str]:
-    """Whether `client info` reaches a daemon, and the last line it printed when it does not."""
+    """Whether `client info` reaches a daemon, and the first line of its complaint when it does not."""
     try:
         result = subprocess.run([client, "info"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return False, str(exc)
-    lines = (result.stderr or result.stdout).strip().splitlines()
-    return result.returncode == 0, lines[-1] if lines else ""
+    # The 20.10 client prints its error among the info on stdout, newer ones on stderr.
+    complaints = [line.strip() for line in (result.stderr + result.stdout).splitlines()
+                  if re.search(r"error|cannot|denied|refused", line, re.IGNORECASE)
+                  and not line.startswith("WARNING") and "pretty printing" not in line]
+    return result.returncode == 0, complaints[0] if complaints else f"exit {result.returncode}"
 
 
-def find_engine() -> Engine | None:
-    """The first client, of PATH's `docker` and Debian's, that reaches a running daemon."""
-    candidates = dict.fromkeys(c for c in (shutil.which("docker"), DEBIAN_CLIENT) if c and os.access(c, os.X_OK))
-    for client in candidates:
-        if _working_client(client)[0]:
-            return Engine(client)
-    return None
+def find_engine() -> tuple[Engine | None, str]:
+    """The first client, of PATH's `docker` and Debian's, that reaches a running daemon; else
+    None and why not (what the last client tried said)."""
+    why = "no docker client installed"
+    for client in dict.fromkeys(c for c in (shutil.which("docker"), DEBIAN_CLIENT) if c and os.access(c, os.X_OK)):
+        ok, complaint = _working_client(client)
+        if ok:
+            return Engine(client), ""
+        why = f"`{client} info`: {complaint}"
+    return None, why
 
 
 def ensure_engine() -> Engine:
     """A client of a running engine; installs and starts one (see the module's docstring) when
     none runs. Raises ContainersUnavailable, with the reason, where that cannot be done."""
-    engine = find_engine()
+    engine, why = find_engine()
     if engine is not None:
         return engine
     if os.geteuid() != 0:
-        raise ContainersUnavailable("no running Docker engine (`docker info` fails), and starting one needs root")
+        raise ContainersUnavailable(f"no running Docker engine ({why}), and starting one needs root")
     ensure_packages("docker.io", "iptables")
     directory = engine_dir()
     directory.mkdir(parents=True, exist_ok=True)
     with (directory / ".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two sessions starting at once: the second finds the first's
-        engine = find_engine()
-        if engine is None:
-            engine = _start_dockerd(directory)
-    return engine
+        engine, _ = find_engine()
+        return engine or _start_dockerd(directory)
 
 
 def _start_dockerd(directory: Path) -> Engine:
@@ -107,8 +112,7 @@ def _start_dockerd(directory: Path) -> Engine:
             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:
-        ok, last = _working_client(DEBIAN_CLIENT)
-        if ok:
+        if _working_client(DEBIAN_CLIENT)[0]:
             return Engine(DEBIAN_CLIENT)
         if daemon.poll() is not None:
             break
