@@ -4,6 +4,7 @@
     base.py     a Python base image made with debootstrap, for machines without a registry
     images.py   the worker and controller images, built from the Dockerfiles on that base
     fixtures.py the `image` test tier's pytest fixtures
+    debian.py   Debian packages installed with apt, and the apt mirror debootstrap uses
 
 `python -m tests.containers build` builds (or reuses) all three images and prints their tags.
 Code that needs the images imports `tests.containers.images.ensure_images()` and `save()`.
