@@ -10,7 +10,9 @@ import pytest
 
 from queueworker.localpg import LocalPostgres, PostgresNotFound
 from queueworker.migrate import migrate
-from tests.cluster.fixtures import cluster_namespace, control_plane  # noqa: F401
+from tests.cluster.fixtures import (  # noqa: F401
+    cluster_namespace, control_plane, node_postgres, real_node, real_node_namespace,
+)
 
 
 @pytest.fixture(scope="session")
