@@ -240,34 +240,37 @@ def test_a_host_port_reaches_the_pod_through_portmap(real_node, real_node_namesp
 # --- stop and crash cleanup ------------------------------------------------------------------------
 
 def host_traces(state_dir: Path, instance: str, chains: set[str] = frozenset(),
-                shim_sockets: set[Path] = frozenset()) -> list[str]:
-    """What a node of `state_dir` (registry instance `instance`, which names its run dir, bridge,
-    network and cgroups) may leave on this machine, read with the system's own tools rather than with
-    the code under test; `chains` and `shim_sockets` are the node's own, seen while it ran (their
-    names do not say whose they are)."""
-    traces = [f"shim socket {path}" for path in shim_sockets if path.exists()]
+                shim_sockets: set[Path] = frozenset()) -> list[tuple[str, str]]:
+    """(kind, what) of everything a node of `state_dir` (registry instance `instance`, which names its
+    run dir, bridge, network and cgroups) may leave on this machine, read with the system's own tools
+    rather than with the code under test; `chains` and `shim_sockets` are the node's own, seen while it
+    ran (their names do not say whose they are)."""
+    run_dir = str(REGISTRY_DIR / instance)
+    traces = [("shim socket", str(path)) for path in shim_sockets if path.exists()]
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
         except OSError:
             continue
-        if str(state_dir) in argv or str(REGISTRY_DIR / instance) in argv:
-            traces.append(f"process {pid}: {argv.replace(chr(0), ' ')[:120]}")
-    traces += [f"mount {line.split()[4]}" for line in Path("/proc/self/mountinfo").read_text().splitlines()
-               if line.split()[4].startswith((f"{state_dir}/", f"{REGISTRY_DIR / instance}/"))]
+        if str(state_dir) in argv or run_dir in argv:
+            traces.append(("process", f"{pid}: {argv.replace(chr(0), ' ')[:120]}"))
+    traces += [("mount", point) for point in (line.split()[4] for line in
+                                              Path("/proc/self/mountinfo").read_text().splitlines())
+               if point.startswith((f"{state_dir}/", f"{run_dir}/"))]
     links = json.loads(subprocess.run(["ip", "-j", "link"], capture_output=True, text=True, check=True).stdout)
-    traces += [f"interface {link['ifname']}" for link in links if instance in link["ifname"]]
+    traces += [("interface", link["ifname"]) for link in links if instance in link["ifname"]]
     nat = subprocess.run(["iptables-save", "-t", "nat"], capture_output=True, text=True, check=True).stdout
-    traces += [f"iptables {line}" for line in nat.splitlines()
+    traces += [("iptables", line) for line in nat.splitlines()
                if instance in line or any(line.startswith(f":{chain} ") for chain in chains)]
-    traces += [f"cgroup {path}" for path in Path("/sys/fs/cgroup").glob(f"*/queueworker-node-{instance}")]
-    traces += [f"cni cache {path}" for path in Path("/var/lib/cni/results").glob(f"*{instance}*")]
-    traces += [f"registry {path}" for path in REGISTRY_DIR.glob(f"{instance}*")]
+    traces += [("cgroup", str(path)) for path in Path("/sys/fs/cgroup").glob(f"*/queueworker-node-{instance}")]
+    traces += [("cni cache", str(path)) for path in Path("/var/lib/cni/results").glob(f"*{instance}*")]
+    traces += [("registry", str(path)) for path in REGISTRY_DIR.glob(f"{instance}*")]
     return traces
 
 
-def jump_targets(traces: list[str]) -> set[str]:
-    return {t.rsplit("-j ", 1)[1] for t in traces if t.startswith("iptables") and "-j " in t}
+def portmap_chains(traces: list[tuple[str, str]]) -> set[str]:
+    """The per-pod chains portmap's rules jump to."""
+    return {rule.rsplit("-j ", 1)[1] for kind, rule in traces if kind == "iptables" and "-j CNI-DN-" in rule}
 
 
 def shim_sockets(instance: str) -> set[Path]:
@@ -280,12 +283,9 @@ def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "tests.cluster", *args], cwd=REPO_ROOT, check=check, timeout=180)
 
 
-def start_node_with_busy_pods(state_dir: Path) -> tuple[ControlPlane, str]:
-    """`start --node` from the command line, then a pod holding every kind of host resource: a
-    sandbox (netns, veth on the bridge), a rootfs mount, volumes, a host port (portmap's rules)."""
-    require_binaries(BINARIES)
-    cli("start", "--node", "--state-dir", str(state_dir))
-    plane = ControlPlane(state_dir)
+def run_a_busy_pod(plane: ControlPlane) -> str:
+    """A pod holding every kind of host resource: a sandbox (netns, veth on the bridge), a rootfs mount,
+    a memory-backed volume, a host port (portmap's rules). Returns the node's instance."""
     namespace = plane.create_namespace()
     with socket.socket() as probe:
         probe.bind((plane.node_ip, 0))
@@ -295,36 +295,55 @@ def start_node_with_busy_pods(state_dir: Path) -> tuple[ControlPlane, str]:
                               "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}]},
         volumes=[{"name": "scratch", "emptyDir": {"medium": "Memory"}}]))
     wait_for_phase(plane, namespace, "busy", "Running")
-    return plane, plane.node.record.instance
+    return plane.node.record.instance
 
 
 def test_stop_leaves_nothing_behind(tmp_path):
-    plane, instance = start_node_with_busy_pods(tmp_path / "state")
+    require_binaries(BINARIES)
+    cli("start", "--node", "--state-dir", str(tmp_path))
+    plane = ControlPlane(tmp_path)
     try:
+        instance = run_a_busy_pod(plane)
         sockets = shim_sockets(instance)
         traces = host_traces(plane.state_dir, instance, shim_sockets=sockets)
-        chains = jump_targets(traces)
-        for kind in ("process", "mount", "interface", "iptables", "cgroup", "cni cache", "registry", "shim socket"):
-            assert any(t.startswith(kind) for t in traces), f"a running node shows no {kind}: the check is blind"
-        assert chains, "no per-pod portmap chain seen"
+        assert {kind for kind, _ in traces} == {"process", "mount", "interface", "iptables", "cgroup", "cni cache",
+                                                "registry", "shim socket"}, "the check must see a running node"
     finally:
-        cli("stop", "--state-dir", str(plane.state_dir))
-    assert host_traces(plane.state_dir, instance, chains, sockets) == []
+        cli("stop", "--state-dir", str(tmp_path))
+    assert host_traces(plane.state_dir, instance, portmap_chains(traces), sockets) == []
 
 
-def test_the_next_start_cleans_up_after_a_crashed_node(tmp_path):
-    crashed, instance = start_node_with_busy_pods(tmp_path / "crashed")
+def test_the_next_start_cleans_up_after_crashed_runs(tmp_path):
+    """Two ways a run crashes: its owner (a pytest session) is killed, its daemons keep running; or a
+    node started from the command line loses its kubelet and containerd, its containers keep running."""
+    bin_dir = require_binaries(BINARIES)
+    owner = subprocess.Popen([sys.executable, "-c", f"""
+import sys, time
+from tests.cluster.controlplane import ControlPlane
+ControlPlane({str(tmp_path / 'owned')!r}, node=True).start({str(bin_dir)!r})
+print("ready", flush=True)
+time.sleep(3600)
+"""], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
+    assert owner.stdout.readline() == "ready\n"
+    cli("start", "--node", "--state-dir", str(tmp_path / "handed-over"))
+    crashed = [ControlPlane(tmp_path / "owned"), ControlPlane(tmp_path / "handed-over")]
     survivor = tmp_path / "next"
     try:
-        sockets = shim_sockets(instance)
-        for name in ("kubelet", "containerd"):  # containers, shims, mounts and the bridge stay behind
-            os.kill(crashed.running_pids()[name], signal.SIGKILL)
-        traces = host_traces(crashed.state_dir, instance, shim_sockets=sockets)
-        assert {"mount", "interface", "iptables", "shim socket"} <= {t.split()[0] if not t.startswith("shim")
-                                                                    else "shim socket" for t in traces}
+        seen = []
+        for plane in crashed:
+            instance = run_a_busy_pod(plane)
+            sockets = shim_sockets(instance)
+            seen.append((plane, instance, sockets, host_traces(plane.state_dir, instance, shim_sockets=sockets)))
+        owner.kill()
+        owner.wait()
+        for name in ("kubelet", "containerd"):
+            os.kill(crashed[1].running_pids()[name], signal.SIGKILL)
+
         cli("start", "--node", "--state-dir", str(survivor))
-        assert host_traces(crashed.state_dir, instance, jump_targets(traces), sockets) == []
-        assert crashed.running_pids() == {}, "the crashed run's control plane is stopped with its node"
+        for plane, instance, sockets, traces in seen:
+            assert host_traces(plane.state_dir, instance, portmap_chains(traces), sockets) == []
+            assert plane.running_pids() == {}, "a crashed run's control plane is stopped with its node"
     finally:
-        cli("stop", "--state-dir", str(survivor), check=False)
-        cli("stop", "--state-dir", str(crashed.state_dir), check=False)
+        owner.kill()
+        for state_dir in (survivor, *(plane.state_dir for plane in crashed)):
+            cli("stop", "--state-dir", str(state_dir), check=False)

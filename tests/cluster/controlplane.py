@@ -108,18 +108,25 @@ class ControlPlane:
         path = self.pod_log_dir / f"{namespace}_{name}.log"
         return path.read_text() if path.exists() else ""
 
+    def _real_node(self) -> RealNode:
+        if self.node is None:
+            raise ControlPlaneError("this cluster runs the process kubelet: images and pod networking "
+                                    "exist on a real node only (ControlPlane(..., node=True))")
+        return self.node
+
     def load_image(self, image: str | os.PathLike) -> None:
         """Make an image available to the real node's pods: a local Docker tag or an archive path."""
-        self.node.load_image(image)
+        self._real_node().load_image(image)
 
     @property
     def node_ip(self) -> str:
         """The real node's InternalIP: this machine's primary address, by which pods reach it."""
-        return self.node.node_ip
+        return self._real_node().node_ip
 
     @property
     def pod_subnet(self) -> str:
-        return self.node.pod_subnet
+        """The real node's pod addresses (a /24 of 10.217.0.0/16): what a server must admit for pods."""
+        return self._real_node().pod_subnet
 
     def ports(self) -> dict[str, int]:
         return json.loads(self.ports_file.read_text())
@@ -227,9 +234,10 @@ class ControlPlane:
             self.node.hand_over()
 
     def _node_ready(self, core: client.CoreV1Api) -> bool:
+        """Ready, and for a real node (which the scheduler places pods on) without the not-ready taint."""
         node = core.read_node(self.node_name)
         return (any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
-                and not any(t.key == NOT_READY_TAINT for t in node.spec.taints or []))
+                and not (self.node and any(t.key == NOT_READY_TAINT for t in node.spec.taints or [])))
 
     def _prepare_node(self) -> None:
         """What a real node needs before anything starts: the host, its packages and images, and no

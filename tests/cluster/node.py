@@ -5,20 +5,24 @@ what the process kubelet does not emulate: images, volumes, security contexts, r
 through a container runtime, pod networking. Everything host-wide a node touches is named after
 its instance (a hash of the state dir), so nodes of several clusters can run side by side:
 
-- containerd: a second instance beside any other (Docker's), its root, state, socket, runc root and
-  netns mounts under STATE_DIR/node/containerd; the CRI plugin restricts oom_score_adj (runc cannot
-  set -998 without CAP_SYS_RESOURCE) and uses cgroupfs and our pause image.
-- pods: cgroups under /<cgroup root>/kubepods in every cgroup hierarchy; a bridge `qw-<instance>`
-  and a /24 of 10.217.0.0/16 (the pod network), no masquerading: pods reach this machine's primary
-  address, which is the node's IP, and nothing beyond it.
-- /run/queueworker-cluster-nodes/ records every running node (its owner, its subnet) so the next
-  start cleans up after a run that crashed, and keeps the host settings the first node found (the
-  kernel tunables the kubelet sets, the directories kubelet, shims and libcni create on demand) so
-  the last node to stop restores them.
+- files: configuration, images and logs under STATE_DIR/node; sockets and runtime state (containerd's
+  state, runc's root, network namespaces, the kubelet's root) in a run dir with a short path,
+  /run/queueworker-cluster-nodes/<instance>, as socket paths must be short.
+- containerd: a second instance beside any other (Docker's); its CRI plugin restricts oom_score_adj
+  (runc cannot set -998 without CAP_SYS_RESOURCE), uses cgroupfs and our pause image.
+- pods: cgroups under /queueworker-node-<instance> in every cgroup hierarchy; a bridge `qw-<instance>`
+  and a /24 of 10.217.0.0/16, without masquerading: pods reach this machine's primary address,
+  which is the node's IP, and nothing beyond it.
+- /run/queueworker-cluster-nodes/<instance>.json records each running node (its owner, its subnet)
+  so the next start cleans up after a run that crashed; host.json keeps the host settings the first
+  node found (the kernel tunables the kubelet sets, the directories kubelet, shims and libcni create
+  on demand, portmap's shared chains) so that the last node to stop restores them.
 
 Stopping a node kills its containers through their cgroups, stops containerd, then sweeps what is
-left (shims, mounts, netns, the bridge, portmap's iptables rules, libcni's result cache, kubelet's
-/var/log/containers links, cgroups), so a crashed run is cleaned up by the same code as a clean one.
+left (shims and their sockets, mounts, network namespaces, the bridge, portmap's iptables rules,
+libcni's result cache, cgroups, the run dir), so a crashed run is cleaned up by the same code as a
+clean one. What the node does not undo: net.ipv4.ip_forward=1, set by the bridge plugin for its
+gateway, which Docker and every other container engine on the machine need as well.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import hashlib
 import ipaddress
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -54,6 +59,8 @@ KERNEL_TUNABLES = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "k
 HOST_DIRS = ("/var/log/containers", "/run/containerd/s", "/run/containerd", "/var/lib/cni/results", "/var/lib/cni")
 CNI_CACHE = Path("/var/lib/cni/results")
 SHIM_SOCKETS = Path("/run/containerd/s")
+# Every daemon of a cluster run; each names its state dir in its argv.
+RUN_EXECUTABLES = ("containerd", "kubelet", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd")
 # portmap's chains in the nat table, shared by every CNI network that maps host ports.
 HOSTPORT_CHAINS = ("CNI-HOSTPORT-DNAT", "CNI-HOSTPORT-SETMARK", "CNI-HOSTPORT-MASQ")
 KILL_TIMEOUT = 10.0
@@ -61,6 +68,10 @@ KILL_TIMEOUT = 10.0
 
 class NodeUnavailable(RuntimeError):
     """This machine cannot run a real node (not root, packages missing, no cgroups); the message says why."""
+
+
+class ImageImportError(RuntimeError):
+    """An image could not be put into the node (`docker save` or `ctr images import` failed)."""
 
 
 def ensure_host_packages() -> None:
@@ -104,7 +115,7 @@ def primary_ip() -> str:
 
 def _unescape(field: str) -> str:
     """/proc/self/mountinfo escapes space, tab, newline and backslash as octal."""
-    return field.encode().decode("unicode_escape")
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
 def mounts() -> list[tuple[str, str]]:
@@ -346,7 +357,7 @@ class RealNode:
             self.record = NodeRecord(str(self.state_dir), node_ip, self.registry.allocate_subnet(), owner_pid,
                                      _process_started(owner_pid))
             self.registry.save(self.record)
-        self.run_dir.mkdir()
+        self.run_dir.mkdir(exist_ok=True)
         for hierarchy in cgroup_mounts():
             root = hierarchy / self.record.cgroup_root.lstrip("/")
             root.mkdir(exist_ok=True)
@@ -409,9 +420,9 @@ class RealNode:
             done = self._ctr("images", "import", "-", stdin=save.stdout, text=True)
             save.stdout.close()
             if save.wait() != 0:
-                raise NodeUnavailable(f"docker save {image} failed: {save.stderr.read().decode().strip()}")
+                raise ImageImportError(f"docker save {image} failed: {save.stderr.read().decode().strip()}")
         if done.returncode != 0:
-            raise NodeUnavailable(f"importing {image} into the node failed: {done.stderr.strip()}")
+            raise ImageImportError(f"importing {image} into the node failed: {done.stderr.strip()}")
 
     def kubelet_config_json(self, port: int, pki_dir: Path) -> dict:
         return {
@@ -480,10 +491,10 @@ class RealNode:
                 and self.record.containerd_socket in argv]
 
     def _processes(self) -> list[int]:
-        """containerd, kubelet and shims of this node still running (a crashed run's, when its pid files
-        are gone with its state dir)."""
+        """Shims and daemons of this run still running: a crashed run's, found even when its pid files
+        went with its state dir."""
         return self._shims() + [pid for pid in _pids() if (argv := _argv(pid))
-                                and Path(argv[0]).name in ("containerd", "kubelet")
+                                and Path(argv[0]).name in RUN_EXECUTABLES
                                 and any(self.record.state_dir in a for a in argv)]
 
     def sweep(self) -> None:
