@@ -27,7 +27,7 @@ from kubernetes.client.rest import ApiException
 from tests.cluster.binaries import BINARIES, K8S_VERSION
 from tests.cluster.controlplane import ControlPlane
 from tests.cluster.fixtures import require_binaries
-from tests.cluster.images import BUSYBOX_IMAGE
+from tests.cluster.images import BUSYBOX_IMAGE, busybox_archive
 from tests.cluster.kubelet import REPO_ROOT
 from tests.cluster.node import NODE_NAME, REGISTRY_DIR, primary_ip
 
@@ -182,6 +182,25 @@ def test_a_memory_limit_is_the_containers_cgroup_limit_and_exceeding_it_is_an_oo
     assert pod_log(real_node, real_node_namespace, "hungry").splitlines()[0] == str(limit)
     terminated = pod.status.container_statuses[0].state.terminated
     assert (terminated.reason, terminated.exit_code) == ("OOMKilled", 128 + signal.SIGKILL)
+
+
+def test_an_image_loaded_from_a_docker_tag_runs_without_a_pull(real_node, real_node_namespace, tmp_path):
+    """`load_image(TAG)`: `docker save TAG | ctr images import -`. The image is our busybox archive,
+    loaded into Docker under a tag of its own (removed afterwards)."""
+    if subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
+        pytest.skip("no Docker engine to save an image from")
+    tag = f"queueworker.test/docker-loaded:{tmp_path.name.lower()}"
+    subprocess.run(["docker", "load", "--input", str(busybox_archive())], capture_output=True, check=True)
+    subprocess.run(["docker", "tag", BUSYBOX_IMAGE, tag], check=True)
+    try:
+        real_node.load_image(tag)
+    finally:
+        subprocess.run(["docker", "rmi", tag, BUSYBOX_IMAGE], capture_output=True)
+    core = client.CoreV1Api(real_node.api_client())
+    core.create_namespaced_pod(real_node_namespace, busybox_pod(
+        "from-docker", "echo loaded", {"image": tag}, restartPolicy="Never"))
+    wait_for_phase(real_node, real_node_namespace, "from-docker", "Succeeded")
+    assert pod_log(real_node, real_node_namespace, "from-docker") == "loaded\n"
 
 
 # --- networking ------------------------------------------------------------------------------------

@@ -18,12 +18,13 @@ def build() -> None:
     """Everything the tier uses, so no test timeout pays for it: every binary, the node's images and,
     as root, the node's Debian packages."""
     print(ensure_binaries(BINARIES))
-    images.pause_archive()
-    images.busybox_archive()
     if os.geteuid() == 0:
         ensure_host_packages()
     else:
-        print("not root: the real node's packages (containerd, runc, iptables) are not checked", file=sys.stderr)
+        print("not root: the real node's packages (containerd, runc, iptables, gcc) are not checked",
+              file=sys.stderr)
+    images.pause_archive()
+    images.busybox_archive()
 
 
 def main(argv: list[str] | None = None) -> int:

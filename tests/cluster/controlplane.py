@@ -93,9 +93,13 @@ class ControlPlane:
         self.pid_dir = self.state_dir / "pids"
         self.pki_dir = self.state_dir / "pki"
         self.ports_file = self.state_dir / "ports.json"
+        self.wants_node = node
         real_node = RealNode(self.state_dir)
         self.node = real_node if node or real_node.record is not None else None
-        self.node_name = REAL_NODE if self.node else PROCESS_KUBELET_NODE
+
+    @property
+    def node_name(self) -> str:
+        return REAL_NODE if self.node else PROCESS_KUBELET_NODE
 
     # --- helpers for tests -----------------------------------------------------------------------
 
@@ -180,6 +184,9 @@ class ControlPlane:
         that dies without `stop`, the next node start cleans up after it (see `hand_over`)."""
         if self.running_pids():
             raise ControlPlaneError(f"a control plane is already running in {self.state_dir}; stop it first")
+        if self.node is not None and self.node.record is not None:
+            self.stop()  # what a crashed run left of its node in this state dir
+        self.node = RealNode(self.state_dir) if self.wants_node else None
         needed = CONTROL_PLANE_BINARIES + (NODE_BINARIES if self.node else ())
         binaries = {b.name: Path(bin_dir) / b.name for b in needed}
         for path in binaries.values():

@@ -49,8 +49,10 @@ from . import images
 NODE_NAME = "queueworker-node"
 POD_NETWORK_POOL = ipaddress.ip_network("10.217.0.0/16")  # not podman's 10.88/16 or Docker's 172.17/16
 REGISTRY_DIR = Path("/run/queueworker-cluster-nodes")
-# Commands the node runs, and the Debian package of each.
-HOST_PACKAGES = {"containerd": "containerd", "ctr": "containerd", "runc": "runc", "iptables": "iptables"}
+# Commands the node needs, and the Debian packages that bring each (gcc compiles the pause image, as a
+# static binary: libc6-dev, only recommended by gcc, holds the static libc).
+HOST_PACKAGES = {"containerd": ("containerd",), "ctr": ("containerd",), "runc": ("runc",),
+                 "iptables": ("iptables",), "gcc": ("gcc", "libc6-dev")}
 # The kubelet sets these to its liking at start (kubelet/cm/container_manager_linux.go, setupKernelTunables).
 KERNEL_TUNABLES = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
                    "kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes")
@@ -75,8 +77,9 @@ class ImageImportError(RuntimeError):
 
 
 def ensure_host_packages() -> None:
-    """containerd, runc and iptables from Debian, installed when missing (as root, idempotently)."""
-    missing = sorted({package for command, package in HOST_PACKAGES.items() if shutil.which(command) is None})
+    """containerd, runc, iptables and gcc from Debian, installed when missing (as root, idempotently)."""
+    missing = sorted({package for command, packages in HOST_PACKAGES.items() if shutil.which(command) is None
+                      for package in packages})
     if not missing:
         return
     if os.geteuid() != 0:
