@@ -52,7 +52,8 @@ def _cni_plugin(kind: str, name: str) -> Binary:
     called without CNI_COMMAND, prints `CNI NAME plugin VERSION` (the version stamped here)."""
     return Binary(f"cni/{name}", "cni", f"github.com/containernetworking/plugins/plugins/{kind}/{name}",
                   f"CNI {name} plugin v{CNI_PLUGINS_VERSION}",
-                  f"-X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=v{CNI_PLUGINS_VERSION}")
+                  "-X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion="
+                  f"v{CNI_PLUGINS_VERSION}")
 
 
 CONTROL_PLANE_BINARIES = (

@@ -265,7 +265,8 @@ class ControlPlane:
         self._spawn("kube-scheduler", [
             str(binaries["kube-scheduler"]), f"--kubeconfig={self.state_dir / 'scheduler.kubeconfig'}",
             "--leader-elect=false", "--bind-address=127.0.0.1", f"--secure-port={ports['kube-scheduler']}",
-            f"--tls-cert-file={self.pki_dir / 'scheduler.crt'}", f"--tls-private-key-file={self.pki_dir / 'scheduler.key'}",
+            f"--tls-cert-file={self.pki_dir / 'scheduler.crt'}",
+            f"--tls-private-key-file={self.pki_dir / 'scheduler.key'}",
         ])
         context = ssl.create_default_context(cadata=ca.cert_pem.decode())
         self._wait_ready("kube-scheduler /readyz", lambda: urllib.request.urlopen(
