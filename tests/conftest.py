@@ -15,7 +15,9 @@ from kubernetes.client.rest import ApiException
 
 from queueworker.localpg import LocalPostgres, PostgresNotFound
 from queueworker.migrate import migrate
-from tests.cluster.fixtures import cluster_namespace, control_plane  # noqa: F401
+from tests.cluster.fixtures import (  # noqa: F401
+    cluster_namespace, control_plane, node_postgres, real_node, real_node_namespace,
+)
 from tests.containers.fixtures import container_engine, images  # noqa: F401
 
 CRD_FILE = Path(__file__).resolve().parent.parent / "crds" / "queueworker.dev_queueworkers.yaml"

@@ -1,35 +1,56 @@
-"""`python -m tests.cluster build | start --state-dir DIR | stop --state-dir DIR`."""
+"""`python -m tests.cluster build | start [--node] --state-dir DIR | stop --state-dir DIR`."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
 
-from .binaries import BinariesUnavailable, ensure_binaries
+from . import images
+from .binaries import BINARIES, CONTROL_PLANE_BINARIES, BinariesUnavailable, ensure_binaries
 from .controlplane import ControlPlane, ControlPlaneError
+from .node import NodeUnavailable, ensure_host_packages
+
+
+def build() -> None:
+    """Everything the tier uses, so no test timeout pays for it: every binary, the node's images and,
+    as root, the node's Debian packages."""
+    print(ensure_binaries(BINARIES))
+    if os.geteuid() == 0:
+        ensure_host_packages()
+    else:
+        print("not root: the real node's packages (containerd, runc, iptables, gcc) are not checked",
+              file=sys.stderr)
+    images.pause_archive()
+    images.busybox_archive()
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.cluster", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("build", help="build (or reuse) the binaries; prints their directory")
-    for name, text in (("start", "start the control plane and process kubelet in the background"),
-                       ("stop", "stop everything started in --state-dir")):
-        commands.add_parser(name, help=text).add_argument("--state-dir", type=Path, required=True)
+    commands.add_parser("build", help="build (or reuse) the binaries and images; prints the binaries' directory")
+    start = commands.add_parser("start", help="start the control plane and a kubelet in the background")
+    start.add_argument("--node", action="store_true",
+                       help="a real node (kubelet, containerd, CNI; needs root) instead of the process kubelet")
+    stop = commands.add_parser("stop", help="stop everything started in --state-dir")
+    for command in (start, stop):
+        command.add_argument("--state-dir", type=Path, required=True)
     args = parser.parse_args(argv)
     try:
         if args.command == "build":
-            print(ensure_binaries())
+            build()
         elif args.command == "start":
             started = time.monotonic()
-            plane = ControlPlane(args.state_dir).start(ensure_binaries())
-            print(f"control plane ready in {time.monotonic() - started:.1f}s; "
-                  f"export KUBECONFIG={plane.kubeconfig}", file=sys.stderr)
+            plane = ControlPlane(args.state_dir, node=args.node)
+            plane.start(ensure_binaries(BINARIES if args.node else CONTROL_PLANE_BINARIES))
+            plane.hand_over()
+            print(f"{'cluster with a real node' if args.node else 'control plane'} ready in "
+                  f"{time.monotonic() - started:.1f}s; export KUBECONFIG={plane.kubeconfig}", file=sys.stderr)
         else:
             ControlPlane(args.state_dir).stop()
-    except (BinariesUnavailable, ControlPlaneError) as e:
+    except (BinariesUnavailable, ControlPlaneError, NodeUnavailable) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0

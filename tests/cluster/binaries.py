@@ -1,8 +1,10 @@
-"""Build etcd, kube-apiserver and kube-controller-manager from the Go module proxy, once per machine.
+"""Build the cluster tier's binaries from the Go module proxy, once per machine.
 
-The two wrapper modules under gomod/ pin the versions (go.mod) and their checksums (go.sum).
-Binaries land in a cache directory keyed by both versions and a hash of the wrapper modules,
-so a warm machine reuses them and a change of pin builds into a new directory.
+The control plane (etcd, kube-apiserver, kube-controller-manager) and the real node (kubelet,
+kube-scheduler and the CNI plugins bridge, host-local, loopback and portmap). The wrapper modules
+under gomod/ pin the versions (go.mod) and their checksums (go.sum). Binaries land in a cache
+directory keyed by the versions and a hash of the wrapper modules, so a warm machine reuses them and
+a change of pin builds into a new directory.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 
 K8S_VERSION = "1.35.4"
 ETCD_VERSION = "3.6.16"
+CNI_PLUGINS_VERSION = "1.9.1"
 GOMOD_DIR = Path(__file__).resolve().parent / "gomod"
 
 _STAMP = "k8s.io/component-base/version"
@@ -33,20 +36,38 @@ class BinariesUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class Binary:
-    name: str
+    name: str  # path under the binaries' directory
     module_dir: str  # wrapper module under gomod/
     package: str
-    version_line: str  # what `NAME --version` prints when the build is the pinned one
+    version_line: str  # a line `NAME --version` prints (stdout or stderr) when the build is the pinned one
     ldflags: str = ""
 
 
-BINARIES = (
+def _kubernetes(name: str) -> Binary:
+    return Binary(name, "apiserver", f"k8s.io/kubernetes/cmd/{name}", f"Kubernetes v{K8S_VERSION}", _K8S_LDFLAGS)
+
+
+def _cni_plugin(kind: str, name: str) -> Binary:
+    """A plugin binary in the cni/ directory containerd runs them from. It ignores its arguments and,
+    called without CNI_COMMAND, prints `CNI NAME plugin VERSION` (the version stamped here)."""
+    return Binary(f"cni/{name}", "cni", f"github.com/containernetworking/plugins/plugins/{kind}/{name}",
+                  f"CNI {name} plugin v{CNI_PLUGINS_VERSION}",
+                  "-X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion="
+                  f"v{CNI_PLUGINS_VERSION}")
+
+
+CONTROL_PLANE_BINARIES = (
     Binary("etcd", "etcd", "go.etcd.io/etcd/server/v3", f"etcd Version: {ETCD_VERSION}"),
-    Binary("kube-apiserver", "apiserver", "k8s.io/kubernetes/cmd/kube-apiserver",
-           f"Kubernetes v{K8S_VERSION}", _K8S_LDFLAGS),
-    Binary("kube-controller-manager", "apiserver", "k8s.io/kubernetes/cmd/kube-controller-manager",
-           f"Kubernetes v{K8S_VERSION}", _K8S_LDFLAGS),
+    _kubernetes("kube-apiserver"),
+    _kubernetes("kube-controller-manager"),
 )
+NODE_BINARIES = (
+    _kubernetes("kube-scheduler"),
+    _kubernetes("kubelet"),
+    *(_cni_plugin(kind, name) for kind, name in
+      (("main", "bridge"), ("ipam", "host-local"), ("main", "loopback"), ("meta", "portmap"))),
+)
+BINARIES = CONTROL_PLANE_BINARIES + NODE_BINARIES
 
 
 def cache_root() -> Path:
@@ -61,17 +82,18 @@ def bin_dir() -> Path:
     for module in sorted({b.module_dir for b in BINARIES}):
         for name in ("go.mod", "go.sum"):
             digest.update((GOMOD_DIR / module / name).read_bytes())
-    return cache_root() / "bin" / f"k8s-v{K8S_VERSION}-etcd-v{ETCD_VERSION}-{digest.hexdigest()[:10]}"
+    return cache_root() / "bin" / (f"k8s-v{K8S_VERSION}-etcd-v{ETCD_VERSION}-cni-v{CNI_PLUGINS_VERSION}-"
+                                   f"{digest.hexdigest()[:10]}")
 
 
 def _is_current(path: Path, binary: Binary) -> bool:
     if not os.access(path, os.X_OK):
         return False
     try:
-        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout
+        done = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return False
-    return binary.version_line in out.splitlines()
+    return binary.version_line in (done.stdout + done.stderr).splitlines()
 
 
 def _go_env() -> dict[str, str]:
@@ -89,7 +111,7 @@ def _go_env() -> dict[str, str]:
 def _build(binary: Binary, target: Path, log: Path) -> None:
     go = shutil.which("go")
     if go is None:
-        raise BinariesUnavailable("`go` is not on PATH, so the test control plane binaries cannot be built")
+        raise BinariesUnavailable("`go` is not on PATH, so the cluster tier's binaries cannot be built")
     partial = target.with_name(f".{target.name}.partial")
     parallelism = str(min(os.cpu_count() or 2, 4))
     cmd = [go, "build", "-p", parallelism, "-o", str(partial), "-ldflags", f"-s -w {binary.ldflags}".strip(),
@@ -109,16 +131,17 @@ def _build(binary: Binary, target: Path, log: Path) -> None:
         raise BinariesUnavailable(f"{target} was built but `--version` does not print {binary.version_line!r}")
 
 
-def ensure_binaries(build: bool = True) -> Path:
-    """Return the directory holding all three binaries, building any that are missing or stale.
+def ensure_binaries(binaries: tuple[Binary, ...] = CONTROL_PLANE_BINARIES, build: bool = True) -> Path:
+    """Return the binaries' directory, building any of `binaries` that are missing or stale.
 
-    Concurrent callers (two pytest sessions, CI and a developer) serialize on a lock file.
+    The control plane's by default: the node's take minutes more to build cold and only node mode
+    needs them. Concurrent callers (two pytest sessions, CI and a developer) serialize on a lock file.
     """
     directory = bin_dir()
-    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "cni").mkdir(parents=True, exist_ok=True)
     with (directory / ".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        for binary in BINARIES:
+        for binary in binaries:
             target = directory / binary.name
             if _is_current(target, binary):
                 continue

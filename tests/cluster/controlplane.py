@@ -1,9 +1,10 @@
-"""Start and stop the test control plane: etcd, kube-apiserver, kube-controller-manager, process kubelet.
+"""Start and stop the test cluster: etcd, kube-apiserver, kube-controller-manager, and either the
+process kubelet or, in node mode, kube-scheduler, containerd and a real kubelet (node.py).
 
 Each component runs as a background process in its own session (so it outlives `python -m tests.cluster
 start` and can be stopped as a process group), logs to STATE_DIR/logs/NAME.log and records its pid in
-STATE_DIR/pids/NAME.pid, which is all `stop` needs. Ports are free loopback ports; certificates come
-from a throwaway CA made at every start (pki.py).
+STATE_DIR/pids/NAME.pid, which is all `stop` needs besides the node's registry entry. Ports are free
+loopback ports; certificates come from a throwaway CA made at every start (pki.py).
 """
 
 from __future__ import annotations
@@ -25,18 +26,25 @@ from typing import Callable, TypeVar
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from . import pki
-from .kubelet import NODE_NAME, REPO_ROOT
+from . import images, pki
+from .binaries import CONTROL_PLANE_BINARIES, NODE_BINARIES, BinariesUnavailable
+from .kubelet import NODE_NAME as PROCESS_KUBELET_NODE, REPO_ROOT
+from .node import NODE_NAME as REAL_NODE, NodeUnavailable, RealNode, check_host, ensure_host_packages, primary_ip
 
 T = TypeVar("T")
 
 # Start order; stop goes in reverse, so the kubelet (and the pods it runs) goes first and etcd last.
-COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kubelet")
-# The controllers the tests rely on; node lifecycle is left out so the fake node is never tainted.
+# kube-scheduler and containerd run in node mode only.
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "containerd", "kubelet")
+# The controllers the tests rely on; node lifecycle is left out so the process kubelet's node is never tainted.
 CONTROLLERS = (
     "deployment-controller", "replicaset-controller", "job-controller",
     "garbage-collector-controller", "namespace-controller", "serviceaccount-controller",
 )
+# For a real node: it comes up with the not-ready taint (TaintNodesByCondition admission), which the
+# node lifecycle controller lifts; its pods mount the kube-root-ca.crt ConfigMap each namespace gets.
+NODE_CONTROLLERS = ("node-lifecycle-controller", "root-ca-certificate-publisher-controller")
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 STOP_GRACE = 10.0
 LOG_TAIL = 40
 
@@ -74,7 +82,10 @@ def _is_pod_process(pid: int) -> bool:
 
 
 class ControlPlane:
-    def __init__(self, state_dir: Path):
+    """The cluster in STATE_DIR. With `node=True` it runs a real node instead of the process kubelet; a
+    ControlPlane made for `stop` finds out by itself whether a node was started there."""
+
+    def __init__(self, state_dir: Path, node: bool = False):
         self.state_dir = Path(state_dir).resolve()
         self.kubeconfig = self.state_dir / "kubeconfig"
         self.log_dir = self.state_dir / "logs"
@@ -82,6 +93,13 @@ class ControlPlane:
         self.pid_dir = self.state_dir / "pids"
         self.pki_dir = self.state_dir / "pki"
         self.ports_file = self.state_dir / "ports.json"
+        self.wants_node = node
+        real_node = RealNode(self.state_dir)
+        self.node = real_node if node or real_node.record is not None else None
+
+    @property
+    def node_name(self) -> str:
+        return REAL_NODE if self.node else PROCESS_KUBELET_NODE
 
     # --- helpers for tests -----------------------------------------------------------------------
 
@@ -90,8 +108,29 @@ class ControlPlane:
         return config.new_client_from_config(config_file=str(self.kubeconfig))
 
     def pod_log(self, namespace: str, name: str) -> str:
+        """A process-kubelet pod's output (on a real node, read logs through the API)."""
         path = self.pod_log_dir / f"{namespace}_{name}.log"
         return path.read_text() if path.exists() else ""
+
+    def _real_node(self) -> RealNode:
+        if self.node is None:
+            raise ControlPlaneError("this cluster runs the process kubelet: images and pod networking "
+                                    "exist on a real node only (ControlPlane(..., node=True))")
+        return self.node
+
+    def load_image(self, image: str | os.PathLike) -> None:
+        """Make an image available to the real node's pods: a local Docker tag or an archive path."""
+        self._real_node().load_image(image)
+
+    @property
+    def node_ip(self) -> str:
+        """The real node's InternalIP: this machine's primary address, by which pods reach it."""
+        return self._real_node().node_ip
+
+    @property
+    def pod_subnet(self) -> str:
+        """The real node's pod addresses (a /24 of 10.217.0.0/16): what a server must admit for pods."""
+        return self._real_node().pod_subnet
 
     def ports(self) -> dict[str, int]:
         return json.loads(self.ports_file.read_text())
@@ -140,24 +179,36 @@ class ControlPlane:
         return pids
 
     def start(self, bin_dir: Path, timeout: float = 90) -> "ControlPlane":
-        """Start every component and return once the API answers, `default` exists and the node is Ready."""
+        """Start every component and return once the API answers, `default` exists and the node is Ready
+        (a real node also untainted, so pods schedule). A real node belongs to the calling process: if
+        that dies without `stop`, the next node start cleans up after it (see `hand_over`)."""
         if self.running_pids():
             raise ControlPlaneError(f"a control plane is already running in {self.state_dir}; stop it first")
-        binaries = {name: Path(bin_dir) / name for name in COMPONENTS[:3]}
+        if self.node is not None and self.node.record is not None:
+            self.stop()  # what a crashed run left of its node in this state dir
+        self.node = RealNode(self.state_dir) if self.wants_node else None
+        needed = CONTROL_PLANE_BINARIES + (NODE_BINARIES if self.node else ())
+        binaries = {b.name: Path(bin_dir) / b.name for b in needed}
         for path in binaries.values():
             if not os.access(path, os.X_OK):
                 raise ControlPlaneError(f"{path} is missing; build it with `python -m tests.cluster build`")
+        if self.node:
+            self._prepare_node()
         for directory in (self.log_dir, self.pod_log_dir, self.pid_dir, self.pki_dir, self.state_dir / "etcd"):
             shutil.rmtree(directory, ignore_errors=True)
             directory.mkdir(parents=True)
         self.state_dir.joinpath("etcd").chmod(0o700)
         ports = {"etcd": free_port(), "etcd-peer": free_port(), "kube-apiserver": free_port()}
+        if self.node:
+            ports.update({"kube-scheduler": free_port(), "kubelet": free_port()})
         self.ports_file.write_text(json.dumps(ports))
         server = f"https://127.0.0.1:{ports['kube-apiserver']}"
-        ca = self._write_pki(server)
         self._procs: dict[str, subprocess.Popen] = {}
         deadline = time.monotonic() + timeout
+        if self.node:
+            self.node.register(os.getpid(), primary_ip())
         try:
+            ca = self._write_pki(server)
             self._start_etcd(binaries["etcd"], ports, deadline)
             self._start_apiserver(binaries["kube-apiserver"], ports, ca, deadline)
             core = client.CoreV1Api(self.api_client())
@@ -165,21 +216,68 @@ class ControlPlane:
             self._spawn("kube-controller-manager", [
                 str(binaries["kube-controller-manager"]),
                 f"--kubeconfig={self.state_dir / 'controller-manager.kubeconfig'}",
-                f"--controllers={','.join(CONTROLLERS)}",
+                f"--controllers={','.join(CONTROLLERS + (NODE_CONTROLLERS if self.node else ()))}",
                 "--leader-elect=false",
                 "--secure-port=0",  # no health endpoint needed; readiness is judged by its effects
+                *([f"--root-ca-file={self.pki_dir / 'ca.crt'}"] if self.node else []),
             ])
             self._wait_ready("the serviceaccount controller (ServiceAccount default/default)",
                              lambda: core.read_namespaced_service_account("default", "default"), deadline)
-            self._spawn("kubelet", [sys.executable, "-m", "tests.cluster.kubelet",
-                                    f"--kubeconfig={self.kubeconfig}", f"--state-dir={self.state_dir}"])
-            self._wait_ready(f"node {NODE_NAME} Ready", lambda: any(
-                c.type == "Ready" and c.status == "True" for c in core.read_node(NODE_NAME).status.conditions or []
-            ), deadline)
+            if self.node:
+                self._start_node(binaries, ports, ca, deadline)
+            else:
+                self._spawn("kubelet", [sys.executable, "-m", "tests.cluster.kubelet",
+                                        f"--kubeconfig={self.kubeconfig}", f"--state-dir={self.state_dir}"])
+            self._wait_ready(f"node {self.node_name} Ready", lambda: self._node_ready(core), deadline)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def hand_over(self) -> None:
+        """The starting process exits and leaves the cluster running (`python -m tests.cluster start`):
+        its real node is then cleaned up by a later start only once its daemons are dead."""
+        if self.node:
+            self.node.hand_over()
+
+    def _node_ready(self, core: client.CoreV1Api) -> bool:
+        """Ready, and for a real node (which the scheduler places pods on) without the not-ready taint."""
+        node = core.read_node(self.node_name)
+        return (any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
+                and not (self.node and any(t.key == NOT_READY_TAINT for t in node.spec.taints or [])))
+
+    def _prepare_node(self) -> None:
+        """What a real node needs before anything starts: the host, its packages and images, and no
+        node of a crashed run holding on to processes, mounts or addresses."""
+        check_host()
+        ensure_host_packages()
+        try:
+            images.pause_archive()
+            images.busybox_archive()
+        except BinariesUnavailable as e:
+            raise NodeUnavailable(f"the node's images cannot be made: {e}") from e
+        for state_dir in self.node.stale_state_dirs():
+            print(f"cleaning up the node of a crashed run in {state_dir}", file=sys.stderr)
+            ControlPlane(state_dir).stop()
+
+    def _start_node(self, binaries: dict[str, Path], ports: dict[str, int], ca: pki.KeyPair,
+                    deadline: float) -> None:
+        self._spawn("kube-scheduler", [
+            str(binaries["kube-scheduler"]), f"--kubeconfig={self.state_dir / 'scheduler.kubeconfig'}",
+            "--leader-elect=false", "--bind-address=127.0.0.1", f"--secure-port={ports['kube-scheduler']}",
+            f"--tls-cert-file={self.pki_dir / 'scheduler.crt'}",
+            f"--tls-private-key-file={self.pki_dir / 'scheduler.key'}",
+        ])
+        context = ssl.create_default_context(cadata=ca.cert_pem.decode())
+        self._wait_ready("kube-scheduler /readyz", lambda: urllib.request.urlopen(
+            f"https://127.0.0.1:{ports['kube-scheduler']}/readyz", context=context, timeout=5).status == 200, deadline)
+        self.node.write_configs(binaries["cni/bridge"].parent)
+        self._spawn("containerd", self.node.containerd_argv())
+        self._wait_ready("containerd", self.node.containerd_ready, deadline)
+        for archive in (images.pause_archive(), images.busybox_archive()):
+            self.node.load_image(archive)
+        self._spawn("kubelet", self.node.kubelet_argv(binaries["kubelet"], self.state_dir / "kubelet.kubeconfig",
+                                                      ports["kubelet"], self.pki_dir))
 
     def _write_pki(self, server: str) -> pki.KeyPair:
         ca = pki.CertificateAuthority()
@@ -190,6 +288,16 @@ class ControlPlane:
         # The controller-manager has its own identity (visible in audit and managedFields) but full rights.
         pki.write_kubeconfig(self.state_dir / "controller-manager.kubeconfig", server, ca.pair,
                              ca.client("system:kube-controller-manager", ("system:masters",)))
+        if self.node:
+            # Identities the bootstrap RBAC rules and the Node authorizer know; the API server's client
+            # certificate for kubelets (logs, exec) has full rights.
+            pki.write_kubeconfig(self.state_dir / "scheduler.kubeconfig", server, ca.pair,
+                                 ca.client("system:kube-scheduler"))
+            ca.serving().write(self.pki_dir, "scheduler")
+            pki.write_kubeconfig(self.state_dir / "kubelet.kubeconfig", server, ca.pair,
+                                 ca.client(f"system:node:{REAL_NODE}", ("system:nodes",)))
+            ca.serving((REAL_NODE, self.node.node_ip)).write(self.pki_dir, "kubelet")
+            ca.client("kube-apiserver-kubelet-client", ("system:masters",)).write(self.pki_dir, "kubelet-client")
         return ca.pair
 
     def _start_etcd(self, binary: Path, ports: dict[str, int], deadline: float) -> None:
@@ -211,11 +319,15 @@ class ControlPlane:
             "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={port}",
             f"--tls-cert-file={pki_dir / 'apiserver.crt'}", f"--tls-private-key-file={pki_dir / 'apiserver.key'}",
             f"--client-ca-file={pki_dir / 'ca.crt'}",
-            "--authorization-mode=RBAC",
+            "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
             "--service-cluster-ip-range=10.0.0.0/24", "--allow-privileged=true",
             f"--service-account-issuer=https://127.0.0.1:{port}",
             f"--service-account-key-file={pki_dir / 'service-account.crt'}",
             f"--service-account-signing-key-file={pki_dir / 'service-account.key'}",
+            *([f"--kubelet-client-certificate={pki_dir / 'kubelet-client.crt'}",
+               f"--kubelet-client-key={pki_dir / 'kubelet-client.key'}",
+               f"--kubelet-certificate-authority={pki_dir / 'ca.crt'}",
+               "--kubelet-preferred-address-types=InternalIP"] if self.node else []),
         ])
         context = ssl.create_default_context(cadata=ca.cert_pem.decode())
         self._wait_ready("kube-apiserver /readyz", lambda: urllib.request.urlopen(
@@ -253,10 +365,16 @@ class ControlPlane:
 
     def stop(self) -> None:
         """SIGTERM each component's process group (kubelet first), SIGKILL after a grace period, then
-        kill any pod processes a crashed kubelet left behind. Safe to call when nothing runs."""
+        kill any pod processes a crashed kubelet left behind. A real node's containers are killed
+        before containerd stops, and what they leave on the host is swept after everything stopped.
+        Safe to call when nothing runs."""
         for name, pid in sorted(self.running_pids().items(), key=lambda kv: -COMPONENTS.index(kv[0])):
+            if name == "containerd" and self.node:
+                self.node.stop_containers()
             self._stop_group(pid, STOP_GRACE)
             (self.pid_dir / f"{name}.pid").unlink(missing_ok=True)
+        if self.node:
+            self.node.sweep()
         for pid_file in self.pod_log_dir.glob("*.pid"):
             pid = int(pid_file.read_text())
             if _is_pod_process(pid):

@@ -1,35 +1,47 @@
 """Pytest fixtures for the `cluster` tier: one control plane per session, one namespace per test.
 
+Two clusters, each started on first use and stopped at the session's end:
+- `control_plane`: pods run as local processes by the process kubelet (fast, no root, no images);
+- `real_node`: pods run in containers on a real node (kubelet, containerd, CNI; root only).
 Import them in tests/conftest.py:
-    from tests.cluster.fixtures import cluster_namespace, control_plane  # noqa: F401
+    from tests.cluster.fixtures import cluster_namespace, control_plane, ...  # noqa: F401
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
+import psycopg
 import pytest
 from kubernetes import client
 
-from .binaries import BinariesUnavailable, ensure_binaries
+from queueworker.localpg import LocalPostgres, PostgresNotFound
+
+from .binaries import BINARIES, CONTROL_PLANE_BINARIES, Binary, BinariesUnavailable, ensure_binaries
 from .controlplane import ControlPlane
+from .node import NodeUnavailable
 
 REQUIRE_ENV = "QUEUEWORKER_REQUIRE_CLUSTER"
 
 
-def require_binaries() -> Path:
+def unavailable(reason: str) -> None:
+    """Skip the test, or fail it when QUEUEWORKER_REQUIRE_CLUSTER=1 (CI)."""
+    if os.environ.get(REQUIRE_ENV) == "1":
+        pytest.fail(reason, pytrace=False)
+    pytest.skip(reason)
+
+
+def require_binaries(binaries: tuple[Binary, ...] = CONTROL_PLANE_BINARIES) -> Path:
     """The binaries' directory, built if needed. Skips the test where they can't be built, fails it
     instead when QUEUEWORKER_REQUIRE_CLUSTER=1 (CI). A cold build takes minutes: prebuild with
     `python -m tests.cluster build` so it does not count against the first test's timeout."""
     try:
-        return ensure_binaries()
+        return ensure_binaries(binaries)
     except BinariesUnavailable as e:
-        reason = f"test control plane unavailable: {e}"
-        if os.environ.get(REQUIRE_ENV) == "1":
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
+        unavailable(f"test control plane unavailable: {e}")
 
 
 @pytest.fixture(scope="session")
@@ -51,3 +63,59 @@ def cluster_namespace(control_plane: ControlPlane) -> Iterator[str]:
     yield name
     with control_plane.api_client() as api:
         client.CoreV1Api(api).delete_namespace(name)
+
+
+@pytest.fixture(scope="session")
+def real_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """A cluster of its own whose pods run in containers on a real node, for tests that need a
+    runtime: images (`load_image`, nothing can be pulled), volumes, security contexts, resources,
+    signals through the runtime, pod networking (pods reach this machine at `node_ip`). Skipped
+    (failed in CI) where it cannot run: not root, packages or images unavailable."""
+    bin_dir = require_binaries(BINARIES)
+    plane = ControlPlane(tmp_path_factory.mktemp("real-node"), node=True)
+    try:
+        plane.start(bin_dir)
+    except NodeUnavailable as e:
+        unavailable(f"real node unavailable: {e}")
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+@pytest.fixture
+def real_node_namespace(real_node: ControlPlane) -> Iterator[str]:
+    """A fresh namespace on the real node's cluster, deleted after the test without waiting."""
+    name = real_node.create_namespace()
+    yield name
+    with real_node.api_client() as api:
+        client.CoreV1Api(api).delete_namespace(name)
+
+
+@dataclass(frozen=True)
+class NodePostgres:
+    server: LocalPostgres
+    pod_dsn: str  # the superuser's URL as pods must use it: the node's IP instead of loopback
+
+    @property
+    def dsn(self) -> str:
+        return self.server.dsn
+
+
+@pytest.fixture(scope="session")
+def node_postgres(real_node: ControlPlane) -> Iterator[NodePostgres]:
+    """A throwaway Postgres that the real node's pods reach: it listens on the node's IP as well as on
+    loopback (pods' 127.0.0.1 is their own), and pg_hba admits the pod subnet with a password."""
+    try:
+        server = LocalPostgres(extra_settings={"listen_addresses": f"'127.0.0.1,{real_node.node_ip}'"})
+    except PostgresNotFound as e:
+        unavailable(str(e))
+    server.start()
+    try:
+        with (server.data_dir / "pg_hba.conf").open("a") as hba:
+            hba.write(f"host all all {real_node.pod_subnet} scram-sha-256\n")
+        with psycopg.connect(server.dsn, autocommit=True) as conn:
+            conn.execute("SELECT pg_reload_conf()")
+        yield NodePostgres(server, server.dsn.replace("@127.0.0.1:", f"@{real_node.node_ip}:"))
+    finally:
+        server.destroy()
