@@ -5,22 +5,16 @@ from __future__ import annotations
 
 import os
 import uuid
-from pathlib import Path
 
 import psycopg
 import pytest
-import yaml
-from kubernetes import client
-from kubernetes.client.rest import ApiException
 
 from queueworker.localpg import LocalPostgres, PostgresNotFound
 from queueworker.migrate import migrate
 from tests.cluster.fixtures import (  # noqa: F401
-    cluster_namespace, control_plane, node_postgres, real_node, real_node_namespace,
+    cluster_namespace, control_plane, crd, node_postgres, real_node, real_node_namespace,
 )
 from tests.containers.fixtures import container_engine, images  # noqa: F401
-
-CRD_FILE = Path(__file__).resolve().parent.parent / "crds" / "queueworker.dev_queueworkers.yaml"
 
 
 @pytest.fixture(scope="session")
@@ -69,20 +63,3 @@ def dsn(blank_dsn):
     """A fresh, migrated database per test."""
     migrate(blank_dsn)
     return blank_dsn
-
-
-@pytest.fixture(scope="session")
-def crd(control_plane) -> None:
-    """The QueueWorker CRD, created once per session in the test control plane and Established."""
-    with control_plane.api_client() as api:
-        extensions = client.ApiextensionsV1Api(api)
-        manifest = yaml.safe_load(CRD_FILE.read_text())
-        try:
-            extensions.create_custom_resource_definition(manifest)
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-        control_plane.wait_for(lambda: any(
-            c.type == "Established" and c.status == "True"
-            for c in extensions.read_custom_resource_definition(manifest["metadata"]["name"]).status.conditions or []
-        ), timeout=30, message="CRD Established")

@@ -9,6 +9,7 @@ Windows are shortened in the test QueueWorkers so the whole file stays within a 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import signal
@@ -17,7 +18,7 @@ import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,11 +52,10 @@ DB_SECRET = "app-db"
 
 # --- session setup: the controller's identity ------------------------------------------
 
-@pytest.fixture(scope="session")
-def controller_kubeconfig(control_plane, crd, tmp_path_factory) -> Path:
+def write_controller_kubeconfig(plane, path: Path) -> Path:
     """A kubeconfig for a ServiceAccount bound (ClusterRoleBinding) to a ClusterRole with the chart's rules."""
     rules = yaml.safe_load(RULES_FILE.read_text())
-    with control_plane.api_client() as api:
+    with plane.api_client() as api:
         core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
         core.create_namespace({"metadata": {"name": SYSTEM_NAMESPACE}})
         core.create_namespaced_service_account(SYSTEM_NAMESPACE, {"metadata": {"name": ACCOUNT}})
@@ -66,15 +66,20 @@ def controller_kubeconfig(control_plane, crd, tmp_path_factory) -> Path:
             "subjects": [{"kind": "ServiceAccount", "name": ACCOUNT, "namespace": SYSTEM_NAMESPACE}]})
         token = core.create_namespaced_service_account_token(
             ACCOUNT, SYSTEM_NAMESPACE, {"spec": {"expirationSeconds": 6 * 3600}}).status.token
-    admin = yaml.safe_load(control_plane.kubeconfig.read_text())
+    admin = yaml.safe_load(plane.kubeconfig.read_text())
     server = admin["clusters"][0]["cluster"]
-    path = tmp_path_factory.mktemp("controller") / "kubeconfig"
     path.write_text(yaml.safe_dump({
         "apiVersion": "v1", "kind": "Config", "current-context": "controller",
         "clusters": [{"name": "test", "cluster": server}],
         "users": [{"name": ACCOUNT, "user": {"token": token}}],
         "contexts": [{"name": "controller", "context": {"cluster": "test", "user": ACCOUNT}}]}))
     return path
+
+
+@pytest.fixture(scope="session")
+def controller_kubeconfig(control_plane, crd, tmp_path_factory) -> Path:
+    """The controller's kubeconfig on the process-kubelet cluster."""
+    return write_controller_kubeconfig(control_plane, tmp_path_factory.mktemp("controller") / "kubeconfig")
 
 
 # --- per test: a namespace with the database Secret and a running controller -------------------------
@@ -142,38 +147,44 @@ class Cluster:
     def enforce_restricted(self) -> None:
         self.core.patch_namespace(self.namespace, {"metadata": {"labels": RESTRICTED}})
 
-    def wait_for(self, condition, timeout: float = 60, message: str = "") -> Any:
+    def wait_for(self, condition, timeout: float = 60, message: str | Callable[[], str] = "") -> Any:
+        """`plane.wait_for`, with the controller's log (and `message()`, when it is a function,
+        computed only on failure) in the error."""
         try:
-            return self.plane.wait_for(condition, timeout=timeout, interval=0.1, message=message)
+            return self.plane.wait_for(condition, timeout=timeout, interval=0.1,
+                                       message=message if isinstance(message, str) else "")
         except AssertionError as exc:
-            raise AssertionError(f"{exc}\n--- controller log tail ---\n{self.log_tail()}") from None
+            detail = "" if isinstance(message, str) else f"\n{message()}"
+            raise AssertionError(f"{exc}{detail}\n--- controller log tail ---\n{self.log_tail()}") from None
 
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.controller_log.read_text(errors="replace").splitlines()[-lines:])
 
 
-@pytest.fixture
-def cluster(control_plane, cluster_namespace, controller_kubeconfig, dsn, tmp_path) -> Iterator[Cluster]:
-    """The namespace with Secret `app-db` (key `url`) and a controller watching it."""
+@contextlib.contextmanager
+def running_controller(plane, namespace: str, kubeconfig: Path, database_url: str, tmp_path: Path
+                       ) -> Iterator[Cluster]:
+    """`namespace` with Secret `app-db` (key `url`) holding `database_url`, and the controller, as
+    production starts it, watching that namespace; QueueWorkers are deleted while it still runs."""
     log_path = tmp_path / "controller.log"
-    with control_plane.api_client() as api:
-        helper = Cluster(control_plane, cluster_namespace, api, log_path, free_port(), free_port())
-        helper.core.create_namespaced_secret(cluster_namespace, {
-            "metadata": {"name": DB_SECRET}, "stringData": {"url": dsn}})
+    with plane.api_client() as api:
+        helper = Cluster(plane, namespace, api, log_path, free_port(), free_port())
+        helper.core.create_namespaced_secret(namespace, {
+            "metadata": {"name": DB_SECRET}, "stringData": {"url": database_url}})
         with log_path.open("wb") as log:
             process = subprocess.Popen(
-                [str(CONTROLLER), "--namespace", cluster_namespace, "--metrics-port", str(helper.metrics_port),
+                [str(CONTROLLER), "--namespace", namespace, "--metrics-port", str(helper.metrics_port),
                  "--metrics-address", "127.0.0.1", f"--liveness=http://127.0.0.1:{helper.liveness_port}/healthz"],
-                env={**os.environ, "KUBECONFIG": str(controller_kubeconfig)}, stdout=log, stderr=subprocess.STDOUT,
+                env={**os.environ, "KUBECONFIG": str(kubeconfig)}, stdout=log, stderr=subprocess.STDOUT,
                 cwd=REPO)
         try:
             yield helper
             # Delete while the controller still runs, so kopf's finalizer is removed.
-            for item in helper.custom.list_namespaced_custom_object(GROUP, VERSION, cluster_namespace, PLURAL)["items"]:
-                helper.custom.delete_namespaced_custom_object(GROUP, VERSION, cluster_namespace, PLURAL,
+            for item in helper.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]:
+                helper.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL,
                                                               item["metadata"]["name"])
             helper.wait_for(lambda: not helper.custom.list_namespaced_custom_object(
-                GROUP, VERSION, cluster_namespace, PLURAL)["items"], timeout=30, message="QueueWorkers deleted")
+                GROUP, VERSION, namespace, PLURAL)["items"], timeout=30, message="QueueWorkers deleted")
         finally:
             process.send_signal(signal.SIGTERM)
             try:
@@ -182,6 +193,13 @@ def cluster(control_plane, cluster_namespace, controller_kubeconfig, dsn, tmp_pa
                 process.kill()
                 process.wait()
             print(f"--- controller log ({log_path}) ---\n{helper.log_tail(200)}")
+
+
+@pytest.fixture
+def cluster(control_plane, cluster_namespace, controller_kubeconfig, dsn, tmp_path) -> Iterator[Cluster]:
+    """The namespace with Secret `app-db` (key `url`) and a controller watching it."""
+    with running_controller(control_plane, cluster_namespace, controller_kubeconfig, dsn, tmp_path) as helper:
+        yield helper
 
 
 def worker_spec(**scaling: Any) -> dict[str, Any]:

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import psycopg
 import pytest
+import yaml
 from kubernetes import client
+from kubernetes.client.rest import ApiException
 
 from queueworker.localpg import LocalPostgres, PostgresNotFound
 
@@ -25,6 +27,7 @@ from .controlplane import ControlPlane
 from .node import NodeUnavailable
 
 REQUIRE_ENV = "QUEUEWORKER_REQUIRE_CLUSTER"
+CRD_FILE = Path(__file__).resolve().parents[2] / "crds" / "queueworker.dev_queueworkers.yaml"
 
 
 def unavailable(reason: str) -> None:
@@ -54,6 +57,28 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
         yield plane
     finally:
         plane.stop()
+
+
+def install_crd(plane: ControlPlane) -> None:
+    """The QueueWorker CRD in `plane`'s API server, Established."""
+    with plane.api_client() as api:
+        extensions = client.ApiextensionsV1Api(api)
+        manifest = yaml.safe_load(CRD_FILE.read_text())
+        try:
+            extensions.create_custom_resource_definition(manifest)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+        plane.wait_for(lambda: any(
+            c.type == "Established" and c.status == "True"
+            for c in extensions.read_custom_resource_definition(manifest["metadata"]["name"]).status.conditions or []
+        ), timeout=30, message="CRD Established")
+
+
+@pytest.fixture(scope="session")
+def crd(control_plane: ControlPlane) -> None:
+    """The QueueWorker CRD, created once per session in the test control plane and Established."""
+    install_crd(control_plane)
 
 
 @pytest.fixture
@@ -105,7 +130,8 @@ class NodePostgres:
 @pytest.fixture(scope="session")
 def node_postgres(real_node: ControlPlane) -> Iterator[NodePostgres]:
     """A throwaway Postgres that the real node's pods reach: it listens on the node's IP as well as on
-    loopback (pods' 127.0.0.1 is their own), and pg_hba admits the pod subnet with a password."""
+    loopback (pods' 127.0.0.1 is their own), and pg_hba admits the pod subnet with a password, and the
+    node's IP itself: a process on this machine (a controller under test) can then use the pods' URL."""
     try:
         server = LocalPostgres(extra_settings={"listen_addresses": f"'127.0.0.1,{real_node.node_ip}'"})
     except PostgresNotFound as e:
@@ -113,7 +139,8 @@ def node_postgres(real_node: ControlPlane) -> Iterator[NodePostgres]:
     server.start()
     try:
         with (server.data_dir / "pg_hba.conf").open("a") as hba:
-            hba.write(f"host all all {real_node.pod_subnet} scram-sha-256\n")
+            hba.write(f"host all all {real_node.pod_subnet} scram-sha-256\n"
+                      f"host all all {real_node.node_ip}/32 scram-sha-256\n")
         with psycopg.connect(server.dsn, autocommit=True) as conn:
             conn.execute("SELECT pg_reload_conf()")
         yield NodePostgres(server, server.dsn.replace("@127.0.0.1:", f"@{real_node.node_ip}:"))
