@@ -1,4 +1,4 @@
-"""`python -m tests.cluster build | start [--node] --state-dir DIR | stop --state-dir DIR`."""
+"""`python -m tests.cluster build | start [--node [--services]] --state-dir DIR | stop --state-dir DIR`."""
 
 from __future__ import annotations
 
@@ -34,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     start = commands.add_parser("start", help="start the control plane and a kubelet in the background")
     start.add_argument("--node", action="store_true",
                        help="a real node (kubelet, containerd, CNI; needs root) instead of the process kubelet")
+    start.add_argument("--services", action="store_true",
+                       help="a real node with service networking: kube-proxy, a cluster DNS, the API server on the "
+                            "node's IP (one such node per machine)")
     stop = commands.add_parser("stop", help="stop everything started in --state-dir")
     for command in (start, stop):
         command.add_argument("--state-dir", type=Path, required=True)
@@ -43,10 +46,10 @@ def main(argv: list[str] | None = None) -> int:
             build()
         elif args.command == "start":
             started = time.monotonic()
-            plane = ControlPlane(args.state_dir, node=args.node)
-            plane.start(ensure_binaries(BINARIES if args.node else CONTROL_PLANE_BINARIES))
+            plane = ControlPlane(args.state_dir, node=args.node, services=args.services)
+            plane.start(ensure_binaries(BINARIES if plane.wants_node else CONTROL_PLANE_BINARIES))
             plane.hand_over()
-            print(f"{'cluster with a real node' if args.node else 'control plane'} ready in "
+            print(f"{'cluster with a real node' if plane.wants_node else 'control plane'} ready in "
                   f"{time.monotonic() - started:.1f}s; export KUBECONFIG={plane.kubeconfig}", file=sys.stderr)
         else:
             ControlPlane(args.state_dir).stop()

@@ -1,7 +1,7 @@
 """Build the cluster tier's binaries from the Go module proxy, once per machine.
 
 The control plane (etcd, kube-apiserver, kube-controller-manager) and the real node (kubelet,
-kube-scheduler and the CNI plugins bridge, host-local, loopback and portmap). The wrapper modules
+kube-scheduler, kube-proxy and the CNI plugins bridge, host-local, loopback and portmap). The wrapper modules
 under gomod/ pin the versions (go.mod) and their checksums (go.sum). Binaries land in a cache
 directory keyed by the versions and a hash of the wrapper modules, so a warm machine reuses them and
 a change of pin builds into a new directory.
@@ -64,6 +64,7 @@ CONTROL_PLANE_BINARIES = (
 NODE_BINARIES = (
     _kubernetes("kube-scheduler"),
     _kubernetes("kubelet"),
+    _kubernetes("kube-proxy"),
     *(_cni_plugin(kind, name) for kind, name in
       (("main", "bridge"), ("ipam", "host-local"), ("main", "loopback"), ("meta", "portmap"))),
 )

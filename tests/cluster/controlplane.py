@@ -23,6 +23,7 @@ import uuid
 from pathlib import Path
 from typing import Callable, TypeVar
 
+from dnslib import DNSRecord
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
@@ -33,17 +34,25 @@ from .node import NODE_NAME as REAL_NODE, NodeUnavailable, RealNode, check_host,
 
 T = TypeVar("T")
 
-# Start order; stop goes in reverse, so the kubelet (and the pods it runs) goes first and etcd last.
-# kube-scheduler and containerd run in node mode only.
-COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "containerd", "kubelet")
+# Start order; stop goes in reverse, so the services, then the kubelet (and the pods it runs), go first
+# and etcd last. kube-scheduler and containerd run in node mode only, kube-proxy and the cluster DNS
+# with service networking only.
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "containerd", "kubelet",
+              "kube-proxy", "cluster-dns")
+SERVICE_CIDR = "10.0.0.0/24"
+# The `kubernetes` Service's ClusterIP (the first of SERVICE_CIDR) and names: pods reach the API server by them.
+API_SERVICE_NAMES = ("10.0.0.1", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
+                     "kubernetes.default.svc.cluster.local")
 # The controllers the tests rely on; node lifecycle is left out so the process kubelet's node is never tainted.
 CONTROLLERS = (
     "deployment-controller", "replicaset-controller", "job-controller",
     "garbage-collector-controller", "namespace-controller", "serviceaccount-controller",
 )
 # For a real node: it comes up with the not-ready taint (TaintNodesByCondition admission), which the
-# node lifecycle controller lifts; its pods mount the kube-root-ca.crt ConfigMap each namespace gets.
-NODE_CONTROLLERS = ("node-lifecycle-controller", "root-ca-certificate-publisher-controller")
+# node lifecycle controller lifts; its pods mount the kube-root-ca.crt ConfigMap each namespace gets;
+# kube-proxy and the cluster DNS find a Service's pods in its EndpointSlices.
+NODE_CONTROLLERS = ("node-lifecycle-controller", "root-ca-certificate-publisher-controller",
+                    "endpointslice-controller")
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 STOP_GRACE = 10.0
 LOG_TAIL = 40
@@ -82,10 +91,12 @@ def _is_pod_process(pid: int) -> bool:
 
 
 class ControlPlane:
-    """The cluster in STATE_DIR. With `node=True` it runs a real node instead of the process kubelet; a
-    ControlPlane made for `stop` finds out by itself whether a node was started there."""
+    """The cluster in STATE_DIR. With `node=True` it runs a real node instead of the process kubelet, and
+    with `services=True` as well the node's service networking: kube-proxy, a cluster DNS (dns.py) and an
+    API server on the node's IP, which pods reach through the `kubernetes` Service as in any cluster (one
+    such node per machine). A ControlPlane made for `stop` finds out by itself what was started there."""
 
-    def __init__(self, state_dir: Path, node: bool = False):
+    def __init__(self, state_dir: Path, node: bool = False, services: bool = False):
         self.state_dir = Path(state_dir).resolve()
         self.kubeconfig = self.state_dir / "kubeconfig"
         self.log_dir = self.state_dir / "logs"
@@ -93,9 +104,10 @@ class ControlPlane:
         self.pid_dir = self.state_dir / "pids"
         self.pki_dir = self.state_dir / "pki"
         self.ports_file = self.state_dir / "ports.json"
-        self.wants_node = node
+        self.wants_node = node or services
+        self.wants_services = services
         real_node = RealNode(self.state_dir)
-        self.node = real_node if node or real_node.record is not None else None
+        self.node = real_node if self.wants_node or real_node.record is not None else None
 
     @property
     def node_name(self) -> str:
@@ -201,12 +213,17 @@ class ControlPlane:
         ports = {"etcd": free_port(), "etcd-peer": free_port(), "kube-apiserver": free_port()}
         if self.node:
             ports.update({"kube-scheduler": free_port(), "kubelet": free_port()})
+        if self.wants_services:
+            ports.update({"kube-proxy-healthz": free_port(), "kube-proxy-metrics": free_port()})
         self.ports_file.write_text(json.dumps(ports))
-        server = f"https://127.0.0.1:{ports['kube-apiserver']}"
         self._procs: dict[str, subprocess.Popen] = {}
         deadline = time.monotonic() + timeout
         if self.node:
-            self.node.register(os.getpid(), primary_ip())
+            self.node.register(os.getpid(), primary_ip(),
+                               binaries["kube-proxy"] if self.wants_services else None)
+        # With service networking the API server listens on the node's IP, where pods can reach it.
+        self.api_host = self.node.node_ip if self.wants_services else "127.0.0.1"
+        server = f"https://{self.api_host}:{ports['kube-apiserver']}"
         try:
             ca = self._write_pki(server)
             self._start_etcd(binaries["etcd"], ports, deadline)
@@ -229,6 +246,8 @@ class ControlPlane:
                 self._spawn("kubelet", [sys.executable, "-m", "tests.cluster.kubelet",
                                         f"--kubeconfig={self.kubeconfig}", f"--state-dir={self.state_dir}"])
             self._wait_ready(f"node {self.node_name} Ready", lambda: self._node_ready(core), deadline)
+            if self.wants_services:
+                self._start_services(ports, deadline)
         except BaseException:
             self.stop()
             raise
@@ -279,10 +298,24 @@ class ControlPlane:
         self._spawn("kubelet", self.node.kubelet_argv(binaries["kubelet"], self.state_dir / "kubelet.kubeconfig",
                                                       ports["kubelet"], self.pki_dir))
 
+    def _start_services(self, ports: dict[str, int], deadline: float) -> None:
+        """kube-proxy, ready once it has written the Services' rules; the cluster DNS, ready once it
+        answers for the `kubernetes` Service."""
+        self.node.allow_forwarding()
+        self._spawn("kube-proxy", self.node.kube_proxy_argv(self.state_dir / "kube-proxy.kubeconfig",
+                                                            ports["kube-proxy-healthz"], ports["kube-proxy-metrics"]))
+        self._wait_ready("kube-proxy /healthz", lambda: urllib.request.urlopen(
+            f"http://127.0.0.1:{ports['kube-proxy-healthz']}/healthz", timeout=5).status == 200, deadline)
+        self._spawn("cluster-dns", self.node.cluster_dns_argv(self.state_dir / "cluster-dns.kubeconfig"))
+        question = DNSRecord.question(API_SERVICE_NAMES[-1])
+        self._wait_ready("the cluster DNS", lambda: API_SERVICE_NAMES[0] in str(
+            DNSRecord.parse(question.send(self.node.node_ip, 53, timeout=2))), deadline)
+
     def _write_pki(self, server: str) -> pki.KeyPair:
         ca = pki.CertificateAuthority()
         ca.pair.write(self.pki_dir, "ca")
-        ca.serving().write(self.pki_dir, "apiserver")
+        api_names = ("localhost", "127.0.0.1", *((self.node.node_ip, *API_SERVICE_NAMES) if self.node else ()))
+        ca.serving(api_names).write(self.pki_dir, "apiserver")
         pki.service_account_signer().write(self.pki_dir, "service-account")
         pki.write_kubeconfig(self.kubeconfig, server, ca.pair, ca.client("queueworker-test-admin", ("system:masters",)))
         # The controller-manager has its own identity (visible in audit and managedFields) but full rights.
@@ -298,6 +331,11 @@ class ControlPlane:
                                  ca.client(f"system:node:{REAL_NODE}", ("system:nodes",)))
             ca.serving((REAL_NODE, self.node.node_ip)).write(self.pki_dir, "kubelet")
             ca.client("kube-apiserver-kubelet-client", ("system:masters",)).write(self.pki_dir, "kubelet-client")
+        if self.wants_services:
+            pki.write_kubeconfig(self.state_dir / "kube-proxy.kubeconfig", server, ca.pair,
+                                 ca.client("system:kube-proxy"))  # bound to system:node-proxier by bootstrap RBAC
+            pki.write_kubeconfig(self.state_dir / "cluster-dns.kubeconfig", server, ca.pair,
+                                 ca.client("queueworker-test-cluster-dns", ("system:masters",)))
         return ca.pair
 
     def _start_etcd(self, binary: Path, ports: dict[str, int], deadline: float) -> None:
@@ -316,12 +354,12 @@ class ControlPlane:
         self._spawn("kube-apiserver", [
             str(binary),
             f"--etcd-servers=http://127.0.0.1:{ports['etcd']}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={port}",
+            f"--bind-address={self.api_host}", f"--advertise-address={self.api_host}", f"--secure-port={port}",
             f"--tls-cert-file={pki_dir / 'apiserver.crt'}", f"--tls-private-key-file={pki_dir / 'apiserver.key'}",
             f"--client-ca-file={pki_dir / 'ca.crt'}",
             "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
-            "--service-cluster-ip-range=10.0.0.0/24", "--allow-privileged=true",
-            f"--service-account-issuer=https://127.0.0.1:{port}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}", "--allow-privileged=true",
+            f"--service-account-issuer=https://{self.api_host}:{port}",
             f"--service-account-key-file={pki_dir / 'service-account.crt'}",
             f"--service-account-signing-key-file={pki_dir / 'service-account.key'}",
             *([f"--kubelet-client-certificate={pki_dir / 'kubelet-client.crt'}",
@@ -331,7 +369,7 @@ class ControlPlane:
         ])
         context = ssl.create_default_context(cadata=ca.cert_pem.decode())
         self._wait_ready("kube-apiserver /readyz", lambda: urllib.request.urlopen(
-            f"https://127.0.0.1:{port}/readyz", context=context, timeout=5).status == 200, deadline)
+            f"https://{self.api_host}:{port}/readyz", context=context, timeout=5).status == 200, deadline)
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         with (self.log_dir / f"{name}.log").open("ab") as out:

@@ -39,6 +39,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -62,7 +63,10 @@ HOST_DIRS = ("/var/log/containers", "/run/containerd/s", "/run/containerd", "/va
 CNI_CACHE = Path("/var/lib/cni/results")
 SHIM_SOCKETS = Path("/run/containerd/s")
 # Every daemon of a cluster run; each names its state dir in its argv.
-RUN_EXECUTABLES = ("containerd", "kubelet", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd")
+RUN_EXECUTABLES = ("containerd", "kubelet", "kube-proxy", "kube-scheduler", "kube-controller-manager",
+                   "kube-apiserver", "etcd")
+CLUSTER_DNS_MODULE = "tests.cluster.dns"  # the cluster DNS stand-in, a Python process (dns.py)
+CLUSTER_DOMAIN = "cluster.local"
 # portmap's chains in the nat table, shared by every CNI network that maps host ports.
 HOSTPORT_CHAINS = ("CNI-HOSTPORT-DNAT", "CNI-HOSTPORT-SETMARK", "CNI-HOSTPORT-MASQ")
 KILL_TIMEOUT = 10.0
@@ -155,10 +159,10 @@ def _pids() -> list[int]:
     return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
 
 
-def _nat_rules() -> tuple[set[str], list[str]]:
-    """The nat table's chains and its `-A` lines, as iptables-save prints them."""
+def _iptables_rules(table: str = "nat", family: str = "iptables") -> tuple[set[str], list[str]]:
+    """A table's chains and its `-A` lines, as iptables-save (or ip6tables-save) prints them."""
     chains, rules = set(), []
-    for line in subprocess.run(["iptables-save", "-t", "nat"], capture_output=True, text=True, check=True
+    for line in subprocess.run([f"{family}-save", "-t", table], capture_output=True, text=True, check=True
                                ).stdout.splitlines():
         if line.startswith(":"):
             chains.add(line[1:].split()[0])
@@ -167,14 +171,29 @@ def _nat_rules() -> tuple[set[str], list[str]]:
     return chains, rules
 
 
-def _remove_nat_rules(rules: list[str], chains: list[str]) -> None:
+def _remove_iptables_rules(rules: list[str], chains: list[str], table: str = "nat", family: str = "iptables") -> None:
     """Delete the given `-A` lines, then flush and delete the chains, in one iptables-restore."""
     if not rules and not chains:
         return
-    script = ["*nat", *("-D " + rule[3:] for rule in rules), *(f"-F {c}" for c in chains),
+    script = [f"*{table}", *("-D " + rule[3:] for rule in rules), *(f"-F {c}" for c in chains),
               *(f"-X {c}" for c in chains), "COMMIT", ""]
-    subprocess.run(["iptables-restore", "-w", "--noflush"], input="\n".join(script), text=True,
+    subprocess.run([f"{family}-restore", "-w", "--noflush"], input="\n".join(script), text=True,
                    capture_output=True, check=True)
+
+
+def _kube_proxy_chains() -> dict[tuple[str, str], tuple[set[str], list[str]]]:
+    """kube-proxy's chains (KUBE-*) and every rule in or jumping to them, by (family, table)."""
+    found = {}
+    for family in ("iptables", "ip6tables"):
+        if shutil.which(f"{family}-save") is None:
+            continue
+        for table in ("filter", "nat", "mangle"):
+            chains, rules = _iptables_rules(table, family)
+            ours = {c for c in chains if c.startswith("KUBE-")}
+            if ours:
+                found[family, table] = ours, [r for r in rules if r.split()[1] in ours
+                                              or any(r.endswith(f"-j {c}") for c in ours)]
+    return found
 
 
 def instance_of(state_dir: Path) -> str:
@@ -197,6 +216,9 @@ class NodeRecord:
     subnet: str
     owner_pid: int | None  # the process the node lives and dies with; None once `start` has handed it over
     owner_started: int | None
+    # With service networking (kube-proxy and the cluster DNS), the kube-proxy binary, whose `--cleanup`
+    # removes its host-wide iptables chains. One node per machine at a time may have it.
+    kube_proxy: str | None = None
 
     @property
     def instance(self) -> str:
@@ -263,7 +285,7 @@ class Registry:
     def save(self, record: NodeRecord) -> None:
         """Register (or update) a node; the first one in records the host settings as it finds them."""
         if not self.records() and not self.host_file.exists():
-            chains, _ = _nat_rules() if shutil.which("iptables-save") else (set(), [])
+            chains, _ = _iptables_rules() if shutil.which("iptables-save") else (set(), [])
             self.host_file.write_text(json.dumps({
                 "tunables": {name: Path("/proc/sys", name).read_text().strip() for name in KERNEL_TUNABLES},
                 "absent_dirs": [d for d in HOST_DIRS if not os.path.lexists(d)],
@@ -289,11 +311,11 @@ class Registry:
     @staticmethod
     def _remove_hostport_chains(existing_before: set[str]) -> None:
         """portmap's shared chains, if no node had them before and no other network's rules use them."""
-        chains, rules = _nat_rules()
+        chains, rules = _iptables_rules()
         ours = [c for c in HOSTPORT_CHAINS if c in chains and c not in existing_before]
         if not ours or any(r.startswith("-A CNI-HOSTPORT-DNAT ") for r in rules):
             return
-        _remove_nat_rules([r for r in rules if any(r.endswith(f"-j {c}") for c in ours)], ours)
+        _remove_iptables_rules([r for r in rules if any(r.endswith(f"-j {c}") for c in ours)], ours)
 
     def allocate_subnet(self) -> str:
         """The first /24 of the pool that no other node and no route of this machine uses."""
@@ -352,13 +374,23 @@ class RealNode:
         with self.registry.locked():
             return [Path(r.state_dir) for r in self.registry.records() if r.stale()]
 
-    def register(self, owner_pid: int, node_ip: str) -> None:
-        """Claim a subnet and the instance's names, record the host settings if first, set up cgroups."""
+    def register(self, owner_pid: int, node_ip: str, kube_proxy: Path | None = None) -> None:
+        """Claim a subnet and the instance's names, record the host settings if first, set up cgroups.
+        With `kube_proxy`, the node runs service networking, which only one node of a machine can: kube-proxy's
+        chains and the DNS port are host-wide."""
         with self.registry.locked():
             if self.registry.find(self.state_dir) is not None:
                 raise NodeUnavailable(f"a node is already registered for {self.state_dir}; stop it first")
+            if kube_proxy is not None and (other := next(
+                    (r for r in self.registry.records() if r.kube_proxy and not r.stale()), None)):
+                raise NodeUnavailable(f"the node in {other.state_dir} runs service networking (kube-proxy, DNS on "
+                                      f"port 53), which only one node per machine can; stop it first")
+            if kube_proxy is not None and (chains := _kube_proxy_chains()):
+                raise NodeUnavailable(f"this machine already has kube-proxy's iptables chains ({sorted(chains)}): "
+                                      "another Kubernetes node runs here, and its service networking is not ours "
+                                      "to take over or remove")
             self.record = NodeRecord(str(self.state_dir), node_ip, self.registry.allocate_subnet(), owner_pid,
-                                     _process_started(owner_pid))
+                                     _process_started(owner_pid), str(kube_proxy) if kube_proxy else None)
             self.registry.save(self.record)
         self.run_dir.mkdir(exist_ok=True)
         for hierarchy in cgroup_mounts():
@@ -405,6 +437,33 @@ class RealNode:
             "",
         ]))
 
+    def allow_forwarding(self) -> None:
+        """Accept what is routed to and from the pods' bridge (pod to pod through a Service's DNAT, which
+        br_netfilter hands to the FORWARD chain): another container engine on the machine (Docker) may
+        have set that chain's policy to DROP. The rules carry the network's name, which sweep looks for."""
+        for direction in ("-o", "-i"):
+            subprocess.run(["iptables", "-w", "-I", "FORWARD", "1", direction, self.record.bridge, "-m", "comment",
+                            "--comment", self.record.network, "-j", "ACCEPT"], capture_output=True, check=True)
+
+    def kube_proxy_argv(self, kubeconfig: Path, healthz_port: int, metrics_port: int) -> list[str]:
+        """kube-proxy in iptables mode, for this node's pods, touching no kernel setting it can leave alone
+        (conntrack limits and timeouts, route_localnet for localhost node ports)."""
+        config_file = self.dir / "kube-proxy.json"
+        config_file.write_text(json.dumps({
+            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration",
+            "clientConnection": {"kubeconfig": str(kubeconfig)},
+            "mode": "iptables", "clusterCIDR": self.record.subnet, "hostnameOverride": NODE_NAME,
+            "bindAddress": self.node_ip, "nodePortAddresses": [f"{self.node_ip}/32"],
+            "healthzBindAddress": f"127.0.0.1:{healthz_port}", "metricsBindAddress": f"127.0.0.1:{metrics_port}",
+            "iptables": {"localhostNodePorts": False, "syncPeriod": "30s", "minSyncPeriod": "0s"},
+            "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
+        }, indent=2))
+        return [self.record.kube_proxy, f"--config={config_file}", "--v=1"]
+
+    def cluster_dns_argv(self, kubeconfig: Path) -> list[str]:
+        return [sys.executable, "-m", CLUSTER_DNS_MODULE, f"--kubeconfig={kubeconfig}", f"--address={self.node_ip}",
+                f"--state-dir={self.state_dir}"]
+
     def containerd_argv(self) -> list[str]:
         return [shutil.which("containerd") or "containerd", f"--config={self.containerd_config}"]
 
@@ -440,6 +499,7 @@ class RealNode:
                                "x509": {"clientCAFile": str(pki_dir / "ca.crt")}},
             "authorization": {"mode": "Webhook"},
             "podLogsDir": str(self.pod_log_dir),
+            **({"clusterDNS": [self.node_ip], "clusterDomain": CLUSTER_DOMAIN} if self.record.kube_proxy else {}),
             "makeIPTablesUtilChains": False,  # the host's iptables stay as they are
             # Imported images cannot be pulled again: never collect them. Evict only near exhaustion.
             "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
@@ -497,7 +557,7 @@ class RealNode:
         """Shims and daemons of this run still running: a crashed run's, found even when its pid files
         went with its state dir."""
         return self._shims() + [pid for pid in _pids() if (argv := _argv(pid))
-                                and Path(argv[0]).name in RUN_EXECUTABLES
+                                and (Path(argv[0]).name in RUN_EXECUTABLES or CLUSTER_DNS_MODULE in argv)
                                 and any(self.record.state_dir in a for a in argv)]
 
     def sweep(self) -> None:
@@ -520,6 +580,9 @@ class RealNode:
         subprocess.run(["ip", "link", "delete", self.record.bridge], capture_output=True)
         if shutil.which("iptables-save"):
             self._remove_portmap_rules()
+            self._remove_forward_rules()
+        if self.record.kube_proxy:
+            self._remove_kube_proxy_rules()
         self._remove_cni_cache()
         for group in self._cgroups():
             group.rmdir()
@@ -557,7 +620,19 @@ class RealNode:
     def _remove_portmap_rules(self) -> None:
         """portmap's rules for this node's pods (their comment names our network) and the per-pod chains
         they jump to; the shared chains go when the last node stops (Registry.remove)."""
-        _, rules = _nat_rules()
+        _, rules = _iptables_rules()
         ours = [r for r in rules if f'name: \\"{self.record.network}\\"' in r]
         jumps = sorted({r.rsplit("-j ", 1)[1] for r in ours if r.rsplit("-j ", 1)[1].startswith("CNI-DN-")})
-        _remove_nat_rules([r for r in ours if r.split()[1] not in jumps], jumps)
+        _remove_iptables_rules([r for r in ours if r.split()[1] not in jumps], jumps)
+
+    def _remove_forward_rules(self) -> None:
+        _, rules = _iptables_rules("filter")
+        _remove_iptables_rules([r for r in rules if f"--comment {self.record.network} " in r], [], "filter")
+
+    def _remove_kube_proxy_rules(self) -> None:
+        """`kube-proxy --cleanup`, then what it leaves (its KUBE-FIREWALL chains): no other node had any
+        KUBE-* chain when this one started (register refuses then)."""
+        if os.access(self.record.kube_proxy, os.X_OK):
+            subprocess.run([self.record.kube_proxy, "--cleanup"], capture_output=True)
+        for (family, table), (chains, rules) in _kube_proxy_chains().items():
+            _remove_iptables_rules([r for r in rules if r.split()[1] not in chains], sorted(chains), table, family)

@@ -1,34 +1,65 @@
-"""A kind cluster with both images loaded and the chart installed, and the helpers the smoke
-tests use on it: psql inside the demo Postgres pod, Jobs in the worker image, QueueWorkers."""
+"""The smoke tier's cluster, behind one small seam, and the helpers the smoke tests use on it: psql
+inside the demo Postgres pod, Jobs in the worker image, QueueWorkers.
+
+Two providers give the same thing, a cluster with both images loaded and the chart installed with
+its demo Postgres:
+- `kind`: a kind cluster in Docker; the images are built on the Dockerfiles' default base (pulled
+  from Docker Hub), the demo Postgres is the official `postgres` image, pulled by the node.
+- `node`: the test cluster's real node with service networking (tests/cluster, as root), for
+  machines where kind cannot run (no privileged containers, no registry). The images are built on the
+  local Debian base (tests/containers), and the demo Postgres is a stand-in built from Debian's
+  PostgreSQL that honours the official image's environment contract (demo_postgres/Dockerfile).
+
+QUEUEWORKER_SMOKE_PROVIDER chooses; by default `node` as root on Linux, else `kind`.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
+import sys
 import time
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 from kubernetes import client, config
 from kubernetes.stream import stream
 
+from tests.cluster.controlplane import ControlPlane
+from tests.containers.engine import Engine
+from tests.containers.images import ensure_images
+
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "queueworker"
+DEMO_POSTGRES_CONTEXT = Path(__file__).resolve().parent / "demo_postgres"
 RELEASE = "queueworker"  # the chart's fullname is then just "queueworker"
 NAMESPACE = "queueworker-smoke"
 TAG = "smoke"
 WORKER_IMAGE = f"queueworker:{TAG}"
 CONTROLLER_IMAGE = f"queueworker-controller:{TAG}"
+DEMO_POSTGRES_STAND_IN = f"queueworker-demo-postgres:{TAG}"
 DEMO_POSTGRES = f"{RELEASE}-demo-postgres"
+PROVIDER_ENV = "QUEUEWORKER_SMOKE_PROVIDER"
+PROVIDERS = ("kind", "node")
 T = TypeVar("T")
 
 
 class SmokeUnavailable(Exception):
-    """No container engine or no kind: the message says which, and the tests skip with it."""
+    """The chosen provider cannot run here: the message says why."""
+
+
+def chosen_provider() -> str:
+    provider = os.environ.get(PROVIDER_ENV) or (
+        "node" if sys.platform == "linux" and os.geteuid() == 0 else "kind")
+    if provider not in PROVIDERS:
+        raise SmokeUnavailable(f"{PROVIDER_ENV}={provider!r}: expected one of {', '.join(PROVIDERS)}")
+    return provider
 
 
 def require_docker() -> str:
@@ -63,14 +94,49 @@ def wait_for(condition: Callable[[], T], timeout: float, message: str, interval:
 
 
 @dataclass
-class KindCluster:
-    """One kind cluster: created (or reused by name), images loaded, chart installed."""
+class SmokeCluster(ABC):
+    """A cluster the chart is installed into: made, given the images, torn down by its provider."""
 
-    kind: Path
     helm: Path
-    docker: str
-    name: str
     kubeconfig: Path
+
+    @abstractmethod
+    def create(self) -> None:
+        """Start (or find) the cluster and write its kubeconfig."""
+
+    @abstractmethod
+    def load_images(self) -> None:
+        """Build WORKER_IMAGE and CONTROLLER_IMAGE (and whatever else the install needs) into the cluster."""
+
+    @abstractmethod
+    def delete(self) -> None:
+        """Tear down what `create` made."""
+
+    def chart_values(self) -> dict[str, str]:
+        """`--set` values of this provider on top of the shared ones."""
+        return {}
+
+    def helm_cmd(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+        return run(self.helm, *args, "--kubeconfig", self.kubeconfig, "--namespace", NAMESPACE, timeout=timeout)
+
+    def install(self) -> None:
+        values = {"image.repository": "queueworker-controller", "image.tag": TAG, "image.pullPolicy": "Never",
+                  "demoPostgres.enabled": "true", **self.chart_values()}
+        self.helm_cmd("upgrade", "--install", RELEASE, str(CHART), "--create-namespace", "--wait",
+                      "--timeout", "5m", *(arg for key, value in values.items() for arg in ("--set", f"{key}={value}")))
+
+    def api(self) -> client.ApiClient:
+        return config.new_client_from_config(config_file=str(self.kubeconfig))
+
+
+@dataclass
+class KindCluster(SmokeCluster):
+    """A kind cluster, created (or reused by name, and then kept)."""
+
+    kind: Path = Path("kind")
+    docker: str = "docker"
+    name: str = ""
+    reuse: bool = False
 
     def create(self) -> None:
         existing = run(self.kind, "get", "clusters").stdout.split()
@@ -80,31 +146,54 @@ class KindCluster:
         self.kubeconfig.write_text(run(self.kind, "get", "kubeconfig", "--name", self.name).stdout)
 
     def delete(self) -> None:
-        run(self.kind, "delete", "cluster", "--name", self.name, "--kubeconfig", self.kubeconfig, timeout=300)
+        if not self.reuse:
+            run(self.kind, "delete", "cluster", "--name", self.name, "--kubeconfig", self.kubeconfig, timeout=300)
 
-    def build_and_load_images(self) -> None:
+    def load_images(self) -> None:
         for dockerfile, image in (("Dockerfile.worker", WORKER_IMAGE), ("Dockerfile.controller", CONTROLLER_IMAGE)):
             run(self.docker, "build", "--file", ROOT / dockerfile, "--tag", image, ROOT, timeout=1200)
         run(self.kind, "load", "docker-image", WORKER_IMAGE, CONTROLLER_IMAGE, "--name", self.name, timeout=600)
 
-    def helm_cmd(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-        return run(self.helm, *args, "--kubeconfig", self.kubeconfig, "--namespace", NAMESPACE, timeout=timeout)
 
-    def install(self) -> None:
-        self.helm_cmd("upgrade", "--install", RELEASE, str(CHART), "--create-namespace", "--wait",
-                      "--timeout", "5m", "--set", "image.repository=queueworker-controller",
-                      "--set", f"image.tag={TAG}", "--set", "image.pullPolicy=Never",
-                      "--set", "demoPostgres.enabled=true")
+@dataclass
+class NodeCluster(SmokeCluster):
+    """The test cluster with a real node and service networking, started for the session and stopped
+    after it, with nothing left behind."""
 
-    def api(self) -> client.ApiClient:
-        return config.new_client_from_config(config_file=str(self.kubeconfig))
+    bin_dir: Path = Path()
+    state_dir: Path = Path()
+    engine: Engine | None = None
+    plane: ControlPlane | None = field(default=None, init=False)
+
+    def create(self) -> None:
+        self.plane = ControlPlane(self.state_dir, node=True, services=True)
+        self.plane.start(self.bin_dir)
+        shutil.copyfile(self.plane.kubeconfig, self.kubeconfig)
+
+    def delete(self) -> None:
+        if self.plane is not None:
+            self.plane.stop()
+
+    def load_images(self) -> None:
+        built = ensure_images(self.engine)
+        self.engine.run("tag", built.worker, WORKER_IMAGE)
+        self.engine.run("tag", built.controller, CONTROLLER_IMAGE)
+        self.engine.run("build", "--build-arg", f"BASE_IMAGE={built.base}", "--tag", DEMO_POSTGRES_STAND_IN,
+                        str(DEMO_POSTGRES_CONTEXT), timeout=1200)
+        for image in (WORKER_IMAGE, CONTROLLER_IMAGE, DEMO_POSTGRES_STAND_IN):
+            self.plane.load_image(image)
+
+    def chart_values(self) -> dict[str, str]:
+        repository, tag = DEMO_POSTGRES_STAND_IN.split(":")
+        return {"demoPostgres.image.repository": repository, "demoPostgres.image.tag": tag,
+                "demoPostgres.image.pullPolicy": "Never"}
 
 
 @dataclass
 class Smoke:
     """Helpers bound to the installed release's namespace."""
 
-    cluster: KindCluster
+    cluster: SmokeCluster
     api: client.ApiClient
 
     @property

@@ -1,5 +1,5 @@
-"""The chart end to end in a real cluster (kind): install, scale a burst up and down, survive a
-deleted busy pod, uninstall. Run with `make smoke`; skipped where Docker or kind is missing.
+"""The chart end to end in a real cluster (kind, or the local real node: see harness.py): install,
+scale a burst up and down, survive a deleted busy pod, uninstall. Run with `make smoke`.
 
 The tests share one release and run in file order; the last one uninstalls it.
 """
