@@ -1,4 +1,4 @@
-# Developer entry points. CI runs `bash .ci/run` (every tier but smoke).
+# Developer entry points. CI runs `bash .ci/run` (every tier, smoke included).
 VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 
@@ -11,8 +11,10 @@ $(PYTHON):
 test:
 	bash .ci/run
 
-# The chart end to end on kind: needs a running Docker engine; kind and helm are built from the
-# Go module proxy if missing. Skips (with the reason) where Docker is not there.
+# The chart end to end: on the local real node as root (tests/cluster; images built on the local
+# Debian base), else on kind (a running Docker engine; kind and helm are built from the Go module
+# proxy if missing). QUEUEWORKER_SMOKE_PROVIDER=kind|node chooses. Skips, with the reason, where
+# the provider cannot run.
 smoke: $(PYTHON)
 	$(PYTHON) -m pytest -m smoke tests/smoke -ra -p no:cacheprovider
 

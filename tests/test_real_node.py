@@ -278,8 +278,8 @@ def host_traces(state_dir: Path, instance: str, chains: set[str] = frozenset(),
                if point.startswith((f"{state_dir}/", f"{run_dir}/"))]
     links = json.loads(subprocess.run(["ip", "-j", "link"], capture_output=True, text=True, check=True).stdout)
     traces += [("interface", link["ifname"]) for link in links if instance in link["ifname"]]
-    nat = subprocess.run(["iptables-save", "-t", "nat"], capture_output=True, text=True, check=True).stdout
-    traces += [("iptables", line) for line in nat.splitlines()
+    tables = subprocess.run(["iptables-save"], capture_output=True, text=True, check=True).stdout
+    traces += [("iptables", line) for line in tables.splitlines()
                if instance in line or any(line.startswith(f":{chain} ") for chain in chains)]
     traces += [("cgroup", str(path)) for path in Path("/sys/fs/cgroup").glob(f"*/queueworker-node-{instance}")]
     traces += [("cni cache", str(path)) for path in Path("/var/lib/cni/results").glob(f"*{instance}*")]
@@ -366,3 +366,53 @@ time.sleep(3600)
         owner.kill()
         for state_dir in (survivor, *(plane.state_dir for plane in crashed)):
             cli("stop", "--state-dir", str(state_dir), check=False)
+
+
+def kube_proxy_chains() -> list[str]:
+    return [line for family in ("iptables", "ip6tables")
+            for line in subprocess.run([f"{family}-save"], capture_output=True, text=True, check=True).stdout.splitlines()
+            if "KUBE-" in line]
+
+
+def test_service_networking_reaches_services_by_name_and_stops_without_a_trace(tmp_path):
+    """kube-proxy and the cluster DNS: a pod reaches another pod by its Service's name (DNS, then the
+    ClusterIP's DNAT across the bridge) and the API server through the `kubernetes` Service; a second
+    node with service networking is refused; stop removes kube-proxy's chains and frees port 53."""
+    require_binaries(BINARIES)
+    assert kube_proxy_chains() == [], "the check must start from a machine without kube-proxy's chains"
+    cli("start", "--node", "--services", "--state-dir", str(tmp_path / "services"))
+    plane = ControlPlane(tmp_path / "services")
+    try:
+        namespace = plane.create_namespace()
+        core = client.CoreV1Api(plane.api_client())
+        web = busybox_pod("web", "while true; do printf 'HTTP/1.0 200 OK\\r\\n\\r\\nserved-through-a-service' "
+                                 "| nc -l -p 8080; done")
+        web["metadata"]["labels"] = {"app": "web"}
+        core.create_namespaced_pod(namespace, web)
+        core.create_namespaced_service(namespace, {"metadata": {"name": "web"}, "spec": {
+            "selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}})
+        wait_for_phase(plane, namespace, "web", "Running")
+        core.create_namespaced_pod(namespace, busybox_pod("client", """
+grep -E '^(nameserver|search)' /etc/resolv.conf
+for i in 1 2 3 4 5 6 7 8 9 10; do echo GET | nc -w 5 web 80 && break; sleep 1; done
+echo
+nc -w 5 "$KUBERNETES_SERVICE_HOST" "$KUBERNETES_SERVICE_PORT" </dev/null && echo api=reached
+""", restartPolicy="Never"))
+        wait_for_phase(plane, namespace, "client", "Succeeded", "Failed")
+        log = pod_log(plane, namespace, "client")
+        assert f"nameserver {plane.node_ip}" in log and f"search {namespace}.svc.cluster.local" in log, log
+        assert "served-through-a-service" in log, log
+        assert "api=reached" in log and core.read_namespaced_service("kubernetes", "default").spec.cluster_ip == "10.0.0.1"
+
+        second = subprocess.run([sys.executable, "-m", "tests.cluster", "start", "--node", "--services",
+                                 "--state-dir", str(tmp_path / "second")], cwd=REPO_ROOT, capture_output=True,
+                                text=True, timeout=180)
+        assert second.returncode == 1 and "only one node per machine" in second.stderr, second.stderr
+        instance, node_ip = plane.node.record.instance, plane.node_ip
+        assert kube_proxy_chains(), "the check must see kube-proxy's chains while the node runs"
+    finally:
+        cli("stop", "--state-dir", str(tmp_path / "services"))
+    assert host_traces(plane.state_dir, instance) == []
+    assert kube_proxy_chains() == []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as dns_port:
+        dns_port.bind((node_ip, 53))  # the cluster DNS is gone
