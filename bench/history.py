@@ -35,13 +35,15 @@ def build_history(dsn: str, finished: int, delayed: int) -> float:
         conn.execute("SET session_replication_role = replica")
         conn.execute("""
             INSERT INTO queueworker.tasks (queue, task, state, delayed, attempts, lease_token, created_at, updated_at,
-                                           started_at, finished_at)
-            SELECT 'default', 'qw.noop', 'succeeded', false, 1, 1, ts, ts, ts, ts
+                                           started_at, finished_at, spec_hash)
+            SELECT 'default', 'qw.noop', 'succeeded', false, 1, 1, ts, ts, ts, ts,
+                   queueworker.spec_hash('default', 'qw.noop', '{}')
             FROM (SELECT now() - interval '30 days' + g * interval '200 ms' AS ts
                   FROM generate_series(1, %s) g) s""", (finished,))
         conn.execute("""
-            INSERT INTO queueworker.tasks (queue, task, run_after, delayed)
-            SELECT 'default', 'qw.noop', now() + interval '1 day' + g * interval '50 ms', true
+            INSERT INTO queueworker.tasks (queue, task, run_after, delayed, spec_hash)
+            SELECT 'default', 'qw.noop', now() + interval '1 day' + g * interval '50 ms', true,
+                   queueworker.spec_hash('default', 'qw.noop', '{}')
             FROM generate_series(1, %s) g""", (delayed,))
         conn.execute("RESET session_replication_role")
         conn.execute("VACUUM ANALYZE queueworker.tasks")

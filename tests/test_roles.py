@@ -112,6 +112,11 @@ def test_each_role_runs_its_flows_with_only_its_grants(installation):
             {"task": "qw.fail", "payload": {"retryable": False, "message": "broken"}, "queue": QUEUE},
             {"task": "qw.noop", "queue": QUEUE, "delay": 1.0}])
         orphan = enqueue(conn, "qw.noop", queue=RESCUE_QUEUE)
+        # Unique tasks: a duplicate finds the holder; with replace, it takes the new values (due now).
+        unique = enqueue(conn, "qw.noop", {"v": 1}, queue=QUEUE, dedupe_key="roles-unique", delay=3600)
+        assert enqueue(conn, "qw.noop", {"v": 2}, queue=QUEUE, dedupe_key="roles-unique",
+                       on_conflict="replace") == unique
+        assert enqueue(conn, "qw.noop", {"v": 3}, queue=QUEUE, dedupe_key="roles-unique") == unique
     enqueued = qw("enqueue", "qw.sleep", "--payload", '{"seconds": 4}', "--queue", QUEUE, "--dsn", login["producer"])
     assert enqueued.returncode == 0, enqueued.stderr
     heartbeaten = int(enqueued.stdout)  # runs 4 s on a 3 s lease: only heartbeats keep it
@@ -126,7 +131,7 @@ def test_each_role_runs_its_flows_with_only_its_grants(installation):
                            env={"POD_NAME": "worker-0", "POD_NAMESPACE": NAMESPACE})
     try:
         expected = {noop: "succeeded", flaky: "failed", broken: "failed", delayed: "succeeded",
-                    heartbeaten: "succeeded", orphan: "succeeded"}
+                    heartbeaten: "succeeded", orphan: "succeeded", unique: "succeeded"}
         wait_until(lambda: states(admin, list(expected)) == expected, timeout=60,
                    message="the worker to finish every task")
         with psycopg.connect(login["producer"], autocommit=True) as conn:
@@ -169,6 +174,9 @@ def test_each_role_runs_its_flows_with_only_its_grants(installation):
                            ("failed", "pending")}, transitions
     assert {row[0] for row in query(admin, "SELECT task_id FROM queueworker.task_events WHERE from_state IS NULL")
             } >= set(everything)
+    assert query(admin, "SELECT payload, detail FROM queueworker.tasks JOIN queueworker.task_events e "
+                        "ON e.task_id = tasks.id WHERE tasks.id = %s AND e.to_state = e.from_state", (unique,)) == [
+        ({"v": 2}, {"replaced": ["payload", "run_after"]})]
     assert query(admin, "SELECT detail->>'error_type' FROM queueworker.task_events WHERE task_id = %s "
                         "AND from_state = 'running' AND to_state = 'pending'", (orphan,)) == [("LeaseExpired",)]
 
@@ -177,7 +185,7 @@ def test_each_role_runs_its_flows_with_only_its_grants(installation):
         finished = [row[0] for row in conn.execute(
             "UPDATE queueworker.tasks SET finished_at = now() - interval '2 hours' WHERE state = ANY(%s) "
             "RETURNING id", (list(TERMINAL),))]
-    assert sorted(finished) == sorted([noop, flaky, delayed, heartbeaten, orphan])
+    assert sorted(finished) == sorted([noop, flaky, delayed, heartbeaten, orphan, unique])
     assert asyncio.run(_clean(login["worker"])) == len(finished)
     remaining = {row[0] for row in query(admin, "SELECT task_id FROM queueworker.task_events")}
     assert not remaining & set(finished) and {broken, held} <= remaining
@@ -225,6 +233,9 @@ REFUSED = [
         "DELETE FROM queueworker.tasks",
         "INSERT INTO queueworker.tasks (task, state) VALUES ('forged', 'succeeded')",
         "INSERT INTO queueworker.tasks_active (task) VALUES ('forged')",
+        "INSERT INTO queueworker.tasks (task, dedupe_key) VALUES ('t', 'k')",
+        "UPDATE queueworker.tasks SET dedupe_key = 'k'",
+        "SELECT nextval('queueworker.tasks_id_seq')",
         "INSERT INTO queueworker.task_events (task_id, to_state, lease_token) VALUES (1, 'succeeded', 0)",
         "UPDATE queueworker.task_events SET detail = NULL",
         "DELETE FROM queueworker.task_events",
@@ -293,10 +304,15 @@ def test_definer_functions_pin_their_search_path_and_are_not_public(dsn):
     definers = dict(query(dsn, "SELECT proname, proconfig FROM pg_proc "
                                "WHERE pronamespace = 'queueworker'::regnamespace AND prosecdef"))
     assert definers == {name: ["search_path=pg_catalog, pg_temp"]
-                        for name in ("audit_task_inserts", "audit_task_updates", "clean_finished")}
-    # Even without docs/database-roles.sql, only the owner may run the retention function.
-    assert scalar(dsn, "SELECT bool_or(grantee = 0) FROM pg_proc, aclexplode(proacl) "
-                       "WHERE oid = 'queueworker.clean_finished(bigint, float8, integer)'::regprocedure") is False
+                        for name in ("audit_task_inserts", "audit_task_updates", "clean_finished", "enqueue_unique",
+                                     "replace_pending")}
+    # Even without docs/database-roles.sql, only the owner may run the functions that change rows.
+    for function in ("clean_finished(bigint, float8, integer)",
+                     "enqueue_unique(text[], text[], jsonb[], integer[], timestamptz[], integer[], integer[], text[], "
+                     "boolean[])",
+                     "replace_pending(bigint[], jsonb[], integer[], timestamptz[])"):
+        assert scalar(dsn, "SELECT bool_or(grantee = 0) FROM pg_proc, aclexplode(proacl) "
+                           f"WHERE oid = 'queueworker.{function}'::regprocedure") is False, function
 
 
 def test_the_script_decides_on_every_object_of_the_schema(dsn):

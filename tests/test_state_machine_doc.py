@@ -171,6 +171,9 @@ def test_documented_task_transitions_are_exactly_the_ones_the_sql_makes(dsn):
         fail(conn, retried, claimed_token(conn, retried), retryable=True)               # attempts spent -> failed
         conn.execute(sql.RETRY_TASK, {"id": retried})                                   # failed -> pending
 
+        enqueue(conn, "qw.noop", {"v": 1}, dedupe_key="doc")
+        enqueue(conn, "qw.noop", {"v": 2}, dedupe_key="doc", on_conflict="replace")    # pending -> pending
+
         released = enqueue(conn, "qw.noop")
         claimed_token(conn, released)
         conn.execute(sql.RELEASE, {"worker": worker})                                   # running -> pending

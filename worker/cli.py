@@ -34,7 +34,8 @@ BIGINT_MAX = 2**63 - 1
 LOG_FORMATS = ("json", "text")
 # TaskSpec fields as `queueworker enqueue` names them in messages.
 ENQUEUE_LABELS = {"task": "TASK", "queue": "--queue", "priority": "--priority",
-                  "delay": "--delay", "max_attempts": "--max-attempts", "timeout_seconds": "--timeout"}
+                  "delay": "--delay", "max_attempts": "--max-attempts", "timeout_seconds": "--timeout",
+                  "dedupe_key": "--dedupe-key", "dedupe": "--dedupe-spec", "on_conflict": "--on-conflict"}
 
 
 class CliError(Exception):
@@ -89,6 +90,14 @@ def build_parser() -> argparse.ArgumentParser:
     enq.add_argument("--timeout", metavar="SECONDS", help="hard deadline per attempt, whole seconds "
                                                           "(default: the worker's --task-timeout)")
     enq.add_argument("--count", type=_bounded_int(1, MAX_COUNT), default=1, help="enqueue this many copies")
+    unique = enq.add_mutually_exclusive_group()
+    unique.add_argument("--dedupe-key", metavar="KEY",
+                        help="enqueue nothing while an unfinished task of the queue holds KEY (prints its id)")
+    unique.add_argument("--dedupe-spec", action="store_true",
+                        help="the same, with the task's spec hash (queue, task, payload) as the key")
+    enq.add_argument("--on-conflict", choices=("ignore", "replace"),
+                     help="with a key held by a pending task: leave it (default), or replace its payload, "
+                          "priority and schedule")
 
     wrk = sub.add_parser("worker", parents=[common], help="run a worker process",
                          description="Run a worker process. Each setting is also read from the environment "
@@ -222,17 +231,28 @@ def _payload(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
-    from .producer import TaskSpec, enqueue_many
+    from .producer import BATCH_SIZE, TaskSpec, enqueue_batch
 
     given = {"task": args.task, "queue": args.queue, "priority": args.priority, "delay": args.delay,
-             "max_attempts": args.max_attempts, "timeout_seconds": args.timeout}
+             "max_attempts": args.max_attempts, "timeout_seconds": args.timeout, "dedupe_key": args.dedupe_key,
+             "dedupe": "spec" if args.dedupe_spec else None, "on_conflict": args.on_conflict}
     try:
         spec = TaskSpec(**{k: v for k, v in given.items() if v is not None}, **_payload(args))
     except ValidationError as exc:
         raise CliError(one_line(exc, ENQUEUE_LABELS)) from None
+    if spec.unique and args.count > 1:
+        raise CliError("--count: copies of a unique task would all be the same task; give --count 1")
+    ids: list[int] = []
     with _connect(args.dsn) as conn:
-        ids = enqueue_many(conn, (spec for _ in range(args.count)))
+        for start in range(0, args.count, BATCH_SIZE):
+            outcome = enqueue_batch(conn, [spec] * min(BATCH_SIZE, args.count - start))
+            ids.extend(outcome.ids)
     if len(ids) == 1:
+        if outcome.duplicates:
+            replaced = " (replaced its payload, priority and schedule if still pending)" \
+                if spec.on_conflict == "replace" else ""
+            print(f"queueworker: the key is already held by task {ids[0]}: nothing enqueued{replaced}",
+                  file=sys.stderr)
         print(ids[0])
     else:
         print(f"enqueued {len(ids)} tasks (ids {ids[0]}..{ids[-1]}) on queue {spec.queue}")
@@ -286,7 +306,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_retry(args: argparse.Namespace) -> int:
     from . import sql
 
-    row = _change_task(args, sql.RETRY_TASK, "failed or cancelled", notify=True)
+    row = _change_task(args, sql.RETRY_TASK, "failed or cancelled", notify=True, check_key=True)
     print(f"task {row[0]} is pending again on queue {row[1]} (attempts so far {row[2]}, max {row[3]})")
     return 0
 
@@ -299,8 +319,11 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return 0
 
 
-def _change_task(args: argparse.Namespace, statement: str, allowed_states: str, notify: bool = False) -> tuple:
-    """Runs an operator's state change on one task; explains why when it changes nothing.
+def _change_task(args: argparse.Namespace, statement: str, allowed_states: str, notify: bool = False,
+                 check_key: bool = False) -> tuple:
+    """Runs an operator's state change on one task; explains why when it changes nothing. With
+    `check_key`, a task whose dedupe key another unfinished task holds is refused (a retry would
+    make two unfinished tasks with one key).
 
     Through a DutyConnection, like the worker's statements: a change that meets a row moved
     between partitions meanwhile is re-run there (db.met_moved_row)."""
@@ -309,8 +332,22 @@ def _change_task(args: argparse.Namespace, statement: str, allowed_states: str, 
 
     async def change() -> tuple:
         conn = DutyConnection(args.dsn, "queueworker-cli")
+
+        async def refuse_if_key_held() -> None:
+            for holder in await conn.fetch(sql.DEDUPE_HOLDER, {"id": args.id}, row=sql.DedupeHolderRow):
+                raise CliError(f"task {args.id} cannot be retried: its dedupe key {holder.dedupe_key!r} on queue "
+                               f"{holder.queue} is held by unfinished task {holder.id} ({holder.state}); retry "
+                               f"it once that task has finished, or cancel that one first")
+
         try:
-            rows = await conn.fetch(statement, {"id": args.id})
+            if check_key:
+                await refuse_if_key_held()
+            try:
+                rows = await conn.fetch(statement, {"id": args.id})
+            except psycopg.errors.UniqueViolation:
+                if check_key:  # taken between the check and the change
+                    await refuse_if_key_held()
+                raise
             if not rows:
                 current = await conn.fetch(sql.TASK_STATE, {"id": args.id})
                 if not current:

@@ -7,18 +7,24 @@ one NOTIFY per queue per call, delivered when that transaction commits.
 Everything a task row holds is checked here, before the database sees it: names Postgres and
 the worker's logs can carry, numbers its columns and Python's timers can hold, payloads `jsonb`
 accepts. Bad input raises pydantic's ValidationError, naming the field and the rule.
+
+Unique tasks: a spec with a `dedupe_key` (or `dedupe="spec"`, whose key is the task's spec hash)
+is not enqueued while an unfinished task (pending, retrying, running) of its queue holds that key;
+its id is that task's id. With `on_conflict="replace"`, a duplicate that is still pending takes the
+new payload, priority and schedule instead (audited as a `replaced` event).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Generator, Iterable, Sequence
 from datetime import datetime, timedelta, timezone
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, NamedTuple
 
 import psycopg
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from . import jsonvalue, sql
+from .db import typed_rows
 
 QUEUE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 DEFAULT_MAX_ATTEMPTS = 10
@@ -42,6 +48,9 @@ QueueName = Annotated[str, StringConstraints(pattern=QUEUE_PATTERN)]
 TaskName = Annotated[str, StringConstraints(min_length=1, max_length=200), AfterValidator(_printable)]
 """Any printable text up to 200 characters: no control characters, NUL or lone surrogates."""
 
+DedupeKey = Annotated[str, StringConstraints(min_length=1, max_length=512), AfterValidator(_printable)]
+"""Any printable text up to 512 characters."""
+
 
 class TaskSpec(BaseModel):
     """One task to enqueue. Validated here so bad input fails before it reaches the database.
@@ -59,6 +68,9 @@ class TaskSpec(BaseModel):
     delay: float | None = Field(default=None, ge=0, le=MAX_SECONDS)
     max_attempts: int = Field(default=DEFAULT_MAX_ATTEMPTS, ge=1, le=1000)
     timeout_seconds: int | None = Field(default=None, gt=0, le=INT4_MAX)
+    dedupe_key: DedupeKey | None = None
+    dedupe: Literal["spec"] | None = None
+    on_conflict: Literal["ignore", "replace"] = "ignore"
     # A field rather than a private attribute: pydantic sets those up per instance, which costs
     # more than the encoding saved (this runs once per enqueued task).
     payload_json: str = Field(default="{}", exclude=True, repr=False)
@@ -83,7 +95,16 @@ class TaskSpec(BaseModel):
             raise ValueError("run_after must be timezone-aware")
         if self.run_after is not None and self.delay is not None:
             raise ValueError("give run_after or delay, not both")
+        if self.dedupe_key is not None and self.dedupe is not None:
+            raise ValueError('give dedupe_key or dedupe="spec", not both')
+        if self.on_conflict == "replace" and not self.unique:
+            raise ValueError('on_conflict="replace" needs a dedupe_key or dedupe="spec"')
         return self
+
+    @property
+    def unique(self) -> bool:
+        """Whether at most one unfinished task per queue may have this spec's key."""
+        return self.dedupe_key is not None or self.dedupe is not None
 
     def due_at(self, now: datetime) -> datetime | None:
         """The absolute run_after, or None for 'now' (decided by the database clock)."""
@@ -116,19 +137,107 @@ def _batches(specs: Iterable[TaskSpec | dict]) -> Iterable[list[TaskSpec]]:
         yield batch
 
 
+class Enqueued(NamedTuple):
+    """A batch's outcome: the ids in spec order, and the positions of the specs that found their key
+    held by another task (their id is that task's)."""
+
+    ids: list[int]
+    duplicates: list[int]
+
+
+# A batch's statements, as a generator: it yields (statement, parameters, row type), is sent the
+# rows, and returns what was enqueued. One plan, driven by a sync and by an async connection.
+Plan = Generator[tuple[str, dict[str, Any], type], list, Enqueued]
+
+# How often a duplicate whose holder vanished between the insert and the lookup (it finished and
+# was cleaned up in that instant) is enqueued again before giving up.
+UNIQUE_ROUNDS = 3
+
+
+def _plan(batch: Sequence[TaskSpec]) -> Plan:
+    ids: list[int | None] = [None] * len(batch)
+    plain = [i for i, spec in enumerate(batch) if not spec.unique]
+    if plain:
+        rows = yield sql.ENQUEUE, _params([batch[i] for i in plain]), sql.EnqueuedRow
+        for i, row in zip(plain, rows):
+            ids[i] = row.id
+    pending = [i for i, spec in enumerate(batch) if spec.unique]
+    duplicates: list[int] = []  # specs whose key another task held
+    for _ in range(UNIQUE_ROUNDS):
+        if not pending:
+            break
+        specs = [batch[i] for i in pending]
+        rows = yield sql.ENQUEUE_UNIQUE, {**_params(specs), "dedupe_keys": [s.dedupe_key for s in specs],
+                                          "by_spec": [s.dedupe == "spec" for s in specs]}, sql.UniqueEnqueuedRow
+        holders: dict[tuple[str, str], int] = {}  # (queue, key) -> the spec whose insert made the task
+        missing = []
+        for i, row in zip(pending, rows):
+            if row.id is None:
+                missing.append((i, row))
+                continue
+            ids[i] = row.id
+            if holders.setdefault((row.queue, row.dedupe_key), i) != i:
+                duplicates.append(i)  # a later duplicate within the batch
+        pending = [i for i, _ in missing]
+        if not missing:
+            break
+        found = yield sql.ENQUEUE_EXISTING, {"ords": [i for i, _ in missing],
+                                             "queues": [row.queue for _, row in missing],
+                                             "dedupe_keys": [row.dedupe_key for _, row in missing]}, sql.ExistingTaskRow
+        for row in found:
+            ids[row.ord] = row.id
+            duplicates.append(row.ord)
+        pending = [i for i in pending if ids[i] is None]
+    if pending:
+        raise RuntimeError(f"could not enqueue {len(pending)} unique tasks: their keys kept changing hands")
+    replace = [i for i in duplicates if batch[i].on_conflict == "replace"]
+    if replace:
+        specs = [batch[i] for i in replace]
+        params = _params(specs)
+        yield sql.ENQUEUE_REPLACE, {"ids": [ids[i] for i in replace], "payloads": params["payloads"],
+                                    "priorities": params["priorities"], "run_afters": params["run_afters"]}, \
+            sql.ReplacedRow
+    return Enqueued(ids, sorted(duplicates))
+
+
+def _run(conn: psycopg.Connection, plan: Plan) -> Enqueued:
+    rows: list | None = None
+    try:
+        while True:
+            statement, params, row_type = plan.send(rows)
+            with conn.cursor(row_factory=typed_rows(row_type)) as cursor:
+                rows = cursor.execute(statement, params).fetchall()
+    except StopIteration as done:
+        return done.value
+
+
+async def _run_async(conn: psycopg.AsyncConnection, plan: Plan) -> Enqueued:
+    rows: list | None = None
+    try:
+        while True:
+            statement, params, row_type = plan.send(rows)
+            async with conn.cursor(row_factory=typed_rows(row_type)) as cursor:
+                await cursor.execute(statement, params)
+                rows = await cursor.fetchall()
+    except StopIteration as done:
+        return done.value
+
+
 def enqueue(conn: psycopg.Connection, task: str, payload: Any = None, **options: Any) -> int:
-    """Enqueues one task; returns its id. Options are the fields of TaskSpec."""
+    """Enqueues one task; returns its id (the existing task's, for a unique duplicate). Options are
+    the fields of TaskSpec."""
     spec = TaskSpec(task=task, payload={} if payload is None else payload, **options)
     return enqueue_many(conn, [spec])[0]
 
 
 def enqueue_many(conn: psycopg.Connection, specs: Iterable[TaskSpec | dict]) -> list[int]:
     """Enqueues many tasks in batches of BATCH_SIZE rows per statement; returns ids in order."""
-    ids: list[int] = []
-    for batch in _batches(specs):
-        rows = conn.execute(sql.ENQUEUE, _params(batch)).fetchall()
-        ids.extend(row[0] for row in rows)
-    return ids
+    return [task_id for batch in _batches(specs) for task_id in enqueue_batch(conn, batch).ids]
+
+
+def enqueue_batch(conn: psycopg.Connection, batch: Sequence[TaskSpec]) -> Enqueued:
+    """Enqueues up to BATCH_SIZE specs; says which were unique duplicates (for the CLI's report)."""
+    return _run(conn, _plan(batch))
 
 
 async def enqueue_async(conn: psycopg.AsyncConnection, task: str, payload: Any = None, **options: Any) -> int:
@@ -141,6 +250,5 @@ async def enqueue_many_async(conn: psycopg.AsyncConnection, specs: Iterable[Task
     """The asyncio twin of enqueue_many()."""
     ids: list[int] = []
     for batch in _batches(specs):
-        cursor = await conn.execute(sql.ENQUEUE, _params(batch))
-        ids.extend(row[0] for row in await cursor.fetchall())
+        ids.extend((await _run_async(conn, _plan(batch))).ids)
     return ids

@@ -71,7 +71,9 @@ SCHEMA_EXISTS = "SELECT to_regclass('queueworker.schema_migrations') IS NOT NULL
 
 # One statement for any batch size. Wakes idle workers with one NOTIFY per queue per statement
 # (delivered at commit, so it rides the caller's transaction); a batch that is only due later
-# carries its due time so listeners can schedule a precise wake-up instead of polling.
+# carries its due time so listeners can schedule a precise wake-up instead of polling. The NOTIFY
+# is spelled out rather than calling queueworker.wake_queue (migration 004), so that plain enqueues
+# keep working against a schema not yet migrated that far.
 ENQUEUE = """
 WITH inserted AS (
     INSERT INTO queueworker.tasks (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds)
@@ -90,6 +92,74 @@ WITH inserted AS (
 )
 SELECT id, (SELECT count(*) FROM notified) AS notified FROM inserted ORDER BY id
 """
+
+
+class EnqueuedRow(NamedTuple):
+    id: int
+    notified: int
+
+
+# Unique tasks (TaskSpec.dedupe_key, or dedupe="spec": the hex spec hash as the key), through a
+# definer function (migration 004) that inserts into `tasks_active`, whose unique index is the ON
+# CONFLICT arbiter, and wakes the queues: the producer role may add unique tasks without any right
+# on the partition itself. DO NOTHING, not DO UPDATE: a duplicate takes no lock on the existing
+# task, so a producer's open transaction never holds up the worker that runs it. One row per spec,
+# in order: its key, and its new id, or NULL when a task held the key already (a duplicate within
+# the batch gets the id of the first spec with its key).
+ENQUEUE_UNIQUE = """
+SELECT ord, queue, dedupe_key, id, notified
+FROM queueworker.enqueue_unique(%(queues)s::text[], %(tasks)s::text[], %(payloads)s::jsonb[], %(priorities)s::int[],
+                                %(run_afters)s::timestamptz[], %(max_attempts)s::int[], %(timeouts)s::int[],
+                                %(dedupe_keys)s::text[], %(by_spec)s::bool[])
+"""
+
+
+class UniqueEnqueuedRow(NamedTuple):
+    ord: int
+    queue: str
+    dedupe_key: str
+    id: int | None
+    notified: int
+
+
+# The task holding each key, for the specs ENQUEUE_UNIQUE did not insert: the unfinished one, else
+# (it finished since) the newest finished one. A new statement, so it sees the duplicate that the
+# insert waited for.
+ENQUEUE_EXISTING = """
+SELECT k.ord, t.id, t.state::text AS state
+FROM unnest(%(ords)s::bigint[], %(queues)s::text[], %(dedupe_keys)s::text[]) AS k(ord, queue, dedupe_key)
+CROSS JOIN LATERAL (
+    SELECT id, state FROM queueworker.tasks
+    WHERE queue = k.queue AND dedupe_key = k.dedupe_key
+    ORDER BY state IN ('succeeded', 'failed', 'cancelled'), id DESC
+    LIMIT 1
+) t
+ORDER BY k.ord
+"""
+
+
+class ExistingTaskRow(NamedTuple):
+    ord: int
+    id: int
+    state: str
+
+
+# on_conflict="replace": a duplicate that is still `pending` takes the new spec's payload, priority
+# and schedule (the last spec wins within a batch), through a definer function (migration 004) that
+# changes only pending tasks with a dedupe key. It updates through the parent, so the update trigger
+# audits it (`pending -> pending`, detail `replaced`); only rows that really change are touched. A
+# spec due now keeps a due task's place in line, and makes a delayed one due now.
+ENQUEUE_REPLACE = """
+SELECT id, notified
+FROM queueworker.replace_pending(%(ids)s::bigint[], %(payloads)s::jsonb[], %(priorities)s::int[],
+                                 %(run_afters)s::timestamptz[])
+"""
+
+
+class ReplacedRow(NamedTuple):
+    id: int
+    notified: int
+
 
 # -- worker: claim, heartbeat, complete, release ---------------------------------------------
 
@@ -180,16 +250,16 @@ WITH done AS (
     WHERE t.id = c.id AND t.lease_token = c.token AND t.state = 'running'
     RETURNING t.id, t.queue, t.task, t.delayed, t.priority, t.run_after, t.attempts, t.max_attempts,
               t.rescues, t.timeout_seconds, t.payload, c.result, t.error, t.lease_owner, t.lease_token,
-              t.created_at, t.started_at
+              t.created_at, t.started_at, t.spec_hash, t.dedupe_key
 ), moved AS (
     INSERT INTO queueworker.tasks_finished
         (id, queue, task, state, delayed, priority, run_after, attempts, max_attempts, rescues, timeout_seconds,
          payload, result, error, lease_owner, lease_token, leased_until, deadline_at, created_at, updated_at,
-         started_at, finished_at)
+         started_at, finished_at, spec_hash, dedupe_key)
     OVERRIDING SYSTEM VALUE
     SELECT id, queue, task, 'succeeded', delayed, priority, run_after, attempts, max_attempts, rescues,
            timeout_seconds, payload, result, NULL, lease_owner, lease_token, NULL, NULL, created_at, now(),
-           started_at, now()
+           started_at, now(), spec_hash, dedupe_key
     FROM done
     RETURNING id, lease_token
 ), audited AS (
@@ -357,6 +427,23 @@ RETURNING id
 """
 
 TASK_STATE = "SELECT state::text FROM queueworker.tasks WHERE id = %(id)s"
+
+# The unfinished task, other than this one, that holds this task's dedupe key: what keeps a finished
+# task from being retried.
+DEDUPE_HOLDER = """
+SELECT h.id, h.state::text AS state, t.queue, t.dedupe_key
+FROM queueworker.tasks t
+JOIN queueworker.tasks_active h ON h.queue = t.queue AND h.dedupe_key = t.dedupe_key AND h.id <> t.id
+WHERE t.id = %(id)s
+"""
+
+
+class DedupeHolderRow(NamedTuple):
+    id: int
+    state: str
+    queue: str
+    dedupe_key: str
+
 
 NOTIFY_QUEUE = "SELECT pg_notify('queueworker', %(queue)s)"
 
