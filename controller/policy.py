@@ -43,6 +43,7 @@ class QueueDepth:
     running: int
     retrying: int = 0
     oldest_ready_age_seconds: float | None = None
+    blocked: int = 0  # waiting on prerequisites: reported, never scaled for
 
     @property
     def demand(self) -> int:

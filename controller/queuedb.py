@@ -283,11 +283,18 @@ class _DepthBatch:
     def start(self) -> None:
         asyncio.ensure_future(self._run())
 
+    async def _read_depths(self) -> list[tuple[Any, ...]]:
+        params = {"queues": list(self._waiters), "cap": self._cap}
+        try:
+            return await self._fetch(sql.QUEUE_DEPTH, params)
+        except psycopg.errors.InvalidTextRepresentation:  # 'blocked' is not a task state there yet
+            return await self._fetch(sql.QUEUE_DEPTH_WITHOUT_BLOCKED, params)
+
     async def _run(self) -> None:
         try:
             async with self._lock:
                 self.started = True
-                rows = await self._fetch(sql.QUEUE_DEPTH, {"queues": list(self._waiters), "cap": self._cap})
+                rows = await self._read_depths()
         except BaseException as exc:  # every waiter gets an outcome, whatever happened here
             error = exc if isinstance(exc, Exception) else psycopg.OperationalError("the depth read was interrupted")
             for futures in self._waiters.values():
@@ -297,8 +304,9 @@ class _DepthBatch:
             if not isinstance(exc, Exception):
                 raise
             return
-        depths = {queue: QueueDepth(int(ready), int(running), int(retrying), age)
-                  for queue, ready, running, retrying, age in rows}
+        depths = {row.queue: QueueDepth(int(row.ready), int(row.running), int(row.retrying), row.oldest_ready_age,
+                                        int(row.blocked))
+                  for row in map(sql.QueueDepthRow._make, rows)}
         for queue, futures in self._waiters.items():
             for future in futures:
                 if not future.done():

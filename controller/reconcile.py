@@ -260,6 +260,7 @@ class Reconciler:
         }
         if depth is not None:
             status["queueDepth"] = {"ready": depth.ready, "running": depth.running, "retrying": depth.retrying,
+                                    "blocked": depth.blocked,
                                     "oldestReadyAgeSeconds": round(depth.oldest_ready_age_seconds or 0.0, 3)}
         _export(obj, decision, desired, replicas, depth)
         return TickResult(_status_patch(previous, status, now), events)
@@ -427,7 +428,7 @@ def _export(obj: QueueWorkerObject, decision: Decision, desired: int, replicas: 
     metrics.desired_replicas.labels(*labels).set(desired)
     metrics.replicas.labels(*labels).set(replicas)
     if depth is not None:
-        for state in ("ready", "running", "retrying"):
+        for state in ("ready", "running", "retrying", "blocked"):
             metrics.queue_depth.labels(*labels, state).set(getattr(depth, state))
 
 

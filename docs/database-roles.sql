@@ -1,4 +1,4 @@
--- Least-privilege database roles for queueworker, schema version 4. Why each grant exists, and
+-- Least-privilege database roles for queueworker, schema version 6. Why each grant exists, and
 -- what the roles still can do: docs/security.md.
 --
 -- Run it as a superuser, in the application's database:
@@ -91,7 +91,7 @@ ALTER DEFAULT PRIVILEGES FOR ROLE queueworker_migrator REVOKE EXECUTE ON FUNCTIO
 ALTER DEFAULT PRIVILEGES FOR ROLE queueworker_migrator IN SCHEMA queueworker
     GRANT SELECT ON TABLES TO queueworker_operator;
 
--- 5. The grants, for schema version 4.
+-- 5. The grants, for schema version 6.
 DO $$
 DECLARE
     applied_version integer;
@@ -99,14 +99,14 @@ BEGIN
     IF to_regclass('queueworker.schema_migrations') IS NOT NULL THEN
         SELECT max(m.version) INTO applied_version FROM queueworker.schema_migrations m;
     END IF;
-    IF coalesce(applied_version, 0) < 4 THEN
-        RAISE NOTICE 'queueworker is at schema version %, these grants are for version 4: run `queueworker '
+    IF coalesce(applied_version, 0) < 6 THEN
+        RAISE NOTICE 'queueworker is at schema version %, these grants are for version 6: run `queueworker '
                      'migrate` as a member of queueworker_migrator, then run this script again',
                      coalesce(applied_version, 0);
         RETURN;
     END IF;
-    IF applied_version > 4 THEN
-        RAISE EXCEPTION 'these grants are for queueworker schema version 4, the database is at version %: '
+    IF applied_version > 6 THEN
+        RAISE EXCEPTION 'these grants are for queueworker schema version 6, the database is at version %: '
                         'run the database-roles.sql of the queueworker release that migrated it', applied_version;
     END IF;
 
@@ -116,23 +116,26 @@ BEGIN
         TO queueworker_producer, queueworker_worker, queueworker_controller, queueworker_operator;
     -- The trigger functions queueworker.audit_task_inserts, queueworker.audit_task_updates and
     -- queueworker.forbid_event_updates need no EXECUTE grant: a trigger fires whoever causes it.
-    -- Nor do queueworker.replaced_columns and queueworker.wake_queue: only the owner's definer
-    -- functions call them.
+    -- Nor do queueworker.replaced_columns, queueworker.wake_queue, queueworker.settle_tasks,
+    -- queueworker.settle_cascade and queueworker.dependency_lock_key: only the owner's definer
+    -- functions and triggers call them (queueworker.settle_new_dependency is the trigger that settles
+    -- new edges at commit). queueworker.task_dependencies, the edges, is written only by them too;
+    -- the operator reads it with every other table.
     REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA queueworker FROM PUBLIC;
 
     -- Producer (sql.ENQUEUE): inserts the columns a TaskSpec sets, reads back what ENQUEUE returns.
     -- It cannot choose a state, a lease or an id, so it cannot forge a task's history, and it
     -- cannot read other tasks' payloads, results or errors. Its audit row is written by the
-    -- insert trigger, as the owner. Unique tasks go through definer functions (ENQUEUE_UNIQUE,
-    -- ENQUEUE_REPLACE: nothing but inserting unique tasks, and changing pending ones that have a
-    -- key); ENQUEUE_EXISTING reads which task holds a key. The trigger queueworker.fill_spec_hash
+    -- insert trigger, as the owner. Unique and dependent tasks go through definer functions
+    -- (ENQUEUE_TASKS, ENQUEUE_REPLACE: nothing but inserting such tasks with their edges, and
+    -- changing pending ones that have a key); ENQUEUE_EXISTING reads which task holds a key. The trigger queueworker.fill_spec_hash
     -- runs queueworker.spec_hash as the role that inserts a task or moves one back (a retry).
     GRANT INSERT (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds),
           SELECT (id, queue, state, run_after, dedupe_key)
         ON queueworker.tasks TO queueworker_producer;
     GRANT EXECUTE ON FUNCTION
-            queueworker.enqueue_unique(text[], text[], jsonb[], integer[], timestamptz[], integer[], integer[],
-                                       text[], boolean[]),
+            queueworker.enqueue_tasks(text[], text[], jsonb[], integer[], timestamptz[], integer[], integer[],
+                                      text[], boolean[], boolean[], bigint[], bigint[]),
             queueworker.replace_pending(bigint[], jsonb[], integer[], timestamptz[])
         TO queueworker_producer;
     GRANT EXECUTE ON FUNCTION queueworker.spec_hash(text, text, jsonb)
@@ -141,7 +144,8 @@ BEGIN
     -- Worker. Through the parent: HEARTBEAT, COMPLETE_FAILED, RELEASE, RESCUE, PROMOTE_DUE.
     -- Aimed at the partitions: CLAIM (tasks_active), COMPLETE_SUCCEEDED (moves a row from
     -- tasks_active to tasks_finished). Those two write their own audit rows, hence INSERT on
-    -- task_events (and nothing else there). Retention goes through queueworker.clean_finished.
+    -- task_events (and nothing else there); COMPLETE_SUCCEEDED settles the tasks waiting on those it
+    -- finished through queueworker.settle_dependents. Retention goes through queueworker.clean_finished.
     GRANT SELECT ON queueworker.schema_migrations TO queueworker_worker;
     GRANT SELECT, UPDATE ON queueworker.tasks TO queueworker_worker;
     GRANT SELECT, UPDATE, DELETE ON queueworker.tasks_active TO queueworker_worker;
@@ -149,7 +153,8 @@ BEGIN
     GRANT INSERT ON queueworker.task_events TO queueworker_worker;
     GRANT SELECT, INSERT, UPDATE, DELETE ON queueworker.workers TO queueworker_worker;
     GRANT EXECUTE ON FUNCTION queueworker.transition_detail(integer, jsonb, jsonb),
-                              queueworker.clean_finished(bigint, float8, integer)
+                              queueworker.clean_finished(bigint, float8, integer),
+                              queueworker.settle_dependents(bigint[], bigint[])
         TO queueworker_worker;
 
     -- Controller (sql.QUEUE_DEPTH, sql.WORKER_LEASES): counts and leases, never payloads.

@@ -67,6 +67,35 @@ def test_ready_count_is_capped(dsn):
     assert depth.ready == 11 and depth.oldest_ready_age_seconds is not None
 
 
+def test_blocked_tasks_are_reported_apart_and_older_schemas_still_read(blank_dsn):
+    """Blocked tasks are counted (capped) but are not ready work; a database whose schema predates
+    them (version 5: no dependencies yet) still gets its depth read, with none blocked."""
+    from queueworker import sql
+    from queueworker.migrate import available_migrations, migrate
+    from queueworker.producer import enqueue_chain
+
+    def read():
+        async def scenario(databases):
+            databases.bind("q", blank_dsn, "pipeline")
+            return await databases.depth(blank_dsn, "pipeline", 2)
+        return run(scenario)
+
+    with psycopg.connect(blank_dsn, autocommit=True) as conn:
+        conn.execute(sql.CREATE_MIGRATIONS_TABLE)
+        for migration in available_migrations()[:5]:
+            conn.execute(migration.text)
+            conn.execute(sql.RECORD_MIGRATION, {"version": migration.version, "name": migration.name,
+                                                "checksum": migration.checksum})
+    enqueue(blank_dsn, "pipeline", 3)
+    old = read()
+    assert (old.ready, old.running, old.retrying, old.blocked) == (2, 0, 0, 0)
+    migrate(blank_dsn)
+    with psycopg.connect(blank_dsn) as conn:
+        enqueue_chain(conn, [{"task": "qw.noop", "queue": "pipeline"}] * 4)
+    depth = read()
+    assert (depth.ready, depth.blocked) == (2, 2), "4 pending (capped at 2) and 3 blocked (capped at 2)"
+
+
 def test_sessions_have_a_statement_timeout_keepalives_and_a_tcp_user_timeout(dsn):
     async def settings(databases):
         databases.bind("q", dsn, "jobs")

@@ -26,7 +26,7 @@ from queueworker import sql
 from queueworker.cleaner import Cleaner
 from queueworker.db import DutyConnection
 from queueworker.migrate import available_migrations
-from queueworker.producer import enqueue, enqueue_many
+from queueworker.producer import enqueue, enqueue_chain, enqueue_many
 from tests.support import FAST_LEASES, WorkerProcess, query, scalar, wait_until
 
 pytestmark = pytest.mark.integration
@@ -117,6 +117,8 @@ def test_each_role_runs_its_flows_with_only_its_grants(installation):
         assert enqueue(conn, "qw.noop", {"v": 2}, queue=QUEUE, dedupe_key="roles-unique",
                        on_conflict="replace") == unique
         assert enqueue(conn, "qw.noop", {"v": 3}, queue=QUEUE, dedupe_key="roles-unique") == unique
+        # A pipeline: the second stage waits, blocked, until the worker's success of the first.
+        stage_one, stage_two = enqueue_chain(conn, [{"task": "qw.noop", "queue": QUEUE}] * 2)
     enqueued = qw("enqueue", "qw.sleep", "--payload", '{"seconds": 4}', "--queue", QUEUE, "--dsn", login["producer"])
     assert enqueued.returncode == 0, enqueued.stderr
     heartbeaten = int(enqueued.stdout)  # runs 4 s on a 3 s lease: only heartbeats keep it
@@ -131,7 +133,8 @@ def test_each_role_runs_its_flows_with_only_its_grants(installation):
                            env={"POD_NAME": "worker-0", "POD_NAMESPACE": NAMESPACE})
     try:
         expected = {noop: "succeeded", flaky: "failed", broken: "failed", delayed: "succeeded",
-                    heartbeaten: "succeeded", orphan: "succeeded", unique: "succeeded"}
+                    heartbeaten: "succeeded", orphan: "succeeded", unique: "succeeded", stage_one: "succeeded",
+                    stage_two: "succeeded"}
         wait_until(lambda: states(admin, list(expected)) == expected, timeout=60,
                    message="the worker to finish every task")
         with psycopg.connect(login["producer"], autocommit=True) as conn:
@@ -185,7 +188,7 @@ def test_each_role_runs_its_flows_with_only_its_grants(installation):
         finished = [row[0] for row in conn.execute(
             "UPDATE queueworker.tasks SET finished_at = now() - interval '2 hours' WHERE state = ANY(%s) "
             "RETURNING id", (list(TERMINAL),))]
-    assert sorted(finished) == sorted([noop, flaky, delayed, heartbeaten, orphan, unique])
+    assert sorted(finished) == sorted([noop, flaky, delayed, heartbeaten, orphan, unique, stage_one, stage_two])
     assert asyncio.run(_clean(login["worker"])) == len(finished)
     remaining = {row[0] for row in query(admin, "SELECT task_id FROM queueworker.task_events")}
     assert not remaining & set(finished) and {broken, held} <= remaining
@@ -304,13 +307,14 @@ def test_definer_functions_pin_their_search_path_and_are_not_public(dsn):
     definers = dict(query(dsn, "SELECT proname, proconfig FROM pg_proc "
                                "WHERE pronamespace = 'queueworker'::regnamespace AND prosecdef"))
     assert definers == {name: ["search_path=pg_catalog, pg_temp"]
-                        for name in ("audit_task_inserts", "audit_task_updates", "clean_finished", "enqueue_unique",
-                                     "replace_pending")}
+                        for name in ("audit_task_inserts", "audit_task_updates", "clean_finished", "enqueue_tasks",
+                                     "replace_pending", "settle_dependents", "settle_new_dependency")}
     # Even without docs/database-roles.sql, only the owner may run the functions that change rows.
     for function in ("clean_finished(bigint, float8, integer)",
-                     "enqueue_unique(text[], text[], jsonb[], integer[], timestamptz[], integer[], integer[], text[], "
-                     "boolean[])",
-                     "replace_pending(bigint[], jsonb[], integer[], timestamptz[])"):
+                     "enqueue_tasks(text[], text[], jsonb[], integer[], timestamptz[], integer[], integer[], text[], "
+                     "boolean[], boolean[], bigint[], bigint[])",
+                     "replace_pending(bigint[], jsonb[], integer[], timestamptz[])",
+                     "settle_dependents(bigint[], bigint[])"):
         assert scalar(dsn, "SELECT bool_or(grantee = 0) FROM pg_proc, aclexplode(proacl) "
                            f"WHERE oid = 'queueworker.{function}'::regprocedure") is False, function
 

@@ -16,7 +16,7 @@ from psycopg.types.json import Jsonb
 from queueworker import metrics, sql
 from queueworker.handlers import Registry
 from queueworker.migrate import migrate
-from queueworker.producer import enqueue, enqueue_many
+from queueworker.producer import enqueue, enqueue_chain, enqueue_many
 from queueworker.settings import WorkerSettings
 from queueworker.worker import State, Worker
 from tests.support import query
@@ -170,6 +170,13 @@ def test_documented_task_transitions_are_exactly_the_ones_the_sql_makes(dsn):
         conn.execute(sql.PROMOTE_DUE, {"lock_key": sql.SCHEDULER_LOCK_KEY, "limit": 10})  # retrying -> pending
         fail(conn, retried, claimed_token(conn, retried), retryable=True)               # attempts spent -> failed
         conn.execute(sql.RETRY_TASK, {"id": retried})                                   # failed -> pending
+
+        first, second = enqueue_chain(conn, [{"task": "qw.noop"}, {"task": "qw.noop"}])  # (none) -> blocked
+        fail(conn, first, claimed_token(conn, first), retryable=False)                 # blocked -> cancelled
+        conn.execute(sql.RETRY_TASK, {"id": first})                                     # cancelled -> blocked
+        conn.execute(sql.COMPLETE_SUCCEEDED, {"ids": [first], "tokens": [claimed_token(conn, first)],
+                                              "results": [None]})                       # blocked -> pending
+        conn.execute(sql.CANCEL_TASK, {"id": enqueue(conn, "qw.noop", depends_on=[second])})  # blocked -> cancelled
 
         enqueue(conn, "qw.noop", {"v": 1}, dedupe_key="doc")
         enqueue(conn, "qw.noop", {"v": 2}, dedupe_key="doc", on_conflict="replace")    # pending -> pending

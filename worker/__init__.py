@@ -4,8 +4,9 @@ What applications import:
 
 - `task`, `TaskContext`, `PermanentError`: write handlers (`@task`), see the attempt they run,
   fail a task without retries.
-- `enqueue`, `enqueue_many` and their `_async` twins, `TaskSpec`: add tasks inside the caller's
-  transaction; bad input raises pydantic's `ValidationError` before the database is touched.
+- `enqueue`, `enqueue_many`, `enqueue_chain` and their `_async` twins, `TaskSpec`: add tasks
+  inside the caller's transaction (unique, or depending on other tasks, as TaskSpec says); bad
+  input raises pydantic's `ValidationError` before the database is touched.
 - `WorkerSettings`, `SettingsError`: a worker's settings, every default and bound in one place
   (the CLI's flags and QUEUEWORKER_* variables are derived from it).
 """
@@ -13,8 +14,9 @@ What applications import:
 __version__ = "0.1.0"
 
 from .handlers import PermanentError, TaskContext, task  # noqa: E402
-from .producer import TaskSpec, enqueue, enqueue_async, enqueue_many, enqueue_many_async  # noqa: E402
+from .producer import (  # noqa: E402
+    TaskSpec, enqueue, enqueue_async, enqueue_chain, enqueue_chain_async, enqueue_many, enqueue_many_async)
 from .settings import SettingsError, WorkerSettings  # noqa: E402
 
 __all__ = ["PermanentError", "SettingsError", "TaskContext", "TaskSpec", "WorkerSettings", "enqueue",
-           "enqueue_async", "enqueue_many", "enqueue_many_async", "task"]
+           "enqueue_async", "enqueue_chain", "enqueue_chain_async", "enqueue_many", "enqueue_many_async", "task"]

@@ -35,7 +35,8 @@ LOG_FORMATS = ("json", "text")
 # TaskSpec fields as `queueworker enqueue` names them in messages.
 ENQUEUE_LABELS = {"task": "TASK", "queue": "--queue", "priority": "--priority",
                   "delay": "--delay", "max_attempts": "--max-attempts", "timeout_seconds": "--timeout",
-                  "dedupe_key": "--dedupe-key", "dedupe": "--dedupe-spec", "on_conflict": "--on-conflict"}
+                  "dedupe_key": "--dedupe-key", "dedupe": "--dedupe-spec", "on_conflict": "--on-conflict",
+                  "depends_on": "--after", "on_dependency_failure": "--on-dependency-failure"}
 
 
 class CliError(Exception):
@@ -95,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="enqueue nothing while an unfinished task of the queue holds KEY (prints its id)")
     unique.add_argument("--dedupe-spec", action="store_true",
                         help="the same, with the task's spec hash (queue, task, payload) as the key")
+    enq.add_argument("--after", action="append", type=_bounded_int(1, BIGINT_MAX), default=[], metavar="ID",
+                     help="run only once task ID has succeeded (repeatable); the task waits as `blocked`")
+    enq.add_argument("--on-dependency-failure", choices=("cancel", "run"),
+                     help="when a task of --after ends failed or cancelled: cancel this one (default) or run it")
     enq.add_argument("--on-conflict", choices=("ignore", "replace"),
                      help="with a key held by a pending task: leave it (default), or replace its payload, "
                           "priority and schedule")
@@ -121,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     retry = sub.add_parser("retry", parents=[common], help="put a failed or cancelled task back to pending")
     retry.add_argument("id", type=_bounded_int(1, BIGINT_MAX))
-    cancel = sub.add_parser("cancel", parents=[common], help="cancel a pending, retrying or running task")
+    cancel = sub.add_parser("cancel", parents=[common], help="cancel a pending, retrying, running or blocked task")
     cancel.add_argument("id", type=_bounded_int(1, BIGINT_MAX))
 
     demo = sub.add_parser("demo", help="run it all locally: a throwaway Postgres, a burst of tasks, "
@@ -235,7 +240,8 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
 
     given = {"task": args.task, "queue": args.queue, "priority": args.priority, "delay": args.delay,
              "max_attempts": args.max_attempts, "timeout_seconds": args.timeout, "dedupe_key": args.dedupe_key,
-             "dedupe": "spec" if args.dedupe_spec else None, "on_conflict": args.on_conflict}
+             "dedupe": "spec" if args.dedupe_spec else None, "on_conflict": args.on_conflict,
+             "depends_on": args.after or None, "on_dependency_failure": args.on_dependency_failure}
     try:
         spec = TaskSpec(**{k: v for k, v in given.items() if v is not None}, **_payload(args))
     except ValidationError as exc:
@@ -314,7 +320,7 @@ def cmd_retry(args: argparse.Namespace) -> int:
 def cmd_cancel(args: argparse.Namespace) -> int:
     from . import sql
 
-    row = _change_task(args, sql.CANCEL_TASK, "pending, retrying or running")
+    row = _change_task(args, sql.CANCEL_TASK, "pending, retrying, running or blocked")
     print(f"task {row[0]} cancelled")
     return 0
 

@@ -8,6 +8,10 @@ Everything a task row holds is checked here, before the database sees it: names 
 the worker's logs can carry, numbers its columns and Python's timers can hold, payloads `jsonb`
 accepts. Bad input raises pydantic's ValidationError, naming the field and the rule.
 
+Dependencies: a spec with `depends_on` (ids of existing tasks) starts `blocked` and becomes
+`pending` once they have all succeeded; `enqueue_chain` makes each spec depend on the one before.
+See docs/workflows.md.
+
 Unique tasks: a spec with a `dedupe_key` (or `dedupe="spec"`, whose key is the task's spec hash)
 is not enqueued while an unfinished task (pending, retrying, running) of its queue holds that key;
 its id is that task's id. With `on_conflict="replace"`, a duplicate that is still pending takes the
@@ -51,6 +55,9 @@ TaskName = Annotated[str, StringConstraints(min_length=1, max_length=200), After
 DedupeKey = Annotated[str, StringConstraints(min_length=1, max_length=512), AfterValidator(_printable)]
 """Any printable text up to 512 characters."""
 
+TaskId = Annotated[int, Field(ge=1, le=2**63 - 1)]
+MAX_PREREQUISITES = 1000
+
 
 class TaskSpec(BaseModel):
     """One task to enqueue. Validated here so bad input fails before it reaches the database.
@@ -71,6 +78,8 @@ class TaskSpec(BaseModel):
     dedupe_key: DedupeKey | None = None
     dedupe: Literal["spec"] | None = None
     on_conflict: Literal["ignore", "replace"] = "ignore"
+    depends_on: Annotated[list[TaskId], Field(max_length=MAX_PREREQUISITES)] = Field(default_factory=list)
+    on_dependency_failure: Literal["cancel", "run"] = "cancel"
     # A field rather than a private attribute: pydantic sets those up per instance, which costs
     # more than the encoding saved (this runs once per enqueued task).
     payload_json: str = Field(default="{}", exclude=True, repr=False)
@@ -99,7 +108,14 @@ class TaskSpec(BaseModel):
             raise ValueError('give dedupe_key or dedupe="spec", not both')
         if self.on_conflict == "replace" and not self.unique:
             raise ValueError('on_conflict="replace" needs a dedupe_key or dedupe="spec"')
+        if len(set(self.depends_on)) != len(self.depends_on):
+            raise ValueError("depends_on lists a task twice")
         return self
+
+    @property
+    def plain(self) -> bool:
+        """Neither unique nor dependent: enqueued by the plain INSERT (sql.ENQUEUE)."""
+        return not self.unique and not self.depends_on
 
     @property
     def unique(self) -> bool:
@@ -124,6 +140,16 @@ def _params(specs: Sequence[TaskSpec]) -> dict[str, list]:
         "max_attempts": [s.max_attempts for s in specs],
         "timeouts": [s.timeout_seconds for s in specs],
     }
+
+
+def _special_params(specs: Sequence[TaskSpec]) -> dict[str, list]:
+    """ENQUEUE_TASKS's parameters: _params, the keys, and the edges by 1-based spec position."""
+    edges = [(position, prerequisite) for position, spec in enumerate(specs, 1) for prerequisite in spec.depends_on]
+    return {**_params(specs), "dedupe_keys": [s.dedupe_key for s in specs],
+            "by_spec": [s.dedupe == "spec" for s in specs],
+            "cancel_on_failure": [s.on_dependency_failure == "cancel" for s in specs],
+            "prerequisite_ords": [position for position, _ in edges],
+            "prerequisite_ids": [prerequisite for _, prerequisite in edges]}
 
 
 def _batches(specs: Iterable[TaskSpec | dict]) -> Iterable[list[TaskSpec]]:
@@ -156,28 +182,23 @@ UNIQUE_ROUNDS = 3
 
 def _plan(batch: Sequence[TaskSpec]) -> Plan:
     ids: list[int | None] = [None] * len(batch)
-    plain = [i for i, spec in enumerate(batch) if not spec.unique]
+    plain = [i for i, spec in enumerate(batch) if spec.plain]
     if plain:
         rows = yield sql.ENQUEUE, _params([batch[i] for i in plain]), sql.EnqueuedRow
         for i, row in zip(plain, rows):
             ids[i] = row.id
-    pending = [i for i, spec in enumerate(batch) if spec.unique]
-    duplicates: list[int] = []  # specs whose key another task held
+    pending = [i for i, spec in enumerate(batch) if not spec.plain]
+    duplicates: list[int] = []  # specs whose key another task held (within the batch too)
     for _ in range(UNIQUE_ROUNDS):
         if not pending:
             break
-        specs = [batch[i] for i in pending]
-        rows = yield sql.ENQUEUE_UNIQUE, {**_params(specs), "dedupe_keys": [s.dedupe_key for s in specs],
-                                          "by_spec": [s.dedupe == "spec" for s in specs]}, sql.UniqueEnqueuedRow
-        holders: dict[tuple[str, str], int] = {}  # (queue, key) -> the spec whose insert made the task
+        rows = yield sql.ENQUEUE_TASKS, _special_params([batch[i] for i in pending]), sql.TaskEnqueuedRow
         missing = []
         for i, row in zip(pending, rows):
             if row.id is None:
                 missing.append((i, row))
-                continue
-            ids[i] = row.id
-            if holders.setdefault((row.queue, row.dedupe_key), i) != i:
-                duplicates.append(i)  # a later duplicate within the batch
+            else:
+                ids[i] = row.id
         pending = [i for i, _ in missing]
         if not missing:
             break
@@ -240,6 +261,22 @@ def enqueue_batch(conn: psycopg.Connection, batch: Sequence[TaskSpec]) -> Enqueu
     return _run(conn, _plan(batch))
 
 
+def _stage(spec: TaskSpec | dict, previous: list[int]) -> TaskSpec:
+    """A pipeline stage: `spec`, depending on the stage before it as well."""
+    fields = spec.model_dump(exclude_unset=True) if isinstance(spec, TaskSpec) else dict(spec)
+    return TaskSpec(**{**fields, "depends_on": [*previous, *fields.get("depends_on", [])]})
+
+
+def enqueue_chain(conn: psycopg.Connection, specs: Iterable[TaskSpec | dict]) -> list[int]:
+    """Enqueues a staged pipeline: each spec depends on the one before it (and on its own
+    `depends_on`), so stage N+1 is `blocked` until stage N has succeeded, and is cancelled if stage N
+    fails for good. One statement per stage; returns the ids in order."""
+    ids: list[int] = []
+    for spec in specs:
+        ids.extend(enqueue_batch(conn, [_stage(spec, ids[-1:])]).ids)
+    return ids
+
+
 async def enqueue_async(conn: psycopg.AsyncConnection, task: str, payload: Any = None, **options: Any) -> int:
     """The asyncio twin of enqueue()."""
     spec = TaskSpec(task=task, payload={} if payload is None else payload, **options)
@@ -251,4 +288,12 @@ async def enqueue_many_async(conn: psycopg.AsyncConnection, specs: Iterable[Task
     ids: list[int] = []
     for batch in _batches(specs):
         ids.extend((await _run_async(conn, _plan(batch))).ids)
+    return ids
+
+
+async def enqueue_chain_async(conn: psycopg.AsyncConnection, specs: Iterable[TaskSpec | dict]) -> list[int]:
+    """The asyncio twin of enqueue_chain()."""
+    ids: list[int] = []
+    for spec in specs:
+        ids.extend((await _run_async(conn, _plan([_stage(spec, ids[-1:])]))).ids)
     return ids

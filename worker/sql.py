@@ -99,25 +99,28 @@ class EnqueuedRow(NamedTuple):
     notified: int
 
 
-# Unique tasks (TaskSpec.dedupe_key, or dedupe="spec": the hex spec hash as the key), through a
-# definer function (migration 004) that inserts into `tasks_active`, whose unique index is the ON
-# CONFLICT arbiter, and wakes the queues: the producer role may add unique tasks without any right
-# on the partition itself. DO NOTHING, not DO UPDATE: a duplicate takes no lock on the existing
+# Everything beyond a plain task: dedupe keys (TaskSpec.dedupe_key, or dedupe="spec": the hex spec
+# hash as the key) and prerequisites (TaskSpec.depends_on: the task starts `blocked`), through a
+# definer function (migrations 004 and 006) that inserts into `tasks_active`, whose unique index is
+# the ON CONFLICT arbiter, records the edges and wakes the queues: the producer role needs no right
+# on the partition or the edges. DO NOTHING, not DO UPDATE: a duplicate takes no lock on the existing
 # task, so a producer's open transaction never holds up the worker that runs it. One row per spec,
 # in order: its key, and its new id, or NULL when a task held the key already (a duplicate within
-# the batch gets the id of the first spec with its key).
-ENQUEUE_UNIQUE = """
+# the batch gets the id of the first spec with its key). `prerequisite_ords[i]` is the 1-based
+# position of the spec that depends on task `prerequisite_ids[i]`.
+ENQUEUE_TASKS = """
 SELECT ord, queue, dedupe_key, id, notified
-FROM queueworker.enqueue_unique(%(queues)s::text[], %(tasks)s::text[], %(payloads)s::jsonb[], %(priorities)s::int[],
-                                %(run_afters)s::timestamptz[], %(max_attempts)s::int[], %(timeouts)s::int[],
-                                %(dedupe_keys)s::text[], %(by_spec)s::bool[])
+FROM queueworker.enqueue_tasks(%(queues)s::text[], %(tasks)s::text[], %(payloads)s::jsonb[], %(priorities)s::int[],
+                               %(run_afters)s::timestamptz[], %(max_attempts)s::int[], %(timeouts)s::int[],
+                               %(dedupe_keys)s::text[], %(by_spec)s::bool[], %(cancel_on_failure)s::bool[],
+                               %(prerequisite_ords)s::bigint[], %(prerequisite_ids)s::bigint[])
 """
 
 
-class UniqueEnqueuedRow(NamedTuple):
+class TaskEnqueuedRow(NamedTuple):
     ord: int
     queue: str
-    dedupe_key: str
+    dedupe_key: str | None
     id: int | None
     notified: int
 
@@ -241,7 +244,9 @@ DEREGISTER_WORKER = "DELETE FROM queueworker.workers WHERE id = %(worker)s"
 # Moves the rows from `tasks_active` to `tasks_finished` itself and writes their audit rows, in
 # one statement: as cheap as an in-place UPDATE, where an UPDATE routed through the partitioned
 # parent costs Postgres 15 about twice as much per row. DML aimed at a partition does not fire
-# the parent's audit triggers, hence the explicit `audited` step (as in CLAIM). Lists every column of
+# the parent's audit triggers, hence the explicit `audited` step (as in CLAIM), and the explicit
+# `settled` step: the tasks waiting on these become pending in this same statement (migration 006;
+# one advisory lock and one index probe when nothing waits). Lists every column of
 # queueworker.tasks: keep it in step with the migrations.
 COMPLETE_SUCCEEDED = """
 WITH done AS (
@@ -266,8 +271,10 @@ WITH done AS (
     INSERT INTO queueworker.task_events (task_id, from_state, to_state, worker, lease_token, detail)
     SELECT id, 'running', 'succeeded', lease_owner, lease_token, queueworker.transition_detail(attempts, NULL, error)
     FROM done
+), settled AS (
+    SELECT queueworker.settle_dependents(array_agg(id), array_agg(id)) FROM moved
 )
-SELECT id, lease_token FROM moved
+SELECT id, lease_token FROM moved, settled
 """
 
 # A retryable failure with attempts left waits out its backoff in `retrying`; anything else fails.
@@ -422,7 +429,7 @@ CANCEL_TASK = """
 UPDATE queueworker.tasks
 SET state = 'cancelled', updated_at = now(), finished_at = now(),
     lease_owner = NULL, leased_until = NULL, deadline_at = NULL
-WHERE id = %(id)s AND state IN ('pending', 'retrying', 'running')
+WHERE id = %(id)s AND state IN ('pending', 'retrying', 'running', 'blocked')
 RETURNING id
 """
 
@@ -476,8 +483,9 @@ ORDER BY started_at
 
 # One cheap statement per database per tick, whatever the history size: ready and retrying are
 # counted only up to %(cap)s (what scaling needs), running is bounded by the fleet's concurrency,
-# and the head-of-queue age reads a single claim-index entry.
-QUEUE_DEPTH = """
+# and the head-of-queue age reads a single claim-index entry. Blocked tasks (waiting on
+# prerequisites) are reported, never scaled for, counted up to the cap through their own index.
+_QUEUE_DEPTH = """
 SELECT q.queue,
        (SELECT count(*) FROM (SELECT 1 FROM queueworker.tasks
                               WHERE state = 'pending' AND NOT delayed AND queue = q.queue
@@ -489,9 +497,26 @@ SELECT q.queue,
                               LIMIT %(cap)s) AS b) AS retrying,
        (SELECT extract(epoch FROM now() - run_after)::float8 FROM queueworker.tasks
         WHERE state = 'pending' AND NOT delayed AND queue = q.queue AND run_after <= now()
-        ORDER BY priority DESC, run_after, id LIMIT 1) AS oldest_ready_age
+        ORDER BY priority DESC, run_after, id LIMIT 1) AS oldest_ready_age,
+       {blocked} AS blocked
 FROM unnest(%(queues)s::text[]) AS q(queue)
 """
+QUEUE_DEPTH = _QUEUE_DEPTH.replace("{blocked}", """(SELECT count(*) FROM (SELECT 1 FROM queueworker.tasks
+                              WHERE state = 'blocked' AND queue = q.queue
+                              LIMIT %(cap)s) AS w)""")
+# The same against a schema before version 6 (no `blocked` state: QUEUE_DEPTH fails to parse
+# there), whose tenants a newer controller may serve while their workers are older.
+QUEUE_DEPTH_WITHOUT_BLOCKED = _QUEUE_DEPTH.replace("{blocked}", "0::bigint")
+
+
+class QueueDepthRow(NamedTuple):
+    queue: str
+    ready: int
+    running: int
+    retrying: int
+    oldest_ready_age: float | None
+    blocked: int
+
 
 # Live workers of one namespace with the leases they hold right now (not as of their last
 # heartbeat), to price pods for scale-in.

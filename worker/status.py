@@ -8,7 +8,7 @@ import psycopg
 
 from . import sql
 
-STATES = ("pending", "running", "retrying", "succeeded", "failed", "cancelled")
+STATES = ("blocked", "pending", "running", "retrying", "succeeded", "failed", "cancelled")
 
 
 def collect(conn: psycopg.Connection, queue: str | None = None) -> dict[str, Any]:
