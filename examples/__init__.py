@@ -1,0 +1,1 @@
+"""Runnable examples of queueworker's workflows (see each module's docstring)."""
