@@ -1,4 +1,4 @@
--- Least-privilege database roles for queueworker, schema version 6. Why each grant exists, and
+-- Least-privilege database roles for queueworker, schema version 7. Why each grant exists, and
 -- what the roles still can do: docs/security.md.
 --
 -- Run it as a superuser, in the application's database:
@@ -91,7 +91,7 @@ ALTER DEFAULT PRIVILEGES FOR ROLE queueworker_migrator REVOKE EXECUTE ON FUNCTIO
 ALTER DEFAULT PRIVILEGES FOR ROLE queueworker_migrator IN SCHEMA queueworker
     GRANT SELECT ON TABLES TO queueworker_operator;
 
--- 5. The grants, for schema version 6.
+-- 5. The grants, for schema version 7.
 DO $$
 DECLARE
     applied_version integer;
@@ -99,14 +99,14 @@ BEGIN
     IF to_regclass('queueworker.schema_migrations') IS NOT NULL THEN
         SELECT max(m.version) INTO applied_version FROM queueworker.schema_migrations m;
     END IF;
-    IF coalesce(applied_version, 0) < 6 THEN
-        RAISE NOTICE 'queueworker is at schema version %, these grants are for version 6: run `queueworker '
+    IF coalesce(applied_version, 0) < 7 THEN
+        RAISE NOTICE 'queueworker is at schema version %, these grants are for version 7: run `queueworker '
                      'migrate` as a member of queueworker_migrator, then run this script again',
                      coalesce(applied_version, 0);
         RETURN;
     END IF;
-    IF applied_version > 6 THEN
-        RAISE EXCEPTION 'these grants are for queueworker schema version 6, the database is at version %: '
+    IF applied_version > 7 THEN
+        RAISE EXCEPTION 'these grants are for queueworker schema version 7, the database is at version %: '
                         'run the database-roles.sql of the queueworker release that migrated it', applied_version;
     END IF;
 
@@ -114,16 +114,20 @@ BEGIN
         TO queueworker_producer, queueworker_worker, queueworker_controller, queueworker_operator;
     GRANT USAGE ON TYPE queueworker.task_state
         TO queueworker_producer, queueworker_worker, queueworker_controller, queueworker_operator;
+    GRANT USAGE ON TYPE queueworker.run_state TO queueworker_operator;
     -- The trigger functions queueworker.audit_task_inserts, queueworker.audit_task_updates and
     -- queueworker.forbid_event_updates need no EXECUTE grant: a trigger fires whoever causes it.
     -- Nor do queueworker.replaced_columns, queueworker.wake_queue, queueworker.settle_tasks,
     -- queueworker.settle_cascade and queueworker.dependency_lock_key: only the owner's definer
     -- functions and triggers call them (queueworker.settle_new_dependency is the trigger that settles
     -- new edges at commit). queueworker.task_dependencies, the edges, is written only by them too;
-    -- the operator reads it with every other table.
+    -- the operator reads it with every other table. Runs likewise: queueworker.runs and
+    -- queueworker.watermarks are written only by queueworker.start_run (the producer's) and
+    -- queueworker.count_run_outcomes (the worker's COMPLETE_SUCCEEDED, and the update trigger),
+    -- through queueworker.advance_run, queueworker.finish_run and queueworker.enqueue_run_task.
     REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA queueworker FROM PUBLIC;
 
-    -- Producer (sql.ENQUEUE): inserts the columns a TaskSpec sets, reads back what ENQUEUE returns.
+    -- Producer (sql.ENQUEUE, START_RUN): inserts the columns a TaskSpec sets, reads back what ENQUEUE returns.
     -- It cannot choose a state, a lease or an id, so it cannot forge a task's history, and it
     -- cannot read other tasks' payloads, results or errors. Its audit row is written by the
     -- insert trigger, as the owner. Unique and dependent tasks go through definer functions
@@ -135,7 +139,8 @@ BEGIN
         ON queueworker.tasks TO queueworker_producer;
     GRANT EXECUTE ON FUNCTION
             queueworker.enqueue_tasks(text[], text[], jsonb[], integer[], timestamptz[], integer[], integer[],
-                                      text[], boolean[], boolean[], bigint[], bigint[]),
+                                      text[], boolean[], boolean[], bigint[], bigint[], bigint[], integer[]),
+            queueworker.start_run(text, integer, jsonb, jsonb, text),
             queueworker.replace_pending(bigint[], jsonb[], integer[], timestamptz[])
         TO queueworker_producer;
     GRANT EXECUTE ON FUNCTION queueworker.spec_hash(text, text, jsonb)
@@ -154,7 +159,8 @@ BEGIN
     GRANT SELECT, INSERT, UPDATE, DELETE ON queueworker.workers TO queueworker_worker;
     GRANT EXECUTE ON FUNCTION queueworker.transition_detail(integer, jsonb, jsonb),
                               queueworker.clean_finished(bigint, float8, integer),
-                              queueworker.settle_dependents(bigint[], bigint[])
+                              queueworker.settle_dependents(bigint[], bigint[]),
+                              queueworker.count_run_outcomes(bigint[], bigint[], integer[], text[], text[])
         TO queueworker_worker;
 
     -- Controller (sql.QUEUE_DEPTH, sql.WORKER_LEASES): counts and leases, never payloads.
@@ -163,10 +169,12 @@ BEGIN
     GRANT SELECT (id, pod_name, pod_namespace, queues, running, draining)
         ON queueworker.workers TO queueworker_controller;
 
-    -- Operator (sql.STATUS_COUNTS, OLDEST_PENDING_AGE, LIVE_WORKERS, TASK_STATE, RETRY_TASK,
+    -- Operator (sql.STATUS_COUNTS, OLDEST_PENDING_AGE, LIVE_WORKERS, TASK_STATE, RETRY_TASK, RUNS,
+    -- RUN, RUN_TASKS, RETRY_RUN, FINALIZE_RUN (through queueworker.finalize_run),
     -- CANCEL_TASK): reads everything, changes only what retry and cancel set. Its changes are
     -- audited by the update trigger.
     GRANT SELECT ON ALL TABLES IN SCHEMA queueworker TO queueworker_operator;
+    GRANT EXECUTE ON FUNCTION queueworker.finalize_run(bigint) TO queueworker_operator;
     GRANT UPDATE (state, delayed, run_after, max_attempts, lease_owner, leased_until, deadline_at, updated_at,
                   finished_at)
         ON queueworker.tasks TO queueworker_operator;

@@ -26,7 +26,7 @@ from queueworker import sql
 from queueworker.cleaner import Cleaner
 from queueworker.db import DutyConnection
 from queueworker.migrate import available_migrations
-from queueworker.producer import enqueue, enqueue_chain, enqueue_many
+from queueworker.producer import enqueue, enqueue_chain, enqueue_many, start_run
 from tests.support import FAST_LEASES, WorkerProcess, query, scalar, wait_until
 
 pytestmark = pytest.mark.integration
@@ -119,6 +119,9 @@ def test_each_role_runs_its_flows_with_only_its_grants(installation):
         assert enqueue(conn, "qw.noop", {"v": 3}, queue=QUEUE, dedupe_key="roles-unique") == unique
         # A pipeline: the second stage waits, blocked, until the worker's success of the first.
         stage_one, stage_two = enqueue_chain(conn, [{"task": "qw.noop", "queue": QUEUE}] * 2)
+        # A run of two partitions with a consolidation and a watermark.
+        run_id = start_run(conn, "roles-run", [{"task": "qw.noop", "queue": QUEUE}] * 2,
+                           on_success={"task": "qw.noop", "queue": QUEUE}, watermark="roles")
     enqueued = qw("enqueue", "qw.sleep", "--payload", '{"seconds": 4}', "--queue", QUEUE, "--dsn", login["producer"])
     assert enqueued.returncode == 0, enqueued.stderr
     heartbeaten = int(enqueued.stdout)  # runs 4 s on a 3 s lease: only heartbeats keep it
@@ -137,6 +140,8 @@ def test_each_role_runs_its_flows_with_only_its_grants(installation):
                     stage_two: "succeeded"}
         wait_until(lambda: states(admin, list(expected)) == expected, timeout=60,
                    message="the worker to finish every task")
+        wait_until(lambda: scalar(admin, "SELECT state::text FROM queueworker.runs WHERE id = %s", (run_id,))
+                   == "succeeded", timeout=60, message="the run to succeed")
         with psycopg.connect(login["producer"], autocommit=True) as conn:
             held = enqueue(conn, "qw.sleep", {"seconds": 60}, queue=QUEUE)
         wait_until(lambda: states(admin, [held]) == {held: "running"}, message="the worker to claim the long task")
@@ -188,7 +193,9 @@ def test_each_role_runs_its_flows_with_only_its_grants(installation):
         finished = [row[0] for row in conn.execute(
             "UPDATE queueworker.tasks SET finished_at = now() - interval '2 hours' WHERE state = ANY(%s) "
             "RETURNING id", (list(TERMINAL),))]
-    assert sorted(finished) == sorted([noop, flaky, delayed, heartbeaten, orphan, unique, stage_one, stage_two])
+    run_tasks = [row[0] for row in query(admin, "SELECT id FROM queueworker.tasks WHERE run_id = %s", (run_id,))]
+    assert sorted(finished) == sorted([noop, flaky, delayed, heartbeaten, orphan, unique, stage_one, stage_two,
+                                       *run_tasks])
     assert asyncio.run(_clean(login["worker"])) == len(finished)
     remaining = {row[0] for row in query(admin, "SELECT task_id FROM queueworker.task_events")}
     assert not remaining & set(finished) and {broken, held} <= remaining
@@ -308,11 +315,14 @@ def test_definer_functions_pin_their_search_path_and_are_not_public(dsn):
                                "WHERE pronamespace = 'queueworker'::regnamespace AND prosecdef"))
     assert definers == {name: ["search_path=pg_catalog, pg_temp"]
                         for name in ("audit_task_inserts", "audit_task_updates", "clean_finished", "enqueue_tasks",
-                                     "replace_pending", "settle_dependents", "settle_new_dependency")}
+                                     "replace_pending", "settle_dependents", "settle_new_dependency",
+                                     "count_run_outcomes", "start_run", "finalize_run")}
     # Even without docs/database-roles.sql, only the owner may run the functions that change rows.
     for function in ("clean_finished(bigint, float8, integer)",
                      "enqueue_tasks(text[], text[], jsonb[], integer[], timestamptz[], integer[], integer[], text[], "
-                     "boolean[], boolean[], bigint[], bigint[])",
+                     "boolean[], boolean[], bigint[], bigint[], bigint[], integer[])",
+                     "count_run_outcomes(bigint[], bigint[], integer[], text[], text[])",
+                     "start_run(text, integer, jsonb, jsonb, text)", "finalize_run(bigint)",
                      "replace_pending(bigint[], jsonb[], integer[], timestamptz[])",
                      "settle_dependents(bigint[], bigint[])"):
         assert scalar(dsn, "SELECT bool_or(grantee = 0) FROM pg_proc, aclexplode(proacl) "

@@ -7,6 +7,7 @@ What applications import:
 - `enqueue`, `enqueue_many`, `enqueue_chain` and their `_async` twins, `TaskSpec`: add tasks
   inside the caller's transaction (unique, or depending on other tasks, as TaskSpec says); bad
   input raises pydantic's `ValidationError` before the database is touched.
+- `start_run`: a partitioned run, counted as its partitions end, consolidated once if all succeed.
 - `WorkerSettings`, `SettingsError`: a worker's settings, every default and bound in one place
   (the CLI's flags and QUEUEWORKER_* variables are derived from it).
 """
@@ -15,8 +16,9 @@ __version__ = "0.1.0"
 
 from .handlers import PermanentError, TaskContext, task  # noqa: E402
 from .producer import (  # noqa: E402
-    TaskSpec, enqueue, enqueue_async, enqueue_chain, enqueue_chain_async, enqueue_many, enqueue_many_async)
+    TaskSpec, enqueue, enqueue_async, enqueue_chain, enqueue_chain_async, enqueue_many, enqueue_many_async, start_run)
 from .settings import SettingsError, WorkerSettings  # noqa: E402
 
 __all__ = ["PermanentError", "SettingsError", "TaskContext", "TaskSpec", "WorkerSettings", "enqueue",
-           "enqueue_async", "enqueue_chain", "enqueue_chain_async", "enqueue_many", "enqueue_many_async", "task"]
+           "enqueue_async", "enqueue_chain", "enqueue_chain_async", "enqueue_many", "enqueue_many_async", "start_run",
+           "task"]

@@ -129,6 +129,30 @@ def build_parser() -> argparse.ArgumentParser:
     cancel = sub.add_parser("cancel", parents=[common], help="cancel a pending, retrying, running or blocked task")
     cancel.add_argument("id", type=_bounded_int(1, BIGINT_MAX))
 
+    runs = sub.add_parser("runs", parents=[common], help="partitioned runs, newest first")
+    runs.add_argument("--name", default=None)
+    runs.add_argument("--limit", type=_bounded_int(1, 10_000), default=20)
+    runs.add_argument("--json", action="store_true", help="print JSON")
+    run = sub.add_parser("run", help="start, show, retry or finalize a partitioned run")
+    run_commands = run.add_subparsers(dest="run_command", required=True, metavar="COMMAND")
+    run_start = run_commands.add_parser("start", parents=[common],
+                                        help="start a run of N partitions of TASK (payload {\"partition\": i})")
+    run_start.add_argument("name")
+    run_start.add_argument("--task", required=True)
+    run_start.add_argument("--partitions", type=_bounded_int(1, MAX_COUNT), required=True)
+    run_start.add_argument("--queue", help=f"default {_default(TaskSpec, 'queue')}")
+    run_start.add_argument("--on-success", metavar="TASK", help="the consolidation, enqueued once all succeeded")
+    run_start.add_argument("--on-failure", metavar="TASK", help="the alert, enqueued once if a partition fails")
+    run_start.add_argument("--watermark", metavar="NAME", help="advanced to the run's start when it succeeds")
+    for command, text in (("show", "the run and each partition's state"),
+                          ("retry", "retry the run's failed and cancelled partitions")):
+        run_commands.add_parser(command, parents=[common], help=text).add_argument(
+            "id", type=_bounded_int(1, BIGINT_MAX))
+    finalize = run_commands.add_parser("finalize", parents=[common],
+                                       help="consolidate a failed run on purpose (needs --force)")
+    finalize.add_argument("id", type=_bounded_int(1, BIGINT_MAX))
+    finalize.add_argument("--force", action="store_true", required=True)
+
     demo = sub.add_parser("demo", help="run it all locally: a throwaway Postgres, a burst of tasks, "
                           "workers scaled by the controller's policy")
     demo.add_argument("--tasks", type=int, default=_default(DemoConfig, "tasks"), help="qw.sleep tasks to enqueue")
@@ -383,8 +407,69 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
 
 
+def cmd_runs(args: argparse.Namespace) -> int:
+    from . import sql
+    from .db import typed_rows
+
+    with _connect(args.dsn) as conn, conn.cursor(row_factory=typed_rows(sql.RunRow)) as cursor:
+        rows = cursor.execute(sql.RUNS, {"name": args.name, "limit": args.limit}).fetchall()
+    if args.json:
+        print(json.dumps([row._asdict() for row in rows], indent=2, default=str))
+        return 0
+    print(f"{'ID':>8} {'NAME':<24} {'STATE':<10} {'SUCCEEDED':>10} {'FAILED':>7} {'CANCELLED':>10} {'EXPECTED':>9}")
+    for row in rows:
+        print(f"{row.id:>8} {row.name[:24]:<24} {row.state:<10} {row.succeeded:>10} {row.failed:>7} "
+              f"{row.cancelled:>10} {row.expected:>9}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from . import sql
+    from .db import typed_rows
+    from .producer import start_run
+
+    with _connect(args.dsn) as conn:
+        if args.run_command == "start":
+            queue = {"queue": args.queue} if args.queue else {}
+            try:
+                run_id = start_run(conn, args.name, [{"task": args.task, "payload": {"partition": i}, **queue}
+                                                     for i in range(args.partitions)],
+                                   on_success={"task": args.on_success, **queue} if args.on_success else None,
+                                   on_failure={"task": args.on_failure, **queue} if args.on_failure else None,
+                                   watermark=args.watermark)
+            except ValueError as exc:
+                raise CliError(str(exc)) from None
+            print(run_id)
+            return 0
+        with conn.cursor(row_factory=typed_rows(sql.RunRow)) as cursor:
+            run = cursor.execute(sql.RUN, {"id": args.id}).fetchone()
+        if run is None:
+            raise CliError(f"no run with id {args.id}")
+        if args.run_command == "show":
+            print(f"run {run.id} {run.name}: {run.state}, {run.succeeded} succeeded, {run.failed} failed, "
+                  f"{run.cancelled} cancelled of {run.expected}; watermark {run.watermark or '-'} "
+                  f"(before {json.dumps(run.watermark_before)}, after {json.dumps(run.watermark_after)})")
+            with conn.cursor(row_factory=typed_rows(sql.RunTaskRow)) as cursor:
+                for task in cursor.execute(sql.RUN_TASKS, {"id": run.id}):
+                    role = (f"partition {task.partition}" if task.partition is not None
+                            else "consolidation" if task.id == run.success_task_id else "alert")
+                    print(f"  {role:<16} task {task.id:<8} {task.state:<10} attempts {task.attempts}"
+                          + (f"  {task.error}" if task.error else ""))
+        elif args.run_command == "retry":
+            with conn.cursor(row_factory=typed_rows(sql.RetriedRunRow)) as cursor:
+                retried = cursor.execute(sql.RETRY_RUN, {"id": run.id}).fetchone().retried
+            print(f"run {run.id}: {retried} partitions pending again")
+        else:
+            with conn.cursor(row_factory=typed_rows(sql.FinalizedRunRow)) as cursor:
+                if not cursor.execute(sql.FINALIZE_RUN, {"id": run.id}).fetchone().finalized:
+                    raise CliError(f"run {run.id} is {run.state}: only a failed run that has not been consolidated "
+                                   "can be finalized")
+            print(f"run {run.id}: finalized; the consolidation is enqueued once every partition has ended")
+    return 0
+
+
 COMMANDS = {"migrate": cmd_migrate, "enqueue": cmd_enqueue, "worker": cmd_worker, "status": cmd_status,
-            "retry": cmd_retry, "cancel": cmd_cancel, "demo": cmd_demo}
+            "retry": cmd_retry, "cancel": cmd_cancel, "demo": cmd_demo, "runs": cmd_runs, "run": cmd_run}
 
 
 def main(argv: list[str] | None = None) -> int:

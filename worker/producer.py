@@ -20,6 +20,7 @@ new payload, priority and schedule instead (audited as a `replaced` event).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Generator, Iterable, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Annotated, Any, Literal, NamedTuple
@@ -142,10 +143,13 @@ def _params(specs: Sequence[TaskSpec]) -> dict[str, list]:
     }
 
 
-def _special_params(specs: Sequence[TaskSpec]) -> dict[str, list]:
-    """ENQUEUE_TASKS's parameters: _params, the keys, and the edges by 1-based spec position."""
+def _special_params(specs: Sequence[TaskSpec], run_id: int | None = None,
+                    partitions: Sequence[int | None] | None = None) -> dict[str, list]:
+    """ENQUEUE_TASKS's parameters: _params, the keys, the edges by 1-based spec position, and the
+    run and partition number of each spec (for a run's partitions)."""
     edges = [(position, prerequisite) for position, spec in enumerate(specs, 1) for prerequisite in spec.depends_on]
     return {**_params(specs), "dedupe_keys": [s.dedupe_key for s in specs],
+            "run_ids": [run_id] * len(specs), "run_partitions": list(partitions or [None] * len(specs)),
             "by_spec": [s.dedupe == "spec" for s in specs],
             "cancel_on_failure": [s.on_dependency_failure == "cancel" for s in specs],
             "prerequisite_ords": [position for position, _ in edges],
@@ -180,19 +184,22 @@ Plan = Generator[tuple[str, dict[str, Any], type], list, Enqueued]
 UNIQUE_ROUNDS = 3
 
 
-def _plan(batch: Sequence[TaskSpec]) -> Plan:
+def _plan(batch: Sequence[TaskSpec], run: tuple[int, int] | None = None) -> Plan:
+    """With `run` = (run id, number of the batch's first partition) every spec is a partition."""
     ids: list[int | None] = [None] * len(batch)
-    plain = [i for i, spec in enumerate(batch) if spec.plain]
+    plain = [i for i, spec in enumerate(batch) if spec.plain and run is None]
     if plain:
         rows = yield sql.ENQUEUE, _params([batch[i] for i in plain]), sql.EnqueuedRow
         for i, row in zip(plain, rows):
             ids[i] = row.id
-    pending = [i for i, spec in enumerate(batch) if not spec.plain]
+    pending = [i for i, spec in enumerate(batch) if not spec.plain or run is not None]
     duplicates: list[int] = []  # specs whose key another task held (within the batch too)
     for _ in range(UNIQUE_ROUNDS):
         if not pending:
             break
-        rows = yield sql.ENQUEUE_TASKS, _special_params([batch[i] for i in pending]), sql.TaskEnqueuedRow
+        rows = yield sql.ENQUEUE_TASKS, _special_params(
+            [batch[i] for i in pending], run[0] if run else None,
+            [run[1] + i for i in pending] if run else None), sql.TaskEnqueuedRow
         missing = []
         for i, row in zip(pending, rows):
             if row.id is None:
@@ -275,6 +282,42 @@ def enqueue_chain(conn: psycopg.Connection, specs: Iterable[TaskSpec | dict]) ->
     for spec in specs:
         ids.extend(enqueue_batch(conn, [_stage(spec, ids[-1:])]).ids)
     return ids
+
+
+def _run_task_spec(spec: TaskSpec | dict | None) -> str | None:
+    """A run's consolidation or alert, as the run row stores it (JSON; enqueued when due)."""
+    if spec is None:
+        return None
+    spec = spec if isinstance(spec, TaskSpec) else TaskSpec(**spec)
+    if not spec.plain or spec.run_after or spec.delay:
+        raise ValueError("a run's on_success/on_failure task takes task, payload, queue, priority, max_attempts "
+                         "and timeout_seconds only")
+    return json.dumps({"task": spec.task, "queue": spec.queue, "payload": json.loads(spec.payload_json),
+                       "priority": spec.priority, "max_attempts": spec.max_attempts,
+                       "timeout_seconds": spec.timeout_seconds})
+
+
+def start_run(conn: psycopg.Connection, name: str, partitions: Iterable[TaskSpec | dict], *,
+              on_success: TaskSpec | dict | None = None, on_failure: TaskSpec | dict | None = None,
+              watermark: str | None = None) -> int:
+    """Starts a partitioned run in the caller's transaction: one task per partition (numbered from
+    0 in order), counted as they end. When every partition has succeeded, `on_success` (the
+    consolidation) is enqueued once; when one ends failed or cancelled, the run fails and
+    `on_failure` (the alert) is enqueued once. The run succeeds, and the watermark named
+    `watermark` advances to the run's start, only when the consolidation succeeds (or, without one,
+    when the last partition does). Returns the run's id."""
+    specs = [spec if isinstance(spec, TaskSpec) else TaskSpec(**spec) for spec in partitions]
+    if not specs:
+        raise ValueError("a run needs at least one partition")
+    if not 1 <= len(name) <= 200 or not name.isprintable():
+        raise ValueError("a run's name is printable text of 1 to 200 characters")
+    params = {"name": name, "expected": len(specs), "on_success": _run_task_spec(on_success),
+              "on_failure": _run_task_spec(on_failure), "watermark": watermark}
+    with conn.cursor(row_factory=typed_rows(sql.StartedRunRow)) as cursor:
+        run_id = cursor.execute(sql.START_RUN, params).fetchone().id
+    for first in range(0, len(specs), BATCH_SIZE):
+        _run(conn, _plan(specs[first:first + BATCH_SIZE], (run_id, first)))
+    return run_id
 
 
 async def enqueue_async(conn: psycopg.AsyncConnection, task: str, payload: Any = None, **options: Any) -> int:

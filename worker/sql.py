@@ -6,7 +6,7 @@ it matches `(id, lease_token, state = 'running')`, so a worker that lost its lea
 name return a row type defined next to them (see `DutyConnection.fetch(..., row=...)`).
 """
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 NOTIFY_CHANNEL = "queueworker"
 
@@ -107,13 +107,15 @@ class EnqueuedRow(NamedTuple):
 # task, so a producer's open transaction never holds up the worker that runs it. One row per spec,
 # in order: its key, and its new id, or NULL when a task held the key already (a duplicate within
 # the batch gets the id of the first spec with its key). `prerequisite_ords[i]` is the 1-based
-# position of the spec that depends on task `prerequisite_ids[i]`.
+# position of the spec that depends on task `prerequisite_ids[i]`; `run_ids` and `run_partitions`
+# place partitions in their run (migration 007).
 ENQUEUE_TASKS = """
 SELECT ord, queue, dedupe_key, id, notified
 FROM queueworker.enqueue_tasks(%(queues)s::text[], %(tasks)s::text[], %(payloads)s::jsonb[], %(priorities)s::int[],
                                %(run_afters)s::timestamptz[], %(max_attempts)s::int[], %(timeouts)s::int[],
                                %(dedupe_keys)s::text[], %(by_spec)s::bool[], %(cancel_on_failure)s::bool[],
-                               %(prerequisite_ords)s::bigint[], %(prerequisite_ids)s::bigint[])
+                               %(prerequisite_ords)s::bigint[], %(prerequisite_ids)s::bigint[],
+                               %(run_ids)s::bigint[], %(run_partitions)s::int[])
 """
 
 
@@ -246,7 +248,8 @@ DEREGISTER_WORKER = "DELETE FROM queueworker.workers WHERE id = %(worker)s"
 # parent costs Postgres 15 about twice as much per row. DML aimed at a partition does not fire
 # the parent's audit triggers, hence the explicit `audited` step (as in CLAIM), and the explicit
 # `settled` step: the tasks waiting on these become pending in this same statement (migration 006;
-# one advisory lock and one index probe when nothing waits). Lists every column of
+# one advisory lock and one index probe when nothing waits), and the `counted` step: the runs these
+# belong to count them (migration 007; nothing to do for tasks of no run). Lists every column of
 # queueworker.tasks: keep it in step with the migrations.
 COMPLETE_SUCCEEDED = """
 WITH done AS (
@@ -255,16 +258,16 @@ WITH done AS (
     WHERE t.id = c.id AND t.lease_token = c.token AND t.state = 'running'
     RETURNING t.id, t.queue, t.task, t.delayed, t.priority, t.run_after, t.attempts, t.max_attempts,
               t.rescues, t.timeout_seconds, t.payload, c.result, t.error, t.lease_owner, t.lease_token,
-              t.created_at, t.started_at, t.spec_hash, t.dedupe_key
+              t.created_at, t.started_at, t.spec_hash, t.dedupe_key, t.run_id, t.run_partition
 ), moved AS (
     INSERT INTO queueworker.tasks_finished
         (id, queue, task, state, delayed, priority, run_after, attempts, max_attempts, rescues, timeout_seconds,
          payload, result, error, lease_owner, lease_token, leased_until, deadline_at, created_at, updated_at,
-         started_at, finished_at, spec_hash, dedupe_key)
+         started_at, finished_at, spec_hash, dedupe_key, run_id, run_partition)
     OVERRIDING SYSTEM VALUE
     SELECT id, queue, task, 'succeeded', delayed, priority, run_after, attempts, max_attempts, rescues,
            timeout_seconds, payload, result, NULL, lease_owner, lease_token, NULL, NULL, created_at, now(),
-           started_at, now(), spec_hash, dedupe_key
+           started_at, now(), spec_hash, dedupe_key, run_id, run_partition
     FROM done
     RETURNING id, lease_token
 ), audited AS (
@@ -273,8 +276,12 @@ WITH done AS (
     FROM done
 ), settled AS (
     SELECT queueworker.settle_dependents(array_agg(id), array_agg(id)) FROM moved
+), counted AS (
+    SELECT queueworker.count_run_outcomes(array_agg(id), array_agg(run_id), array_agg(run_partition),
+                                          array_agg('running'::text), array_agg('succeeded'::text))
+    FROM done WHERE run_id IS NOT NULL HAVING count(*) > 0
 )
-SELECT id, lease_token FROM moved, settled
+SELECT id, lease_token FROM moved LEFT JOIN counted ON true, settled
 """
 
 # A retryable failure with attempts left waits out its backoff in `retrying`; anything else fails.
@@ -417,10 +424,12 @@ SELECT (SELECT count(*) FROM promoted) AS promoted,
 
 # -- operators -------------------------------------------------------------------------------
 
+# What a retry sets: pending and due now, with at least one more attempt.
+_RETRY_SET = """SET state = 'pending', delayed = false, run_after = now(), updated_at = now(), finished_at = NULL,
+    max_attempts = greatest(max_attempts, attempts + 1)"""
 RETRY_TASK = """
 UPDATE queueworker.tasks
-SET state = 'pending', delayed = false, run_after = now(), updated_at = now(), finished_at = NULL,
-    max_attempts = greatest(max_attempts, attempts + 1)
+""" + _RETRY_SET + """
 WHERE id = %(id)s AND state IN ('failed', 'cancelled')
 RETURNING id, queue, attempts, max_attempts
 """
@@ -434,6 +443,82 @@ RETURNING id
 """
 
 TASK_STATE = "SELECT state::text FROM queueworker.tasks WHERE id = %(id)s"
+
+# -- runs ------------------------------------------------------------------------------------
+
+START_RUN = """
+SELECT queueworker.start_run(%(name)s, %(expected)s, %(on_success)s::jsonb, %(on_failure)s::jsonb,
+                             %(watermark)s) AS id
+"""
+
+
+class StartedRunRow(NamedTuple):
+    id: int
+
+
+RUN_COLUMNS = """id, name, state::text AS state, expected, succeeded, failed, cancelled, success_task_id,
+       failure_task_id, forced, watermark, watermark_before, watermark_after, started_at, finished_at"""
+RUNS = "SELECT " + RUN_COLUMNS + """ FROM queueworker.runs
+WHERE %(name)s::text IS NULL OR name = %(name)s ORDER BY id DESC LIMIT %(limit)s"""
+RUN = "SELECT " + RUN_COLUMNS + " FROM queueworker.runs WHERE id = %(id)s"
+
+# The run's tasks: partitions in order, then its consolidation and alert.
+RUN_TASKS = """
+SELECT id, run_partition AS partition, state::text AS state, attempts, error ->> 'message' AS error
+FROM queueworker.tasks WHERE run_id = %(id)s ORDER BY run_partition NULLS LAST, id
+"""
+
+
+class RunTaskRow(NamedTuple):
+    id: int
+    partition: int | None
+    state: str
+    attempts: int
+    error: str | None
+
+
+# `queueworker run retry ID`: the run's failed and cancelled partitions, as RETRY_TASK would.
+RETRY_RUN = """
+WITH retried AS (
+    UPDATE queueworker.tasks
+    """ + _RETRY_SET + """
+    WHERE run_id = %(id)s AND run_partition IS NOT NULL AND state IN ('failed', 'cancelled')
+    RETURNING id, queue
+), notified AS (
+    SELECT pg_notify('queueworker', queue) FROM retried GROUP BY queue
+)
+SELECT count(*) AS retried, (SELECT count(*) FROM notified) AS notified FROM retried
+"""
+
+
+class RetriedRunRow(NamedTuple):
+    retried: int
+    notified: int
+
+
+FINALIZE_RUN = "SELECT queueworker.finalize_run(%(id)s) AS finalized"
+
+
+class FinalizedRunRow(NamedTuple):
+    finalized: bool
+
+
+class RunRow(NamedTuple):
+    id: int
+    name: str
+    state: str
+    expected: int
+    succeeded: int
+    failed: int
+    cancelled: int
+    success_task_id: int | None
+    failure_task_id: int | None
+    forced: bool
+    watermark: str | None
+    watermark_before: Any
+    watermark_after: Any
+    started_at: Any
+    finished_at: Any
 
 # The unfinished task, other than this one, that holds this task's dedupe key: what keeps a finished
 # task from being retried.

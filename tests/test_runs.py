@@ -1,0 +1,181 @@
+"""Partitioned runs (seed 003): exact fan-in in the statements that record outcomes, the
+consolidation enqueued once and only if every partition succeeded, the alert once on failure,
+the watermark advanced only by a successful run. Against a real Postgres, with real worker
+processes killed and a Postgres restart."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import uuid
+
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+
+from queueworker import sql
+from queueworker.producer import start_run
+from tests.support import FAST_LEASES, WorkerProcess, query, scalar, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def run_row(dsn: str, run_id: int) -> sql.RunRow:
+    return sql.RunRow._make(query(dsn, sql.RUN, {"id": run_id})[0])
+
+
+def claim(conn, queue: str) -> dict[int, int]:
+    rows = conn.execute(sql.CLAIM, {"queue": queue, "worker": uuid.uuid4(), "lease_seconds": 30,
+                                    "timeout_seconds": 60, "limit": 100}).fetchall()
+    return {row[0]: row[6] for row in rows}
+
+
+def succeed(conn, tokens: dict[int, int]) -> None:
+    conn.execute(sql.COMPLETE_SUCCEEDED, {"ids": list(tokens), "tokens": list(tokens.values()),
+                                          "results": [None] * len(tokens)})
+
+
+def fail(conn, task_id: int, token: int) -> None:
+    conn.execute(sql.COMPLETE_FAILED, {"ids": [task_id], "tokens": [token], "retryables": [False],
+                                       "backoffs": [0.0], "errors": [Jsonb({"message": "source down"})]})
+
+
+def run_tasks(dsn: str, run_id: int) -> list[tuple]:
+    """(id, partition, state) of the run's tasks, partitions first."""
+    return query(dsn, "SELECT id, run_partition, state::text FROM queueworker.tasks WHERE run_id = %s "
+                      "ORDER BY run_partition NULLS LAST, id", (run_id,))
+
+
+def test_fan_in_is_exact_and_the_consolidation_is_enqueued_once_then_advances_the_watermark(dsn):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        run_id = start_run(conn, "export", [{"task": "export.part", "queue": "parts", "payload": {"p": i}}
+                                            for i in range(5)],
+                           on_success={"task": "export.consolidate", "queue": "final"}, watermark="export")
+        tokens = claim(conn, "parts")
+        first, rest = dict(list(tokens.items())[:2]), dict(list(tokens.items())[2:])
+        succeed(conn, first)  # outcomes arrive in batches of any size
+        assert (run_row(dsn, run_id).succeeded, claim(conn, "final")) == (2, {})
+        succeed(conn, rest)
+        run = run_row(dsn, run_id)
+        assert (run.state, run.succeeded, run.success_task_id is not None) == ("running", 5, True)
+        assert [t[1:] for t in run_tasks(dsn, run_id)] == [(i, "succeeded") for i in range(5)] + [(None, "pending")]
+        assert scalar(dsn, "SELECT count(*) FROM queueworker.watermarks") == 0, "not before the consolidation"
+        succeed(conn, claim(conn, "final"))
+    run = run_row(dsn, run_id)
+    assert run.state == "succeeded" and run.watermark_before is None and run.watermark_after is not None
+    assert query(dsn, "SELECT value, run_id FROM queueworker.watermarks WHERE name = 'export'") == [
+        (run.watermark_after, run_id)]
+
+    with psycopg.connect(dsn, autocommit=True) as conn:  # the next run sees the watermark as it stands
+        second = start_run(conn, "export", [{"task": "export.part"}], watermark="export")
+    assert run_row(dsn, second).watermark_before == run.watermark_after
+
+
+def test_a_failed_partition_fails_the_run_alerts_once_and_a_retry_brings_the_consolidation(dsn):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        run_id = start_run(conn, "scrape", [{"task": "scrape", "queue": "parts"} for _ in range(3)],
+                           on_success={"task": "consolidate", "queue": "final"},
+                           on_failure={"task": "alert", "queue": "alerts"}, watermark="scrape")
+        tokens = claim(conn, "parts")
+        (bad, bad_token), *good = tokens.items()
+        fail(conn, bad, bad_token)
+        succeed(conn, dict(good))
+        run = run_row(dsn, run_id)
+        assert (run.state, run.succeeded, run.failed, run.success_task_id) == ("failed", 2, 1, None)
+        assert len(claim(conn, "alerts")) == 1 and claim(conn, "final") == {}, "alerted once, no consolidation"
+
+        conn.execute(sql.RETRY_TASK, {"id": bad})
+        assert (run_row(dsn, run_id).state, run_row(dsn, run_id).failed) == ("running", 0)
+        succeed(conn, claim(conn, "parts"))
+        consolidation = claim(conn, "final")
+        assert len(consolidation) == 1
+        succeed(conn, consolidation)
+    run = run_row(dsn, run_id)
+    assert (run.state, run.succeeded, run.failed) == ("succeeded", 3, 0)
+    assert scalar(dsn, "SELECT count(*) FROM queueworker.tasks WHERE run_id = %s AND run_partition IS NULL",
+                  (run_id,)) == 2, "one alert, one consolidation"
+
+
+def test_a_failed_consolidation_fails_the_run_and_keeps_the_watermark(dsn):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        run_id = start_run(conn, "load", [{"task": "p", "queue": "parts"}],
+                           on_success={"task": "consolidate", "queue": "final"}, watermark="load")
+        succeed(conn, claim(conn, "parts"))
+        (task_id, token), = claim(conn, "final").items()
+        fail(conn, task_id, token)
+    assert run_row(dsn, run_id).state == "failed"
+    assert scalar(dsn, "SELECT count(*) FROM queueworker.watermarks") == 0
+
+
+def test_bad_runs_are_refused():
+    with pytest.raises(ValueError, match="at least one partition"):
+        start_run(None, "empty", [])
+    with pytest.raises(ValueError, match="on_success/on_failure task takes"):
+        start_run(None, "x", [{"task": "p"}], on_success={"task": "c", "depends_on": [1]})
+
+
+def test_four_workers_one_killed_and_a_postgres_restart_consolidate_exactly_once(dsn, local_postgres):
+    with psycopg.connect(dsn) as conn:
+        run_id = start_run(conn, "big", [{"task": "qw.sleep", "queue": "parts", "payload": {"seconds": 0.02}}
+                                         for _ in range(200)],
+                           on_success={"task": "qw.noop", "queue": "parts"}, watermark="big")
+    workers = [WorkerProcess(dsn, "--queue", "parts", "--concurrency", "8", *FAST_LEASES) for _ in range(4)]
+    try:
+        wait_until(lambda: run_row(dsn, run_id).succeeded >= 40, timeout=60, message="progress")
+        workers[0].signal(signal.SIGKILL)
+        wait_until(lambda: run_row(dsn, run_id).succeeded >= 100, timeout=60, message="more progress")
+        local_postgres.restart()
+        wait_until(lambda: run_row(dsn, run_id).state == "succeeded", timeout=180, message="the run to succeed")
+    finally:
+        for worker in workers:
+            worker.stop()
+    run = run_row(dsn, run_id)
+    assert (run.succeeded, run.failed, run.cancelled) == (200, 0, 0)
+    assert scalar(dsn, "SELECT count(*) FROM queueworker.tasks WHERE run_id = %s AND run_partition IS NOT NULL "
+                       "AND state = 'succeeded'", (run_id,)) == 200, "the counters equal the rows"
+    consolidations = query(dsn, "SELECT id FROM queueworker.tasks WHERE run_id = %s AND run_partition IS NULL",
+                           (run_id,))
+    assert len(consolidations) == 1
+    assert scalar(dsn, "SELECT count(*) FROM queueworker.task_events WHERE task_id = %s AND to_state = 'succeeded'",
+                  (consolidations[0][0],)) == 1, "the consolidation ran to success exactly once"
+    assert query(dsn, "SELECT run_id FROM queueworker.watermarks WHERE name = 'big'") == [(run_id,)]
+
+
+def qw(dsn: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "queueworker.cli", *args, "--dsn", dsn],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_cli_starts_shows_lists_retries_and_finalizes_a_run(dsn):
+    started = qw(dsn, "run", "start", "nightly", "--task", "part", "--partitions", "3", "--queue", "parts",
+                 "--on-success", "consolidate", "--on-failure", "alert", "--watermark", "nightly")
+    assert started.returncode == 0, started.stderr
+    run_id = int(started.stdout)
+    assert [row[0] for row in query(dsn, "SELECT payload FROM queueworker.tasks WHERE run_id = %s "
+                                         "ORDER BY run_partition", (run_id,))] == [{"partition": i} for i in range(3)]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        (bad, token), *good = claim(conn, "parts").items()
+        fail(conn, bad, token)
+        succeed(conn, dict(good))
+    shown = qw(dsn, "run", "show", str(run_id))
+    assert f"run {run_id} nightly: failed, 2 succeeded, 1 failed, 0 cancelled of 3" in shown.stdout, shown.stdout
+    assert "source down" in shown.stdout and "alert" in shown.stdout
+    listed = json.loads(qw(dsn, "runs", "--json").stdout)
+    assert [(r["id"], r["state"]) for r in listed] == [(run_id, "failed")]
+
+    retried = qw(dsn, "run", "retry", str(run_id))
+    assert f"run {run_id}: 1 partitions pending again" in retried.stdout
+    assert run_row(dsn, run_id).state == "running"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        fail(conn, bad, claim(conn, "parts")[bad])
+    assert run_row(dsn, run_id).state == "failed"
+    finalized = qw(dsn, "run", "finalize", str(run_id), "--force")
+    assert finalized.returncode == 0, finalized.stderr
+    run = run_row(dsn, run_id)
+    assert run.forced and run.success_task_id is not None, "consolidated on purpose despite the failure"
+    again = qw(dsn, "run", "finalize", str(run_id), "--force")
+    assert again.returncode == 2 and "only a failed run" in again.stderr
+    missing = qw(dsn, "run", "show", "999999")
+    assert missing.returncode == 2 and "no run with id 999999" in missing.stderr
