@@ -108,7 +108,7 @@ class EnqueuedRow(NamedTuple):
 # in order: its key, and its new id, or NULL when a task held the key already (a duplicate within
 # the batch gets the id of the first spec with its key). `prerequisite_ords[i]` is the 1-based
 # position of the spec that depends on task `prerequisite_ids[i]`; `run_ids` and `run_partitions`
-# place partitions in their run (migration 007).
+# place partitions in their run (migration 006).
 ENQUEUE_TASKS = """
 SELECT ord, queue, dedupe_key, id, notified
 FROM queueworker.enqueue_tasks(%(queues)s::text[], %(tasks)s::text[], %(payloads)s::jsonb[], %(priorities)s::int[],
@@ -249,7 +249,7 @@ DEREGISTER_WORKER = "DELETE FROM queueworker.workers WHERE id = %(worker)s"
 # the parent's audit triggers, hence the explicit `audited` step (as in CLAIM), and the explicit
 # `settled` step: the tasks waiting on these become pending in this same statement (migration 006;
 # one advisory lock and one index probe when nothing waits), and the `counted` step: the runs these
-# belong to count them (migration 007; nothing to do for tasks of no run). Lists every column of
+# belong to count them (migration 006; nothing to do for tasks of no run). Lists every column of
 # queueworker.tasks: keep it in step with the migrations.
 COMPLETE_SUCCEEDED = """
 WITH done AS (
@@ -589,7 +589,7 @@ FROM unnest(%(queues)s::text[]) AS q(queue)
 QUEUE_DEPTH = _QUEUE_DEPTH.replace("{blocked}", """(SELECT count(*) FROM (SELECT 1 FROM queueworker.tasks
                               WHERE state = 'blocked' AND queue = q.queue
                               LIMIT %(cap)s) AS w)""")
-# The same against a schema before version 6 (no `blocked` state: QUEUE_DEPTH fails to parse
+# The same against a schema before version 5 (no `blocked` state: QUEUE_DEPTH fails to parse
 # there), whose tenants a newer controller may serve while their workers are older.
 QUEUE_DEPTH_WITHOUT_BLOCKED = _QUEUE_DEPTH.replace("{blocked}", "0::bigint")
 

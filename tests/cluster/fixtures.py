@@ -81,13 +81,18 @@ def crd(control_plane: ControlPlane) -> None:
     install_crd(control_plane)
 
 
+def fresh_namespace(plane: ControlPlane) -> Iterator[str]:
+    """A fresh namespace of `plane` (its default ServiceAccount exists), deleted afterwards without waiting."""
+    name = plane.create_namespace()
+    yield name
+    with plane.api_client() as api:
+        client.CoreV1Api(api).delete_namespace(name)
+
+
 @pytest.fixture
 def cluster_namespace(control_plane: ControlPlane) -> Iterator[str]:
-    """A fresh namespace (its default ServiceAccount exists), deleted after the test without waiting."""
-    name = control_plane.create_namespace()
-    yield name
-    with control_plane.api_client() as api:
-        client.CoreV1Api(api).delete_namespace(name)
+    """A fresh namespace on the control plane, deleted after the test without waiting."""
+    yield from fresh_namespace(control_plane)
 
 
 @pytest.fixture(scope="session")
@@ -111,10 +116,7 @@ def real_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane
 @pytest.fixture
 def real_node_namespace(real_node: ControlPlane) -> Iterator[str]:
     """A fresh namespace on the real node's cluster, deleted after the test without waiting."""
-    name = real_node.create_namespace()
-    yield name
-    with real_node.api_client() as api:
-        client.CoreV1Api(api).delete_namespace(name)
+    yield from fresh_namespace(real_node)
 
 
 @dataclass(frozen=True)
