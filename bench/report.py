@@ -229,6 +229,12 @@ def write(out: Path, results: dict) -> None:
               "autovacuum visits the table during every run, as it does all day in a long-running queue; compared with an "
               f"empty table, alternating, {c['history_runs']} runs each. Also the cost of one CLAIM when nothing is "
               "due (what each idle poll pays), and the share of sampler ticks with a VACUUM running in the database.",
+              f"- **Fan-in** (queueworker): a partitioned run of {c.get('fanin_partitions', 0):,} no-op partitions "
+              "with a no-op consolidation (`start_run`), against the same number of plain no-op tasks "
+              f"(`enqueue_many`), fresh database each, alternating, {c.get('fanin_runs', 0)} runs each; drain "
+              "from the first start to the last partition's end (database clock), the lag from the last "
+              "partition's end to the consolidation's start, and the wall time from starting the workers to the "
+              "run's success.",
               ""]
 
     lines += ["## Results", "", "Median of runs, (min–max) where there is more than one run.", ""]
@@ -277,6 +283,18 @@ def write(out: Path, results: dict) -> None:
                          f"| {_cell([100 * r.get('vacuum_active', float('nan')) for r in runs])}% "
                          f"| {_cell([r['idle_claim_ms'] for r in runs], 2)} "
                          f"| {_cell([r['idle_claim_buffers'] for r in runs])} |")
+    fanin = results.get("fanin", [])
+    if fanin:
+        lines += ["", f"Partitioned run fan-in (queueworker; {c.get('fanin_partitions', 0):,} no-op partitions and a "
+                  "no-op consolidation, against as many plain no-op tasks):", "",
+                  "| tasks | enqueue tasks/s | drain tasks/s | last partition → consolidation starts, ms "
+                  "| worker start → run done, s |", "|---|---:|---:|---:|---:|"]
+        for kind in ("plain", "run"):
+            rows = [r for r in fanin if r["kind"] == kind]
+            lag = _cell([r["fan_in_lag_ms"] for r in rows], 1) if kind == "run" else "–"
+            lines.append(f"| {kind} | {_cell([r['enqueue_per_s'] for r in rows])} "
+                         f"| {_cell([r['tasks_per_s'] for r in rows])} | {lag} "
+                         f"| {_cell([r['wall_seconds'] for r in rows], 2)} |")
     idle_rows = [(n, r) for n, runs in results["idle"].items() for r in runs]
     if idle_rows:
         lines += ["", "Idle statements by system (top 5 in the window, calls):", ""]

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import psycopg
 
-from bench import history, report, scenarios
+from bench import history, report, runs, scenarios
 from bench.systems import ALL, System
 
 
@@ -43,15 +43,17 @@ class Config:
     history_tasks: int = 300_000  # long enough for autovacuum cycles on the big table to show
     history_runs: int = 3
     ceiling_runs: int = 3
+    fanin_partitions: int = 10_000
+    fanin_runs: int = 3
 
     @classmethod
     def quick(cls) -> Config:
         return cls(tasks=300, runs=1, burn_cap_seconds=10, idle_samples=10, load_rate=200, load_seconds=1.0,
                    idle_settle=2.0, idle_window=2.0, history_finished=3000, history_delayed=1000,
-                   history_tasks=300, history_runs=1, ceiling_runs=1)
+                   history_tasks=300, history_runs=1, ceiling_runs=1, fanin_partitions=50, fanin_runs=1)
 
 
-SCENARIOS = ("burn", "latency", "idle", "history", "ceiling")
+SCENARIOS = ("burn", "latency", "idle", "history", "ceiling", "fanin")
 HISTORY_AUTOVACUUM_NAPTIME = "5s"
 
 
@@ -61,7 +63,8 @@ class Runner:
         self.systems = systems
         self.scenarios = scenario_names
         self.log = log
-        self.results: dict = {"burn": {}, "latency": {}, "idle": {}, "history": {}, "ceiling": [], "errors": []}
+        self.results: dict = {"burn": {}, "latency": {}, "idle": {}, "history": {}, "ceiling": [], "fanin": [],
+                        "errors": []}
         self._db_seq = 0
 
     def run(self) -> dict:
@@ -85,7 +88,7 @@ class Runner:
                     "'shared_buffers', 'max_connections', 'wal_level', 'full_page_writes')").fetchall())
             self.results["load_before"] = os.getloadavg()
             started = time.monotonic()
-            for name in ("burn", "latency", "idle", "ceiling", "history"):
+            for name in ("burn", "latency", "idle", "ceiling", "history", "fanin"):
                 if name in self.scenarios:
                     self.log(f"== scenario {name}")
                     getattr(self, f"_{name}")()
@@ -172,16 +175,11 @@ class Runner:
             return
         for round_no in range(c.ceiling_runs):
             for clients, limit in ((2, c.concurrency), (4, c.concurrency // 2)):
-                dsn = self._fresh_db(qw)
-                try:
-                    result = history.ceiling(dsn, c.tasks, clients, limit, pgbench)
+                result = self._on_fresh_db(qw, "ceiling", "pgbench", lambda dsn: history.ceiling(
+                    dsn, c.tasks, clients, limit, pgbench))
+                if result:
                     self.log(f"   ceiling {clients} clients x limit {limit}: {result['tasks_per_s']:.0f} tasks/s")
                     self.results["ceiling"].append(result)
-                except Exception as exc:  # noqa: BLE001
-                    self.log(f"   ceiling FAILED: {exc}")
-                    self.results["errors"].append({"scenario": "ceiling", "system": "pgbench", "error": str(exc)})
-                finally:
-                    self._drop_db(dsn)
 
     def _history(self) -> None:
         """queueworker's claim throughput and idle claim cost: empty table vs big history."""
@@ -214,6 +212,31 @@ class Runner:
         finally:
             self._drop_db(big)
             self._set_server("autovacuum_naptime", None)
+
+    def _fanin(self) -> None:
+        """A run of N partitions against N plain tasks, alternating which goes first."""
+        c = self.config
+        qw = ALL["queueworker"]()
+        for round_no in range(c.fanin_runs):
+            for with_run in ((True, False) if round_no % 2 == 0 else (False, True)):
+                result = self._on_fresh_db(qw, "fanin", "queueworker", lambda dsn: runs.fan_in(
+                    qw, dsn, c.fanin_partitions, c.processes, c.concurrency, with_run))
+                if result:
+                    self.log(f"   fanin {result['kind']} run {round_no + 1}: {_brief(result)}")
+                    self.results["fanin"].append(result)
+
+    def _on_fresh_db(self, system: System, scenario: str, label: str, measure) -> dict | None:
+        """measure(dsn) on a fresh database, dropped afterwards; a failure is logged and recorded
+        (None), so one failed measurement does not end the others."""
+        dsn = self._fresh_db(system)
+        try:
+            return measure(dsn)
+        except Exception as exc:  # noqa: BLE001
+            self.log(f"   {scenario} {label} FAILED: {exc}")
+            self.results["errors"].append({"scenario": scenario, "system": label, "error": str(exc)})
+            return None
+        finally:
+            self._drop_db(dsn)
 
     def _set_server(self, setting: str, value: str | None) -> None:
         """ALTER SYSTEM SET (or RESET when value is None) and reload."""

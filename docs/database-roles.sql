@@ -1,4 +1,4 @@
--- Least-privilege database roles for queueworker, schema version 6. Why each grant exists, and
+-- Least-privilege database roles for queueworker, schema version 7. Why each grant exists, and
 -- what the roles still can do: docs/security.md.
 --
 -- Run it as a superuser, in the application's database:
@@ -91,7 +91,7 @@ ALTER DEFAULT PRIVILEGES FOR ROLE queueworker_migrator REVOKE EXECUTE ON FUNCTIO
 ALTER DEFAULT PRIVILEGES FOR ROLE queueworker_migrator IN SCHEMA queueworker
     GRANT SELECT ON TABLES TO queueworker_operator;
 
--- 5. The grants, for schema version 6.
+-- 5. The grants, for schema version 7.
 DO $$
 DECLARE
     applied_version integer;
@@ -99,14 +99,14 @@ BEGIN
     IF to_regclass('queueworker.schema_migrations') IS NOT NULL THEN
         SELECT max(m.version) INTO applied_version FROM queueworker.schema_migrations m;
     END IF;
-    IF coalesce(applied_version, 0) < 6 THEN
-        RAISE NOTICE 'queueworker is at schema version %, these grants are for version 6: run `queueworker '
+    IF coalesce(applied_version, 0) < 7 THEN
+        RAISE NOTICE 'queueworker is at schema version %, these grants are for version 7: run `queueworker '
                      'migrate` as a member of queueworker_migrator, then run this script again',
                      coalesce(applied_version, 0);
         RETURN;
     END IF;
-    IF applied_version > 6 THEN
-        RAISE EXCEPTION 'these grants are for queueworker schema version 6, the database is at version %: '
+    IF applied_version > 7 THEN
+        RAISE EXCEPTION 'these grants are for queueworker schema version 7, the database is at version %: '
                         'run the database-roles.sql of the queueworker release that migrated it', applied_version;
     END IF;
 
@@ -125,6 +125,8 @@ BEGIN
     -- queueworker.watermarks are written only by queueworker.start_run (the producer's) and
     -- queueworker.count_run_outcomes (the worker's COMPLETE_SUCCEEDED, and the update trigger),
     -- through queueworker.advance_run, queueworker.finish_run and queueworker.enqueue_run_task.
+    -- queueworker.run_events, the runs' audit trail, is written only by the trigger function
+    -- queueworker.audit_run; the operator reads it.
     REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA queueworker FROM PUBLIC;
 
     -- Producer (sql.ENQUEUE, START_RUN): inserts the columns a TaskSpec sets, reads back what ENQUEUE returns.
@@ -157,6 +159,8 @@ BEGIN
     GRANT SELECT, INSERT ON queueworker.tasks_finished TO queueworker_worker;
     GRANT INSERT ON queueworker.task_events TO queueworker_worker;
     GRANT SELECT, INSERT, UPDATE, DELETE ON queueworker.workers TO queueworker_worker;
+    -- CLAIM tells a run's tasks their run (ctx.run): these columns of queueworker.runs, nothing else.
+    GRANT SELECT (id, name, watermark, watermark_before, forced) ON queueworker.runs TO queueworker_worker;
     GRANT EXECUTE ON FUNCTION queueworker.transition_detail(integer, jsonb, jsonb),
                               queueworker.clean_finished(bigint, float8, integer),
                               queueworker.settle_dependents(bigint[], bigint[]),
@@ -170,7 +174,7 @@ BEGIN
         ON queueworker.workers TO queueworker_controller;
 
     -- Operator (sql.STATUS_COUNTS, OLDEST_PENDING_AGE, LIVE_WORKERS, TASK_STATE, RETRY_TASK, RUNS,
-    -- RUN, RUN_TASKS, RETRY_RUN, FINALIZE_RUN (through queueworker.finalize_run),
+    -- RUN, RUN_TASKS, RUN_EVENTS, RETRY_RUN, FINALIZE_RUN (through queueworker.finalize_run),
     -- CANCEL_TASK): reads everything, changes only what retry and cancel set. Its changes are
     -- audited by the update trigger.
     GRANT SELECT ON ALL TABLES IN SCHEMA queueworker TO queueworker_operator;

@@ -403,7 +403,7 @@ def test_dashboard_queries_only_exported_metrics_and_shows_every_worker_metric()
     dashboard = json.loads(DASHBOARD.read_text())
     panels = dashboard["panels"]
     assert len({p["id"] for p in panels}) == len(panels)
-    queries = [t["expr"] for p in panels for t in p.get("targets", [])]
+    queries = [t["expr"] for p in panels for t in p.get("targets", []) if "expr" in t]
     queries += [v["definition"] for v in dashboard["templating"]["list"] if "definition" in v]
     used = set(re.findall(r"queueworker_\w+", " ".join(queries)))
     exported = exported_series()
@@ -411,6 +411,51 @@ def test_dashboard_queries_only_exported_metrics_and_shows_every_worker_metric()
     worker_families = {f.name for f in REGISTRY.collect()
                        if f.name.startswith("queueworker_") and not f.name.startswith("queueworker_controller_")}
     assert worker_families - {exported[s] for s in used} == set(), "worker metrics missing from the dashboard"
+
+
+def grafana_sql(raw: str, start: str, end: str) -> str:
+    """A panel's SQL with Grafana's PostgreSQL macros expanded as Grafana expands them."""
+    raw = re.sub(r"\$__timeGroupAlias\((\w+), \$__interval\)",
+                 r'floor(extract(epoch FROM \1) / 60) * 60 AS "time"', raw)
+    raw = re.sub(r"\$__timeFilter\((\w+)\)", rf"\1 BETWEEN '{start}' AND '{end}'", raw)
+    assert "$" not in raw, f"a macro the test does not expand: {raw}"
+    return raw
+
+
+@pytest.mark.integration
+def test_dashboard_run_panels_query_the_runs_as_the_documented_read_only_login(dsn):
+    """The runs row reads Postgres through a Grafana data source: each of its queries runs, as a login
+    with exactly the grants docs/deploying.md gives it, and shows the runs there are."""
+    from queueworker.producer import start_run
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        started = start_run(conn, "nightly", [{"task": "p"}] * 4, on_success={"task": "c"})
+        failing = start_run(conn, "failing", [{"task": "p"}], on_failure={"task": "alert"})
+        conn.execute("UPDATE queueworker.tasks SET state = 'succeeded' WHERE run_id = %s AND run_partition < 2",
+                     (started,))
+        conn.execute("UPDATE queueworker.tasks SET state = 'failed' WHERE run_id = %s", (failing,))
+        grants = re.search(r"```sql\n(CREATE ROLE grafana_runs.*?)```", (ROOT / "docs" / "deploying.md").read_text(),
+                           re.S).group(1)
+        role = f"grafana_runs_{uuid.uuid4().hex[:8]}"  # roles are per server; tests share one
+        conn.execute(grants.replace("grafana_runs", role).replace("DATABASE app", f'DATABASE "{conn.info.dbname}"'))
+        conn.execute(f"ALTER ROLE {role} PASSWORD 'dashboard'")
+    reader = psycopg.conninfo.make_conninfo(dsn, user=role, password="dashboard")
+    dashboard = json.loads(DASHBOARD.read_text())
+    sql_panels = {p["title"]: p["targets"][0]["rawSql"] for p in dashboard["panels"]
+                  if p.get("datasource", {}).get("type") == "grafana-postgresql-datasource"}
+    assert set(sql_panels) == {"Runs in progress", "Runs failed in range", "Run transitions", "Recent runs"}
+    results = {}
+    with psycopg.connect(reader) as conn:
+        for title, raw in sql_panels.items():
+            results[title] = conn.execute(grafana_sql(raw, "2000-01-01T00:00:00Z", "2100-01-01T00:00:00Z")).fetchall()
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("SELECT payload FROM queueworker.tasks LIMIT 1")
+    assert results["Runs in progress"] == [(1,)]
+    assert results["Runs failed in range"] == [(1,)]
+    assert sorted((metric, value) for _, metric, value in results["Run transitions"]) == [("failed", 1),
+                                                                                          ("started", 2)]
+    recent = {row[1]: row[2:8] for row in results["Recent runs"]}
+    assert recent == {"nightly": ("running", 2, 0, 0, 4, 50), "failing": ("failed", 0, 1, 0, 1, 0)}
 
 
 # --- against the real API server ---------------------------------------------------------------------------

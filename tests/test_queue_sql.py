@@ -23,7 +23,8 @@ CLAIM_DEFAULTS = {"lease_seconds": 30, "timeout_seconds": 60}
 
 
 def _claim(conn, worker, limit=10, queue="default"):
-    return conn.execute(sql.CLAIM, {"queue": queue, "limit": limit, "worker": worker, **CLAIM_DEFAULTS}).fetchall()
+    return [sql.ClaimedRow._make(row) for row in conn.execute(sql.CLAIM, {
+        "queue": queue, "limit": limit, "worker": worker, **CLAIM_DEFAULTS})]
 
 
 def test_enqueue_joins_the_callers_transaction(dsn):
@@ -91,13 +92,14 @@ def test_every_transition_out_of_running_is_fenced_by_the_lease_token(dsn):
     old_worker, new_worker = uuid.uuid4(), uuid.uuid4()
     with psycopg.connect(dsn, autocommit=True) as conn:
         task_id = enqueue(conn, "qw.noop")
-        (_, _, _, _, _, _, old_token, _), = _claim(conn, old_worker)
+        old_token = _claim(conn, old_worker)[0].lease_token
         conn.execute("UPDATE queueworker.tasks SET leased_until = now() - interval '1 second' WHERE id = %s",
                      (task_id,))
         (held, requeued, failed, _, _), = conn.execute(sql.RESCUE, {
             "lock_key": sql.RESCUER_LOCK_KEY, "deadline_grace": 60, "worker_ttl": 60, "limit": 100}).fetchall()
         assert (held, requeued, failed) == (True, 1, 0)
-        (_, _, _, _, attempt, _, new_token, _), = _claim(conn, new_worker)
+        new_claim, = _claim(conn, new_worker)
+        attempt, new_token = new_claim.attempts, new_claim.lease_token
         assert (attempt, new_token) == (2, old_token + 1)
         stale = {"ids": [task_id], "tokens": [old_token]}
         heartbeat = dict(stale, worker=old_worker, hostname="h", pod_name=None, pod_namespace=None, pid=1,
@@ -118,7 +120,8 @@ def test_a_heartbeat_keeps_reporting_a_lease_past_its_deadline_but_stops_extendi
     worker = uuid.uuid4()
     with psycopg.connect(dsn, autocommit=True) as conn:
         enqueue(conn, "qw.noop")
-        (task_id, _, _, _, _, _, token, _), = _claim(conn, worker)
+        claimed, = _claim(conn, worker)
+        task_id, token = claimed.id, claimed.lease_token
         beat = {"worker": worker, "hostname": "h", "pod_name": None, "pod_namespace": None, "pid": 1,
                 "queues": ["default"], "concurrency": 1, "running": 1, "draining": False, "version": "t",
                 "lease_seconds": 30, "ids": [task_id], "tokens": [token]}

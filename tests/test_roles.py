@@ -163,6 +163,15 @@ def test_each_role_runs_its_flows_with_only_its_grants(installation):
     assert dict(query(admin, "SELECT id, rescues FROM queueworker.tasks WHERE id = ANY(%s)",
                       ([heartbeaten, orphan],))) == {heartbeaten: 0, orphan: 1}
 
+    # The run's audit trail names the login behind each transition, written by its trigger.
+    user = {group: psycopg.conninfo.conninfo_to_dict(dsn_)["user"] for group, dsn_ in login.items()}
+    assert query(admin, "SELECT from_state::text, to_state::text, by_user FROM queueworker.run_events "
+                        "WHERE run_id = %s ORDER BY id", (run_id,)) == [
+        (None, "running", user["producer"]), ("running", "running", user["worker"]),
+        ("running", "succeeded", user["worker"])]
+    shown = qw("run", "show", str(run_id), "--dsn", login["operator"])
+    assert shown.returncode == 0 and f"running   -> succeeded by {user['worker']}" in shown.stdout, shown
+
     # Operator: status, cancel, retry.
     status = qw("status", "--queue", QUEUE, "--dsn", login["operator"])
     assert status.returncode == 0 and QUEUE in status.stdout, status.stderr
@@ -252,6 +261,8 @@ REFUSED = [
         "TRUNCATE queueworker.task_events",
         "SELECT * FROM queueworker.clean_finished(1, 0, 100)",
         "DELETE FROM queueworker.workers",
+        "SELECT count(*) FROM queueworker.run_events",
+        "SELECT count(*) FROM queueworker.runs",
     )),
     *(("controller", statement) for statement in (
         "SELECT payload FROM queueworker.tasks",
@@ -273,6 +284,12 @@ REFUSED = [
         "DELETE FROM queueworker.tasks_finished",
         "UPDATE queueworker.tasks_finished SET result = NULL",
         "ALTER TABLE queueworker.task_events DISABLE TRIGGER task_events_append_only",
+        "INSERT INTO queueworker.run_events (run_id, to_state, detail) VALUES (1, 'succeeded', '{}')",
+        "DELETE FROM queueworker.run_events",
+        "UPDATE queueworker.run_events SET detail = '{}'",
+        "TRUNCATE queueworker.run_events",
+        "UPDATE queueworker.runs SET state = 'succeeded'",
+        "INSERT INTO queueworker.watermarks (name, value) VALUES ('w', '1')",
     )),
     *(("operator", statement) for statement in (
         "INSERT INTO queueworker.tasks (task) VALUES ('x')",
@@ -281,6 +298,9 @@ REFUSED = [
         "INSERT INTO queueworker.task_events (task_id, to_state, lease_token) VALUES (1, 'succeeded', 0)",
         "DELETE FROM queueworker.task_events",
         "SELECT * FROM queueworker.clean_finished(1, 0, 100)",
+        "INSERT INTO queueworker.run_events (run_id, to_state, detail) VALUES (1, 'succeeded', '{}')",
+        "DELETE FROM queueworker.run_events",
+        "UPDATE queueworker.watermarks SET value = '1'",
     )),
 ]
 
@@ -302,12 +322,13 @@ def test_each_role_is_refused_what_it_does_not_need(installation):
     assert events == 1, "the one enqueue's audit row, untouched"
 
 
-def test_truncating_the_audit_trail_is_refused_even_to_its_owner(installation):
+def test_truncating_the_audit_trails_is_refused_even_to_their_owner(installation):
     installation.install()
     with psycopg.connect(installation.logins["migrator"], autocommit=True) as conn:
         assert conn.execute("SELECT current_user").fetchone() == ("queueworker_migrator",)
-        with pytest.raises(psycopg.errors.RaiseException, match="append-only"):
-            conn.execute("TRUNCATE queueworker.task_events")
+        for table in ("task_events", "run_events"):
+            with pytest.raises(psycopg.errors.RaiseException, match=f"queueworker.{table} is an append-only"):
+                conn.execute(f"TRUNCATE queueworker.{table}")
 
 
 def test_definer_functions_pin_their_search_path_and_are_not_public(dsn):
@@ -316,7 +337,7 @@ def test_definer_functions_pin_their_search_path_and_are_not_public(dsn):
     assert definers == {name: ["search_path=pg_catalog, pg_temp"]
                         for name in ("audit_task_inserts", "audit_task_updates", "clean_finished", "enqueue_tasks",
                                      "replace_pending", "settle_dependents", "settle_new_dependency",
-                                     "count_run_outcomes", "start_run", "finalize_run")}
+                                     "count_run_outcomes", "start_run", "finalize_run", "audit_run")}
     # Even without docs/database-roles.sql, only the owner may run the functions that change rows.
     for function in ("clean_finished(bigint, float8, integer)",
                      "enqueue_tasks(text[], text[], jsonb[], integer[], timestamptz[], integer[], integer[], text[], "
@@ -324,7 +345,7 @@ def test_definer_functions_pin_their_search_path_and_are_not_public(dsn):
                      "count_run_outcomes(bigint[], bigint[], integer[], text[], text[])",
                      "start_run(text, integer, jsonb, jsonb, text)", "finalize_run(bigint)",
                      "replace_pending(bigint[], jsonb[], integer[], timestamptz[])",
-                     "settle_dependents(bigint[], bigint[])"):
+                     "settle_dependents(bigint[], bigint[])", "audit_run()"):
         assert scalar(dsn, "SELECT bool_or(grantee = 0) FROM pg_proc, aclexplode(proacl) "
                            f"WHERE oid = 'queueworker.{function}'::regprocedure") is False, function
 

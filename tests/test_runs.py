@@ -16,6 +16,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from queueworker import sql
+from queueworker import RunInfo, enqueue
 from queueworker.producer import start_run
 from tests.support import FAST_LEASES, WorkerProcess, query, scalar, wait_until
 
@@ -64,13 +65,13 @@ def test_fan_in_is_exact_and_the_consolidation_is_enqueued_once_then_advances_th
         assert scalar(dsn, "SELECT count(*) FROM queueworker.watermarks") == 0, "not before the consolidation"
         succeed(conn, claim(conn, "final"))
     run = run_row(dsn, run_id)
-    assert run.state == "succeeded" and run.watermark_before is None and run.watermark_after is not None
-    assert query(dsn, "SELECT value, run_id FROM queueworker.watermarks WHERE name = 'export'") == [
-        (run.watermark_after, run_id)]
+    assert run.state == "succeeded" and run.watermark_before_json is None and run.watermark_after_json is not None
+    assert query(dsn, "SELECT value::text, run_id FROM queueworker.watermarks WHERE name = 'export'") == [
+        (run.watermark_after_json, run_id)]
 
     with psycopg.connect(dsn, autocommit=True) as conn:  # the next run sees the watermark as it stands
         second = start_run(conn, "export", [{"task": "export.part"}], watermark="export")
-    assert run_row(dsn, second).watermark_before == run.watermark_after
+    assert run_row(dsn, second).watermark_before_json == run.watermark_after_json
 
 
 def test_a_failed_partition_fails_the_run_alerts_once_and_a_retry_brings_the_consolidation(dsn):
@@ -107,6 +108,47 @@ def test_a_failed_consolidation_fails_the_run_and_keeps_the_watermark(dsn):
         fail(conn, task_id, token)
     assert run_row(dsn, run_id).state == "failed"
     assert scalar(dsn, "SELECT count(*) FROM queueworker.watermarks") == 0
+
+
+def test_a_claim_tells_partitions_and_the_consolidation_their_run(dsn):
+    with psycopg.connect(dsn) as conn:
+        conn.execute("INSERT INTO queueworker.watermarks (name, value) VALUES ('orders', '\"2026-01-01\"')")
+        run_id = start_run(conn, "orders", [{"task": "p", "queue": "r"}] * 2, on_success={"task": "c", "queue": "r"},
+                           watermark="orders")
+        enqueue(conn, "plain", queue="r", priority=-1)
+        rows = [sql.ClaimedRow._make(row) for row in conn.execute(sql.CLAIM, {
+            "queue": "r", "worker": uuid.uuid4(), "lease_seconds": 30, "timeout_seconds": 60, "limit": 10})]
+        partitions = sorted((RunInfo.from_json(row.run_json) for row in rows if row.task == "p"),
+                            key=lambda run: run.partition)
+        assert partitions == [RunInfo(run_id, "orders", index, "orders", "2026-01-01", False) for index in (0, 1)]
+        assert [row.run_json for row in rows if row.task == "plain"] == [None], "tasks outside a run pay nothing"
+        succeed(conn, {row.id: row.lease_token for row in rows if row.task == "p"})
+        consolidation, = [sql.ClaimedRow._make(row) for row in conn.execute(sql.CLAIM, {
+            "queue": "r", "worker": uuid.uuid4(), "lease_seconds": 30, "timeout_seconds": 60, "limit": 10})]
+        assert RunInfo.from_json(consolidation.run_json) == RunInfo(run_id, "orders", None, "orders", "2026-01-01",
+                                                                    False)
+
+
+def test_a_watermark_python_cannot_read_fails_only_the_runs_tasks(dsn):
+    deep = "[" * 3000 + "]" * 3000
+    with psycopg.connect(dsn) as conn:
+        conn.execute("INSERT INTO queueworker.watermarks (name, value) VALUES ('deep', %s::jsonb)", (deep,))
+        run_id = start_run(conn, "deep", [{"task": "qw.noop", "queue": "wm"}], watermark="deep")
+        plain = enqueue(conn, "qw.noop", queue="wm")
+    worker = WorkerProcess(dsn, "--queue", "wm")
+    try:
+        wait_until(lambda: run_row(dsn, run_id).state == "failed", message="the run to fail")
+        wait_until(lambda: scalar(dsn, "SELECT state::text FROM queueworker.tasks WHERE id = %s", (plain,))
+                   == "succeeded", message="the plain task to succeed")
+    finally:
+        worker.stop()
+    (state, message), = query(dsn, "SELECT state::text, error ->> 'message' FROM queueworker.tasks "
+                                   "WHERE run_id = %s", (run_id,))
+    assert state == "failed" and message.startswith("the run's watermark cannot be decoded: nested too deeply"), message
+    shown = qw(dsn, "run", "show", str(run_id))
+    assert shown.returncode == 0 and "(before [[[[" in shown.stdout and "(6,000 characters)" in shown.stdout, shown
+    listed, = json.loads(qw(dsn, "runs", "--json").stdout)
+    assert listed["watermark_before_json"] == deep and listed["watermark_after"] is None
 
 
 def test_bad_runs_are_refused():

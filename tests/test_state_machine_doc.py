@@ -16,7 +16,7 @@ from psycopg.types.json import Jsonb
 from queueworker import metrics, sql
 from queueworker.handlers import Registry
 from queueworker.migrate import migrate
-from queueworker.producer import enqueue, enqueue_chain, enqueue_many
+from queueworker.producer import enqueue, enqueue_chain, enqueue_many, start_run
 from queueworker.settings import WorkerSettings
 from queueworker.worker import State, Worker
 from tests.support import query
@@ -211,3 +211,62 @@ def test_documented_task_transitions_are_exactly_the_ones_the_sql_makes(dsn):
     seen = {(from_state or "", to_state) for from_state, to_state in query(
         dsn, "SELECT DISTINCT from_state::text, to_state::text FROM queueworker.task_events")}
     assert seen == documented_task_transitions()
+
+
+def documented_run_transitions() -> set[tuple[str, str]]:
+    return {("" if row[0] == "(none)" else row[0], row[1]) for row in _first_table("## Run states")}
+
+
+@pytest.mark.integration
+def test_documented_run_transitions_are_exactly_the_ones_the_run_events_record(dsn):
+    claim = {"queue": "default", "worker": uuid.uuid4(), "lease_seconds": 30, "timeout_seconds": 60, "limit": 100}
+
+    def claim_all(conn) -> dict[int, int]:
+        return {row.id: row.lease_token for row in map(sql.ClaimedRow._make, conn.execute(sql.CLAIM, claim))}
+
+    def succeed(conn, tokens: dict[int, int]) -> None:
+        conn.execute(sql.COMPLETE_SUCCEEDED, {"ids": list(tokens), "tokens": list(tokens.values()),
+                                              "results": [None] * len(tokens)})
+
+    def fail(conn, tokens: dict[int, int]) -> None:
+        conn.execute(sql.COMPLETE_FAILED, {"ids": list(tokens), "tokens": list(tokens.values()),
+                                           "retryables": [False] * len(tokens), "backoffs": [0.0] * len(tokens),
+                                           "errors": [Jsonb({"message": "x"})] * len(tokens)})
+
+    def named(conn, tokens: dict[int, int], task: str) -> dict[int, int]:
+        names = dict(conn.execute("SELECT id, task FROM queueworker.tasks WHERE id = ANY(%s)", (list(tokens),)))
+        return {task_id: token for task_id, token in tokens.items() if names[task_id] == task}
+
+    def events(run_id: int) -> list[tuple[str | None, str]]:
+        return query(dsn, "SELECT from_state::text, to_state::text FROM queueworker.run_events "
+                          "WHERE run_id = %s ORDER BY id", (run_id,))
+
+    consolidate, alert = {"task": "consolidate"}, {"task": "alert"}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        happy = start_run(conn, "happy", [{"task": "p"}] * 2, on_success=consolidate, on_failure=alert)
+        succeed(conn, claim_all(conn))  # the partitions; then the consolidation
+        succeed(conn, claim_all(conn))
+
+        plain = start_run(conn, "plain", [{"task": "p"}])
+        succeed(conn, claim_all(conn))
+
+        troubled = start_run(conn, "troubled", [{"task": "p"}], on_success=consolidate, on_failure=alert)
+        partition, = claim_all(conn).items()
+        fail(conn, dict([partition]))
+        conn.execute(sql.RETRY_TASK, {"id": partition[0]})
+        partition, = (item for item in claim_all(conn).items() if item[0] == partition[0])
+        fail(conn, dict([partition]))
+        conn.execute(sql.FINALIZE_RUN, {"id": troubled})
+        consolidation = named(conn, claim_all(conn), "consolidate")
+        fail(conn, consolidation)
+        conn.execute(sql.RETRY_TASK, {"id": next(iter(consolidation))})
+        succeed(conn, named(conn, claim_all(conn), "consolidate"))
+
+    assert events(happy) == [(None, "running"), ("running", "running"), ("running", "succeeded")]
+    assert events(plain) == [(None, "running"), ("running", "succeeded")]
+    assert events(troubled) == [(None, "running"), ("running", "failed"), ("failed", "running"),
+                                ("running", "failed"), ("failed", "running"), ("running", "running"),
+                                ("running", "failed"), ("failed", "running"), ("running", "succeeded")]
+    seen = {(from_state or "", to_state) for from_state, to_state in query(
+        dsn, "SELECT DISTINCT from_state::text, to_state::text FROM queueworker.run_events")}
+    assert seen == documented_run_transitions()

@@ -2,8 +2,8 @@
 
 What applications import:
 
-- `task`, `TaskContext`, `PermanentError`: write handlers (`@task`), see the attempt they run,
-  fail a task without retries.
+- `task`, `TaskContext`, `RunInfo`, `PermanentError`: write handlers (`@task`), see the attempt
+  they run (and `ctx.run`, the partitioned run it belongs to), fail a task without retries.
 - `enqueue`, `enqueue_many`, `enqueue_chain` and their `_async` twins, `TaskSpec`: add tasks
   inside the caller's transaction (unique, or depending on other tasks, as TaskSpec says); bad
   input raises pydantic's `ValidationError` before the database is touched.
@@ -14,11 +14,11 @@ What applications import:
 
 __version__ = "0.1.0"
 
-from .handlers import PermanentError, TaskContext, task  # noqa: E402
+from .handlers import PermanentError, RunInfo, TaskContext, task  # noqa: E402
 from .producer import (  # noqa: E402
     TaskSpec, enqueue, enqueue_async, enqueue_chain, enqueue_chain_async, enqueue_many, enqueue_many_async, start_run)
 from .settings import SettingsError, WorkerSettings  # noqa: E402
 
-__all__ = ["PermanentError", "SettingsError", "TaskContext", "TaskSpec", "WorkerSettings", "enqueue",
+__all__ = ["PermanentError", "RunInfo", "SettingsError", "TaskContext", "TaskSpec", "WorkerSettings", "enqueue",
            "enqueue_async", "enqueue_chain", "enqueue_chain_async", "enqueue_many", "enqueue_many_async", "start_run",
            "task"]

@@ -20,6 +20,7 @@ class Attempt:
     deadline: float  # event-loop time of the hard deadline
     ctx: TaskContext
     lease_expires: float  # event-loop time the lease runs out unless a heartbeat extends it
+    run_json: str | None = None  # RunInfo as JSON, decoded by the attempt like its payload
     runner: asyncio.Task | None = None
     reporting: bool = False   # handler finished; outcome waits in the completer
     abandoned: bool = False   # lease lost, fenced or released: any outcome is discarded

@@ -414,13 +414,33 @@ def cmd_runs(args: argparse.Namespace) -> int:
     with _connect(args.dsn) as conn, conn.cursor(row_factory=typed_rows(sql.RunRow)) as cursor:
         rows = cursor.execute(sql.RUNS, {"name": args.name, "limit": args.limit}).fetchall()
     if args.json:
-        print(json.dumps([row._asdict() for row in rows], indent=2, default=str))
+        print(json.dumps([_run_as_json(row) for row in rows], indent=2, default=str))
         return 0
     print(f"{'ID':>8} {'NAME':<24} {'STATE':<10} {'SUCCEEDED':>10} {'FAILED':>7} {'CANCELLED':>10} {'EXPECTED':>9}")
     for row in rows:
         print(f"{row.id:>8} {row.name[:24]:<24} {row.state:<10} {row.succeeded:>10} {row.failed:>7} "
               f"{row.cancelled:>10} {row.expected:>9}")
     return 0
+
+
+def _shorten(text: str, limit: int = 200) -> str:
+    """A value shown on one line of a listing: a watermark written by hand may be of any size."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
+def _run_as_json(row) -> dict[str, Any]:
+    """A run for `runs --json`, its watermarks as JSON values; one Python cannot read (written by
+    hand, nested too deeply) stays the JSON text Postgres holds, under a key that says so."""
+    from . import jsonvalue
+
+    fields = row._asdict()
+    for key in ("watermark_before", "watermark_after"):
+        text = fields.pop(f"{key}_json")
+        try:
+            fields[key] = None if text is None else jsonvalue.decode(text)
+        except jsonvalue.Undecodable:
+            fields[f"{key}_json"] = text
+    return fields
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -448,13 +468,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.run_command == "show":
             print(f"run {run.id} {run.name}: {run.state}, {run.succeeded} succeeded, {run.failed} failed, "
                   f"{run.cancelled} cancelled of {run.expected}; watermark {run.watermark or '-'} "
-                  f"(before {json.dumps(run.watermark_before)}, after {json.dumps(run.watermark_after)})")
+                  f"(before {_shorten(run.watermark_before_json or 'null')}, "
+                  f"after {_shorten(run.watermark_after_json or 'null')})")
             with conn.cursor(row_factory=typed_rows(sql.RunTaskRow)) as cursor:
                 for task in cursor.execute(sql.RUN_TASKS, {"id": run.id}):
                     role = (f"partition {task.partition}" if task.partition is not None
                             else "consolidation" if task.id == run.success_task_id else "alert")
                     print(f"  {role:<16} task {task.id:<8} {task.state:<10} attempts {task.attempts}"
                           + (f"  {task.error}" if task.error else ""))
+            print("events:")
+            with conn.cursor(row_factory=typed_rows(sql.RunEventRow)) as cursor:
+                for event in cursor.execute(sql.RUN_EVENTS, {"id": run.id}):
+                    print(f"  {event.at:%Y-%m-%d %H:%M:%S} {event.from_state or 'started':<9} -> "
+                          f"{event.to_state:<9} by {event.by_user}  {event.detail_json}")
         elif args.run_command == "retry":
             with conn.cursor(row_factory=typed_rows(sql.RetriedRunRow)) as cursor:
                 retried = cursor.execute(sql.RETRY_RUN, {"id": run.id}).fetchone().retried

@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from . import metrics
+from . import jsonvalue, metrics
 from .producer import TaskName
 
 log = logging.getLogger("queueworker.handlers")
@@ -44,13 +44,40 @@ class CancelledByHandler(RuntimeError):
     failure, so the attempt ends at once instead of holding its slot until the deadline."""
 
 
+@dataclass(frozen=True)
+class RunInfo:
+    """The partitioned run a task belongs to, as `ctx.run` shows it to the task's handler.
+
+    `partition` is the partition's index, or None for the run's consolidation (`on_success`) and
+    alert (`on_failure`). `watermark_before` is the named watermark's value when the run started
+    (None the first time): a consolidation exports what changed since then, and the watermark
+    moves on only when that consolidation succeeds. `forced` says the run was finalised on purpose
+    although some partitions did not succeed.
+    """
+
+    id: int
+    name: str
+    partition: int | None
+    watermark: str | None
+    watermark_before: Any
+    forced: bool
+
+    @classmethod
+    def from_json(cls, text: str) -> RunInfo:
+        """From the claim's JSON, built by Postgres from the run's row; only the watermark's value
+        is user data, so jsonvalue.Undecodable can only come from there."""
+        fields = jsonvalue.decode(text)
+        return cls(fields["id"], fields["name"], fields["partition"], fields["watermark"],
+                   fields["watermark_before"], fields["forced"])
+
+
 @dataclass
 class TaskContext:
     """What a handler knows about the attempt it runs.
 
     `cancelled` is set when the worker gives up on the attempt (drain timeout, lost lease,
     deadline): long-running sync handlers should check it and return early. Async handlers
-    are also cancelled the asyncio way.
+    are also cancelled the asyncio way. `run` is set for the tasks of a partitioned run.
     """
 
     task_id: int
@@ -59,6 +86,7 @@ class TaskContext:
     attempt: int
     max_attempts: int
     logger: logging.Logger
+    run: RunInfo | None = None
     _cancelled: threading.Event | None = field(default=None, repr=False)
 
     @property

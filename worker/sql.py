@@ -189,13 +189,19 @@ WITH picked AS MATERIALIZED (
     FROM picked
     WHERE t.id = picked.id AND t.state = 'pending'
     RETURNING t.id, t.queue, t.task, t.payload::text AS payload_json, t.attempts, t.max_attempts, t.lease_token,
-              extract(epoch FROM t.deadline_at - now())::float8 AS seconds_to_deadline
+              extract(epoch FROM t.deadline_at - now())::float8 AS seconds_to_deadline,
+              CASE WHEN t.run_id IS NOT NULL THEN (
+                  SELECT jsonb_build_object('id', r.id, 'name', r.name, 'partition', t.run_partition,
+                                            'watermark', r.watermark, 'watermark_before', r.watermark_before,
+                                            'forced', r.forced)::text
+                  FROM queueworker.runs r WHERE r.id = t.run_id) END AS run_json
 ), audited AS (
     INSERT INTO queueworker.task_events (task_id, from_state, to_state, worker, lease_token, detail)
     SELECT id, 'pending', 'running', %(worker)s, lease_token, jsonb_build_object('attempts', attempts)
     FROM claimed
 )
-SELECT id, queue, task, payload_json, attempts, max_attempts, lease_token, seconds_to_deadline FROM claimed
+SELECT id, queue, task, payload_json, attempts, max_attempts, lease_token, seconds_to_deadline, run_json
+FROM claimed
 """
 
 
@@ -211,6 +217,7 @@ class ClaimedRow(NamedTuple):
     max_attempts: int
     lease_token: int
     seconds_to_deadline: float
+    run_json: str | None  # the run a partition, consolidation or alert belongs to (RunInfo); else None
 
 # Extends the leases this worker still holds and refreshes its `workers` row, in one statement.
 # Leases past their hard deadline are not extended, but still reported as held: the attempt's own
@@ -457,7 +464,8 @@ class StartedRunRow(NamedTuple):
 
 
 RUN_COLUMNS = """id, name, state::text AS state, expected, succeeded, failed, cancelled, success_task_id,
-       failure_task_id, forced, watermark, watermark_before, watermark_after, started_at, finished_at"""
+       failure_task_id, forced, watermark, watermark_before::text AS watermark_before_json,
+       watermark_after::text AS watermark_after_json, started_at, finished_at"""
 RUNS = "SELECT " + RUN_COLUMNS + """ FROM queueworker.runs
 WHERE %(name)s::text IS NULL OR name = %(name)s ORDER BY id DESC LIMIT %(limit)s"""
 RUN = "SELECT " + RUN_COLUMNS + " FROM queueworker.runs WHERE id = %(id)s"
@@ -475,6 +483,21 @@ class RunTaskRow(NamedTuple):
     state: str
     attempts: int
     error: str | None
+
+
+# The run's audit trail (migration 007): one row per transition, oldest first.
+RUN_EVENTS = """
+SELECT at, from_state::text AS from_state, to_state::text AS to_state, detail::text AS detail_json, by_user
+FROM queueworker.run_events WHERE run_id = %(id)s ORDER BY id
+"""
+
+
+class RunEventRow(NamedTuple):
+    at: Any
+    from_state: str | None  # None: the run was started
+    to_state: str
+    detail_json: str        # counters, consolidation and alert ids, forced: written by Postgres
+    by_user: str
 
 
 # `queueworker run retry ID`: the run's failed and cancelled partitions, as RETRY_TASK would.
@@ -515,8 +538,9 @@ class RunRow(NamedTuple):
     failure_task_id: int | None
     forced: bool
     watermark: str | None
-    watermark_before: Any
-    watermark_after: Any
+    # JSON text, decoded where it is shown: a watermark written by hand may be JSON Python cannot read
+    watermark_before_json: str | None
+    watermark_after_json: str | None
     started_at: Any
     finished_at: Any
 

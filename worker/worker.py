@@ -30,8 +30,8 @@ from .cleaner import Cleaner
 from .completer import Completer
 from .db import DutyConnection
 from .events import wait_event
-from .handlers import (CancelledByHandler, DeadlineExceeded, HandlerThreads, PermanentError, Registry, TaskContext,
-                       UnknownTaskError, run_handler)
+from .handlers import (CancelledByHandler, DeadlineExceeded, HandlerThreads, PermanentError, Registry, RunInfo,
+                       TaskContext, UnknownTaskError, run_handler)
 from .heartbeat import Heartbeater, WorkerIdentity
 from .listener import Listener
 from .migrate import latest_version, migrate
@@ -302,7 +302,8 @@ class Worker:
             ctx = TaskContext(row.id, row.task, row.queue, row.attempts, row.max_attempts, task_log)
             attempt = Attempt(row.id, row.lease_token, row.queue, row.task, row.payload_json, row.attempts,
                               row.max_attempts, now + row.seconds_to_deadline, ctx,
-                              lease_expires=sent_at + self.settings.lease_seconds, started=now)
+                              lease_expires=sent_at + self.settings.lease_seconds, run_json=row.run_json,
+                              started=now)
             self._inflight[attempt.key] = attempt
             attempt.runner = asyncio.create_task(self._process(attempt))
         if rows:
@@ -320,6 +321,11 @@ class Worker:
                 payload = jsonvalue.decode(attempt.payload_json)
             except jsonvalue.Undecodable as exc:
                 raise PermanentError(f"payload cannot be decoded: {exc}") from None
+            if attempt.run_json is not None:
+                try:
+                    attempt.ctx.run = RunInfo.from_json(attempt.run_json)
+                except jsonvalue.Undecodable as exc:
+                    raise PermanentError(f"the run's watermark cannot be decoded: {exc}") from None
             handler = self.registry.get(attempt.task)
             result = await run_handler(handler, payload, attempt.ctx, attempt.deadline - loop.time(), self._threads)
             try:
