@@ -1,4 +1,4 @@
--- Least-privilege database roles for queueworker, schema version 7. Why each grant exists, and
+-- Least-privilege database roles for queueworker, schema version 8. Why each grant exists, and
 -- what the roles still can do: docs/security.md.
 --
 -- Run it as a superuser, in the application's database:
@@ -91,7 +91,7 @@ ALTER DEFAULT PRIVILEGES FOR ROLE queueworker_migrator REVOKE EXECUTE ON FUNCTIO
 ALTER DEFAULT PRIVILEGES FOR ROLE queueworker_migrator IN SCHEMA queueworker
     GRANT SELECT ON TABLES TO queueworker_operator;
 
--- 5. The grants, for schema version 7.
+-- 5. The grants, for schema version 8.
 DO $$
 DECLARE
     applied_version integer;
@@ -99,14 +99,14 @@ BEGIN
     IF to_regclass('queueworker.schema_migrations') IS NOT NULL THEN
         SELECT max(m.version) INTO applied_version FROM queueworker.schema_migrations m;
     END IF;
-    IF coalesce(applied_version, 0) < 7 THEN
-        RAISE NOTICE 'queueworker is at schema version %, these grants are for version 7: run `queueworker '
+    IF coalesce(applied_version, 0) < 8 THEN
+        RAISE NOTICE 'queueworker is at schema version %, these grants are for version 8: run `queueworker '
                      'migrate` as a member of queueworker_migrator, then run this script again',
                      coalesce(applied_version, 0);
         RETURN;
     END IF;
-    IF applied_version > 7 THEN
-        RAISE EXCEPTION 'these grants are for queueworker schema version 7, the database is at version %: '
+    IF applied_version > 8 THEN
+        RAISE EXCEPTION 'these grants are for queueworker schema version 8, the database is at version %: '
                         'run the database-roles.sql of the queueworker release that migrated it', applied_version;
     END IF;
 
@@ -117,7 +117,7 @@ BEGIN
     GRANT USAGE ON TYPE queueworker.run_state TO queueworker_operator;
     -- The trigger functions queueworker.audit_task_inserts, queueworker.audit_task_updates and
     -- queueworker.forbid_event_updates need no EXECUTE grant: a trigger fires whoever causes it.
-    -- Nor do queueworker.replaced_columns, queueworker.wake_queue, queueworker.settle_tasks,
+    -- Nor do queueworker.replaced_columns, queueworker.settle_tasks,
     -- queueworker.settle_cascade and queueworker.dependency_lock_key: only the owner's definer
     -- functions and triggers call them (queueworker.settle_new_dependency is the trigger that settles
     -- new edges at commit). queueworker.task_dependencies, the edges, is written only by them too;
@@ -159,6 +159,13 @@ BEGIN
     GRANT SELECT, INSERT ON queueworker.tasks_finished TO queueworker_worker;
     GRANT INSERT ON queueworker.task_events TO queueworker_worker;
     GRANT SELECT, INSERT, UPDATE, DELETE ON queueworker.workers TO queueworker_worker;
+    -- COMPLETE_CONTINUED enqueues a task's next page (Continue): the columns it copies, and the
+    -- NOTIFY that wakes workers for it through queueworker.wake_queue. SAVE_CHECKPOINT updates
+    -- tasks_active (granted above).
+    GRANT INSERT (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds, run_id,
+                  run_partition, continued_from)
+        ON queueworker.tasks TO queueworker_worker;
+    GRANT EXECUTE ON FUNCTION queueworker.wake_queue(text, timestamptz) TO queueworker_worker;
     -- CLAIM tells a run's tasks their run (ctx.run): these columns of queueworker.runs, nothing else.
     GRANT SELECT (id, name, watermark, watermark_before, forced) ON queueworker.runs TO queueworker_worker;
     GRANT EXECUTE ON FUNCTION queueworker.transition_detail(integer, jsonb, jsonb),

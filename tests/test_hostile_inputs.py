@@ -102,8 +102,26 @@ def _rss_mb(pid: int) -> float:
     raise AssertionError("no VmRSS")
 
 
+# Python refuses JSON nested deeper than its recursion limit minus the frames already on the stack,
+# so the exact boundary depends on who encodes: within this band either outcome is right.
+DEPTH_BAND = range(850, 1000)
+
+
+def _nesting(recipe: object) -> int:
+    if isinstance(recipe, dict) and "deep" in recipe:
+        return recipe["deep"]
+    if isinstance(recipe, dict) and "list" in recipe:
+        return 1 + max(map(_nesting, recipe["list"]), default=0)
+    if isinstance(recipe, dict) and "dict" in recipe:
+        return 1 + max((_nesting(value) for _, value in recipe["dict"]), default=0)
+    return 0
+
+
 def _expected_result(task: dict) -> tuple[str, object]:
-    """What the database should hold for a hostile.return task: ("succeeded", result) or ("failed", None)."""
+    """What the database should hold for a hostile.return task: ("succeeded", result), ("failed",
+    None), or ("either", result) where the nesting is within DEPTH_BAND."""
+    if _nesting(task["payload"]["value"]) in DEPTH_BAND:
+        return "either", None
     value = build(task["payload"]["value"])
     try:
         text = jsonvalue.encode(value, RESULT_LIMIT_BYTES)
@@ -121,7 +139,10 @@ def _same_json(a: object, b: object) -> bool:
         if isinstance(v, bool) or v is None or isinstance(v, str):
             return v
         if isinstance(v, (int, float)):
-            return float(v) if math.isfinite(float(v)) else v
+            try:
+                return float(v) if math.isfinite(float(v)) else v
+            except OverflowError:  # an integer past the largest float: compared exactly
+                return v
         if isinstance(v, list):
             return [norm(i) for i in v]
         return {k: norm(i) for k, i in v.items()}
@@ -157,6 +178,10 @@ def test_hostile_tasks_fail_alone_and_ordinary_ones_succeed_exactly_once(hostile
             assert (state, result, successes) == ("succeeded", spec["payload"], 1), (task_id, state, error)
         elif spec["task"].startswith("hostile.return"):
             expected_state, expected_result = _expected_result(spec)
+            if expected_state == "either":
+                assert state in ("succeeded", "failed"), (spec, error)
+                assert state == "succeeded" or "nested too deeply" in error["message"], error
+                continue
             assert state == expected_state, (spec, error)
             if state == "succeeded":
                 assert _same_json(result, expected_result)

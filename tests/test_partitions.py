@@ -138,7 +138,7 @@ def test_a_heartbeat_that_meets_a_row_moved_meanwhile_is_rerun_not_failed(dsn):
             beat = asyncio.create_task(heartbeat.fetch(sql.HEARTBEAT, {
                 "worker": worker, "hostname": "h", "pod_name": None, "pod_namespace": None, "pid": 1,
                 "queues": ["default"], "concurrency": 1, "running": 1, "draining": False, "version": "t",
-                "lease_seconds": 30, "ids": [task_id], "tokens": [token]}))
+                "lease_seconds": 30, "ids": [task_id], "tokens": [token], "progresses": [None]}))
             await asyncio.to_thread(_wait_for_lock_wait, dsn, "qw-test-heartbeat")
             mover.commit()
             return await asyncio.wait_for(beat, 10)

@@ -103,7 +103,8 @@ def test_every_transition_out_of_running_is_fenced_by_the_lease_token(dsn):
         assert (attempt, new_token) == (2, old_token + 1)
         stale = {"ids": [task_id], "tokens": [old_token]}
         heartbeat = dict(stale, worker=old_worker, hostname="h", pod_name=None, pod_namespace=None, pid=1,
-                         queues=["default"], concurrency=1, running=1, draining=False, version="t", lease_seconds=30)
+                         queues=["default"], concurrency=1, running=1, draining=False, version="t", lease_seconds=30,
+                         progresses=[None])
         assert conn.execute(sql.HEARTBEAT, heartbeat).fetchall() == []
         assert conn.execute(sql.COMPLETE_SUCCEEDED, dict(stale, results=['"late"'])).fetchall() == []
         assert conn.execute(sql.COMPLETE_FAILED, dict(stale, retryables=[True], backoffs=[1.0],
@@ -124,7 +125,7 @@ def test_a_heartbeat_keeps_reporting_a_lease_past_its_deadline_but_stops_extendi
         task_id, token = claimed.id, claimed.lease_token
         beat = {"worker": worker, "hostname": "h", "pod_name": None, "pod_namespace": None, "pid": 1,
                 "queues": ["default"], "concurrency": 1, "running": 1, "draining": False, "version": "t",
-                "lease_seconds": 30, "ids": [task_id], "tokens": [token]}
+                "lease_seconds": 30, "ids": [task_id], "tokens": [token], "progresses": [None]}
         assert conn.execute(sql.HEARTBEAT, beat).fetchall() == [(task_id, token, True)]
         conn.execute("UPDATE queueworker.tasks SET deadline_at = now() - interval '1 second', "
                      "leased_until = now() + interval '5 seconds' WHERE id = %s", (task_id,))

@@ -186,9 +186,15 @@ def test_documented_task_transitions_are_exactly_the_ones_the_sql_makes(dsn):
         conn.execute(sql.RELEASE, {"worker": worker})                                   # running -> pending
 
         unknown = enqueue(conn, "no.such.task")                                          # running -> pending
-        conn.execute(sql.DEFER_UNKNOWN, {"ids": [unknown], "tokens": [claimed_token(conn, unknown)],
-                                         "errors": [Jsonb({"message": "x"})], "delay_seconds": 10,
-                                         "grace_seconds": 600})
+        conn.execute(sql.HAND_BACK, {"ids": [unknown], "tokens": [claimed_token(conn, unknown)], "delays": [10.0],
+                                     "errors": [Jsonb({"message": "x"})], "graces": [600.0]})
+        snoozed = enqueue(conn, "qw.noop")                                               # running -> pending
+        conn.execute(sql.HAND_BACK, {"ids": [snoozed], "tokens": [claimed_token(conn, snoozed)], "delays": [5.0],
+                                     "errors": [Jsonb({"type": "Snoozed", "message": "x"})], "graces": [None]})
+        paged = enqueue(conn, "qw.noop")                                    # running -> succeeded, (none) -> pending
+        conn.execute(sql.COMPLETE_CONTINUED, {"ids": [paged], "tokens": [claimed_token(conn, paged)],
+                                              "results": [None], "next_payloads": [Jsonb({"page": 2})],
+                                              "next_delays": [0.0]})
 
         rescued = enqueue(conn, "qw.noop", max_attempts=2)
         claimed_token(conn, rescued)

@@ -4,9 +4,13 @@ What applications import:
 
 - `task`, `TaskContext`, `RunInfo`, `PermanentError`: write handlers (`@task`), see the attempt
   they run (and `ctx.run`, the partitioned run it belongs to), fail a task without retries.
+- `Continue`, `Snooze`, `RetryAfter`: a handler returns the first to succeed and enqueue the next
+  page in the same statement; raises the others to wait without spending an attempt, or to be
+  retried after a given delay.
 - `enqueue`, `enqueue_many`, `enqueue_chain` and their `_async` twins, `TaskSpec`: add tasks
   inside the caller's transaction (unique, or depending on other tasks, as TaskSpec says); bad
   input raises pydantic's `ValidationError` before the database is touched.
+- `get_task`, `TaskInfo`: a task as stored now (state, progress, result or error).
 - `start_run`: a partitioned run, counted as its partitions end, consolidated once if all succeed.
 - `WorkerSettings`, `SettingsError`: a worker's settings, every default and bound in one place
   (the CLI's flags and QUEUEWORKER_* variables are derived from it).
@@ -14,11 +18,12 @@ What applications import:
 
 __version__ = "0.1.0"
 
-from .handlers import PermanentError, RunInfo, TaskContext, task  # noqa: E402
+from .handlers import Continue, PermanentError, RetryAfter, RunInfo, Snooze, TaskContext, task  # noqa: E402
 from .producer import (  # noqa: E402
     TaskSpec, enqueue, enqueue_async, enqueue_chain, enqueue_chain_async, enqueue_many, enqueue_many_async, start_run)
+from .results import TaskInfo, get_task  # noqa: E402
 from .settings import SettingsError, WorkerSettings  # noqa: E402
 
-__all__ = ["PermanentError", "RunInfo", "SettingsError", "TaskContext", "TaskSpec", "WorkerSettings", "enqueue",
-           "enqueue_async", "enqueue_chain", "enqueue_chain_async", "enqueue_many", "enqueue_many_async", "start_run",
-           "task"]
+__all__ = ["Continue", "PermanentError", "RetryAfter", "RunInfo", "SettingsError", "Snooze", "TaskContext",
+           "TaskInfo", "TaskSpec", "WorkerSettings", "enqueue", "enqueue_async", "enqueue_chain",
+           "enqueue_chain_async", "enqueue_many", "enqueue_many_async", "get_task", "start_run", "task"]

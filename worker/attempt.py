@@ -21,6 +21,7 @@ class Attempt:
     ctx: TaskContext
     lease_expires: float  # event-loop time the lease runs out unless a heartbeat extends it
     run_json: str | None = None  # RunInfo as JSON, decoded by the attempt like its payload
+    checkpoint_json: str | None = None  # what an earlier attempt saved, decoded likewise
     runner: asyncio.Task | None = None
     reporting: bool = False   # handler finished; outcome waits in the completer
     abandoned: bool = False   # lease lost, fenced or released: any outcome is discarded

@@ -129,6 +129,11 @@ def build_parser() -> argparse.ArgumentParser:
     cancel = sub.add_parser("cancel", parents=[common], help="cancel a pending, retrying, running or blocked task")
     cancel.add_argument("id", type=_bounded_int(1, BIGINT_MAX))
 
+    show = sub.add_parser("show", parents=[common],
+                          help="one task: its state, progress, payload, result or error, and its audit trail")
+    show.add_argument("id", type=_bounded_int(1, BIGINT_MAX))
+    show.add_argument("--json", action="store_true", help="print JSON")
+
     runs = sub.add_parser("runs", parents=[common], help="partitioned runs, newest first")
     runs.add_argument("--name", default=None)
     runs.add_argument("--limit", type=_bounded_int(1, 10_000), default=20)
@@ -393,6 +398,43 @@ def _change_task(args: argparse.Namespace, statement: str, allowed_states: str, 
     return asyncio.run(change())
 
 
+def cmd_show(args: argparse.Namespace) -> int:
+    """The JSON columns are printed as Postgres holds them (shortened where long), so a value Python
+    could not read is still shown."""
+    from . import sql
+    from .db import typed_rows
+
+    with _connect(args.dsn) as conn:
+        with conn.cursor(row_factory=typed_rows(sql.TaskRow)) as cursor:
+            task = cursor.execute(sql.TASK, {"id": args.id}).fetchone()
+        if task is None:
+            raise CliError(f"no task with id {args.id} (never enqueued, or deleted after the retention period)")
+        with conn.cursor(row_factory=typed_rows(sql.TaskEventRow)) as cursor:
+            events = cursor.execute(sql.TASK_EVENTS, {"id": args.id}).fetchall()
+    if args.json:
+        print(json.dumps({**task._asdict(), "events": [event._asdict() for event in events]}, indent=2,
+                         default=str))
+        return 0
+    print(f"task {task.id} {task.task} on queue {task.queue}: {task.state}, attempt {task.attempts} of "
+          f"{task.max_attempts}, priority {task.priority}")
+    for label, value in (("dedupe key", task.dedupe_key), ("run", task.run_id and (
+            f"{task.run_id}" + ("" if task.run_partition is None else f" partition {task.run_partition}"))),
+            ("continued from", task.continued_from), ("created", task.created_at), ("due", task.run_after),
+            ("started", task.started_at), ("finished", task.finished_at)):
+        if value is not None:
+            print(f"  {label + ':':<15} {value}")
+    for label, text in (("progress", task.progress_json), ("payload", task.payload_json),
+                        ("result", task.result_json), ("error", task.error_json),
+                        ("checkpoint", task.checkpoint_json)):
+        if text is not None:
+            print(f"  {label + ':':<15} {_shorten(text, 500)}")
+    print("events:")
+    for event in events:
+        print(f"  {event.at:%Y-%m-%d %H:%M:%S.%f} {event.from_state or 'enqueued':<9} -> {event.to_state:<9} "
+              f"token {event.lease_token} {event.worker or ''} {_shorten(event.detail_json or '', 300)}".rstrip())
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import DemoConfig, run_demo
     from .localpg import PostgresNotFound
@@ -495,7 +537,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"migrate": cmd_migrate, "enqueue": cmd_enqueue, "worker": cmd_worker, "status": cmd_status,
-            "retry": cmd_retry, "cancel": cmd_cancel, "demo": cmd_demo, "runs": cmd_runs, "run": cmd_run}
+            "retry": cmd_retry, "cancel": cmd_cancel, "show": cmd_show, "demo": cmd_demo, "runs": cmd_runs,
+            "run": cmd_run}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -47,12 +47,25 @@ class Failure:
 
 
 @dataclass(slots=True)
-class UnknownTask:
+class Continued:
     attempt: Attempt
+    result_json: str | None
+    next_payload_json: str
+    delay_seconds: float
+
+
+@dataclass(slots=True)
+class HandBack:
+    """Back to pending without consuming the attempt: a snooze (grace None), or a task no handler
+    here knows, while younger than the grace period (it fails after)."""
+
+    attempt: Attempt
+    delay_seconds: float
     error: dict[str, Any]
+    grace_seconds: float | None
 
 
-Outcome = Success | Failure | UnknownTask
+Outcome = Success | Continued | Failure | HandBack
 
 
 class Completer:
@@ -65,9 +78,10 @@ class Completer:
         self._max_batch = max_batch
         self._on_flushed = on_flushed
         self._unknown_task_grace = unknown_task_grace_seconds
-        self._buffers: dict[type, list[Any]] = {Success: [], Failure: [], UnknownTask: []}
+        self._buffers: dict[type, list[Any]] = {Success: [], Continued: [], Failure: [], HandBack: []}
         self._writes: dict[type, Callable[[list[Any], float], Awaitable[list[Attempt]]]] = {
-            Success: self._write_successes, Failure: self._write_failures, UnknownTask: self._write_unknown}
+            Success: self._write_successes, Continued: self._write_continued, Failure: self._write_failures,
+            HandBack: self._write_hand_backs}
         self.pending = asyncio.Event()
         self._flush_lock = asyncio.Lock()
 
@@ -77,9 +91,17 @@ class Completer:
     def fail(self, attempt: Attempt, retryable: bool, backoff_seconds: float, error: dict[str, Any]) -> None:
         self._add(Failure(attempt, retryable, backoff_seconds, error))
 
+    def continue_with(self, attempt: Attempt, result_json: str | None, next_payload_json: str,
+                      delay_seconds: float) -> None:
+        self._add(Continued(attempt, result_json, next_payload_json, delay_seconds))
+
+    def snooze(self, attempt: Attempt, delay_seconds: float, error: dict[str, Any]) -> None:
+        self._add(HandBack(attempt, delay_seconds, error, None))
+
     def hand_back_unknown(self, attempt: Attempt, error: dict[str, Any]) -> None:
         """No handler here knows the task's name: defer it while it is young, fail it after."""
-        self._add(UnknownTask(attempt, error))
+        self._add(HandBack(attempt, UNKNOWN_TASK_RETRY_SECONDS, {**error, "retryable": True},
+                           self._unknown_task_grace))
 
     def _add(self, outcome: Outcome) -> None:
         outcome.attempt.reporting = True
@@ -106,7 +128,7 @@ class Completer:
         raised. Waits for a flush already under way, so a caller that flushes until nothing is
         buffered knows every outcome was written."""
         async with self._flush_lock:
-            for kind in (UnknownTask, Success, Failure):  # unknown tasks may turn into failures
+            for kind in (HandBack, Success, Continued, Failure):  # unknown tasks may turn into failures
                 batch = self._take(kind)
                 if batch:
                     self._on_flushed(await self._write_batch(kind, batch, timeout))
@@ -127,10 +149,10 @@ class Completer:
         one outcome): a statement carrying many large results could pass Postgres's 1 GiB limit."""
         buffer = self._buffers[kind]
         count = min(len(buffer), self._max_batch)
-        if kind is Success:
+        if kind in (Success, Continued):
             size = 0
             for position, outcome in enumerate(buffer[:count]):
-                size += len(outcome.result_json or "")
+                size += len(outcome.result_json or "") + len(getattr(outcome, "next_payload_json", ""))
                 if position and size > BATCH_RESULT_BYTES:
                     count = position
                     break
@@ -176,7 +198,7 @@ class Completer:
                       attempt.id, _refusal(exc), extra={"task_id": attempt.id})
             return [attempt]
         metrics.UNSTORABLE_OUTCOMES.labels(attempt.queue).inc()
-        what = "result" if isinstance(outcome, Success) else "outcome"
+        what = "result" if isinstance(outcome, (Success, Continued)) else "outcome"
         message = f"{what} not storable: {_refusal(exc)}"
         log.error("task %s attempt %s: %s", attempt.id, attempt.attempt, message,
                   extra={"task_id": attempt.id, "task": attempt.task})
@@ -188,6 +210,20 @@ class Completer:
         rows = await self._conn.fetch(sql.COMPLETE_SUCCEEDED, {
             "ids": [s.attempt.id for s in batch], "tokens": [s.attempt.token for s in batch],
             "results": [s.result_json for s in batch]}, row=sql.FencedRow, timeout=timeout)
+        return self._count_succeeded(batch, rows, "succeeded")
+
+    async def _write_continued(self, batch: list[Continued], timeout: float) -> list[Attempt]:
+        rows = await self._conn.fetch(sql.COMPLETE_CONTINUED, {
+            "ids": [c.attempt.id for c in batch], "tokens": [c.attempt.token for c in batch],
+            "results": [c.result_json for c in batch], "next_payloads": [c.next_payload_json for c in batch],
+            "next_delays": [c.delay_seconds for c in batch]}, row=sql.FencedRow, timeout=timeout)
+        if any(c.delay_seconds for c in batch):
+            self._on_waiting()
+        return self._count_succeeded(batch, rows, "continued")
+
+    @staticmethod
+    def _count_succeeded(batch: list[Success] | list[Continued], rows: list[sql.FencedRow],
+                         outcome: str) -> list[Attempt]:
         attempts = [s.attempt for s in batch]
         if len(rows) == len(batch):  # every lease was still held: the common case, checked cheaply
             stale = []
@@ -195,10 +231,10 @@ class Completer:
             updated = {(row.id, row.lease_token) for row in rows}
             stale = [attempt for attempt in attempts if attempt.key not in updated]
             for attempt in stale:
-                _stale(attempt, "succeeded")
+                _stale(attempt, outcome)
         stale_keys = {attempt.key for attempt in stale}
         for queue, count in Counter(a.queue for a in attempts if a.key not in stale_keys).items():
-            metrics.TASKS_COMPLETED.labels(queue, "succeeded").inc(count)
+            metrics.TASKS_COMPLETED.labels(queue, outcome).inc(count)
         return attempts
 
     async def _write_failures(self, batch: list[Failure], timeout: float) -> list[Attempt]:
@@ -220,27 +256,32 @@ class Completer:
                      extra={"task_id": attempt.id, "task": attempt.task, "error_type": failure.error.get("type")})
         return [f.attempt for f in batch]
 
-    async def _write_unknown(self, batch: list[UnknownTask], timeout: float) -> list[Attempt]:
-        """Defers the young ones; the rest become permanent failures, written right after (in this
-        flush, or the next when the failure buffer holds more than a batch)."""
-        rows = await self._conn.fetch(sql.DEFER_UNKNOWN, {
-            "ids": [u.attempt.id for u in batch], "tokens": [u.attempt.token for u in batch],
-            "errors": [_error_json({**u.error, "retryable": True}) for u in batch],
-            "delay_seconds": UNKNOWN_TASK_RETRY_SECONDS, "grace_seconds": self._unknown_task_grace},
-            row=sql.FencedRow, timeout=timeout)
-        deferred = {(row.id, row.lease_token) for row in rows}
-        if deferred:
+    async def _write_hand_backs(self, batch: list[HandBack], timeout: float) -> list[Attempt]:
+        """Snoozes and young unknown tasks go back to pending; an unknown task past its grace becomes
+        a permanent failure, written right after (in this flush, or the next when the failure buffer
+        holds more than a batch)."""
+        rows = await self._conn.fetch(sql.HAND_BACK, {
+            "ids": [h.attempt.id for h in batch], "tokens": [h.attempt.token for h in batch],
+            "delays": [h.delay_seconds for h in batch], "errors": [_error_json(h.error) for h in batch],
+            "graces": [h.grace_seconds for h in batch]}, row=sql.FencedRow, timeout=timeout)
+        handed_back = {(row.id, row.lease_token) for row in rows}
+        if handed_back:
             self._on_waiting()
-        for unknown in batch:
-            attempt = unknown.attempt
-            if attempt.key in deferred:
-                metrics.TASKS_DEFERRED.labels(attempt.queue).inc()
-                log.warning("task %s: %s; handed back for %.0f s (a newer worker may know it)", attempt.id,
-                            unknown.error["message"], UNKNOWN_TASK_RETRY_SECONDS,
-                            extra={"task_id": attempt.id, "task": attempt.task})
+        for hand_back in batch:
+            attempt = hand_back.attempt
+            if attempt.key in handed_back:
+                if hand_back.grace_seconds is None:
+                    metrics.TASKS_COMPLETED.labels(attempt.queue, "snoozed").inc()
+                else:
+                    metrics.TASKS_DEFERRED.labels(attempt.queue).inc()
+                    log.warning("task %s: %s; handed back for %.0f s (a newer worker may know it)", attempt.id,
+                                hand_back.error["message"], hand_back.delay_seconds,
+                                extra={"task_id": attempt.id, "task": attempt.task})
+            elif hand_back.grace_seconds is None:
+                _stale(attempt, "snoozed")
             else:  # older than the grace period (or stale: the fenced failure will say so)
-                self._buffers[Failure].append(Failure(attempt, False, 0.0, unknown.error))
-        return [u.attempt for u in batch if u.attempt.key in deferred]
+                self._buffers[Failure].append(Failure(attempt, False, 0.0, {**hand_back.error, "retryable": False}))
+        return [h.attempt for h in batch if h.attempt.key in handed_back or h.grace_seconds is None]
 
 
 def refused_for_content(exc: BaseException) -> bool:

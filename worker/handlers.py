@@ -14,14 +14,15 @@ import inspect
 import logging
 import queue
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
 from . import jsonvalue, metrics
-from .producer import TaskName
+from .producer import MAX_SECONDS, TaskName
 
 log = logging.getLogger("queueworker.handlers")
 _TASK_NAME = TypeAdapter(TaskName)
@@ -37,6 +38,53 @@ class UnknownTaskError(PermanentError):
 
 class DeadlineExceeded(TimeoutError):
     """The attempt ran into its hard deadline and was cancelled."""
+
+
+def _delay_seconds(seconds: float, what: str) -> float:
+    """A delay a handler asked for, checked where it is made: a clear error in the handler's own
+    traceback, never a statement the database refuses later."""
+    try:
+        value = float(seconds)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} takes a number of seconds, not {type(seconds).__name__}") from None
+    if not 0 <= value <= MAX_SECONDS:  # False for NaN too
+        raise ValueError(f"{what} takes 0 to {MAX_SECONDS:,} seconds, not {seconds!r}")
+    return value
+
+
+class Snooze(Exception):  # noqa: N818 - raised as an instruction, not an error
+    """Raise from a handler to put the task back to `pending` for `seconds` without consuming an
+    attempt: it waits for something outside (a file not there yet, a partner's batch window)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = _delay_seconds(seconds, "Snooze")
+        super().__init__(f"snoozed for {self.seconds:g} s")
+
+
+class RetryAfter(Exception):  # noqa: N818
+    """Raise from a handler for a retryable failure retried after `seconds` instead of the
+    exponential backoff (an HTTP 429 or 503 with a Retry-After header). It consumes an attempt;
+    the wait is capped at the worker's --retry-max-seconds."""
+
+    def __init__(self, seconds: float, message: str | None = None):
+        self.seconds = _delay_seconds(seconds, "RetryAfter")
+        super().__init__(message or f"retry after {self.seconds:g} s")
+
+
+@dataclass(frozen=True)
+class Continue:
+    """Return from a handler to succeed and enqueue the next page of the same task with `payload`,
+    in the same statement (never one without the other), due after `delay` seconds. The page
+    stores `result` as its own result. A page of a run's partition keeps the partition; the run
+    counts the partition when its last page ends."""
+
+    payload: Any
+    delay: float | None = None
+    result: Any = None
+
+    def __post_init__(self) -> None:
+        if self.delay is not None:
+            object.__setattr__(self, "delay", _delay_seconds(self.delay, "Continue's delay"))
 
 
 class CancelledByHandler(RuntimeError):
@@ -71,6 +119,16 @@ class RunInfo:
                    fields["watermark_before"], fields["forced"])
 
 
+# Bounds of what a handler reports: progress goes with every heartbeat, a checkpoint is read back
+# by every later attempt.
+PROGRESS_MESSAGE_LIMIT = 500
+CHECKPOINT_LIMIT_BYTES = 16 * 1024 * 1024
+# A sync handler waits at most this long for its checkpoint write (the statement has its own timeout).
+CHECKPOINT_WAIT_SECONDS = 60.0
+
+CheckpointSaver = Callable[[str, "str | None"], Awaitable[bool]]
+
+
 @dataclass
 class TaskContext:
     """What a handler knows about the attempt it runs.
@@ -78,6 +136,7 @@ class TaskContext:
     `cancelled` is set when the worker gives up on the attempt (drain timeout, lost lease,
     deadline): long-running sync handlers should check it and return early. Async handlers
     are also cancelled the asyncio way. `run` is set for the tasks of a partitioned run.
+    `checkpoint` is what an earlier attempt saved (None at first): resume from there.
     """
 
     task_id: int
@@ -87,7 +146,54 @@ class TaskContext:
     max_attempts: int
     logger: logging.Logger
     run: RunInfo | None = None
+    checkpoint: Any = None
     _cancelled: threading.Event | None = field(default=None, repr=False)
+    _progress_json: str | None = field(default=None, repr=False)
+    _saver: CheckpointSaver | None = field(default=None, repr=False)
+    _loop: asyncio.AbstractEventLoop | None = field(default=None, repr=False)
+
+    def attach(self, saver: CheckpointSaver, loop: asyncio.AbstractEventLoop) -> None:
+        """The worker's side of save_checkpoint: how to write, and on which event loop."""
+        self._saver, self._loop = saver, loop
+
+    def progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
+        """Reports how far the attempt got. Written with the worker's next heartbeat (and with a
+        checkpoint), so it is cheap to call as often as you like; `status` and `show` display it."""
+        for name, value in (("done", done), ("total", total)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise TypeError(f"progress {name} must be a number, not {type(value).__name__}")
+        if message is not None:
+            message = jsonvalue.safe_text(str(message), limit=PROGRESS_MESSAGE_LIMIT)
+        self._progress_json = jsonvalue.encode(  # NotStorable (a ValueError) for NaN or infinity
+            {"done": done, "total": total, "message": message, "at": round(time.time(), 3)})
+
+    @property
+    def progress_json(self) -> str | None:
+        """The last progress reported, as JSON (for the heartbeat)."""
+        return self._progress_json
+
+    def save_checkpoint(self, value: Any) -> bool | Awaitable[bool]:
+        """Stores `value` (JSON) as the task's checkpoint, given to its next attempt if this one is
+        drained, rescued or fails; the write is fenced by the lease. True when stored, False when the
+        lease is gone (stop: another attempt owns the task now). In a sync handler it returns the
+        bool; in an async handler, await it. A database error is raised to the handler."""
+        text = jsonvalue.encode(value, CHECKPOINT_LIMIT_BYTES)  # NotStorable (a ValueError) says why
+        if self._saver is None or self._loop is None:
+            raise RuntimeError("save_checkpoint works inside a queueworker worker only")
+        write = self._write_checkpoint(value, text)
+        try:
+            in_loop = asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            in_loop = False
+        if in_loop:
+            return write
+        return asyncio.run_coroutine_threadsafe(write, self._loop).result(CHECKPOINT_WAIT_SECONDS)
+
+    async def _write_checkpoint(self, value: Any, text: str) -> bool:
+        saved = await self._saver(text, self._progress_json)
+        if saved:
+            self.checkpoint = value
+        return saved
 
     @property
     def cancelled(self) -> threading.Event:

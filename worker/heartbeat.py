@@ -1,7 +1,8 @@
 """Heartbeats and self-fencing.
 
-One statement per interval extends every lease this worker still holds and refreshes its
-`workers` row; leases the database no longer grants are reported as lost. Between heartbeats,
+One statement per interval extends every lease this worker still holds, records the progress
+their handlers last reported, and refreshes its `workers` row; leases the database no longer
+grants are reported as lost. Between heartbeats,
 each attempt also knows when its lease runs out by this worker's own clock (the last heartbeat
 that extended it, plus the lease): when heartbeats fail — the database unreachable from this
 worker only — attempts whose lease has passed are cancelled before another worker can rescue and
@@ -77,7 +78,8 @@ class Heartbeater:
             "pod_namespace": ident.pod_namespace, "pid": ident.pid, "queues": list(ident.queues),
             "concurrency": ident.concurrency, "running": len(held), "draining": self._draining(),
             "version": __version__, "lease_seconds": self._lease_seconds,
-            "ids": [a.id for a in held], "tokens": [a.token for a in held]},
+            "ids": [a.id for a in held], "tokens": [a.token for a in held],
+            "progresses": [a.ctx.progress_json for a in held]},
             row=sql.HeldRow, timeout=self.interval)
         still_held = {(row.id, row.lease_token): row.extended for row in rows}
         lost = []

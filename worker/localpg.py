@@ -16,6 +16,7 @@ import glob
 import importlib.util
 import os
 import pwd
+import random
 import secrets
 import shutil
 import socket
@@ -61,7 +62,22 @@ def embedded_bin_dir() -> Path | None:
     return Path(list(spec.submodule_search_locations)[0]) / "pginstall" / "bin"
 
 
+# Ports handed out for servers we start: below the kernel's ephemeral range (where every outgoing
+# connection takes its local port, so a port found free there can be taken before our server binds
+# it) and below Kubernetes' NodePort range (30000-32767, which kube-proxy may hold).
+LISTEN_PORTS = range(10000, 30000)
+
+
 def free_port() -> int:
+    """A loopback port free now, from LISTEN_PORTS where no outgoing connection can take it
+    before the caller's server binds it; the kernel's choice if none of 200 tries is free."""
+    for port in random.sample(LISTEN_PORTS, 200):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]

@@ -8,7 +8,8 @@ from prometheus_client import Counter, Gauge, Histogram
 
 TASKS_CLAIMED = Counter("queueworker_tasks_claimed_total", "Tasks claimed by this worker", ["queue"])
 TASKS_COMPLETED = Counter("queueworker_tasks_completed_total",
-                          "Attempts reported, by outcome (succeeded, retried, failed)", ["queue", "outcome"])
+                          "Attempts reported, by outcome (succeeded, continued, snoozed, retried, failed)",
+                          ["queue", "outcome"])
 TASKS_RELEASED = Counter("queueworker_tasks_released_total",
                          "Leases handed back on shutdown without consuming an attempt", ["queue"])
 STALE_COMPLETIONS = Counter("queueworker_stale_completions_total",
@@ -50,6 +51,9 @@ WORKER_STATE = Gauge("queueworker_worker_state", "1 for the fetch loop's current
 WORKER_STATE_TRANSITIONS = Counter("queueworker_worker_state_transitions_total",
                                    "Transitions of the fetch loop's state machine (docs/state-machine.md)",
                                    ["from_state", "to_state"])
+CHECKPOINT_WRITES = Counter("queueworker_checkpoint_writes_total",
+                            "ctx.save_checkpoint calls, by outcome: saved, or refused because the lease was gone",
+                            ["queue", "outcome"])
 TASKS_DELETED = Counter("queueworker_tasks_deleted_total", "Finished tasks deleted after the retention period")
 
 

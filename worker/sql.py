@@ -194,13 +194,15 @@ WITH picked AS MATERIALIZED (
                   SELECT jsonb_build_object('id', r.id, 'name', r.name, 'partition', t.run_partition,
                                             'watermark', r.watermark, 'watermark_before', r.watermark_before,
                                             'forced', r.forced)::text
-                  FROM queueworker.runs r WHERE r.id = t.run_id) END AS run_json
+                  FROM queueworker.runs r WHERE r.id = t.run_id) END AS run_json,
+              t.checkpoint::text AS checkpoint_json
 ), audited AS (
     INSERT INTO queueworker.task_events (task_id, from_state, to_state, worker, lease_token, detail)
     SELECT id, 'pending', 'running', %(worker)s, lease_token, jsonb_build_object('attempts', attempts)
     FROM claimed
 )
-SELECT id, queue, task, payload_json, attempts, max_attempts, lease_token, seconds_to_deadline, run_json
+SELECT id, queue, task, payload_json, attempts, max_attempts, lease_token, seconds_to_deadline, run_json,
+       checkpoint_json
 FROM claimed
 """
 
@@ -218,6 +220,7 @@ class ClaimedRow(NamedTuple):
     lease_token: int
     seconds_to_deadline: float
     run_json: str | None  # the run a partition, consolidation or alert belongs to (RunInfo); else None
+    checkpoint_json: str | None  # what an earlier attempt saved with ctx.save_checkpoint
 
 # Extends the leases this worker still holds and refreshes its `workers` row, in one statement.
 # Leases past their hard deadline are not extended, but still reported as held: the attempt's own
@@ -233,10 +236,21 @@ WITH me AS (
 )
 UPDATE queueworker.tasks t
 SET leased_until = CASE WHEN t.deadline_at > now() THEN now() + make_interval(secs => %(lease_seconds)s)
-                        ELSE t.leased_until END
-FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS h(id, token)
+                        ELSE t.leased_until END,
+    progress = coalesce(h.progress, t.progress)
+FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(progresses)s::jsonb[]) AS h(id, token, progress)
 WHERE t.id = h.id AND t.lease_token = h.token AND t.state = 'running'
 RETURNING t.id, t.lease_token, t.deadline_at > now() AS extended
+"""
+
+# `ctx.save_checkpoint`: fenced by the lease like every write of an attempt, and aimed at the
+# active partition (its row is there while it runs), so no audit trigger runs for a change that
+# is not a transition. The latest progress goes along.
+SAVE_CHECKPOINT = """
+UPDATE queueworker.tasks_active
+SET checkpoint = %(checkpoint)s::jsonb, progress = coalesce(%(progress)s::jsonb, progress), updated_at = now()
+WHERE id = %(id)s AND lease_token = %(token)s AND state = 'running'
+RETURNING id, lease_token
 """
 
 
@@ -258,23 +272,28 @@ DEREGISTER_WORKER = "DELETE FROM queueworker.workers WHERE id = %(worker)s"
 # one advisory lock and one index probe when nothing waits), and the `counted` step: the runs these
 # belong to count them (migration 006; nothing to do for tasks of no run). Lists every column of
 # queueworker.tasks: keep it in step with the migrations.
-COMPLETE_SUCCEEDED = """
+def _complete_succeeded(inputs: str, carried: str, steps: str) -> str:
+    """The success statement, for plain successes and for continuations: `inputs` are the unnest
+    columns after (id, token, result), `carried` what `done` returns besides the row, `steps` the
+    CTEs after `settled`."""
+    return """
 WITH done AS (
     DELETE FROM queueworker.tasks_active t
-    USING unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(results)s::jsonb[]) AS c(id, token, result)
+    USING unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(results)s::jsonb[]""" + inputs + """
     WHERE t.id = c.id AND t.lease_token = c.token AND t.state = 'running'
     RETURNING t.id, t.queue, t.task, t.delayed, t.priority, t.run_after, t.attempts, t.max_attempts,
               t.rescues, t.timeout_seconds, t.payload, c.result, t.error, t.lease_owner, t.lease_token,
-              t.created_at, t.started_at, t.spec_hash, t.dedupe_key, t.run_id, t.run_partition
+              t.created_at, t.started_at, t.spec_hash, t.dedupe_key, t.run_id, t.run_partition, t.progress,
+              t.continued_from""" + carried + """
 ), moved AS (
     INSERT INTO queueworker.tasks_finished
         (id, queue, task, state, delayed, priority, run_after, attempts, max_attempts, rescues, timeout_seconds,
          payload, result, error, lease_owner, lease_token, leased_until, deadline_at, created_at, updated_at,
-         started_at, finished_at, spec_hash, dedupe_key, run_id, run_partition)
+         started_at, finished_at, spec_hash, dedupe_key, run_id, run_partition, progress, continued_from)
     OVERRIDING SYSTEM VALUE
     SELECT id, queue, task, 'succeeded', delayed, priority, run_after, attempts, max_attempts, rescues,
            timeout_seconds, payload, result, NULL, lease_owner, lease_token, NULL, NULL, created_at, now(),
-           started_at, now(), spec_hash, dedupe_key, run_id, run_partition
+           started_at, now(), spec_hash, dedupe_key, run_id, run_partition, progress, continued_from
     FROM done
     RETURNING id, lease_token
 ), audited AS (
@@ -283,13 +302,35 @@ WITH done AS (
     FROM done
 ), settled AS (
     SELECT queueworker.settle_dependents(array_agg(id), array_agg(id)) FROM moved
-), counted AS (
+)""" + steps
+
+
+COMPLETE_SUCCEEDED = _complete_succeeded(") AS c(id, token, result)", "", """, counted AS (
     SELECT queueworker.count_run_outcomes(array_agg(id), array_agg(run_id), array_agg(run_partition),
                                           array_agg('running'::text), array_agg('succeeded'::text))
     FROM done WHERE run_id IS NOT NULL HAVING count(*) > 0
 )
 SELECT id, lease_token FROM moved LEFT JOIN counted ON true, settled
-"""
+""")
+
+# A handler returned Continue(payload, delay): the task succeeds and its next page is enqueued in
+# the same statement (same task, queue, priority, attempts allowed, timeout and run partition;
+# `continued_from` links them), so there is never one without the other. A page of a run's partition
+# is not the partition's outcome: the last page's is, so this statement counts nothing.
+COMPLETE_CONTINUED = _complete_succeeded(""",
+                %(next_payloads)s::jsonb[], %(next_delays)s::float8[])
+         AS c(id, token, result, next_payload, next_delay)""", ", c.next_payload, c.next_delay", """, followed AS (
+    INSERT INTO queueworker.tasks (queue, task, payload, priority, run_after, delayed, max_attempts,
+                                   timeout_seconds, run_id, run_partition, continued_from)
+    SELECT d.queue, d.task, d.next_payload, d.priority, now() + make_interval(secs => d.next_delay),
+           d.next_delay > 0, d.max_attempts, d.timeout_seconds, d.run_id, d.run_partition, d.id
+    FROM done d JOIN moved m ON m.id = d.id
+    RETURNING id, queue, run_after
+), woken AS (
+    SELECT queueworker.wake_queue(queue, min(run_after)) FROM followed GROUP BY queue
+)
+SELECT m.id, m.lease_token FROM moved m, settled, (SELECT count(*) FROM woken) AS w
+""")
 
 # A retryable failure with attempts left waits out its backoff in `retrying`; anything else fails.
 COMPLETE_FAILED = """
@@ -345,17 +386,20 @@ class ReleasedRow(NamedTuple):
     notified: int
 
 
-# Hands tasks back to `pending` without consuming their attempt, due again after a delay, while
-# they are younger than the grace period: a worker that has no handler for a task's name defers it,
-# since a newer worker may have one (rolling deploys). Rows not returned are stale or too old.
-DEFER_UNKNOWN = """
+# Hands tasks back to `pending` without consuming their attempt, due again after a delay: a
+# handler that snoozes (`raise Snooze(seconds)`, waiting on something outside), and a worker that
+# has no handler for a task's name, while the task is younger than the grace period (a newer worker
+# may have one: rolling deploys). The error says which, and the audit row shows it. Rows not
+# returned are stale, or too old for their grace.
+HAND_BACK = """
 UPDATE queueworker.tasks t
 SET state = 'pending', delayed = true, attempts = greatest(t.attempts - 1, 0),
-    run_after = now() + make_interval(secs => %(delay_seconds)s), error = d.error, updated_at = now(),
+    run_after = now() + make_interval(secs => d.delay_seconds), error = d.error, updated_at = now(),
     lease_owner = NULL, leased_until = NULL, deadline_at = NULL
-FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(errors)s::jsonb[]) AS d(id, token, error)
+FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(delays)s::float8[], %(errors)s::jsonb[],
+            %(graces)s::float8[]) AS d(id, token, delay_seconds, error, grace_seconds)
 WHERE t.id = d.id AND t.lease_token = d.token AND t.state = 'running'
-  AND t.created_at > now() - make_interval(secs => %(grace_seconds)s)
+  AND (d.grace_seconds IS NULL OR t.created_at > now() - make_interval(secs => d.grace_seconds))
 RETURNING t.id, t.lease_token
 """
 
@@ -450,6 +494,57 @@ RETURNING id
 """
 
 TASK_STATE = "SELECT state::text FROM queueworker.tasks WHERE id = %(id)s"
+
+# One task, for `get_task` and `queueworker show`. JSON columns as text: they are user data, and
+# the caller decides how to read them (Python may not read what another language stored).
+TASK = """
+SELECT id, queue, task, state::text AS state, attempts, max_attempts, priority, payload::text AS payload_json,
+       result::text AS result_json, error::text AS error_json, progress::text AS progress_json,
+       checkpoint::text AS checkpoint_json, dedupe_key, run_id, run_partition, continued_from,
+       lease_owner, created_at, run_after, started_at, finished_at, updated_at
+FROM queueworker.tasks WHERE id = %(id)s
+"""
+
+
+class TaskRow(NamedTuple):
+    id: int
+    queue: str
+    task: str
+    state: str
+    attempts: int
+    max_attempts: int
+    priority: int
+    payload_json: str
+    result_json: str | None
+    error_json: str | None
+    progress_json: str | None
+    checkpoint_json: str | None
+    dedupe_key: str | None
+    run_id: int | None
+    run_partition: int | None
+    continued_from: int | None
+    lease_owner: Any
+    created_at: Any
+    run_after: Any
+    started_at: Any
+    finished_at: Any
+    updated_at: Any
+
+
+# A task's audit trail, oldest first.
+TASK_EVENTS = """
+SELECT at, from_state::text AS from_state, to_state::text AS to_state, worker, lease_token, detail::text AS detail_json
+FROM queueworker.task_events WHERE task_id = %(id)s ORDER BY id
+"""
+
+
+class TaskEventRow(NamedTuple):
+    at: Any
+    from_state: str | None  # None: the task was enqueued
+    to_state: str
+    worker: Any
+    lease_token: int
+    detail_json: str | None
 
 # -- runs ------------------------------------------------------------------------------------
 

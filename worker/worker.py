@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import logging
 import math
 import signal
@@ -30,8 +31,8 @@ from .cleaner import Cleaner
 from .completer import Completer
 from .db import DutyConnection
 from .events import wait_event
-from .handlers import (CancelledByHandler, DeadlineExceeded, HandlerThreads, PermanentError, Registry, RunInfo,
-                       TaskContext, UnknownTaskError, run_handler)
+from .handlers import (CancelledByHandler, Continue, DeadlineExceeded, HandlerThreads, PermanentError, Registry,
+                       RetryAfter, RunInfo, Snooze, TaskContext, UnknownTaskError, run_handler)
 from .heartbeat import Heartbeater, WorkerIdentity
 from .listener import Listener
 from .migrate import latest_version, migrate
@@ -90,6 +91,7 @@ class Worker:
         self._complete_conn = DutyConnection(dsn, "queueworker-complete")
         self._heartbeat_conn = DutyConnection(dsn, "queueworker-heartbeat")
         self._duty_conn = DutyConnection(dsn, "queueworker-duty")
+        self._checkpoint_conn = DutyConnection(dsn, "queueworker-checkpoint")  # opened by the first checkpoint
         self._inflight: dict[tuple[int, int], Attempt] = {}
         self._threads = HandlerThreads()
         self.state = State.STARTUP
@@ -168,7 +170,7 @@ class Worker:
             self._set_state(State.STOPPED)
 
     def _connections(self) -> tuple[DutyConnection, ...]:
-        return self._claim_conn, self._complete_conn, self._heartbeat_conn, self._duty_conn
+        return self._claim_conn, self._complete_conn, self._heartbeat_conn, self._duty_conn, self._checkpoint_conn
 
     def _duties(self) -> list[tuple[str, Callable[[], Awaitable[float | None]], dict[str, Any]]]:
         """(name, step, supervise() options) of every background duty."""
@@ -303,7 +305,8 @@ class Worker:
             attempt = Attempt(row.id, row.lease_token, row.queue, row.task, row.payload_json, row.attempts,
                               row.max_attempts, now + row.seconds_to_deadline, ctx,
                               lease_expires=sent_at + self.settings.lease_seconds, run_json=row.run_json,
-                              started=now)
+                              checkpoint_json=row.checkpoint_json, started=now)
+            ctx.attach(functools.partial(self._save_checkpoint, attempt), loop)
             self._inflight[attempt.key] = attempt
             attempt.runner = asyncio.create_task(self._process(attempt))
         if rows:
@@ -326,12 +329,27 @@ class Worker:
                     attempt.ctx.run = RunInfo.from_json(attempt.run_json)
                 except jsonvalue.Undecodable as exc:
                     raise PermanentError(f"the run's watermark cannot be decoded: {exc}") from None
+            if attempt.checkpoint_json is not None:
+                try:
+                    attempt.ctx.checkpoint = jsonvalue.decode(attempt.checkpoint_json)
+                except jsonvalue.Undecodable as exc:
+                    raise PermanentError(f"the checkpoint cannot be decoded: {exc}") from None
             handler = self.registry.get(attempt.task)
             result = await run_handler(handler, payload, attempt.ctx, attempt.deadline - loop.time(), self._threads)
+            continuation = result if isinstance(result, Continue) else None
+            if continuation is not None:
+                result = continuation.result
+                if attempt.ctx.run is not None and attempt.ctx.run.partition is None:
+                    raise PermanentError("a run's consolidation or alert cannot continue: the run ends with it")
             try:
                 encoded = None if result is None else jsonvalue.encode(result, RESULT_LIMIT_BYTES)
             except jsonvalue.NotStorable as exc:
                 raise PermanentError(f"result not storable: {exc}") from None
+            if continuation is not None:
+                try:
+                    next_payload = jsonvalue.encode(continuation.payload, RESULT_LIMIT_BYTES)
+                except jsonvalue.NotStorable as exc:
+                    raise PermanentError(f"the continuation's payload is not storable: {exc}") from None
         except asyncio.CancelledError:
             if not attempt.abandoned:  # nobody here cancelled it: the handler cancelled its own task
                 self._report_failure(attempt, CancelledByHandler("the handler cancelled its own task"))
@@ -340,23 +358,43 @@ class Worker:
                 self._report_failure(attempt, exc)
         else:
             if not attempt.abandoned:
-                self.completer.succeed(attempt, encoded)
+                if continuation is None:
+                    self.completer.succeed(attempt, encoded)
+                else:
+                    self.completer.continue_with(attempt, encoded, next_payload, continuation.delay or 0.0)
                 self._slot_freed.set()
         finally:
             metrics.task_duration(attempt.queue, attempt.task if attempt.task in self.registry
                                   else "unknown").observe(loop.time() - attempt.started)
 
+    async def _save_checkpoint(self, attempt: Attempt, checkpoint_json: str, progress_json: str | None) -> bool:
+        """ctx.save_checkpoint's write: fenced by the attempt's lease. An attempt this worker has
+        already given up on, or whose outcome is on its way, saves nothing."""
+        saved = False
+        if not attempt.abandoned and not attempt.reporting:
+            saved = bool(await self._checkpoint_conn.fetch(sql.SAVE_CHECKPOINT, {
+                "id": attempt.id, "token": attempt.token, "checkpoint": checkpoint_json,
+                "progress": progress_json}))
+        metrics.CHECKPOINT_WRITES.labels(attempt.queue, "saved" if saved else "refused").inc()
+        return saved
+
     def _report_failure(self, attempt: Attempt, exc: BaseException) -> None:
+        if isinstance(exc, Snooze):
+            self.completer.snooze(attempt, exc.seconds, {"type": "Snoozed", "message": str(exc), "retryable": True,
+                                                          "attempt": attempt.attempt})
+            self._slot_freed.set()
+            return
         retryable = not isinstance(exc, PermanentError)
         error_type = "DeadlineExceeded" if isinstance(exc, DeadlineExceeded) else type(exc).__name__
         error: dict[str, Any] = {"type": error_type, "message": self._storable_text(_describe(exc), MESSAGE_LIMIT),
                                  "retryable": retryable, "attempt": attempt.attempt}
-        if not isinstance(exc, (UnknownTaskError, DeadlineExceeded, CancelledByHandler)):
+        if not isinstance(exc, (UnknownTaskError, DeadlineExceeded, CancelledByHandler, RetryAfter)):
             error["traceback"] = self._storable_text(_format_traceback(exc), TRACEBACK_LIMIT, keep_end=True)
         if isinstance(exc, UnknownTaskError):
             self.completer.hand_back_unknown(attempt, error)
         else:
-            backoff = retry_delay(attempt.attempt, self.settings.retry_base_seconds, self.settings.retry_max_seconds)
+            backoff = (min(exc.seconds, self.settings.retry_max_seconds) if isinstance(exc, RetryAfter) else
+                       retry_delay(attempt.attempt, self.settings.retry_base_seconds, self.settings.retry_max_seconds))
             self.completer.fail(attempt, retryable, backoff, error)
         self._slot_freed.set()
 

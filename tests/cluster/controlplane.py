@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -26,6 +25,8 @@ from typing import Callable, TypeVar
 from dnslib import DNSRecord
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
+
+from queueworker.localpg import free_port
 
 from . import images, pki
 from .binaries import CONTROL_PLANE_BINARIES, NODE_BINARIES, BinariesUnavailable
@@ -60,12 +61,6 @@ LOG_TAIL = 40
 
 class ControlPlaneError(RuntimeError):
     """A component is missing, died or did not become ready; the message carries its last log lines."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _alive(pid: int) -> bool:

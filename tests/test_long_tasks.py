@@ -1,0 +1,207 @@
+"""Long tasks: checkpoints that survive a drain and a SIGKILL, progress, pages (Continue), Snooze,
+RetryAfter, and reading a task back (get_task, `queueworker show`)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+
+from queueworker import Continue, RetryAfter, Snooze, TaskContext, enqueue, get_task, jsonvalue, sql
+from tests.support import FAST_LEASES, WorkerProcess, query, scalar, wait_until
+
+HANDLERS = ("--handlers", "tests.long_task_handlers")
+CLAIM = {"queue": "default", "limit": 10, "lease_seconds": 30, "timeout_seconds": 60}
+
+
+def context() -> TaskContext:
+    return TaskContext(1, "t", "default", 1, 3, logging.getLogger("test"))
+
+
+# -- unit ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("make", [lambda: Snooze(math.nan), lambda: Snooze(-1), lambda: Snooze("soon"),
+                                  lambda: RetryAfter(math.inf), lambda: Continue({}, delay=-5),
+                                  lambda: Snooze(10 ** 12)])
+def test_bad_delays_are_refused_where_the_handler_makes_them(make):
+    with pytest.raises(ValueError, match="seconds"):
+        make()
+
+
+def test_progress_refuses_what_cannot_be_stored_and_bounds_the_message():
+    ctx = context()
+    with pytest.raises(ValueError, match="NaN"):
+        ctx.progress(math.nan)
+    with pytest.raises(TypeError, match="number"):
+        ctx.progress("half")
+    ctx.progress(3, 10, "x\x00" * 1000)
+    stored = json.loads(ctx.progress_json)
+    assert (stored["done"], stored["total"]) == (3, 10) and "\x00" not in stored["message"]
+    assert len(stored["message"]) <= 520
+
+
+def test_save_checkpoint_needs_a_worker_and_storable_json():
+    ctx = context()
+    with pytest.raises(ValueError, match="NaN"):
+        ctx.save_checkpoint({"x": math.nan})
+    with pytest.raises(RuntimeError, match="inside a queueworker worker"):
+        ctx.save_checkpoint({"x": 1})
+
+
+# -- the statements ---------------------------------------------------------------------------
+
+def _claim(conn) -> sql.ClaimedRow:
+    row, = [sql.ClaimedRow._make(r) for r in conn.execute(sql.CLAIM, {**CLAIM, "worker": uuid.uuid4()})]
+    return row
+
+
+@pytest.mark.integration
+def test_a_checkpoint_write_is_fenced_by_the_lease_and_reaches_the_next_attempt(dsn):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        task_id = enqueue(conn, "qw.noop")
+        first = _claim(conn)
+        assert first.checkpoint_json is None
+        save = {"id": task_id, "token": first.lease_token, "checkpoint": Jsonb({"next": 5}),
+                "progress": Jsonb({"done": 5})}
+        assert conn.execute(sql.SAVE_CHECKPOINT, save).fetchall() == [(task_id, first.lease_token)]
+        conn.execute("UPDATE queueworker.tasks SET leased_until = now() - interval '1 s' WHERE id = %s", (task_id,))
+        conn.execute(sql.RESCUE, {"lock_key": sql.RESCUER_LOCK_KEY, "deadline_grace": 60, "worker_ttl": 60,
+                                  "limit": 10})
+        second = _claim(conn)
+        assert json.loads(second.checkpoint_json) == {"next": 5}, "the rescued task resumes from its checkpoint"
+        stale = {**save, "checkpoint": Jsonb({"next": 99})}
+        assert conn.execute(sql.SAVE_CHECKPOINT, stale).fetchall() == [], "the old lease writes nothing"
+        assert scalar(dsn, "SELECT checkpoint FROM queueworker.tasks WHERE id = %s", (task_id,)) == {"next": 5}
+        conn.execute(sql.COMPLETE_SUCCEEDED, {"ids": [task_id], "tokens": [second.lease_token], "results": [None]})
+    info = get_task(psycopg.connect(dsn), task_id)
+    assert (info.state, info.checkpoint, info.progress) == ("succeeded", None, {"done": 5}), \
+        "success drops the checkpoint and keeps the progress"
+
+
+@pytest.mark.integration
+def test_get_task_reads_back_and_says_which_field_python_cannot_read(dsn):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        task_id = enqueue(conn, "t", {"a": [1, 2]}, priority=3)
+        info = get_task(conn, task_id)
+        assert (info.task, info.state, info.payload, info.priority, info.finished) == ("t", "pending", {"a": [1, 2]},
+                                                                                      3, False)
+        assert get_task(conn, 10 ** 12) is None
+        conn.execute("UPDATE queueworker.tasks SET payload = %s::jsonb WHERE id = %s",
+                     ("[" * 3000 + "]" * 3000, task_id))
+        with pytest.raises(jsonvalue.Undecodable, match=f"task {task_id}'s payload cannot be decoded"):
+            get_task(conn, task_id)
+
+
+# -- real workers -----------------------------------------------------------------------------
+
+def checkpoint_next(dsn: str, task_id: int) -> int:
+    value = scalar(dsn, "SELECT checkpoint FROM queueworker.tasks WHERE id = %s", (task_id,))
+    return value["next"] if value else 0
+
+
+def qw(dsn: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "queueworker.cli", *args, "--dsn", dsn],
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.integration
+def test_a_checkpointing_task_drained_then_killed_resumes_each_time_from_its_last_checkpoint(dsn):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        task_id = enqueue(conn, "long.count", {"to": 60, "step_seconds": 0.1})
+    drained = WorkerProcess(dsn, *HANDLERS, "--drain-seconds", "0.3", *FAST_LEASES)
+    try:
+        wait_until(lambda: checkpoint_next(dsn, task_id) >= 10, timeout=30, message="ten steps")
+        progress = json.loads(qw(dsn, "show", str(task_id), "--json").stdout)["progress_json"]
+        assert json.loads(progress)["total"] == 60, "progress is visible while the task runs"
+        drained.signal(signal.SIGTERM)
+        assert drained.wait(30) == 0
+    finally:
+        drained.stop()
+    after_drain = checkpoint_next(dsn, task_id)
+    assert scalar(dsn, "SELECT state::text FROM queueworker.tasks WHERE id = %s", (task_id,)) == "pending"
+
+    killed = WorkerProcess(dsn, *HANDLERS, *FAST_LEASES)
+    try:
+        wait_until(lambda: checkpoint_next(dsn, task_id) >= after_drain + 10, timeout=30, message="ten more steps")
+        killed.signal(signal.SIGKILL)
+        killed.wait(10)
+    finally:
+        killed.stop()
+    after_kill = checkpoint_next(dsn, task_id)
+
+    finisher = WorkerProcess(dsn, *HANDLERS, *FAST_LEASES)
+    try:
+        wait_until(lambda: scalar(dsn, "SELECT state::text FROM queueworker.tasks WHERE id = %s", (task_id,))
+                   == "succeeded", timeout=60, message="the task to finish")
+    finally:
+        finisher.stop()
+    info = get_task(psycopg.connect(dsn), task_id)
+    assert info.result["resumed_from"] == after_kill >= after_drain + 10 > after_drain >= 10
+    assert info.attempts == 2, "the drain gave its attempt back; the kill spent one"
+    assert info.progress["done"] == 60
+    shown = qw(dsn, "show", str(task_id))
+    assert shown.returncode == 0 and '"message": "step 60"' in shown.stdout and "running   -> pending" in shown.stdout
+
+
+@pytest.mark.integration
+def test_a_hundred_pages_continue_once_each_and_in_order_through_a_sigkill(dsn):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        first = enqueue(conn, "long.page", {"page": 0, "pages": 100, "sleep": 0.03})
+    worker = WorkerProcess(dsn, *HANDLERS, *FAST_LEASES)
+    try:
+        wait_until(lambda: scalar(dsn, "SELECT count(*) FROM queueworker.tasks WHERE state = 'succeeded'") >= 30,
+                   timeout=60, message="thirty pages")
+        worker.signal(signal.SIGKILL)
+        worker.wait(10)
+    finally:
+        worker.stop()
+    worker = WorkerProcess(dsn, *HANDLERS, *FAST_LEASES)
+    try:
+        wait_until(lambda: scalar(dsn, "SELECT count(*) FROM queueworker.tasks WHERE (payload ->> 'page')::int = 99 "
+                                       "AND state = 'succeeded'") == 1, timeout=120, message="the last page")
+    finally:
+        worker.stop()
+    pages = query(dsn, "SELECT id, (payload ->> 'page')::int, state::text, continued_from FROM queueworker.tasks "
+                       "ORDER BY id")
+    assert [page for _, page, _, _ in pages] == list(range(100)), "each page enqueued once, in order"
+    assert {state for _, _, state, _ in pages} == {"succeeded"}
+    assert [continued_from for _, _, _, continued_from in pages] == [None] + [task_id for task_id, *_ in pages[:-1]]
+    assert pages[0][0] == first
+    assert scalar(dsn, "SELECT count(*) FROM queueworker.task_events WHERE to_state = 'succeeded'") == 100
+
+
+@pytest.mark.integration
+def test_snooze_waits_without_spending_an_attempt_and_retry_after_sets_the_delay(dsn):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        until = time.time() + 1.5
+        snoozer = enqueue(conn, "long.wait_until", {"until": until}, max_attempts=1)
+        limited = enqueue(conn, "long.rate_limited", {"retry_after": 2.0})
+        checkpointer = enqueue(conn, "long.async_checkpoint")
+    worker = WorkerProcess(dsn, *HANDLERS, "--retry-base-seconds", "30")
+    try:
+        wait_until(lambda: scalar(dsn, "SELECT count(*) FROM queueworker.tasks WHERE state = 'succeeded'") == 3,
+                   timeout=30, message="all three to succeed")
+    finally:
+        worker.stop()
+    with psycopg.connect(dsn) as conn:
+        snoozed, retried, saved = (get_task(conn, i) for i in (snoozer, limited, checkpointer))
+    assert (snoozed.result, snoozed.attempts) == ({"attempt": 1}, 1), "snoozing spent no attempt"
+    assert snoozed.started_at.timestamp() >= until
+    assert query(dsn, "SELECT detail ->> 'error_type' FROM queueworker.task_events WHERE task_id = %s "
+                      "AND from_state = 'running' AND to_state = 'pending'", (snoozer,))[0] == ("Snoozed",)
+    assert retried.result == {"attempt": 2}
+    failed_at, restarted_at = (row[0] for row in query(
+        dsn, "SELECT at FROM queueworker.task_events WHERE task_id = %s AND to_state IN ('retrying', 'running') "
+             "AND from_state IS NOT NULL ORDER BY id OFFSET 1", (limited,)))
+    assert 2.0 <= (restarted_at - failed_at).total_seconds() < 30, "Retry-After's delay, not the 30 s backoff"
+    assert saved.result == {"saved": True, "checkpoint": {"half": True}}
+    assert saved.progress["message"] == "half"
