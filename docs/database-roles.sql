@@ -182,12 +182,12 @@ BEGIN
 
     -- Operator (sql.STATUS_COUNTS, OLDEST_PENDING_AGE, LIVE_WORKERS, TASK_STATE, RETRY_TASK, RUNS,
     -- RUN, RUN_TASKS, RUN_EVENTS, RETRY_RUN, FINALIZE_RUN (through queueworker.finalize_run),
-    -- CANCEL_TASK): reads everything, changes only what retry and cancel set. Its changes are
+    -- CANCEL_TASKS): reads everything, changes only what retry and cancel set. Its changes are
     -- audited by the update trigger.
     GRANT SELECT ON ALL TABLES IN SCHEMA queueworker TO queueworker_operator;
     GRANT EXECUTE ON FUNCTION queueworker.finalize_run(bigint) TO queueworker_operator;
     GRANT UPDATE (state, delayed, run_after, max_attempts, lease_owner, leased_until, deadline_at, updated_at,
-                  finished_at)
+                  finished_at, error)
         ON queueworker.tasks TO queueworker_operator;
 END
 $$;

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
+from pathlib import Path
 
 from queueworker import Continue, RetryAfter, Snooze, task
 
@@ -54,3 +57,24 @@ async def async_checkpoint(payload, ctx):
     ctx.progress(1, 2, "half")
     saved = await ctx.save_checkpoint({"half": True})
     return {"saved": saved, "checkpoint": ctx.checkpoint}
+
+
+def _report(path: str, ctx) -> None:
+    Path(path).write_text(json.dumps({"reason": ctx.cancel_reason, "at": time.time()}))
+
+
+@task(name="long.until_cancelled")
+def until_cancelled(payload, ctx):
+    """Waits to be told to stop, then writes down why and when."""
+    ctx.cancelled.wait(payload.get("timeout", 60))
+    _report(payload["report"], ctx)
+
+
+@task(name="long.async_until_cancelled")
+async def async_until_cancelled(payload, ctx):
+    """Sleeps until the worker cancels it, then writes down why and when."""
+    try:
+        await asyncio.sleep(payload.get("timeout", 60))
+    except asyncio.CancelledError:
+        _report(payload["report"], ctx)
+        raise

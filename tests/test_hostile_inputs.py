@@ -102,9 +102,10 @@ def _rss_mb(pid: int) -> float:
     raise AssertionError("no VmRSS")
 
 
-# Python refuses JSON nested deeper than its recursion limit minus the frames already on the stack,
-# so the exact boundary depends on who encodes: within this band either outcome is right.
-DEPTH_BAND = range(850, 1000)
+# Python refuses JSON nested deeper than its recursion limit minus the frames already on the stack
+# (and test tools may raise that limit), so the boundary depends on who encodes and where: from
+# this depth on, success and "not storable" are both right; below it, only success is.
+DEPTH_UNCERTAIN_FROM = 850
 
 
 def _nesting(recipe: object) -> int:
@@ -119,8 +120,8 @@ def _nesting(recipe: object) -> int:
 
 def _expected_result(task: dict) -> tuple[str, object]:
     """What the database should hold for a hostile.return task: ("succeeded", result), ("failed",
-    None), or ("either", result) where the nesting is within DEPTH_BAND."""
-    if _nesting(task["payload"]["value"]) in DEPTH_BAND:
+    None), or ("either", None) from DEPTH_UNCERTAIN_FROM levels of nesting on."""
+    if _nesting(task["payload"]["value"]) >= DEPTH_UNCERTAIN_FROM:
         return "either", None
     value = build(task["payload"]["value"])
     try:
@@ -180,7 +181,7 @@ def test_hostile_tasks_fail_alone_and_ordinary_ones_succeed_exactly_once(hostile
             expected_state, expected_result = _expected_result(spec)
             if expected_state == "either":
                 assert state in ("succeeded", "failed"), (spec, error)
-                assert state == "succeeded" or "nested too deeply" in error["message"], error
+                assert state == "succeeded" or "not storable" in error["message"], error
                 continue
             assert state == expected_state, (spec, error)
             if state == "succeeded":

@@ -1,5 +1,5 @@
 """Long tasks: checkpoints that survive a drain and a SIGKILL, progress, pages (Continue), Snooze,
-RetryAfter, and reading a task back (get_task, `queueworker show`)."""
+RetryAfter, prompt cancellation, and reading a task back (get_task, `queueworker show`)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from queueworker import Continue, RetryAfter, Snooze, TaskContext, enqueue, get_task, jsonvalue, sql
+from queueworker import (Continue, RetryAfter, Snooze, TaskContext, cancel, cancel_many, enqueue, get_task, jsonvalue,
+                         sql)
 from tests.support import FAST_LEASES, WorkerProcess, query, scalar, wait_until
 
 HANDLERS = ("--handlers", "tests.long_task_handlers")
@@ -205,3 +206,87 @@ def test_snooze_waits_without_spending_an_attempt_and_retry_after_sets_the_delay
     assert 2.0 <= (restarted_at - failed_at).total_seconds() < 30, "Retry-After's delay, not the 30 s backoff"
     assert saved.result == {"saved": True, "checkpoint": {"half": True}}
     assert saved.progress["message"] == "half"
+
+
+# -- cancellation -----------------------------------------------------------------------------
+
+def test_cancel_many_refuses_unclear_requests():
+    for kwargs, message in (({}, "ids or a queue"), ({"ids": [1], "queue": "q"}, "ids or a queue"),
+                            ({"ids": [0]}, "not a task id"), ({"ids": [True]}, "not a task id"),
+                            ({"queue": "q", "states": ["succeeded"]}, "states must be"),
+                            ({"queue": "q", "reason": " "}, "reason")):
+        with pytest.raises(ValueError, match=message):
+            cancel_many(None, **kwargs)
+
+
+def _wait_report(path, timeout: float = 30) -> dict:
+    wait_until(path.exists, timeout=timeout, message=f"{path.name} to be written")
+    time.sleep(0.05)  # written in one call; let it land
+    return json.loads(path.read_text())
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("handler", ["long.until_cancelled", "long.async_until_cancelled"])
+def test_cancelling_a_running_task_stops_its_handler_within_a_second_and_frees_the_slot(dsn, tmp_path, handler):
+    report = tmp_path / "report.json"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        task_id = enqueue(conn, handler, {"report": str(report)})
+    worker = WorkerProcess(dsn, *HANDLERS, "--concurrency", "1", "--heartbeat-seconds", "10")
+    try:
+        wait_until(lambda: scalar(dsn, "SELECT state::text FROM queueworker.tasks WHERE id = %s", (task_id,))
+                   == "running", message="the task to start")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            follower = enqueue(conn, "qw.noop")
+            cancelled_at = time.time()
+            assert cancel(conn, task_id, reason="customer withdrew the order")
+        stopped = _wait_report(report)
+        wait_until(lambda: scalar(dsn, "SELECT state::text FROM queueworker.tasks WHERE id = %s", (follower,))
+                   == "succeeded", timeout=5, message="the freed slot to run the next task")
+        log = worker.log()
+    finally:
+        worker.stop()
+    assert stopped["reason"] == "cancelled"
+    assert stopped["at"] - cancelled_at < 1.0, "the NOTIFY reached the worker holding the lease"
+    info = get_task(psycopg.connect(dsn), task_id)
+    assert info.state == "cancelled" and info.error["type"] == "Cancelled"
+    assert info.error["message"].startswith("customer withdrew the order (by ")
+    assert "stale" not in log, "the stopped handler's outcome is dropped quietly"
+
+
+@pytest.mark.integration
+def test_a_cancellation_whose_notice_is_lost_is_found_by_the_next_heartbeat(dsn, tmp_path):
+    report = tmp_path / "report.json"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        task_id = enqueue(conn, "long.until_cancelled", {"report": str(report)})
+    worker = WorkerProcess(dsn, *HANDLERS, *FAST_LEASES)
+    try:
+        wait_until(lambda: scalar(dsn, "SELECT state::text FROM queueworker.tasks WHERE id = %s", (task_id,))
+                   == "running", message="the task to start")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            # The cancel statement without its NOTIFY: as if the notice never arrived.
+            conn.execute("UPDATE queueworker.tasks SET state = 'cancelled', lease_owner = NULL, finished_at = now() "
+                         "WHERE id = %s", (task_id,))
+            cancelled_at = time.time()
+        stopped = _wait_report(report)
+    finally:
+        worker.stop()
+    assert stopped["reason"] == "cancelled"
+    assert stopped["at"] - cancelled_at < 2.5, "within one heartbeat (1 s here) and the fence's margin"
+
+
+@pytest.mark.integration
+def test_cli_cancels_by_id_and_by_queue_and_says_what_it_could_not(dsn):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        first, second = (enqueue(conn, "t", queue="batch") for _ in range(2))
+        others = [enqueue(conn, "t", queue="bulk", delay=3600) for _ in range(3)]
+        done = enqueue(conn, "t", queue="batch")
+        conn.execute("UPDATE queueworker.tasks SET state = 'succeeded', finished_at = now() WHERE id = %s", (done,))
+    by_id = qw(dsn, "cancel", str(first), str(second), "--reason", "duplicate order")
+    assert by_id.returncode == 0 and f"task {first} cancelled (was pending)" in by_id.stdout, by_id
+    refused = qw(dsn, "cancel", str(first), str(done), "999999")
+    assert refused.returncode == 2
+    assert f"task {first} is cancelled; task {done} is succeeded; no task with id 999999" in refused.stderr
+    by_queue = qw(dsn, "cancel", "--queue", "bulk")
+    assert by_queue.returncode == 0 and "3 tasks of queue bulk cancelled" in by_queue.stdout
+    assert {get_task(psycopg.connect(dsn), i).state for i in others} == {"cancelled"}
+    assert qw(dsn, "cancel", "1", "--queue", "bulk").returncode == 2

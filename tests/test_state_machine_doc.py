@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from queueworker import metrics, sql
+from queueworker import cancel, metrics, sql
 from queueworker.handlers import Registry
 from queueworker.migrate import migrate
 from queueworker.producer import enqueue, enqueue_chain, enqueue_many, start_run
@@ -176,7 +176,7 @@ def test_documented_task_transitions_are_exactly_the_ones_the_sql_makes(dsn):
         conn.execute(sql.RETRY_TASK, {"id": first})                                     # cancelled -> blocked
         conn.execute(sql.COMPLETE_SUCCEEDED, {"ids": [first], "tokens": [claimed_token(conn, first)],
                                               "results": [None]})                       # blocked -> pending
-        conn.execute(sql.CANCEL_TASK, {"id": enqueue(conn, "qw.noop", depends_on=[second])})  # blocked -> cancelled
+        cancel(conn, enqueue(conn, "qw.noop", depends_on=[second]))  # blocked -> cancelled
 
         enqueue(conn, "qw.noop", {"v": 1}, dedupe_key="doc")
         enqueue(conn, "qw.noop", {"v": 2}, dedupe_key="doc", on_conflict="replace")    # pending -> pending
@@ -211,7 +211,7 @@ def test_documented_task_transitions_are_exactly_the_ones_the_sql_makes(dsn):
                 if doomed_state == "retrying":
                     conn.execute(sql.COMPLETE_FAILED, {"ids": [doomed], "tokens": [token], "retryables": [True],
                                                        "backoffs": [3600.0], "errors": [Jsonb({"message": "x"})]})
-            conn.execute(sql.CANCEL_TASK, {"id": doomed})
+            cancel(conn, doomed)
         conn.execute(sql.RETRY_TASK, {"id": doomed})                                    # cancelled -> pending
 
     seen = {(from_state or "", to_state) for from_state, to_state in query(

@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from pydantic import ValidationError
 
-from queueworker import TaskSpec, enqueue, enqueue_async, enqueue_many, sql
+from queueworker import TaskSpec, cancel, enqueue, enqueue_async, enqueue_many, sql
 from tests.support import query
 
 pytestmark = pytest.mark.integration
@@ -194,7 +194,7 @@ def test_cli_enqueue_with_a_dedupe_key_and_a_retry_blocked_by_the_key(dsn):
     assert query(dsn, "SELECT state::text FROM queueworker.tasks WHERE id = %s", (task_id,))[0][0] == "failed"
 
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(sql.CANCEL_TASK, {"id": holder})
+        cancel(conn, holder)
     retried = cli(dsn, "retry", str(task_id))
     assert retried.returncode == 0, retried.stderr
     assert query(dsn, "SELECT state::text FROM queueworker.tasks WHERE id = %s", (task_id,))[0][0] == "pending"

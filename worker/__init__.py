@@ -11,6 +11,7 @@ What applications import:
   inside the caller's transaction (unique, or depending on other tasks, as TaskSpec says); bad
   input raises pydantic's `ValidationError` before the database is touched.
 - `get_task`, `TaskInfo`: a task as stored now (state, progress, result or error).
+- `cancel`, `cancel_many`: cancel unfinished tasks; a running one's handler is stopped at once.
 - `start_run`: a partitioned run, counted as its partitions end, consolidated once if all succeed.
 - `WorkerSettings`, `SettingsError`: a worker's settings, every default and bound in one place
   (the CLI's flags and QUEUEWORKER_* variables are derived from it).
@@ -21,9 +22,11 @@ __version__ = "0.1.0"
 from .handlers import Continue, PermanentError, RetryAfter, RunInfo, Snooze, TaskContext, task  # noqa: E402
 from .producer import (  # noqa: E402
     TaskSpec, enqueue, enqueue_async, enqueue_chain, enqueue_chain_async, enqueue_many, enqueue_many_async, start_run)
+from .operations import cancel, cancel_many  # noqa: E402
 from .results import TaskInfo, get_task  # noqa: E402
 from .settings import SettingsError, WorkerSettings  # noqa: E402
 
 __all__ = ["Continue", "PermanentError", "RetryAfter", "RunInfo", "SettingsError", "Snooze", "TaskContext",
-           "TaskInfo", "TaskSpec", "WorkerSettings", "enqueue", "enqueue_async", "enqueue_chain",
-           "enqueue_chain_async", "enqueue_many", "enqueue_many_async", "get_task", "start_run", "task"]
+           "TaskInfo", "TaskSpec", "WorkerSettings", "cancel", "cancel_many", "enqueue", "enqueue_async",
+           "enqueue_chain", "enqueue_chain_async", "enqueue_many", "enqueue_many_async", "get_task", "start_run",
+           "task"]

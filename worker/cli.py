@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from . import __version__, dsn as dsns, jsonvalue, status
 from .logs import LEVELS, configure_logging
+from .operations import CANCELLABLE
 from .settings import SETTING_OPTIONS, SettingOption, SettingsError, WorkerSettings, one_line
 
 EXIT_USAGE = 2
@@ -126,8 +127,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     retry = sub.add_parser("retry", parents=[common], help="put a failed or cancelled task back to pending")
     retry.add_argument("id", type=_bounded_int(1, BIGINT_MAX))
-    cancel = sub.add_parser("cancel", parents=[common], help="cancel a pending, retrying, running or blocked task")
-    cancel.add_argument("id", type=_bounded_int(1, BIGINT_MAX))
+    cancel = sub.add_parser("cancel", parents=[common],
+                            help="cancel unfinished tasks by id, or every one of a queue (--queue); a running "
+                                 "task's handler is stopped at once")
+    cancel.add_argument("ids", nargs="*", type=_bounded_int(1, BIGINT_MAX), metavar="ID")
+    cancel.add_argument("--queue", help="cancel the queue's tasks instead of given ids")
+    cancel.add_argument("--state", action="append", dest="states", choices=CANCELLABLE,
+                        help="only tasks in this state (repeatable; default: all four)")
+    cancel.add_argument("--reason", default="cancelled", help="recorded in the task's error and audit trail")
 
     show = sub.add_parser("show", parents=[common],
                           help="one task: its state, progress, payload, result or error, and its audit trail")
@@ -348,9 +355,28 @@ def cmd_retry(args: argparse.Namespace) -> int:
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     from . import sql
+    from .operations import cancel_many
 
-    row = _change_task(args, sql.CANCEL_TASK, "pending, retrying, running or blocked")
-    print(f"task {row[0]} cancelled")
+    if bool(args.ids) == bool(args.queue):
+        raise CliError("give task ids or --queue, not both")
+    with _connect(args.dsn) as conn:
+        try:
+            rows = cancel_many(conn, ids=args.ids or None, queue=args.queue, reason=args.reason,
+                               states=args.states or CANCELLABLE)
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
+        conn.commit()
+        if args.queue:
+            print(f"{len(rows)} tasks of queue {args.queue} cancelled")
+            return 0
+        for row in rows:
+            print(f"task {row.id} cancelled (was {row.was})")
+        missed = [task_id for task_id in dict.fromkeys(args.ids) if task_id not in {row.id for row in rows}]
+        if missed:
+            states = dict(conn.execute(sql.TASK_STATES, {"ids": missed}).fetchall())
+            raise CliError("; ".join(f"task {task_id} is {states[task_id]}" if task_id in states
+                                     else f"no task with id {task_id}" for task_id in missed)
+                           + f": only {', '.join(args.states or CANCELLABLE)} tasks can be cancelled")
     return 0
 
 

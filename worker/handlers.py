@@ -128,6 +128,12 @@ CHECKPOINT_WAIT_SECONDS = 60.0
 
 CheckpointSaver = Callable[[str, "str | None"], Awaitable[bool]]
 
+# Why a handler is being stopped (`ctx.cancel_reason`).
+CANCELLED = "cancelled"    # someone cancelled the task (queueworker.cancel, `queueworker cancel`)
+LEASE_LOST = "lease lost"  # the lease expired or moved on (heartbeats failed, the task was rescued)
+DEADLINE = "deadline"      # the attempt's hard deadline passed
+SHUTDOWN = "shutdown"      # the worker is stopping and its drain time is over
+
 
 @dataclass
 class TaskContext:
@@ -137,6 +143,8 @@ class TaskContext:
     deadline): long-running sync handlers should check it and return early. Async handlers
     are also cancelled the asyncio way. `run` is set for the tasks of a partitioned run.
     `checkpoint` is what an earlier attempt saved (None at first): resume from there.
+    `cancel_reason` says why the worker stopped the attempt (CANCELLED, LEASE_LOST, DEADLINE or
+    SHUTDOWN), None while it is not stopped.
     """
 
     task_id: int
@@ -147,10 +155,18 @@ class TaskContext:
     logger: logging.Logger
     run: RunInfo | None = None
     checkpoint: Any = None
+    cancel_reason: str | None = None
     _cancelled: threading.Event | None = field(default=None, repr=False)
     _progress_json: str | None = field(default=None, repr=False)
     _saver: CheckpointSaver | None = field(default=None, repr=False)
     _loop: asyncio.AbstractEventLoop | None = field(default=None, repr=False)
+
+    def stop(self, reason: str) -> None:
+        """The worker gives up on the attempt: says why (the first reason stays) and sets
+        `cancelled`."""
+        if self.cancel_reason is None:
+            self.cancel_reason = reason
+        self.cancelled.set()
 
     def attach(self, saver: CheckpointSaver, loop: asyncio.AbstractEventLoop) -> None:
         """The worker's side of save_checkpoint: how to write, and on which event loop."""
@@ -373,11 +389,13 @@ async def run_handler(handler: Handler, payload: Any, ctx: TaskContext, timeout:
             future = threads.submit(handler.invoke, payload, ctx)
             return await asyncio.wrap_future(future)
     except BaseException as exc:
+        deadline = isinstance(exc, TimeoutError) and scope.expired()
+        if deadline:
+            ctx.stop(DEADLINE)  # an async handler's own tasks may be watching it too
         if future is not None and not future.done():
             ctx.cancelled.set()  # the thread cannot be stopped; tell the handler to give up
             threads.abandon(future, ctx)
-        if isinstance(exc, TimeoutError) and scope.expired():
-            ctx.cancelled.set()  # an async handler's own tasks may be watching it too
+        if deadline:
             raise DeadlineExceeded("hard deadline exceeded: attempt cancelled") from None
         if isinstance(exc, asyncio.CancelledError):
             _raise_if_cancelled_by_handler()

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from . import __version__, metrics, sql
 from .attempt import Attempt
 from .db import DutyConnection
+from .handlers import CANCELLED, LEASE_LOST
 
 log = logging.getLogger("queueworker.heartbeat")
 
@@ -53,7 +54,7 @@ def fence_margin(lease_seconds: float) -> float:
 class Heartbeater:
     def __init__(self, conn: DutyConnection, identity: WorkerIdentity, interval: float, lease_seconds: float,
                  held: Callable[[], list[Attempt]], draining: Callable[[], bool], can_claim: Callable[[], bool],
-                 on_lost: Callable[[list[Attempt], str], None]):
+                 on_lost: Callable[[list[Attempt], str, str], None]):
         self._conn = conn
         self._identity = identity
         self.interval = interval
@@ -90,7 +91,13 @@ class Heartbeater:
             elif extended is None and not attempt.reporting and not attempt.abandoned:
                 lost.append(attempt)
         if lost:
-            self._on_lost(lost, "lease lost (expired, cancelled or re-claimed)")
+            cancelled = {row[0] for row in await self._conn.fetch(sql.CANCELLED_AMONG, {
+                "ids": [attempt.id for attempt in lost]}, timeout=self.interval)}
+            for reason, stop_reason, attempts in (
+                    ("the task was cancelled", CANCELLED, [a for a in lost if a.id in cancelled]),
+                    ("lease lost (expired or re-claimed)", LEASE_LOST, [a for a in lost if a.id not in cancelled])):
+                if attempts:
+                    self._on_lost(attempts, reason, stop_reason)
 
     async def step(self) -> float:
         """One pass of the heartbeat duty. A worker whose claim loop is failing does not heartbeat:
@@ -113,5 +120,6 @@ class Heartbeater:
         expired = [a for a in self._held() if not a.reporting and not a.abandoned and now >= a.lease_expires - margin]
         if expired:
             metrics.ATTEMPTS_FENCED.inc(len(expired))
-            self._on_lost(expired, "its lease ran out by this worker's clock (no heartbeat extended it in time)")
+            self._on_lost(expired, "its lease ran out by this worker's clock (no heartbeat extended it in time)",
+                          LEASE_LOST)
         return min(1.0, margin)

@@ -1,9 +1,10 @@
-"""LISTEN/NOTIFY wake-ups for idle workers.
+"""LISTEN/NOTIFY wake-ups for idle workers, and cancellations of running tasks.
 
 Producers send one notification per queue per statement: `queue` when tasks are due now,
 `queue <epoch>` when the batch is only due later. The listener turns those into a wake-up
 now or a timed wake-up, and asks for one poll after every (re)connect, since notifications
-sent while it was disconnected are lost.
+sent while it was disconnected are lost. A cancellation of a running task names the worker that
+holds it; that worker stops the handler at once.
 """
 
 from __future__ import annotations
@@ -20,10 +21,13 @@ log = logging.getLogger("queueworker.listener")
 
 
 class Listener:
-    def __init__(self, dsn: str, queues: tuple[str, ...], wake: Callable[[float], None]):
+    def __init__(self, dsn: str, queues: tuple[str, ...], wake: Callable[[float], None], worker_id: str,
+                 on_cancel: Callable[[int, int], None]):
         self._dsn = dsn
         self._queues = set(queues)
         self._wake = wake  # called with the epoch time at which work is due (<= now: at once)
+        self._worker_id = worker_id
+        self._on_cancel = on_cancel  # called with (task id, lease token) of a task of ours cancelled
 
     async def step(self) -> float:
         """Listens until the connection is lost, then returns to reconnect at once: a listener that
@@ -33,10 +37,14 @@ class Listener:
         conn = await db.connect(self._dsn, "queueworker-listen")
         try:
             await conn.execute(f"LISTEN {sql.NOTIFY_CHANNEL}")
+            await conn.execute(f"LISTEN {sql.CANCEL_CHANNEL}")
             self._wake(0.0)  # anything enqueued while we were not listening
             try:
                 async for notify in conn.notifies():
-                    self._handle(notify.payload)
+                    if notify.channel == sql.CANCEL_CHANNEL:
+                        self._handle_cancel(notify.payload)
+                    else:
+                        self._handle(notify.payload)
             except psycopg.OperationalError as exc:
                 metrics.DB_ERRORS.labels("listen").inc()
                 log.warning("listener connection lost, reconnecting: %s", dsn_text.explain(exc, self._dsn))
@@ -55,3 +63,16 @@ class Listener:
             return
         if due_epoch == due_epoch:  # NaN never comes from our producers; ignore it like any garbage
             self._wake(due_epoch)
+
+    def _handle_cancel(self, payload: str) -> None:
+        """`worker-id task-id lease-token`: ours only. A cancellation missed while disconnected is
+        found by the next heartbeat (the lease is gone)."""
+        worker, _, rest = payload.partition(" ")
+        if worker != self._worker_id:
+            return
+        try:
+            task_id, token = (int(part) for part in rest.split(" "))
+        except ValueError:
+            log.warning("ignoring malformed cancellation notice")
+            return
+        self._on_cancel(task_id, token)

@@ -16,6 +16,8 @@ STALE_COMPLETIONS = Counter("queueworker_stale_completions_total",
                             "Results discarded because the lease was no longer held (fencing token mismatch)")
 LEASES_LOST = Counter("queueworker_leases_lost_total",
                       "Running attempts whose lease was lost (expired, cancelled, re-claimed) and were cancelled")
+RUNNING_CANCELLED = Counter("queueworker_running_cancelled_total",
+                            "Running attempts stopped because their task was cancelled", ["queue"])
 LEASES_RECOVERED = Counter("queueworker_leases_recovered_total",
                            "Expired leases recovered by this worker's rescuer", ["outcome"])
 TASKS_PROMOTED = Counter("queueworker_tasks_promoted_total",

@@ -485,15 +485,50 @@ WHERE id = %(id)s AND state IN ('failed', 'cancelled')
 RETURNING id, queue, attempts, max_attempts
 """
 
-CANCEL_TASK = """
-UPDATE queueworker.tasks
-SET state = 'cancelled', updated_at = now(), finished_at = now(),
-    lease_owner = NULL, leased_until = NULL, deadline_at = NULL
-WHERE id = %(id)s AND state IN ('pending', 'retrying', 'running', 'blocked')
-RETURNING id
+# `queueworker.cancel` / `cancel_many` / `queueworker cancel`: the tasks given by id, or every task of
+# a queue, in the given states. The error says who asked (the login) and why, so the audit row
+# does too. The worker holding a running one hears of it at once (CANCEL_CHANNEL: "worker id
+# lease token"), stops the handler and frees the slot; its heartbeat finds out too, should the
+# notification be lost.
+CANCEL_CHANNEL = "queueworker_cancel"
+CANCEL_TASKS = """
+WITH target AS (
+    SELECT id, state, lease_owner, lease_token FROM queueworker.tasks
+    WHERE (id = ANY(%(ids)s::bigint[]) OR (%(ids)s::bigint[] IS NULL AND queue = %(queue)s))
+      AND state = ANY(%(states)s::queueworker.task_state[])
+    ORDER BY id
+    FOR UPDATE
+), cancelled AS (
+    UPDATE queueworker.tasks t
+    SET state = 'cancelled', updated_at = now(), finished_at = now(),
+        lease_owner = NULL, leased_until = NULL, deadline_at = NULL,
+        error = jsonb_build_object('type', 'Cancelled', 'retryable', false,
+                                   'message', %(reason)s || ' (by ' || session_user || ')')
+    FROM target
+    WHERE t.id = target.id AND t.state = target.state
+    RETURNING t.id, target.state::text AS was, target.lease_owner, target.lease_token
+), notified AS (
+    SELECT pg_notify('""" + CANCEL_CHANNEL + """', lease_owner::text || ' ' || id || ' ' || lease_token)
+    FROM cancelled WHERE was = 'running' AND lease_owner IS NOT NULL
+)
+SELECT id, was, (SELECT count(*) FROM notified) AS notified FROM cancelled ORDER BY id
+"""
+
+
+class CancelledRow(NamedTuple):
+    id: int
+    was: str        # the state it was cancelled from
+    notified: int   # running tasks whose worker was told
+
+# Which of the leases a heartbeat found gone were cancelled (the worker stops those handlers with
+# the reason "cancelled" rather than "lease lost").
+CANCELLED_AMONG = """
+SELECT id FROM queueworker.tasks
+WHERE id = ANY(%(ids)s::bigint[]) AND state = 'cancelled'
 """
 
 TASK_STATE = "SELECT state::text FROM queueworker.tasks WHERE id = %(id)s"
+TASK_STATES = "SELECT id, state::text AS state FROM queueworker.tasks WHERE id = ANY(%(ids)s::bigint[])"
 
 # One task, for `get_task` and `queueworker show`. JSON columns as text: they are user data, and
 # the caller decides how to read them (Python may not read what another language stored).

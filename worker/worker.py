@@ -19,6 +19,7 @@ import math
 import signal
 import time
 import traceback
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -31,8 +32,9 @@ from .cleaner import Cleaner
 from .completer import Completer
 from .db import DutyConnection
 from .events import wait_event
-from .handlers import (CancelledByHandler, Continue, DeadlineExceeded, HandlerThreads, PermanentError, Registry,
-                       RetryAfter, RunInfo, Snooze, TaskContext, UnknownTaskError, run_handler)
+from .handlers import (CANCELLED, LEASE_LOST, SHUTDOWN, CancelledByHandler, Continue, DeadlineExceeded, HandlerThreads,
+                       PermanentError, Registry, RetryAfter, RunInfo, Snooze, TaskContext, UnknownTaskError,
+                       run_handler)
 from .heartbeat import Heartbeater, WorkerIdentity
 from .listener import Listener
 from .migrate import latest_version, migrate
@@ -119,7 +121,7 @@ class Worker:
         self.rescuer = Rescuer(self._duty_conn, settings.rescue_interval_seconds,
                                settings.deadline_grace_seconds, settings.worker_ttl_seconds)
         self.cleaner = Cleaner(self._duty_conn, settings.retention_seconds, settings.cleaner_interval_seconds)
-        self.listener = Listener(dsn, settings.queues, self._wake_at)
+        self.listener = Listener(dsn, settings.queues, self._wake_at, str(self.identity.id), self._cancelled_task)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -411,21 +413,31 @@ class Worker:
         if self._inflight.get(attempt.key) is attempt:
             del self._inflight[attempt.key]
 
-    def _leases_lost(self, attempts: list[Attempt], reason: str) -> None:
+    def _leases_lost(self, attempts: list[Attempt], reason: str, stop_reason: str = LEASE_LOST) -> None:
         """The lease is gone or about to be: stop the handlers, free the slots."""
         for attempt in attempts:
             log.warning("task %s: %s: cancelling its handler", attempt.id, reason,
                         extra={"task_id": attempt.id, "lease_token": attempt.token})
-            self._abandon(attempt)
+            self._abandon(attempt, stop_reason)
             self._forget(attempt)
-        metrics.LEASES_LOST.inc(len(attempts))
+        if stop_reason == CANCELLED:
+            for queue, count in Counter(attempt.queue for attempt in attempts).items():
+                metrics.RUNNING_CANCELLED.labels(queue).inc(count)
+        else:
+            metrics.LEASES_LOST.inc(len(attempts))
         metrics.IN_FLIGHT.set(len(self._inflight))
         self._slot_freed.set()
 
+    def _cancelled_task(self, task_id: int, token: int) -> None:
+        """The listener heard that a task this worker runs was cancelled: stop its handler now."""
+        attempt = self._inflight.get((task_id, token))
+        if attempt is not None and not attempt.reporting and not attempt.abandoned:
+            self._leases_lost([attempt], "the task was cancelled", CANCELLED)
+
     @staticmethod
-    def _abandon(attempt: Attempt) -> None:
+    def _abandon(attempt: Attempt, reason: str) -> None:
         attempt.abandoned = True
-        attempt.ctx.cancelled.set()
+        attempt.ctx.stop(reason)
         if attempt.runner is not None:
             attempt.runner.cancel()
 
@@ -497,7 +509,7 @@ class Worker:
             finished.cancel()
             hurry.cancel()
         for attempt in [a for a in self._inflight.values() if not a.reporting]:
-            self._abandon(attempt)
+            self._abandon(attempt, SHUTDOWN)
         clean = await self._until(end, "flush", self.completer.drain) and clean
         released = await self._until(end, "release", self._release)
         clean = released and clean
