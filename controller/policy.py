@@ -44,6 +44,12 @@ class QueueDepth:
     retrying: int = 0
     oldest_ready_age_seconds: float | None = None
     blocked: int = 0  # waiting on prerequisites: reported, never scaled for
+    # The queue's flow control (docs/flow-control.md): what the workers may start, whatever the backlog.
+    paused: bool = False
+    breaker_open: bool = False
+    rate_per_second: float | None = None
+    max_running: int | None = None
+    mean_task_seconds: float | None = None  # of recent successes: what a rate limit keeps busy
 
     @property
     def demand(self) -> int:
@@ -91,9 +97,19 @@ def decide(inputs: PolicyInputs) -> Decision:
     floor = max(p.min_replicas, 1)  # zero is only reached through the cooldown rule below
     history = _window(inputs.history, inputs.now, p.scale_down_stabilization_seconds, floor)
 
+    capped: FlowLimit | None = None  # set once a flow limit lowered the target
+
     def decision(desired: int, reason: str, message: str) -> Decision:
+        if capped is not None and reason in ("Activated", "ScaledUp", "Steady", "WithinTolerance"):
+            reason, message = capped.reason, f"{message}; capped by {capped.why}"
         recorded = _remember(history, Recommendation(inputs.now, desired), floor)
         return Decision(desired, reason, message, recorded, active, last_active)
+
+    if depth.paused or depth.breaker_open:
+        held = p.clamp(current)
+        what = "paused" if depth.paused else "behind an open circuit breaker"
+        return decision(held, "Paused" if depth.paused else "BreakerOpen",
+                        f"queue {what}: {depth.ready} ready tasks cannot start; holding {held} replicas")
 
     if current == 0 and not active:
         if p.min_replicas == 0:
@@ -109,6 +125,9 @@ def decide(inputs: PolicyInputs) -> Decision:
 
     target = max(floor, min(p.max_replicas, math.ceil(depth.demand / p.tasks_per_replica)))
     per = f"{p.tasks_per_replica} per replica"
+    limit = flow_limit(depth, p.tasks_per_replica)
+    if limit is not None and target > max(floor, limit.replicas):
+        target, capped = max(floor, limit.replicas), limit
 
     if current == 0:
         return decision(target, "Activated", f"{counts} > activationTasks={p.activation_tasks}: "
@@ -134,6 +153,34 @@ def decide(inputs: PolicyInputs) -> Decision:
                         recorded, active, last_active)
     return Decision(current, "Stabilizing", f"{counts} needs {target} replicas; holding {current} for the "
                     f"{p.scale_down_stabilization_seconds:g}s scale-down window", recorded, active, last_active)
+
+
+@dataclass(frozen=True)
+class FlowLimit:
+    replicas: int
+    reason: str  # LimitedByConcurrency or LimitedByRate
+    why: str
+
+
+def flow_limit(depth: QueueDepth, tasks_per_replica: int) -> FlowLimit | None:
+    """The most replicas the queue's limits can keep busy: a global cap of N running tasks needs
+    N / tasks_per_replica of them; a rate of R tasks/s whose tasks take D seconds keeps R x D slots
+    busy (Little's law). Before any task of a rate-limited queue has finished, D is unknown: one
+    replica, until it is. The lower of the two wins."""
+    limits = []
+    if depth.max_running is not None:
+        limits.append(FlowLimit(math.ceil(depth.max_running / tasks_per_replica), "LimitedByConcurrency",
+                                f"at most {depth.max_running} running across all workers"))
+    if depth.rate_per_second is not None:
+        if depth.mean_task_seconds is None:
+            limits.append(FlowLimit(1, "LimitedByRate", f"a rate of {depth.rate_per_second:g}/s, task "
+                                    "durations not known yet"))
+        else:
+            slots = max(1, math.ceil(depth.rate_per_second * depth.mean_task_seconds))
+            limits.append(FlowLimit(math.ceil(slots / tasks_per_replica), "LimitedByRate",
+                                    f"a rate of {depth.rate_per_second:g}/s x {depth.mean_task_seconds:.2f}s "
+                                    f"per task = {slots} busy slots"))
+    return min(limits, key=lambda limit: limit.replicas, default=None)
 
 
 def _decide_without_depth(inputs: PolicyInputs) -> Decision:

@@ -285,10 +285,14 @@ class _DepthBatch:
 
     async def _read_depths(self) -> list[tuple[Any, ...]]:
         params = {"queues": list(self._waiters), "cap": self._cap}
-        try:
-            return await self._fetch(sql.QUEUE_DEPTH, params)
-        except psycopg.errors.InvalidTextRepresentation:  # 'blocked' is not a task state there yet
-            return await self._fetch(sql.QUEUE_DEPTH_WITHOUT_BLOCKED, params)
+        *newer, oldest = sql.QUEUE_DEPTHS_BY_AGE
+        for statement in newer:
+            try:
+                return await self._fetch(statement, params)
+            except (psycopg.errors.UndefinedTable,  # no queueworker.queues there yet
+                    psycopg.errors.InvalidTextRepresentation):  # 'blocked' is not a task state there yet
+                continue
+        return await self._fetch(oldest, params)
 
     async def _run(self) -> None:
         try:
@@ -305,9 +309,11 @@ class _DepthBatch:
                 raise
             return
         depths = {row.queue: QueueDepth(int(row.ready), int(row.running), int(row.retrying), row.oldest_ready_age,
-                                        int(row.blocked))
+                                        int(row.blocked), row.paused, row.breaker_open, row.rate_per_second,
+                                        row.max_running, row.mean_task_seconds)
                   for row in map(sql.QueueDepthRow._make, rows)}
         for queue, futures in self._waiters.items():
             for future in futures:
                 if not future.done():
                     future.set_result(depths[queue])
+

@@ -1,4 +1,4 @@
--- Least-privilege database roles for queueworker, schema version 8. Why each grant exists, and
+-- Least-privilege database roles for queueworker, schema version 9. Why each grant exists, and
 -- what the roles still can do: docs/security.md.
 --
 -- Run it as a superuser, in the application's database:
@@ -91,7 +91,7 @@ ALTER DEFAULT PRIVILEGES FOR ROLE queueworker_migrator REVOKE EXECUTE ON FUNCTIO
 ALTER DEFAULT PRIVILEGES FOR ROLE queueworker_migrator IN SCHEMA queueworker
     GRANT SELECT ON TABLES TO queueworker_operator;
 
--- 5. The grants, for schema version 8.
+-- 5. The grants, for schema version 9.
 DO $$
 DECLARE
     applied_version integer;
@@ -99,14 +99,14 @@ BEGIN
     IF to_regclass('queueworker.schema_migrations') IS NOT NULL THEN
         SELECT max(m.version) INTO applied_version FROM queueworker.schema_migrations m;
     END IF;
-    IF coalesce(applied_version, 0) < 8 THEN
-        RAISE NOTICE 'queueworker is at schema version %, these grants are for version 8: run `queueworker '
+    IF coalesce(applied_version, 0) < 9 THEN
+        RAISE NOTICE 'queueworker is at schema version %, these grants are for version 9: run `queueworker '
                      'migrate` as a member of queueworker_migrator, then run this script again',
                      coalesce(applied_version, 0);
         RETURN;
     END IF;
-    IF applied_version > 8 THEN
-        RAISE EXCEPTION 'these grants are for queueworker schema version 8, the database is at version %: '
+    IF applied_version > 9 THEN
+        RAISE EXCEPTION 'these grants are for queueworker schema version 9, the database is at version %: '
                         'run the database-roles.sql of the queueworker release that migrated it', applied_version;
     END IF;
 
@@ -166,6 +166,11 @@ BEGIN
                   run_partition, continued_from)
         ON queueworker.tasks TO queueworker_worker;
     GRANT EXECUTE ON FUNCTION queueworker.wake_queue(text, timestamptz) TO queueworker_worker;
+    -- Flow control: CLAIM reads whether a queue is limited; CLAIM_LIMITED locks the queue's row and
+    -- charges its token bucket or moves its breaker to half-open; RECORD_BREAKER counts failures.
+    -- queueworker.queue_events is written only by the trigger function queueworker.audit_queue.
+    GRANT SELECT, UPDATE (tokens, tokens_at, breaker_state, consecutive_failures, breaker_changed_at)
+        ON queueworker.queues TO queueworker_worker;
     -- CLAIM tells a run's tasks their run (ctx.run): these columns of queueworker.runs, nothing else.
     GRANT SELECT (id, name, watermark, watermark_before, forced) ON queueworker.runs TO queueworker_worker;
     GRANT EXECUTE ON FUNCTION queueworker.transition_detail(integer, jsonb, jsonb),
@@ -174,11 +179,13 @@ BEGIN
                               queueworker.count_run_outcomes(bigint[], bigint[], integer[], text[], text[])
         TO queueworker_worker;
 
-    -- Controller (sql.QUEUE_DEPTH, sql.WORKER_LEASES): counts and leases, never payloads.
-    GRANT SELECT (id, queue, state, delayed, priority, run_after, lease_owner, started_at)
+    -- Controller (sql.QUEUE_DEPTH, sql.WORKER_LEASES): counts and leases, never payloads; a queue's
+    -- flow control, which bounds what scaling can do.
+    GRANT SELECT (id, queue, state, delayed, priority, run_after, lease_owner, started_at, finished_at)
         ON queueworker.tasks TO queueworker_controller;
     GRANT SELECT (id, pod_name, pod_namespace, queues, running, draining)
         ON queueworker.workers TO queueworker_controller;
+    GRANT SELECT ON queueworker.queues TO queueworker_controller;
 
     -- Operator (sql.STATUS_COUNTS, OLDEST_PENDING_AGE, LIVE_WORKERS, TASK_STATE, RETRY_TASK, RUNS,
     -- RUN, RUN_TASKS, RUN_EVENTS, RETRY_RUN, FINALIZE_RUN (through queueworker.finalize_run),
@@ -186,6 +193,9 @@ BEGIN
     -- audited by the update trigger.
     GRANT SELECT ON ALL TABLES IN SCHEMA queueworker TO queueworker_operator;
     GRANT EXECUTE ON FUNCTION queueworker.finalize_run(bigint) TO queueworker_operator;
+    -- pause, resume, limit and breaker (sql.PAUSE_QUEUE, RESUME_QUEUE, LIMIT_QUEUE, BREAKER_QUEUE).
+    GRANT INSERT, UPDATE ON queueworker.queues TO queueworker_operator;
+    GRANT EXECUTE ON FUNCTION queueworker.wake_queue(text, timestamptz) TO queueworker_operator;
     GRANT UPDATE (state, delayed, run_after, max_attempts, lease_owner, leased_until, deadline_at, updated_at,
                   finished_at, error)
         ON queueworker.tasks TO queueworker_operator;

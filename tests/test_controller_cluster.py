@@ -29,6 +29,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from queueworker import operations
 from queueworker.localpg import free_port
 from queueworker.migrate import migrate
 from queueworker.producer import enqueue_many
@@ -310,6 +311,29 @@ def test_backlog_scales_up_in_one_step_drains_and_returns_to_min(cluster: Cluste
     assert f'queueworker_controller_scale_total{{direction="up",{labels}}} 1.0' in metrics
     assert f"queueworker_controller_desired_replicas{{{labels}}} 0.0" in metrics
     assert "queueworker_controller_tick_duration_seconds_count" in metrics
+
+
+def test_a_paused_queue_holds_its_deployment_and_a_rate_limited_one_scales_to_the_cap(cluster: Cluster, dsn: str):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        operations.pause(conn, "jobs")
+    cluster.apply("metered", {**worker_spec(maxReplicas=4), "concurrency": 5})
+    enqueue_sleeps(dsn, *[0.2] * 100)
+    cluster.wait_for(lambda: cluster.queueworker("metered").get("status", {}).get("reason") == "Paused",
+                     timeout=30, message="the Paused decision")
+    time.sleep(3)  # three more polls
+    assert cluster.replicas("metered") == 0, "a backlog that cannot start adds no pods"
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        operations.resume(conn, "jobs")
+        operations.set_limits(conn, "jobs", rate_per_second=2)  # 2/s x 0.2 s per task: under one pod's 5 slots
+    cluster.wait_for(lambda: cluster.queueworker("metered").get("status", {}).get("reason") == "LimitedByRate",
+                     timeout=30, message="the LimitedByRate decision")
+    seen = set()
+    for _ in range(6):
+        seen.add(cluster.replicas("metered"))
+        time.sleep(0.5)
+    assert seen == {1}, f"one pod is all a 2/s limit keeps busy, not the 4 the backlog asks for: {seen}"
+    assert {e.reason for e in cluster.events("LimitedByRate")} == {"LimitedByRate"}
 
 
 def test_scale_down_spares_busy_pods_and_a_deleted_busy_pod_loses_nothing(cluster: Cluster, dsn: str):

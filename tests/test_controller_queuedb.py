@@ -232,3 +232,26 @@ def test_reads_arriving_during_a_query_share_the_next_one(dsn, monkeypatch):
         return await asyncio.gather(first, *later)
     assert len(run(staggered)) == 4
     assert queries == [["a"], ["b", "c", "d"]]
+
+
+def test_depth_carries_the_queues_flow_control(dsn):
+    from queueworker import operations
+
+    enqueue(dsn, "held", 5)
+    enqueue(dsn, "metered", 5)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        operations.pause(conn, "held")
+        operations.set_limits(conn, "metered", rate_per_second=4, max_running=6)
+        conn.execute("INSERT INTO queueworker.tasks (queue, task, state, delayed, attempts, started_at, finished_at) "
+                     "SELECT 'metered', 'done', 'succeeded', false, 1, now() - interval '3 s', now() "
+                     "FROM generate_series(1, 3)")
+
+    async def read(databases):
+        for queue in ("held", "metered", "plain"):
+            databases.bind(queue, dsn, queue)
+        return await asyncio.gather(*(databases.depth(dsn, queue, 100) for queue in ("held", "metered", "plain")))
+    held, metered, plain = run(read)
+    assert (held.ready, held.paused, held.breaker_open) == (5, True, False)
+    assert (metered.paused, metered.rate_per_second, metered.max_running) == (False, 4.0, 6)
+    assert metered.mean_task_seconds == pytest.approx(3.0, abs=0.01)
+    assert plain == QueueDepth(0, 0, 0, None)

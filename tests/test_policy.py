@@ -17,8 +17,8 @@ P = ScalingParams(min_replicas=0, max_replicas=10, tasks_per_replica=5, activati
 
 def run(current: int, ready: int | None, running: int = 0, *, params: ScalingParams = P,
         history: tuple[tuple[float, int], ...] = (), last_active: float | None = NOW,
-        error: str | None = None) -> Decision:
-    depth = None if ready is None else QueueDepth(ready=ready, running=running)
+        error: str | None = None, flow: dict | None = None) -> Decision:
+    depth = None if ready is None else QueueDepth(ready=ready, running=running, **(flow or {}))
     return decide(PolicyInputs(params, current, depth, NOW,
                                tuple(Recommendation(NOW - age, n) for age, n in history), last_active, error))
 
@@ -56,6 +56,21 @@ CASES = [
     ("error-fallback-raises", 1, None, 0, {"params": ScalingParams(fallback_replicas=3)}, 3, "FallbackApplied"),
     ("error-fallback-never-lowers", 6, None, 0, {"params": ScalingParams(fallback_replicas=3)}, 6,
      "HoldingOnError"),
+    # flow control: work that cannot start is not scaled for; limits cap what is
+    ("paused-backlog-holds", 2, 500, 0, {"flow": {"paused": True}}, 2, "Paused"),
+    ("paused-at-zero-stays", 0, 500, 0, {"flow": {"paused": True}}, 0, "Paused"),
+    ("paused-never-scales-down", 4, 500, 0, {"flow": {"paused": True}, "last_active": NOW - 9999}, 4, "Paused"),
+    ("breaker-open-holds", 1, 500, 0, {"flow": {"breaker_open": True}}, 1, "BreakerOpen"),
+    ("concurrency-caps", 1, 500, 0, {"flow": {"max_running": 12}}, 3, "LimitedByConcurrency"),
+    ("concurrency-caps-activation", 0, 500, 0, {"flow": {"max_running": 3}}, 1, "LimitedByConcurrency"),
+    ("rate-caps-by-littles-law", 1, 500, 0, {"flow": {"rate_per_second": 10, "mean_task_seconds": 2.0}}, 4,
+     "LimitedByRate"),
+    ("rate-unknown-durations-one", 0, 500, 0, {"flow": {"rate_per_second": 10}}, 1, "LimitedByRate"),
+    ("lower-limit-wins", 1, 500, 0, {"flow": {"rate_per_second": 10, "mean_task_seconds": 2.0,
+                                              "max_running": 5}}, 1, "LimitedByConcurrency"),
+    ("limit-above-demand-is-silent", 1, 7, 0, {"flow": {"max_running": 100}}, 2, "ScaledUp"),
+    ("limit-never-blocks-scale-down", 8, 5, 0, {"flow": {"max_running": 10}, "history": ((61, 8),)}, 1,
+     "ScaledDown"),
 ]
 
 

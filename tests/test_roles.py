@@ -104,6 +104,14 @@ def test_each_role_runs_its_flows_with_only_its_grants(installation):
     installation.install()
     assert [row[0] for row in query(admin, OWNERS)] == ["queueworker_migrator"]
 
+    # Operator: flow control on the worker's queue, so the worker claims it with CLAIM_LIMITED (and
+    # reports to a breaker) with its grants alone; loose enough to change nothing else.
+    for command in (["limit", QUEUE, "--rate", "1000/s", "--concurrency", "100"],
+                    ["breaker", QUEUE, "--failures", "1000", "--cooldown", "1s"],
+                    ["pause", QUEUE, "--for", "1s"], ["resume", QUEUE]):
+        changed = qw(*command, "--dsn", login["operator"])
+        assert changed.returncode == 0, changed.stderr
+
     # Producer: the library, in one transaction of the application's, and the CLI.
     with psycopg.connect(login["producer"]) as conn:
         noop = enqueue(conn, "qw.noop", queue=QUEUE)
@@ -154,7 +162,9 @@ def test_each_role_runs_its_flows_with_only_its_grants(installation):
     assert "permission denied" not in log, log
     assert psycopg.conninfo.conninfo_to_dict(login["worker"])["password"] not in log
 
-    assert depth == QueueDepth(ready=0, running=1, retrying=0, oldest_ready_age_seconds=None)
+    assert depth == QueueDepth(ready=0, running=1, retrying=0, oldest_ready_age_seconds=None, rate_per_second=1000.0,
+                               max_running=100, mean_task_seconds=depth.mean_task_seconds)
+    assert depth.mean_task_seconds is not None, "the controller reads the durations a rate limit needs"
     assert [(lease.pod_name, lease.running, lease.draining) for lease in leases] == [("worker-0", 1, False)]
     assert woken, "the controller's LISTEN heard the producer's NOTIFY"
     assert query(admin, "SELECT state::text, attempts FROM queueworker.tasks WHERE id = %s", (held,)) == [
@@ -162,6 +172,11 @@ def test_each_role_runs_its_flows_with_only_its_grants(installation):
     assert scalar(admin, "SELECT count(*) FROM queueworker.workers") == 0, "deregistered"
     assert dict(query(admin, "SELECT id, rescues FROM queueworker.tasks WHERE id = ANY(%s)",
                       ([heartbeaten, orphan],))) == {heartbeaten: 0, orphan: 1}
+
+    assert query(admin, "SELECT change, by_user FROM queueworker.queue_events WHERE queue = %s ORDER BY id",
+                 (QUEUE,)) == [(change, psycopg.conninfo.conninfo_to_dict(login["operator"])["user"])
+                               for change in ("limits", "limits", "paused", "resumed")]
+    assert scalar(admin, "SELECT consecutive_failures FROM queueworker.queues WHERE name = %s", (QUEUE,)) >= 0
 
     # The run's audit trail names the login behind each transition, written by its trigger.
     user = {group: psycopg.conninfo.conninfo_to_dict(dsn_)["user"] for group, dsn_ in login.items()}
@@ -337,7 +352,7 @@ def test_definer_functions_pin_their_search_path_and_are_not_public(dsn):
     assert definers == {name: ["search_path=pg_catalog, pg_temp"]
                         for name in ("audit_task_inserts", "audit_task_updates", "clean_finished", "enqueue_tasks",
                                      "replace_pending", "settle_dependents", "settle_new_dependency",
-                                     "count_run_outcomes", "start_run", "finalize_run", "audit_run")}
+                                     "count_run_outcomes", "start_run", "finalize_run", "audit_run", "audit_queue")}
     # Even without docs/database-roles.sql, only the owner may run the functions that change rows.
     for function in ("clean_finished(bigint, float8, integer)",
                      "enqueue_tasks(text[], text[], jsonb[], integer[], timestamptz[], integer[], integer[], text[], "
@@ -345,7 +360,7 @@ def test_definer_functions_pin_their_search_path_and_are_not_public(dsn):
                      "count_run_outcomes(bigint[], bigint[], integer[], text[], text[])",
                      "start_run(text, integer, jsonb, jsonb, text)", "finalize_run(bigint)",
                      "replace_pending(bigint[], jsonb[], integer[], timestamptz[])",
-                     "settle_dependents(bigint[], bigint[])", "audit_run()"):
+                     "settle_dependents(bigint[], bigint[])", "audit_run()", "audit_queue()"):
         assert scalar(dsn, "SELECT bool_or(grantee = 0) FROM pg_proc, aclexplode(proacl) "
                            f"WHERE oid = 'queueworker.{function}'::regprocedure") is False, function
 

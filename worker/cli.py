@@ -136,6 +136,28 @@ def build_parser() -> argparse.ArgumentParser:
                         help="only tasks in this state (repeatable; default: all four)")
     cancel.add_argument("--reason", default="cancelled", help="recorded in the task's error and audit trail")
 
+    pause = sub.add_parser("pause", parents=[common],
+                           help="stop claims of a queue (running tasks finish) until resumed, or --for a while")
+    pause.add_argument("queue")
+    pause.add_argument("--for", dest="duration", metavar="DURATION", help="e.g. 90s, 10m, 2h, 1d")
+    resume = sub.add_parser("resume", parents=[common], help="end a queue's pause and wake its workers")
+    resume.add_argument("queue")
+    limit = sub.add_parser("limit", parents=[common],
+                           help="rate-limit a queue and/or cap its running tasks across all workers")
+    limit.add_argument("queue")
+    limit.add_argument("--rate", metavar="N/s|N/m", help="tasks started per second (/s) or minute (/m)")
+    limit.add_argument("--burst", type=_bounded_int(1, 1_000_000), help="tokens the bucket holds (default: 1 s)")
+    limit.add_argument("--concurrency", type=_bounded_int(1, 1_000_000), metavar="N",
+                       help="at most N of the queue's tasks running at once, across all workers")
+    limit.add_argument("--clear", action="store_true", help="remove the queue's rate and concurrency limits")
+    breaker = sub.add_parser("breaker", parents=[common],
+                             help="a circuit breaker: N consecutive failures stop claims for a cooldown, then "
+                                  "one probe task decides")
+    breaker.add_argument("queue")
+    breaker.add_argument("--failures", type=_bounded_int(1, 1_000_000), metavar="N")
+    breaker.add_argument("--cooldown", metavar="DURATION", help="e.g. 30s, 5m")
+    breaker.add_argument("--off", action="store_true", help="remove the breaker")
+
     show = sub.add_parser("show", parents=[common],
                           help="one task: its state, progress, payload, result or error, and its audit trail")
     show.add_argument("id", type=_bounded_int(1, BIGINT_MAX))
@@ -424,6 +446,41 @@ def _change_task(args: argparse.Namespace, statement: str, allowed_states: str, 
     return asyncio.run(change())
 
 
+def cmd_flow(args: argparse.Namespace) -> int:
+    """pause, resume, limit and breaker: change a queue's flow control, then print it."""
+    from . import operations
+    from .status import flow_control
+
+    with _connect(args.dsn) as conn:
+        try:
+            if args.subcommand == "pause":
+                row = operations.pause(conn, args.queue, seconds=args.duration and operations.parse_duration(
+                    args.duration))
+            elif args.subcommand == "resume":
+                row = operations.resume(conn, args.queue)
+            elif args.subcommand == "limit":
+                if args.clear == bool(args.rate or args.concurrency or args.burst):
+                    raise CliError("give --rate and/or --concurrency, or --clear")
+                row = operations.set_limits(conn, args.queue, burst=args.burst, max_running=args.concurrency,
+                                            rate_per_second=args.rate and operations.parse_rate(args.rate))
+            else:
+                if args.off == bool(args.failures or args.cooldown):
+                    raise CliError("give --failures and --cooldown, or --off")
+                row = operations.set_breaker(conn, args.queue, failures=args.failures,
+                                             cooldown_seconds=args.cooldown and operations.parse_duration(
+                                                 args.cooldown))
+        except ValidationError as exc:
+            raise CliError(one_line(exc, {"": "queue"})) from None
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
+        conn.commit()
+    if row is None:
+        print(f"queue {args.queue} has no flow control")
+    else:
+        print(f"queue {args.queue}: " + status.describe_flow(flow_control(row)))
+    return 0
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     """The JSON columns are printed as Postgres holds them (shortened where long), so a value Python
     could not read is still shown."""
@@ -564,7 +621,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 COMMANDS = {"migrate": cmd_migrate, "enqueue": cmd_enqueue, "worker": cmd_worker, "status": cmd_status,
             "retry": cmd_retry, "cancel": cmd_cancel, "show": cmd_show, "demo": cmd_demo, "runs": cmd_runs,
-            "run": cmd_run}
+            "run": cmd_run, "pause": cmd_flow, "resume": cmd_flow, "limit": cmd_flow, "breaker": cmd_flow}
 
 
 def main(argv: list[str] | None = None) -> int:

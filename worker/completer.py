@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +21,7 @@ import psycopg
 from . import jsonvalue, metrics, sql
 from .attempt import Attempt
 from .db import CLIENT_TIMEOUT_SECONDS, DutyConnection
+from .flow import FlowControl
 
 log = logging.getLogger("queueworker.completer")
 
@@ -71,13 +72,14 @@ Outcome = Success | Continued | Failure | HandBack
 class Completer:
     def __init__(self, conn: DutyConnection, flush_interval: float, max_batch: int,
                  on_flushed: Callable[[list[Attempt]], None], on_waiting: Callable[[], None],
-                 unknown_task_grace_seconds: float):
+                 unknown_task_grace_seconds: float, flow: FlowControl | None = None):
         self._conn = conn
         self._on_waiting = on_waiting  # tasks now wait for a time: the scheduler must know when they are due
         self._flush_interval = flush_interval
         self._max_batch = max_batch
         self._on_flushed = on_flushed
         self._unknown_task_grace = unknown_task_grace_seconds
+        self._flow = flow  # told the outcomes of queues that have a circuit breaker
         self._buffers: dict[type, list[Any]] = {Success: [], Continued: [], Failure: [], HandBack: []}
         self._writes: dict[type, Callable[[list[Any], float], Awaitable[list[Attempt]]]] = {
             Success: self._write_successes, Continued: self._write_continued, Failure: self._write_failures,
@@ -221,8 +223,7 @@ class Completer:
             self._on_waiting()
         return self._count_succeeded(batch, rows, "continued")
 
-    @staticmethod
-    def _count_succeeded(batch: list[Success] | list[Continued], rows: list[sql.FencedRow],
+    def _count_succeeded(self, batch: list[Success] | list[Continued], rows: list[sql.FencedRow],
                          outcome: str) -> list[Attempt]:
         attempts = [s.attempt for s in batch]
         if len(rows) == len(batch):  # every lease was still held: the common case, checked cheaply
@@ -235,7 +236,15 @@ class Completer:
         stale_keys = {attempt.key for attempt in stale}
         for queue, count in Counter(a.queue for a in attempts if a.key not in stale_keys).items():
             metrics.TASKS_COMPLETED.labels(queue, outcome).inc(count)
+        self._note(a.queue for a in attempts if a.key not in stale_keys)
         return attempts
+
+    def _note(self, queues: Iterable[str], succeeded: bool = True) -> None:
+        """Outcomes written, for the circuit breakers of the queues that have one."""
+        if self._flow is not None and self._flow.breaker_queues:
+            for queue in queues:
+                if queue in self._flow.breaker_queues:
+                    self._flow.note(queue, succeeded)
 
     async def _write_failures(self, batch: list[Failure], timeout: float) -> list[Attempt]:
         rows = await self._conn.fetch(sql.COMPLETE_FAILED, {
@@ -251,6 +260,7 @@ class Completer:
                 _stale(attempt, "failed")
                 continue
             metrics.TASKS_COMPLETED.labels(attempt.queue, "retried" if state == "retrying" else "failed").inc()
+            self._note([attempt.queue], succeeded=False)
             log.info("task %s attempt %s %s: %s", attempt.id, attempt.attempt,
                      "will retry" if state == "retrying" else "failed", failure.error.get("message"),
                      extra={"task_id": attempt.id, "task": attempt.task, "error_type": failure.error.get("type")})

@@ -22,12 +22,13 @@ log = logging.getLogger("queueworker.listener")
 
 class Listener:
     def __init__(self, dsn: str, queues: tuple[str, ...], wake: Callable[[float], None], worker_id: str,
-                 on_cancel: Callable[[int, int], None]):
+                 on_cancel: Callable[[int, int], None], on_settings: Callable[[], None]):
         self._dsn = dsn
         self._queues = set(queues)
         self._wake = wake  # called with the epoch time at which work is due (<= now: at once)
         self._worker_id = worker_id
         self._on_cancel = on_cancel  # called with (task id, lease token) of a task of ours cancelled
+        self._on_settings = on_settings  # a queue's flow-control settings changed
 
     async def step(self) -> float:
         """Listens until the connection is lost, then returns to reconnect at once: a listener that
@@ -38,11 +39,16 @@ class Listener:
         try:
             await conn.execute(f"LISTEN {sql.NOTIFY_CHANNEL}")
             await conn.execute(f"LISTEN {sql.CANCEL_CHANNEL}")
+            await conn.execute(f"LISTEN {sql.QUEUES_CHANNEL}")
             self._wake(0.0)  # anything enqueued while we were not listening
+            self._on_settings()  # and any settings changed meanwhile
             try:
                 async for notify in conn.notifies():
                     if notify.channel == sql.CANCEL_CHANNEL:
                         self._handle_cancel(notify.payload)
+                    elif notify.channel == sql.QUEUES_CHANNEL:
+                        if notify.payload in self._queues:
+                            self._on_settings()
                     else:
                         self._handle(notify.payload)
             except psycopg.OperationalError as exc:

@@ -56,6 +56,11 @@ WORKER_STATE_TRANSITIONS = Counter("queueworker_worker_state_transitions_total",
 CHECKPOINT_WRITES = Counter("queueworker_checkpoint_writes_total",
                             "ctx.save_checkpoint calls, by outcome: saved, or refused because the lease was gone",
                             ["queue", "outcome"])
+BREAKER_STATE = Gauge("queueworker_breaker_state",
+                      "Circuit breaker of a queue as this worker last saw it: 0 closed, 1 half-open, 2 open", ["queue"])
+BREAKER_TRANSITIONS = Counter("queueworker_breaker_transitions_total",
+                              "Circuit breaker state changes this worker's reports caused, by new state",
+                              ["queue", "to_state"])
 TASKS_DELETED = Counter("queueworker_tasks_deleted_total", "Finished tasks deleted after the retention period")
 
 

@@ -172,12 +172,14 @@ class ReplacedRow(NamedTuple):
 # updates more rows than asked for; NO KEY UPDATE does not block foreign keys to tasks.
 # Aimed at the `tasks_active` partition (no routing through the parent), so it writes its own
 # audit rows, which costs less than the parent's transition-table trigger.
-CLAIM = """
-WITH picked AS MATERIALIZED (
+def _claim(head: str, limit: str, tail: str) -> str:
+    """The claim statement: `head` CTEs before `picked`, the LIMIT of `picked`, `tail` CTEs after
+    `audited`. For CLAIM and CLAIM_LIMITED."""
+    return "WITH " + head + """picked AS MATERIALIZED (
     SELECT id FROM queueworker.tasks_active
     WHERE state = 'pending' AND NOT delayed AND queue = %(queue)s AND run_after <= now()
     ORDER BY priority DESC, run_after, id
-    LIMIT %(limit)s
+    LIMIT """ + limit + """
     FOR NO KEY UPDATE SKIP LOCKED
 ), claimed AS (
     UPDATE queueworker.tasks_active t
@@ -200,11 +202,53 @@ WITH picked AS MATERIALIZED (
     INSERT INTO queueworker.task_events (task_id, from_state, to_state, worker, lease_token, detail)
     SELECT id, 'pending', 'running', %(worker)s, lease_token, jsonb_build_object('attempts', attempts)
     FROM claimed
-)
+)""" + tail + """
 SELECT id, queue, task, payload_json, attempts, max_attempts, lease_token, seconds_to_deadline, run_json,
        checkpoint_json
 FROM claimed
 """
+
+
+# A queue with flow control (a row in queueworker.queues that sets something: migration 009) is
+# claimed by CLAIM_LIMITED only: here its limit is 0, an index probe of a tiny table per statement.
+CLAIM = _claim("", """CASE WHEN EXISTS (SELECT FROM queueworker.queues l WHERE l.name = %(queue)s AND l.limited)
+          THEN 0 ELSE %(limit)s END""", "")
+
+# A queue with flow control. Its row is locked, so concurrent claimers take turns and every limit
+# holds exactly: nothing while paused or while the breaker is open; one probe task once the
+# breaker's cooldown has passed (the breaker goes half-open; a probe lost without an outcome lets
+# another one through after the cooldown); no more than the token bucket holds (refilled at
+# `rate_per_second`, at most `burst`), and no more than `max_running` minus the queue's running
+# tasks. The bucket is charged for what was claimed. A queue whose row went away meanwhile is
+# claimed up to the limit, as the plain claim would.
+CLAIM_LIMITED = _claim("""settings AS MATERIALIZED (
+    SELECT q.*, CASE WHEN q.rate_per_second IS NOT NULL
+                     THEN least(q.burst, q.tokens + q.rate_per_second * extract(epoch FROM now() - q.tokens_at))
+                END AS level
+    FROM queueworker.queues q WHERE q.name = %(queue)s
+    FOR NO KEY UPDATE
+), allowance AS MATERIALIZED (
+    SELECT s.name, s.level, s.breaker_state,
+           CASE WHEN s.paused_until > now() THEN 0
+                WHEN s.breaker_state <> 'closed'
+                     AND now() < s.breaker_changed_at + make_interval(secs => s.breaker_cooldown_seconds) THEN 0
+                ELSE greatest(0, least(
+                    %(limit)s,
+                    CASE WHEN s.breaker_state <> 'closed' THEN 1 END,
+                    floor(s.level)::integer,
+                    s.max_running - (SELECT count(*) FROM queueworker.tasks_active r
+                                     WHERE r.queue = s.name AND r.state = 'running')::integer))
+           END AS n
+    FROM settings s
+), """, "coalesce((SELECT n FROM allowance), %(limit)s)", """, charged AS (
+    UPDATE queueworker.queues q
+    SET tokens = coalesce(a.level - (SELECT count(*) FROM claimed), q.tokens), tokens_at = now(),
+        breaker_state = CASE WHEN a.breaker_state <> 'closed' AND EXISTS (SELECT FROM claimed)
+                             THEN 'half_open' ELSE q.breaker_state END,
+        breaker_changed_at = CASE WHEN a.breaker_state <> 'closed' AND EXISTS (SELECT FROM claimed)
+                                  THEN now() ELSE q.breaker_changed_at END
+    FROM allowance a WHERE q.name = a.name
+)""")
 
 
 class ClaimedRow(NamedTuple):
@@ -520,6 +564,134 @@ class CancelledRow(NamedTuple):
     was: str        # the state it was cancelled from
     notified: int   # running tasks whose worker was told
 
+# -- flow control (migration 009) -----------------------------------------------------------------
+
+# Workers re-read their queues' settings when told on this channel (payload: the queue).
+QUEUES_CHANNEL = "queueworker_queues"
+
+# `paused_until` is 'infinity' for a pause until resumed, which Python cannot represent: NULL here.
+_QUEUE_COLUMNS = """name, coalesce(paused_until > now(), false) AS paused,
+       CASE WHEN isfinite(paused_until) THEN paused_until END AS paused_until, rate_per_second, burst, max_running,
+       breaker_failures, breaker_cooldown_seconds, breaker_state, consecutive_failures, breaker_changed_at, limited"""
+
+
+class QueueRow(NamedTuple):
+    name: str
+    paused: bool
+    paused_until: Any  # None while paused until resumed
+    rate_per_second: float | None
+    burst: int | None
+    max_running: int | None
+    breaker_failures: int | None
+    breaker_cooldown_seconds: float | None
+    breaker_state: str
+    consecutive_failures: int
+    breaker_changed_at: Any
+    limited: bool
+
+
+def _change_queue(change: str) -> str:
+    """A statement that applies `change` (an upsert of queueworker.queues returning the row as
+    `changed`), tells the workers to re-read the queue's settings, and wakes them (at
+    `wake_at`: now when the change may let tasks through sooner, or when a pause ends)."""
+    return "WITH changed AS (\n" + change + "\n    RETURNING " + _QUEUE_COLUMNS + """
+), told AS (
+    SELECT pg_notify('""" + QUEUES_CHANNEL + """', name) FROM changed
+), woken AS (
+    SELECT queueworker.wake_queue(name, coalesce(%(wake_at)s::timestamptz, now())) FROM changed
+    WHERE %(wake)s
+)
+SELECT """ + _QUEUE_COLUMNS + """ FROM changed, (SELECT count(*) FROM told) AS t, (SELECT count(*) FROM woken) AS w
+"""
+
+
+# Paused until `until` ('infinity': until resumed). Running tasks finish; the workers wake when it ends.
+PAUSE_QUEUE = _change_queue("""    INSERT INTO queueworker.queues AS q (name, paused_until) VALUES (%(queue)s, %(until)s)
+    ON CONFLICT (name) DO UPDATE SET paused_until = EXCLUDED.paused_until, updated_at = now()""")
+
+RESUME_QUEUE = _change_queue("""    UPDATE queueworker.queues SET paused_until = NULL, updated_at = now()
+    WHERE name = %(queue)s""")
+
+# A rate limit (token bucket, full at first) and a global cap on running tasks; NULLs clear them.
+LIMIT_QUEUE = _change_queue("""    INSERT INTO queueworker.queues AS q (name, rate_per_second, burst, tokens, max_running)
+    VALUES (%(queue)s, %(rate)s, %(burst)s, coalesce(%(burst)s, 0), %(max_running)s)
+    ON CONFLICT (name) DO UPDATE
+    SET rate_per_second = EXCLUDED.rate_per_second, burst = EXCLUDED.burst, max_running = EXCLUDED.max_running,
+        tokens = CASE WHEN q.rate_per_second IS NOT DISTINCT FROM EXCLUDED.rate_per_second
+                       AND q.burst IS NOT DISTINCT FROM EXCLUDED.burst THEN q.tokens ELSE EXCLUDED.tokens END,
+        tokens_at = CASE WHEN q.rate_per_second IS NOT DISTINCT FROM EXCLUDED.rate_per_second
+                          AND q.burst IS NOT DISTINCT FROM EXCLUDED.burst THEN q.tokens_at ELSE now() END,
+        updated_at = now()""")
+
+# A circuit breaker (NULLs remove it); a new or changed one starts closed.
+BREAKER_QUEUE = _change_queue("""    INSERT INTO queueworker.queues AS q (name, breaker_failures, breaker_cooldown_seconds)
+    VALUES (%(queue)s, %(failures)s, %(cooldown)s)
+    ON CONFLICT (name) DO UPDATE
+    SET breaker_failures = EXCLUDED.breaker_failures, breaker_cooldown_seconds = EXCLUDED.breaker_cooldown_seconds,
+        breaker_state = 'closed', consecutive_failures = 0, breaker_changed_at = NULL, updated_at = now()""")
+
+QUEUE_SETTINGS = "SELECT " + _QUEUE_COLUMNS + """ FROM queueworker.queues
+WHERE %(queue)s::text IS NULL OR name = %(queue)s ORDER BY name"""
+
+# What a worker needs to choose its claim statement, for its own queues.
+LIMITED_QUEUES = """
+SELECT name, rate_per_second, breaker_failures IS NOT NULL AS has_breaker, breaker_state
+FROM queueworker.queues WHERE name = ANY(%(queues)s::text[]) AND limited
+"""
+
+
+class LimitedQueueRow(NamedTuple):
+    name: str
+    rate_per_second: float | None
+    has_breaker: bool
+    breaker_state: str
+
+
+# A worker's outcomes for a queue with a breaker, since its last report: whether any succeeded,
+# and how many failed after the last success (or in all, when none did). The breaker opens at
+# `breaker_failures` consecutive failures; a half-open breaker closes on a success and opens
+# again on a failure. Returns the state before and after.
+RECORD_BREAKER = """
+WITH before AS (
+    SELECT name, breaker_state, breaker_failures,
+           CASE WHEN %(any_succeeded)s THEN %(trailing_failures)s
+                ELSE consecutive_failures + %(trailing_failures)s END AS streak
+    FROM queueworker.queues WHERE name = %(queue)s AND breaker_failures IS NOT NULL
+    FOR NO KEY UPDATE
+), decided AS (
+    SELECT name, breaker_state AS was, streak,
+           CASE WHEN breaker_state = 'half_open' AND streak > 0 THEN 'open'
+                WHEN breaker_state = 'half_open' AND %(any_succeeded)s THEN 'closed'
+                WHEN breaker_state = 'closed' AND streak >= breaker_failures THEN 'open'
+                ELSE breaker_state END AS now_state
+    FROM before
+)
+UPDATE queueworker.queues q
+SET consecutive_failures = d.streak, breaker_state = d.now_state,
+    breaker_changed_at = CASE WHEN d.now_state <> d.was THEN now() ELSE q.breaker_changed_at END
+FROM decided d WHERE q.name = d.name
+RETURNING d.was, d.now_state
+"""
+
+
+class BreakerRow(NamedTuple):
+    was: str
+    now_state: str
+
+# The queue's audit trail of settings and breaker states, newest first.
+QUEUE_EVENTS = """
+SELECT at, change, detail::text AS detail_json, by_user FROM queueworker.queue_events
+WHERE queue = %(queue)s ORDER BY id DESC LIMIT %(limit)s
+"""
+
+
+class QueueEventRow(NamedTuple):
+    at: Any
+    change: str
+    detail_json: str
+    by_user: str
+
+
 # Which of the leases a heartbeat found gone were cancelled (the worker stops those handlers with
 # the reason "cancelled" rather than "lease lost").
 CANCELLED_AMONG = """
@@ -737,15 +909,34 @@ SELECT q.queue,
        (SELECT extract(epoch FROM now() - run_after)::float8 FROM queueworker.tasks
         WHERE state = 'pending' AND NOT delayed AND queue = q.queue AND run_after <= now()
         ORDER BY priority DESC, run_after, id LIMIT 1) AS oldest_ready_age,
-       {blocked} AS blocked
-FROM unnest(%(queues)s::text[]) AS q(queue)
+       {blocked} AS blocked, {flow}
 """
-QUEUE_DEPTH = _QUEUE_DEPTH.replace("{blocked}", """(SELECT count(*) FROM (SELECT 1 FROM queueworker.tasks
+_BLOCKED = """(SELECT count(*) FROM (SELECT 1 FROM queueworker.tasks
                               WHERE state = 'blocked' AND queue = q.queue
-                              LIMIT %(cap)s) AS w)""")
-# The same against a schema before version 5 (no `blocked` state: QUEUE_DEPTH fails to parse
-# there), whose tenants a newer controller may serve while their workers are older.
-QUEUE_DEPTH_WITHOUT_BLOCKED = _QUEUE_DEPTH.replace("{blocked}", "0::bigint")
+                              LIMIT %(cap)s) AS w)"""
+# Flow control (migration 009): a paused queue or an open breaker starts nothing whatever its
+# backlog; a cap on running tasks or a rate limit bounds the replicas worth running. For a rate,
+# the mean duration of the queue's last 100 successes gives the slots it keeps busy (Little's law).
+_FLOW = """coalesce(f.paused, false) AS paused, coalesce(f.breaker_open, false) AS breaker_open,
+       f.rate_per_second, f.max_running, f.mean_task_seconds
+FROM unnest(%(queues)s::text[]) AS q(queue)
+LEFT JOIN LATERAL (
+    SELECT l.paused_until > now() AS paused, l.breaker_state <> 'closed' AS breaker_open, l.rate_per_second,
+           l.max_running,
+           CASE WHEN l.rate_per_second IS NOT NULL THEN (
+               SELECT avg(extract(epoch FROM d.finished_at - d.started_at))::float8
+               FROM (SELECT finished_at, started_at FROM queueworker.tasks
+                     WHERE state = 'succeeded' AND queue = l.name ORDER BY finished_at DESC LIMIT 100) AS d)
+           END AS mean_task_seconds
+    FROM queueworker.queues l WHERE l.name = q.queue AND l.limited) AS f ON true"""
+_NO_FLOW = """false AS paused, false AS breaker_open, NULL::float8, NULL::integer, NULL::float8
+FROM unnest(%(queues)s::text[]) AS q(queue)"""
+QUEUE_DEPTH = _QUEUE_DEPTH.replace("{blocked}", _BLOCKED).replace("{flow}", _FLOW)
+# The same against older schemas, whose tenants a newer controller may serve while their workers
+# are older: before version 9 (no flow control) and before version 5 (no `blocked` state either).
+QUEUE_DEPTH_WITHOUT_FLOW = _QUEUE_DEPTH.replace("{blocked}", _BLOCKED).replace("{flow}", _NO_FLOW)
+QUEUE_DEPTH_WITHOUT_BLOCKED = _QUEUE_DEPTH.replace("{blocked}", "0::bigint").replace("{flow}", _NO_FLOW)
+QUEUE_DEPTHS_BY_AGE = (QUEUE_DEPTH, QUEUE_DEPTH_WITHOUT_FLOW, QUEUE_DEPTH_WITHOUT_BLOCKED)
 
 
 class QueueDepthRow(NamedTuple):
@@ -755,6 +946,11 @@ class QueueDepthRow(NamedTuple):
     retrying: int
     oldest_ready_age: float | None
     blocked: int
+    paused: bool
+    breaker_open: bool
+    rate_per_second: float | None
+    max_running: int | None
+    mean_task_seconds: float | None
 
 
 # Live workers of one namespace with the leases they hold right now (not as of their last

@@ -1,4 +1,4 @@
-"""`queueworker status`: counts per queue and state, oldest pending age, live workers."""
+"""`queueworker status`: counts per queue and state, oldest pending age, flow control, live workers."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any
 import psycopg
 
 from . import sql
+from .operations import queue_settings
 
 STATES = ("blocked", "pending", "running", "retrying", "succeeded", "failed", "cancelled")
 
@@ -21,7 +22,33 @@ def collect(conn: psycopg.Connection, queue: str | None = None) -> dict[str, Any
     columns = ("id", "hostname", "pod_name", "pod_namespace", "pid", "queues", "concurrency", "running",
                "draining", "heartbeat_age_seconds", "started_at")
     workers = [dict(zip(columns, row)) for row in conn.execute(sql.LIVE_WORKERS, params)]
-    return {"queues": queues, "workers": workers}
+    flow = {row.name: flow_control(row) for row in queue_settings(conn, queue) if row.limited}
+    return {"queues": queues, "flow_control": flow, "workers": workers}
+
+
+def flow_control(row: sql.QueueRow) -> dict[str, Any]:
+    """A queue's settings as status shows them (JSON and text alike)."""
+    return {"paused": row.paused,
+            "paused_until": row.paused_until.isoformat() if row.paused and row.paused_until else None,
+            "rate_per_second": row.rate_per_second, "burst": row.burst, "max_running": row.max_running,
+            "breaker": None if row.breaker_failures is None else {
+                "state": row.breaker_state, "failures": row.breaker_failures,
+                "cooldown_seconds": row.breaker_cooldown_seconds, "consecutive_failures": row.consecutive_failures}}
+
+
+def describe_flow(flow: dict[str, Any]) -> str:
+    parts = []
+    if flow["paused"]:
+        parts.append(f"paused until {flow['paused_until']}" if flow["paused_until"] else "paused")
+    if flow["rate_per_second"] is not None:
+        parts.append(f"rate {flow['rate_per_second']:g}/s (burst {flow['burst']})")
+    if flow["max_running"] is not None:
+        parts.append(f"at most {flow['max_running']} running")
+    if flow["breaker"]:
+        breaker = flow["breaker"]
+        parts.append(f"breaker {breaker['state']} ({breaker['consecutive_failures']}/{breaker['failures']} "
+                     f"failures, cooldown {breaker['cooldown_seconds']:g}s)")
+    return "; ".join(parts) or "no limits"
 
 
 def render(report: dict[str, Any]) -> str:
@@ -32,6 +59,11 @@ def render(report: dict[str, Any]) -> str:
                      + f" {(f'{age:.1f}s' if age is not None else '-'):>15}")
     if not report["queues"]:
         lines.append("(no tasks)")
+    if report["flow_control"]:
+        lines.append("")
+        lines.append(f"{'QUEUE':<20} FLOW CONTROL")
+        for name, flow in sorted(report["flow_control"].items()):
+            lines.append(f"{name:<20} {describe_flow(flow)}")
     lines.append("")
     lines.append(f"{'WORKER':<38} {'POD':<30} {'RUNNING':>9} {'DRAINING':>9} {'HEARTBEAT':>10}")
     for w in report["workers"]:

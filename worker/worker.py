@@ -32,6 +32,7 @@ from .cleaner import Cleaner
 from .completer import Completer
 from .db import DutyConnection
 from .events import wait_event
+from .flow import FlowControl
 from .handlers import (CANCELLED, LEASE_LOST, SHUTDOWN, CancelledByHandler, Continue, DeadlineExceeded, HandlerThreads,
                        PermanentError, Registry, RetryAfter, RunInfo, Snooze, TaskContext, UnknownTaskError,
                        run_handler)
@@ -109,9 +110,10 @@ class Worker:
         self._due_timer_at = math.inf
         self._claim_errors = ErrorStreak("claim", log, dsn)
         self.scheduler = Scheduler(self._duty_conn, settings.scheduler_max_interval_seconds)
+        self.flow = FlowControl(self._duty_conn, settings.queues)
         self.completer = Completer(self._complete_conn, settings.flush_interval_seconds, settings.flush_max_batch,
                                    self._flushed, on_waiting=self.scheduler.poke,
-                                   unknown_task_grace_seconds=settings.unknown_task_grace_seconds)
+                                   unknown_task_grace_seconds=settings.unknown_task_grace_seconds, flow=self.flow)
         # Heartbeats have a connection of their own: a slow flush must never hold back the beat that
         # keeps every lease alive (a heartbeat that meets a row a flush just moved is re-run:
         # db.met_moved_row).
@@ -121,7 +123,8 @@ class Worker:
         self.rescuer = Rescuer(self._duty_conn, settings.rescue_interval_seconds,
                                settings.deadline_grace_seconds, settings.worker_ttl_seconds)
         self.cleaner = Cleaner(self._duty_conn, settings.retention_seconds, settings.cleaner_interval_seconds)
-        self.listener = Listener(dsn, settings.queues, self._wake_at, str(self.identity.id), self._cancelled_task)
+        self.listener = Listener(dsn, settings.queues, self._wake_at, str(self.identity.id), self._cancelled_task,
+                                 self.flow.settings_changed)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -186,6 +189,7 @@ class Worker:
             ("rescue", self.rescuer.step, {"first_delay": self.settings.rescue_interval_seconds, "jitter": 0.2}),
             ("schedule", self.scheduler.step, {"wake": self.scheduler.poked}),
             ("complete", self.completer.step, {"wake": self.completer.pending, "first_delay": None}),
+            ("flow", self.flow.step, {"wake": self.flow.wake}),
         ]
         if self.settings.retention_seconds:
             duties.append(("clean", self.cleaner.step, {"first_delay": self.settings.cleaner_interval_seconds,
@@ -297,7 +301,7 @@ class Worker:
     async def _claim(self, queue: str, limit: int) -> int:
         loop = asyncio.get_running_loop()
         sent_at = loop.time()  # the database starts the lease later than this: our clock is on the safe side
-        rows = await self._claim_conn.fetch(sql.CLAIM, {
+        rows = await self._claim_conn.fetch(self.flow.claim_statement(queue), {
             "queue": queue, "limit": limit, "worker": self.identity.id,
             "lease_seconds": self.settings.lease_seconds,
             "timeout_seconds": self.settings.task_timeout_seconds}, row=sql.ClaimedRow)
@@ -314,6 +318,9 @@ class Worker:
         if rows:
             metrics.TASKS_CLAIMED.labels(queue).inc(len(rows))
             metrics.IN_FLIGHT.set(len(self._inflight))
+        token_interval = self.flow.token_interval(queue)
+        if token_interval is not None and len(rows) < limit:  # the bucket may be what stopped it
+            self._wake_at(time.time() + token_interval)
         return len(rows)
 
     # -- processing -----------------------------------------------------------------------

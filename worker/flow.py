@@ -1,0 +1,96 @@
+"""A worker's side of flow control (docs/flow-control.md): which of its queues are limited, and the
+outcomes that feed their circuit breakers.
+
+The limits themselves are enforced in the database, by CLAIM_LIMITED under the queue's row lock,
+so they hold however many workers claim. A worker only has to pick that statement for a limited
+queue (the plain CLAIM claims nothing from one, so a worker that has not heard of a new limit
+yet stays safe), come back when its bucket has a token again, and report outcomes to the breaker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from . import metrics, sql
+from .db import DutyConnection
+
+log = logging.getLogger("queueworker.flow")
+
+# Settings are re-read this often even without a notification (one may be lost while the
+# listener reconnects), and breaker outcomes reported at least this often.
+REFRESH_SECONDS = 5.0
+BREAKER_STATES = {"closed": 0, "half_open": 1, "open": 2}
+
+
+class FlowControl:
+    def __init__(self, conn: DutyConnection, queues: tuple[str, ...]):
+        self._conn = conn
+        self._queues = list(queues)
+        self.limited: dict[str, sql.LimitedQueueRow] = {}
+        self.breaker_queues: frozenset[str] = frozenset()
+        # Per queue with a breaker, outcomes since the last report: (any succeeded, failures since).
+        self._outcomes: dict[str, tuple[bool, int]] = {}
+        self._refresh_due = 0.0  # event-loop time; a notification makes it now
+        self.wake = asyncio.Event()
+        self.on_change = lambda: None  # set by the worker: claim again, the limits changed
+
+    def claim_statement(self, queue: str) -> str:
+        return sql.CLAIM_LIMITED if queue in self.limited else sql.CLAIM
+
+    def token_interval(self, queue: str) -> float | None:
+        """Seconds between tokens of a rate-limited queue: when a claim it limited is worth trying again."""
+        settings = self.limited.get(queue)
+        return None if settings is None or settings.rate_per_second is None else 1.0 / settings.rate_per_second
+
+    def settings_changed(self) -> None:
+        """A notification said a queue's settings changed: re-read them now."""
+        self._refresh_due = 0.0
+        self.wake.set()
+
+    def note(self, queue: str, succeeded: bool) -> None:
+        """An outcome of a task of a queue with a breaker (the completer calls this once written)."""
+        any_succeeded, failures = self._outcomes.get(queue, (False, 0))
+        self._outcomes[queue] = (True, 0) if succeeded else (any_succeeded, failures + 1)
+        self.wake.set()
+
+    async def step(self) -> float:
+        """One pass of the flow duty: report breaker outcomes, re-read settings when told to or when
+        REFRESH_SECONDS have passed."""
+        outcomes, self._outcomes = self._outcomes, {}
+        try:
+            for queue, (any_succeeded, failures) in outcomes.items():
+                await self._report(queue, any_succeeded, failures)
+        except BaseException:
+            for queue, outcome in outcomes.items():  # not reported: keep them for the next pass
+                self._outcomes.setdefault(queue, outcome)
+            raise
+        loop = asyncio.get_running_loop()
+        if loop.time() >= self._refresh_due:
+            await self.refresh()
+            self._refresh_due = loop.time() + REFRESH_SECONDS
+        return max(0.0, self._refresh_due - loop.time())
+
+    async def refresh(self) -> None:
+        rows = await self._conn.fetch(sql.LIMITED_QUEUES, {"queues": self._queues}, row=sql.LimitedQueueRow)
+        limited = {row.name: row for row in rows}
+        changed = {name: row.rate_per_second for name, row in limited.items()} != {
+            name: row.rate_per_second for name, row in self.limited.items()}
+        self.limited = limited
+        self.breaker_queues = frozenset(row.name for row in rows if row.has_breaker)
+        for row in rows:
+            if row.has_breaker:
+                metrics.BREAKER_STATE.labels(row.name).set(BREAKER_STATES[row.breaker_state])
+        if changed:
+            log.info("flow control on %s", ", ".join(sorted(limited)) or "none of this worker's queues")
+            self.on_change()
+
+    async def _report(self, queue: str, any_succeeded: bool, failures: int) -> None:
+        for row in await self._conn.fetch(sql.RECORD_BREAKER, {
+                "queue": queue, "any_succeeded": any_succeeded, "trailing_failures": failures},
+                row=sql.BreakerRow):
+            metrics.BREAKER_STATE.labels(queue).set(BREAKER_STATES[row.now_state])
+            if row.now_state != row.was:
+                metrics.BREAKER_TRANSITIONS.labels(queue, row.now_state).inc()
+                log.warning("circuit breaker of queue %s: %s -> %s", queue, row.was, row.now_state,
+                            extra={"queue": queue, "breaker_state": row.now_state})
