@@ -235,6 +235,10 @@ def write(out: Path, results: dict) -> None:
               "from the first start to the last partition's end (database clock), the lag from the last "
               "partition's end to the consolidation's start, and the wall time from starting the workers to the "
               "run's success.",
+              f"- **Flow control** (queueworker): the burn-down above on a queue with a rate limit of "
+              f"1,000,000/s and as big a burst (never binding: every claim takes `CLAIM_LIMITED`, which locks the "
+              f"queue's row), against the same queue without, fresh database each, alternating, "
+              f"{c.get('flow_runs', 0)} runs each.",
               ""]
 
     lines += ["## Results", "", "Median of runs, (min–max) where there is more than one run.", ""]
@@ -295,6 +299,16 @@ def write(out: Path, results: dict) -> None:
             lines.append(f"| {kind} | {_cell([r['enqueue_per_s'] for r in rows])} "
                          f"| {_cell([r['tasks_per_s'] for r in rows])} | {lag} "
                          f"| {_cell([r['wall_seconds'] for r in rows], 2)} |")
+    flow = results.get("flow", [])
+    if flow:
+        lines += ["", "Flow control (queueworker; the same burn-down on a queue whose rate limit never binds, so every "
+                  "claim takes the limited path, against the queue without):", "",
+                  "| queue | burn-down tasks/s | worker CPU µs/task | Postgres CPU µs/task |", "|---|---:|---:|---:|"]
+        for limited in (False, True):
+            rows = [r for r in flow if r["limited"] == limited]
+            lines.append(f"| {'rate-limited' if limited else 'plain'} | {_cell([r['tasks_per_s'] for r in rows])} "
+                         f"| {_cell([r.get('worker_cpu_us_per_task', float('nan')) for r in rows])} "
+                         f"| {_cell([r.get('pg_cpu_us_per_task', float('nan')) for r in rows])} |")
     idle_rows = [(n, r) for n, runs in results["idle"].items() for r in runs]
     if idle_rows:
         lines += ["", "Idle statements by system (top 5 in the window, calls):", ""]

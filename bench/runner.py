@@ -45,15 +45,16 @@ class Config:
     ceiling_runs: int = 3
     fanin_partitions: int = 10_000
     fanin_runs: int = 3
+    flow_runs: int = 3
 
     @classmethod
     def quick(cls) -> Config:
         return cls(tasks=300, runs=1, burn_cap_seconds=10, idle_samples=10, load_rate=200, load_seconds=1.0,
                    idle_settle=2.0, idle_window=2.0, history_finished=3000, history_delayed=1000,
-                   history_tasks=300, history_runs=1, ceiling_runs=1, fanin_partitions=50, fanin_runs=1)
+                   history_tasks=300, history_runs=1, ceiling_runs=1, fanin_partitions=50, fanin_runs=1, flow_runs=1)
 
 
-SCENARIOS = ("burn", "latency", "idle", "history", "ceiling", "fanin")
+SCENARIOS = ("burn", "latency", "idle", "history", "ceiling", "fanin", "flow")
 HISTORY_AUTOVACUUM_NAPTIME = "5s"
 
 
@@ -64,7 +65,7 @@ class Runner:
         self.scenarios = scenario_names
         self.log = log
         self.results: dict = {"burn": {}, "latency": {}, "idle": {}, "history": {}, "ceiling": [], "fanin": [],
-                        "errors": []}
+                        "flow": [], "errors": []}
         self._db_seq = 0
 
     def run(self) -> dict:
@@ -88,7 +89,7 @@ class Runner:
                     "'shared_buffers', 'max_connections', 'wal_level', 'full_page_writes')").fetchall())
             self.results["load_before"] = os.getloadavg()
             started = time.monotonic()
-            for name in ("burn", "latency", "idle", "ceiling", "history", "fanin"):
+            for name in ("burn", "latency", "idle", "ceiling", "history", "fanin", "flow"):
                 if name in self.scenarios:
                     self.log(f"== scenario {name}")
                     getattr(self, f"_{name}")()
@@ -224,6 +225,23 @@ class Runner:
                 if result:
                     self.log(f"   fanin {result['kind']} run {round_no + 1}: {_brief(result)}")
                     self.results["fanin"].append(result)
+
+    def _flow(self) -> None:
+        """Burn-down of a queue with flow control that never binds (a rate of 1,000,000/s with as big
+        a burst, so every claim goes through CLAIM_LIMITED), against the same queue without."""
+        c = self.config
+        qw = ALL["queueworker"]()
+        for round_no in range(c.flow_runs):
+            for limited in ((True, False) if round_no % 2 == 0 else (False, True)):
+                def measure(dsn: str, limited: bool = limited) -> dict:
+                    if limited:
+                        runs.loose_limit(dsn)
+                    result = scenarios.burn_down(qw, dsn, c.tasks, c.processes, c.concurrency, c.burn_cap_seconds)
+                    return {**result, "limited": limited}
+                result = self._on_fresh_db(qw, "flow", "queueworker", measure)
+                if result:
+                    self.log(f"   flow {'limited' if limited else 'plain'} run {round_no + 1}: {_brief(result)}")
+                    self.results["flow"].append(result)
 
     def _on_fresh_db(self, system: System, scenario: str, label: str, measure) -> dict | None:
         """measure(dsn) on a fresh database, dropped afterwards; a failure is logged and recorded

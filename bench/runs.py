@@ -1,4 +1,4 @@
-"""What a partitioned run's fan-in costs (queueworker only): a run of N no-op partitions with a no-op
+"""What a partitioned run's fan-in costs, and what flow control costs a queue (queueworker only): a run of N no-op partitions with a no-op
 consolidation, against N plain no-op tasks, on fresh databases, alternating.
 
 Timings come from the database's clock: the drain from the first partition's start to the last
@@ -63,3 +63,11 @@ def fan_in(system: System, dsn: str, partitions: int, processes: int, concurrenc
     return {"kind": "run" if with_run else "plain", "enqueue_per_s": partitions / enqueue_seconds,
             "tasks_per_s": partitions / drain, "fan_in_lag_ms": None if lag is None else lag * 1000,
             "wall_seconds": wall}
+
+
+def loose_limit(dsn: str, queue: str = "default") -> None:
+    """Flow control on `queue` that never binds: every claim takes the limited path, none waits."""
+    from queueworker.operations import set_limits
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        set_limits(conn, queue, rate_per_second=1_000_000, burst=1_000_000)

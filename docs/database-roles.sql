@@ -1,4 +1,4 @@
--- Least-privilege database roles for queueworker, schema version 9. Why each grant exists, and
+-- Least-privilege database roles for queueworker, schema version 10. Why each grant exists, and
 -- what the roles still can do: docs/security.md.
 --
 -- Run it as a superuser, in the application's database:
@@ -91,7 +91,7 @@ ALTER DEFAULT PRIVILEGES FOR ROLE queueworker_migrator REVOKE EXECUTE ON FUNCTIO
 ALTER DEFAULT PRIVILEGES FOR ROLE queueworker_migrator IN SCHEMA queueworker
     GRANT SELECT ON TABLES TO queueworker_operator;
 
--- 5. The grants, for schema version 9.
+-- 5. The grants, for schema version 10.
 DO $$
 DECLARE
     applied_version integer;
@@ -99,14 +99,14 @@ BEGIN
     IF to_regclass('queueworker.schema_migrations') IS NOT NULL THEN
         SELECT max(m.version) INTO applied_version FROM queueworker.schema_migrations m;
     END IF;
-    IF coalesce(applied_version, 0) < 9 THEN
-        RAISE NOTICE 'queueworker is at schema version %, these grants are for version 9: run `queueworker '
+    IF coalesce(applied_version, 0) < 10 THEN
+        RAISE NOTICE 'queueworker is at schema version %, these grants are for version 10: run `queueworker '
                      'migrate` as a member of queueworker_migrator, then run this script again',
                      coalesce(applied_version, 0);
         RETURN;
     END IF;
-    IF applied_version > 9 THEN
-        RAISE EXCEPTION 'these grants are for queueworker schema version 9, the database is at version %: '
+    IF applied_version > 10 THEN
+        RAISE EXCEPTION 'these grants are for queueworker schema version 10, the database is at version %: '
                         'run the database-roles.sql of the queueworker release that migrated it', applied_version;
     END IF;
 
@@ -139,6 +139,9 @@ BEGIN
     GRANT INSERT (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds),
           SELECT (id, queue, state, run_after, dedupe_key)
         ON queueworker.tasks TO queueworker_producer;
+    -- NOTIFY_ON_FINISH marks the tasks just enqueued with notify_on_finish (wait_for); the trigger
+    -- function queueworker.notify_finished sends the notification when they end.
+    GRANT UPDATE (notify_on_finish) ON queueworker.tasks TO queueworker_producer;
     GRANT EXECUTE ON FUNCTION
             queueworker.enqueue_tasks(text[], text[], jsonb[], integer[], timestamptz[], integer[], integer[],
                                       text[], boolean[], boolean[], bigint[], bigint[], bigint[], integer[]),

@@ -17,7 +17,7 @@ from queueworker.localpg import PostgresNotFound, find_bin_dir
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parent.parent
-SCENARIOS = ("burn", "latency", "idle", "history", "ceiling", "fanin")
+SCENARIOS = ("burn", "latency", "idle", "history", "ceiling", "fanin", "flow")
 
 
 def test_quick_benchmark_run_writes_its_report(tmp_path):
@@ -43,5 +43,7 @@ def test_quick_benchmark_run_writes_its_report(tmp_path):
     assert results["ceiling"] or "ceiling" in results.get("skipped_scenarios", {})
     assert sorted(r["kind"] for r in results["fanin"]) == ["plain", "run"]
     assert "Partitioned run fan-in" in report
+    assert sorted(r["limited"] for r in results["flow"]) == [False, True]
+    assert "Flow control (queueworker" in report
     for name, runs in results["latency"].items():
         assert all(r["load_n"] == r["load_sent"] for r in runs), name  # every probe task ran

@@ -17,7 +17,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from queueworker import (Continue, RetryAfter, Snooze, TaskContext, cancel, cancel_many, enqueue, get_task, jsonvalue,
-                         sql)
+                         results, sql, wait_for)
 from tests.support import FAST_LEASES, WorkerProcess, query, scalar, wait_until
 
 HANDLERS = ("--handlers", "tests.long_task_handlers")
@@ -117,12 +117,12 @@ def qw(dsn: str, *args: str) -> subprocess.CompletedProcess:
 @pytest.mark.integration
 def test_a_checkpointing_task_drained_then_killed_resumes_each_time_from_its_last_checkpoint(dsn):
     with psycopg.connect(dsn, autocommit=True) as conn:
-        task_id = enqueue(conn, "long.count", {"to": 60, "step_seconds": 0.1})
+        task_id = enqueue(conn, "long.count", {"to": 80, "step_seconds": 0.25})  # a 20-second task
     drained = WorkerProcess(dsn, *HANDLERS, "--drain-seconds", "0.3", *FAST_LEASES)
     try:
         wait_until(lambda: checkpoint_next(dsn, task_id) >= 10, timeout=30, message="ten steps")
         progress = json.loads(qw(dsn, "show", str(task_id), "--json").stdout)["progress_json"]
-        assert json.loads(progress)["total"] == 60, "progress is visible while the task runs"
+        assert json.loads(progress)["total"] == 80, "progress is visible while the task runs"
         drained.signal(signal.SIGTERM)
         assert drained.wait(30) == 0
     finally:
@@ -148,9 +148,9 @@ def test_a_checkpointing_task_drained_then_killed_resumes_each_time_from_its_las
     info = get_task(psycopg.connect(dsn), task_id)
     assert info.result["resumed_from"] == after_kill >= after_drain + 10 > after_drain >= 10
     assert info.attempts == 2, "the drain gave its attempt back; the kill spent one"
-    assert info.progress["done"] == 60
+    assert info.progress["done"] == 80
     shown = qw(dsn, "show", str(task_id))
-    assert shown.returncode == 0 and '"message": "step 60"' in shown.stdout and "running   -> pending" in shown.stdout
+    assert shown.returncode == 0 and '"message": "step 80"' in shown.stdout and "running   -> pending" in shown.stdout
 
 
 @pytest.mark.integration
@@ -290,3 +290,63 @@ def test_cli_cancels_by_id_and_by_queue_and_says_what_it_could_not(dsn):
     assert by_queue.returncode == 0 and "3 tasks of queue bulk cancelled" in by_queue.stdout
     assert {get_task(psycopg.connect(dsn), i).state for i in others} == {"cancelled"}
     assert qw(dsn, "cancel", "1", "--queue", "bulk").returncode == 2
+
+
+# -- results: wait_for, list, status --stuck ------------------------------------------------------
+
+@pytest.mark.integration
+def test_wait_for_hears_a_task_finish_at_once_whichever_way_it_ends(dsn, monkeypatch):
+    monkeypatch.setattr(results, "WAIT_POLL_SECONDS", 60.0)  # only the notification can end a wait early
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        slow, failing, doomed = (enqueue(conn, task, payload, notify_on_finish=True, max_attempts=1)
+                                 for task, payload in (("qw.sleep", {"seconds": 0.5}),
+                                                       ("qw.fail", {"retryable": False, "message": "no"}),
+                                                       ("qw.sleep", {"seconds": 60})))
+    worker = WorkerProcess(dsn)
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            started = time.monotonic()
+            assert wait_for(conn, slow, timeout=30).state == "succeeded"
+            assert wait_for(conn, failing, timeout=30).error["message"] == "no"
+            wait_until(lambda: get_task(conn, doomed).state == "running", message="the long one to start")
+            with psycopg.connect(dsn, autocommit=True) as other:
+                cancel(other, doomed)
+            assert wait_for(conn, doomed, timeout=30).state == "cancelled"
+            assert time.monotonic() - started < 10, "notified, not polled"
+    finally:
+        worker.stop()
+
+
+@pytest.mark.integration
+def test_wait_for_polls_without_a_notification_and_says_when_it_gives_up(dsn, monkeypatch):
+    monkeypatch.setattr(results, "WAIT_POLL_SECONDS", 0.1)
+    with psycopg.connect(dsn) as conn:  # not autocommit: no LISTEN, polling only
+        task_id = enqueue(conn, "qw.noop")
+        conn.commit()
+        with pytest.raises(TimeoutError, match=f"task {task_id} is still pending after 0.3 s"):
+            wait_for(conn, task_id, timeout=0.3)
+        with pytest.raises(LookupError, match="no task with id 999999"):
+            wait_for(conn, 999999, timeout=1)
+        with pytest.raises(ValueError, match="timeout"):
+            wait_for(conn, task_id, timeout=math.nan)
+        conn.execute("UPDATE queueworker.tasks SET state = 'cancelled', finished_at = now() WHERE id = %s",
+                     (task_id,))
+        conn.commit()
+        assert wait_for(conn, task_id, timeout=5).state == "cancelled"
+
+
+@pytest.mark.integration
+def test_cli_lists_tasks_with_progress_and_status_shows_stuck_ones(dsn):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        first = enqueue(conn, "a", queue="lst")
+        enqueue(conn, "b", queue="lst")
+        conn.execute("UPDATE queueworker.tasks SET progress = %s WHERE id = %s",
+                     (Jsonb({"done": 3, "total": 10, "message": "page 3"}), first))
+        conn.execute(sql.CLAIM, {**CLAIM, "queue": "lst", "limit": 1, "worker": uuid.uuid4()})
+        conn.execute("UPDATE queueworker.tasks SET leased_until = now() - interval '42 s' WHERE state = 'running'")
+    listed = qw(dsn, "list", "--queue", "lst")
+    assert listed.returncode == 0 and "3/10 page 3" in listed.stdout, listed
+    assert [row["id"] for row in json.loads(qw(dsn, "list", "--state", "running", "--json").stdout)] == [first]
+    report = json.loads(qw(dsn, "status", "--stuck", "--json").stdout)
+    assert [(task["id"], task["expired_for"] > 40) for task in report["stuck"]] == [(first, True)]
+    assert "STUCK TASK" in qw(dsn, "status", "--stuck").stdout

@@ -10,8 +10,11 @@ What applications import:
 - `enqueue`, `enqueue_many`, `enqueue_chain` and their `_async` twins, `TaskSpec`: add tasks
   inside the caller's transaction (unique, or depending on other tasks, as TaskSpec says); bad
   input raises pydantic's `ValidationError` before the database is touched.
-- `get_task`, `TaskInfo`: a task as stored now (state, progress, result or error).
+- `get_task`, `TaskInfo`, `wait_for`: a task as stored now (state, progress, result or error), or
+  once it has finished (`notify_on_finish=True` when enqueueing makes that immediate).
 - `cancel`, `cancel_many`: cancel unfinished tasks; a running one's handler is stopped at once.
+  `queueworker.operations` also pauses and resumes queues, rate-limits them, caps their running
+  tasks and sets their circuit breakers (docs/flow-control.md).
 - `start_run`: a partitioned run, counted as its partitions end, consolidated once if all succeed.
 - `WorkerSettings`, `SettingsError`: a worker's settings, every default and bound in one place
   (the CLI's flags and QUEUEWORKER_* variables are derived from it).
@@ -23,10 +26,10 @@ from .handlers import Continue, PermanentError, RetryAfter, RunInfo, Snooze, Tas
 from .producer import (  # noqa: E402
     TaskSpec, enqueue, enqueue_async, enqueue_chain, enqueue_chain_async, enqueue_many, enqueue_many_async, start_run)
 from .operations import cancel, cancel_many  # noqa: E402
-from .results import TaskInfo, get_task  # noqa: E402
+from .results import TaskInfo, get_task, wait_for  # noqa: E402
 from .settings import SettingsError, WorkerSettings  # noqa: E402
 
 __all__ = ["Continue", "PermanentError", "RetryAfter", "RunInfo", "SettingsError", "Snooze", "TaskContext",
            "TaskInfo", "TaskSpec", "WorkerSettings", "cancel", "cancel_many", "enqueue", "enqueue_async",
            "enqueue_chain", "enqueue_chain_async", "enqueue_many", "enqueue_many_async", "get_task", "start_run",
-           "task"]
+           "task", "wait_for"]

@@ -22,6 +22,7 @@ import psycopg
 from pydantic import ValidationError
 
 from . import __version__, dsn as dsns, jsonvalue, status
+from .status import STATES
 from .logs import LEVELS, configure_logging
 from .operations import CANCELLABLE
 from .settings import SETTING_OPTIONS, SettingOption, SettingsError, WorkerSettings, one_line
@@ -101,6 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="run only once task ID has succeeded (repeatable); the task waits as `blocked`")
     enq.add_argument("--on-dependency-failure", choices=("cancel", "run"),
                      help="when a task of --after ends failed or cancelled: cancel this one (default) or run it")
+    enq.add_argument("--notify-on-finish", action="store_true",
+                     help="notify when the task ends, so queueworker.wait_for hears of it at once")
     enq.add_argument("--on-conflict", choices=("ignore", "replace"),
                      help="with a key held by a pending task: leave it (default), or replace its payload, "
                           "priority and schedule")
@@ -124,6 +127,14 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", parents=[common], help="counts per queue and state, live workers")
     st.add_argument("--queue", default=None)
     st.add_argument("--json", action="store_true", help="print JSON")
+    st.add_argument("--stuck", action="store_true",
+                    help="list running tasks whose lease has expired and that nobody has rescued yet")
+
+    listing = sub.add_parser("list", parents=[common], help="the newest tasks, by queue and state, with progress")
+    listing.add_argument("--queue", default=None)
+    listing.add_argument("--state", choices=STATES, default=None)
+    listing.add_argument("--limit", type=_bounded_int(1, 10_000), default=50)
+    listing.add_argument("--json", action="store_true", help="print JSON")
 
     retry = sub.add_parser("retry", parents=[common], help="put a failed or cancelled task back to pending")
     retry.add_argument("id", type=_bounded_int(1, BIGINT_MAX))
@@ -299,7 +310,8 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     given = {"task": args.task, "queue": args.queue, "priority": args.priority, "delay": args.delay,
              "max_attempts": args.max_attempts, "timeout_seconds": args.timeout, "dedupe_key": args.dedupe_key,
              "dedupe": "spec" if args.dedupe_spec else None, "on_conflict": args.on_conflict,
-             "depends_on": args.after or None, "on_dependency_failure": args.on_dependency_failure}
+             "depends_on": args.after or None, "on_dependency_failure": args.on_dependency_failure,
+             "notify_on_finish": args.notify_on_finish or None}
     try:
         spec = TaskSpec(**{k: v for k, v in given.items() if v is not None}, **_payload(args))
     except ValidationError as exc:
@@ -362,8 +374,25 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     with _connect(args.dsn) as conn:
-        report = status.collect(conn, args.queue)
+        report = status.collect(conn, args.queue, stuck=args.stuck)
     print(json.dumps(report, indent=2, default=str) if args.json else status.render(report))
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from . import sql
+    from .db import typed_rows
+
+    with _connect(args.dsn) as conn, conn.cursor(row_factory=typed_rows(sql.ListedTaskRow)) as cursor:
+        rows = cursor.execute(sql.LIST_TASKS, {"queue": args.queue, "state": args.state,
+                                               "limit": args.limit}).fetchall()
+    if args.json:
+        print(json.dumps([row._asdict() for row in rows], indent=2, default=str))
+        return 0
+    print(f"{'ID':>10} {'QUEUE':<16} {'TASK':<24} {'STATE':<10} {'ATTEMPTS':>8}  PROGRESS")
+    for row in rows:
+        print(f"{row.id:>10} {row.queue[:16]:<16} {row.task[:24]:<24} {row.state:<10} "
+              f"{row.attempts:>4}/{row.max_attempts:<3}  {status.describe_progress(row.progress_json)}")
     return 0
 
 
@@ -621,7 +650,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 COMMANDS = {"migrate": cmd_migrate, "enqueue": cmd_enqueue, "worker": cmd_worker, "status": cmd_status,
             "retry": cmd_retry, "cancel": cmd_cancel, "show": cmd_show, "demo": cmd_demo, "runs": cmd_runs,
-            "run": cmd_run, "pause": cmd_flow, "resume": cmd_flow, "limit": cmd_flow, "breaker": cmd_flow}
+            "run": cmd_run, "list": cmd_list, "pause": cmd_flow, "resume": cmd_flow, "limit": cmd_flow, "breaker": cmd_flow}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -81,6 +81,7 @@ class TaskSpec(BaseModel):
     on_conflict: Literal["ignore", "replace"] = "ignore"
     depends_on: Annotated[list[TaskId], Field(max_length=MAX_PREREQUISITES)] = Field(default_factory=list)
     on_dependency_failure: Literal["cancel", "run"] = "cancel"
+    notify_on_finish: bool = False  # send a notification when it ends, for queueworker.wait_for
     # A field rather than a private attribute: pydantic sets those up per instance, which costs
     # more than the encoding saved (this runs once per enqueued task).
     payload_json: str = Field(default="{}", exclude=True, repr=False)
@@ -225,6 +226,9 @@ def _plan(batch: Sequence[TaskSpec], run: tuple[int, int] | None = None) -> Plan
         yield sql.ENQUEUE_REPLACE, {"ids": [ids[i] for i in replace], "payloads": params["payloads"],
                                     "priorities": params["priorities"], "run_afters": params["run_afters"]}, \
             sql.ReplacedRow
+    notify = [ids[i] for i, spec in enumerate(batch) if spec.notify_on_finish]
+    if notify:
+        yield sql.NOTIFY_ON_FINISH, {"ids": notify}, sql.MarkedRow
     return Enqueued(ids, sorted(duplicates))
 
 
@@ -289,7 +293,7 @@ def _run_task_spec(spec: TaskSpec | dict | None) -> str | None:
     if spec is None:
         return None
     spec = spec if isinstance(spec, TaskSpec) else TaskSpec(**spec)
-    if not spec.plain or spec.run_after or spec.delay:
+    if not spec.plain or spec.run_after or spec.delay or spec.notify_on_finish:
         raise ValueError("a run's on_success/on_failure task takes task, payload, queue, priority, max_attempts "
                          "and timeout_seconds only")
     return json.dumps({"task": spec.task, "queue": spec.queue, "payload": json.loads(spec.payload_json),

@@ -1,7 +1,8 @@
-"""Reading tasks back: `get_task` for applications, and what `queueworker show` prints."""
+"""Reading tasks back: `get_task` and `wait_for` for applications, and what `queueworker show` prints."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -63,3 +64,41 @@ def task_info(row: sql.TaskRow) -> TaskInfo:
                     created_at=row.created_at, run_after=row.run_after, started_at=row.started_at,
                     finished_at=row.finished_at, dedupe_key=row.dedupe_key, run_id=row.run_id,
                     run_partition=row.run_partition, continued_from=row.continued_from, **decoded)
+
+
+# How often wait_for looks at the task when no notification comes (a task enqueued without
+# notify_on_finish, a connection inside a transaction, a notification lost).
+WAIT_POLL_SECONDS = 1.0
+
+
+def wait_for(conn: psycopg.Connection, task_id: int, timeout: float) -> TaskInfo:
+    """Blocks until the task has finished (succeeded, failed or cancelled) and returns it; raises
+    TimeoutError after `timeout` seconds, LookupError for a task that does not exist. A task
+    enqueued with `notify_on_finish=True` is noticed the moment it finishes when `conn` is in
+    autocommit mode (it LISTENs); otherwise the task is looked at every second."""
+    if not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
+    deadline = time.monotonic() + timeout
+    listening = conn.autocommit
+    if listening:
+        conn.execute(f"LISTEN {sql.FINISHED_CHANNEL}")
+    try:
+        while True:
+            info = get_task(conn, task_id)
+            if info is None:
+                raise LookupError(f"no task with id {task_id}")
+            if info.finished:
+                return info
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"task {task_id} is still {info.state} after {timeout:g} s")
+            wait = min(left, WAIT_POLL_SECONDS)
+            if listening:
+                for notice in conn.notifies(timeout=wait):
+                    if notice.channel == sql.FINISHED_CHANNEL and notice.payload == str(task_id):
+                        break
+            else:
+                time.sleep(wait)
+    finally:
+        if listening:
+            conn.execute(f"UNLISTEN {sql.FINISHED_CHANNEL}")

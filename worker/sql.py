@@ -316,6 +316,10 @@ DEREGISTER_WORKER = "DELETE FROM queueworker.workers WHERE id = %(worker)s"
 # one advisory lock and one index probe when nothing waits), and the `counted` step: the runs these
 # belong to count them (migration 006; nothing to do for tasks of no run). Lists every column of
 # queueworker.tasks: keep it in step with the migrations.
+# Where `wait_for` hears that a task it waits for has finished (payload: the task's id).
+FINISHED_CHANNEL = "queueworker_finished"
+
+
 def _complete_succeeded(inputs: str, carried: str, steps: str) -> str:
     """The success statement, for plain successes and for continuations: `inputs` are the unnest
     columns after (id, token, result), `carried` what `done` returns besides the row, `steps` the
@@ -328,16 +332,18 @@ WITH done AS (
     RETURNING t.id, t.queue, t.task, t.delayed, t.priority, t.run_after, t.attempts, t.max_attempts,
               t.rescues, t.timeout_seconds, t.payload, c.result, t.error, t.lease_owner, t.lease_token,
               t.created_at, t.started_at, t.spec_hash, t.dedupe_key, t.run_id, t.run_partition, t.progress,
-              t.continued_from""" + carried + """
+              t.continued_from, t.notify_on_finish""" + carried + """
 ), moved AS (
     INSERT INTO queueworker.tasks_finished
         (id, queue, task, state, delayed, priority, run_after, attempts, max_attempts, rescues, timeout_seconds,
          payload, result, error, lease_owner, lease_token, leased_until, deadline_at, created_at, updated_at,
-         started_at, finished_at, spec_hash, dedupe_key, run_id, run_partition, progress, continued_from)
+         started_at, finished_at, spec_hash, dedupe_key, run_id, run_partition, progress, continued_from,
+         notify_on_finish)
     OVERRIDING SYSTEM VALUE
     SELECT id, queue, task, 'succeeded', delayed, priority, run_after, attempts, max_attempts, rescues,
            timeout_seconds, payload, result, NULL, lease_owner, lease_token, NULL, NULL, created_at, now(),
-           started_at, now(), spec_hash, dedupe_key, run_id, run_partition, progress, continued_from
+           started_at, now(), spec_hash, dedupe_key, run_id, run_partition, progress, continued_from,
+           notify_on_finish
     FROM done
     RETURNING id, lease_token
 ), audited AS (
@@ -346,6 +352,8 @@ WITH done AS (
     FROM done
 ), settled AS (
     SELECT queueworker.settle_dependents(array_agg(id), array_agg(id)) FROM moved
+), announced AS (
+    SELECT pg_notify('""" + FINISHED_CHANNEL + """', id::text) FROM done WHERE notify_on_finish
 )""" + steps
 
 
@@ -354,7 +362,7 @@ COMPLETE_SUCCEEDED = _complete_succeeded(") AS c(id, token, result)", "", """, c
                                           array_agg('running'::text), array_agg('succeeded'::text))
     FROM done WHERE run_id IS NOT NULL HAVING count(*) > 0
 )
-SELECT id, lease_token FROM moved LEFT JOIN counted ON true, settled
+SELECT id, lease_token FROM moved LEFT JOIN counted ON true, settled, (SELECT count(*) FROM announced) AS a
 """)
 
 # A handler returned Continue(payload, delay): the task succeeds and its next page is enqueued in
@@ -373,7 +381,8 @@ COMPLETE_CONTINUED = _complete_succeeded(""",
 ), woken AS (
     SELECT queueworker.wake_queue(queue, min(run_after)) FROM followed GROUP BY queue
 )
-SELECT m.id, m.lease_token FROM moved m, settled, (SELECT count(*) FROM woken) AS w
+SELECT m.id, m.lease_token FROM moved m, settled, (SELECT count(*) FROM woken) AS w,
+       (SELECT count(*) FROM announced) AS a
 """)
 
 # A retryable failure with attempts left waits out its backoff in `retrying`; anything else fails.
@@ -698,6 +707,57 @@ CANCELLED_AMONG = """
 SELECT id FROM queueworker.tasks
 WHERE id = ANY(%(ids)s::bigint[]) AND state = 'cancelled'
 """
+
+# Marks tasks just enqueued (in the producer's transaction) to notify FINISHED_CHANNEL when they end.
+NOTIFY_ON_FINISH = """
+UPDATE queueworker.tasks SET notify_on_finish = true WHERE id = ANY(%(ids)s::bigint[]) AND NOT notify_on_finish
+RETURNING id
+"""
+
+
+class MarkedRow(NamedTuple):
+    id: int
+
+# `queueworker list`: the newest tasks, by queue and state.
+LIST_TASKS = """
+SELECT id, queue, task, state::text AS state, attempts, max_attempts, progress::text AS progress_json,
+       created_at, updated_at
+FROM queueworker.tasks
+WHERE (%(queue)s::text IS NULL OR queue = %(queue)s)
+  AND (%(state)s::text IS NULL OR state = %(state)s::queueworker.task_state)
+ORDER BY id DESC LIMIT %(limit)s
+"""
+
+
+class ListedTaskRow(NamedTuple):
+    id: int
+    queue: str
+    task: str
+    state: str
+    attempts: int
+    max_attempts: int
+    progress_json: str | None
+    created_at: Any
+    updated_at: Any
+
+
+# `status --stuck`: running tasks whose lease has expired and that no rescuer has taken back yet
+# (no live worker rescues, or the task is locked).
+STUCK_TASKS = """
+SELECT id, queue, task, lease_owner, extract(epoch FROM now() - leased_until)::float8 AS expired_for
+FROM queueworker.tasks
+WHERE state = 'running' AND leased_until < now() AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+ORDER BY leased_until LIMIT 1000
+"""
+
+
+class StuckTaskRow(NamedTuple):
+    id: int
+    queue: str
+    task: str
+    lease_owner: Any
+    expired_for: float
+
 
 TASK_STATE = "SELECT state::text FROM queueworker.tasks WHERE id = %(id)s"
 TASK_STATES = "SELECT id, state::text AS state FROM queueworker.tasks WHERE id = ANY(%(ids)s::bigint[])"

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import psycopg
 
 from . import sql
+from .db import typed_rows
 from .operations import queue_settings
 
 STATES = ("blocked", "pending", "running", "retrying", "succeeded", "failed", "cancelled")
 
 
-def collect(conn: psycopg.Connection, queue: str | None = None) -> dict[str, Any]:
+def collect(conn: psycopg.Connection, queue: str | None = None, stuck: bool = False) -> dict[str, Any]:
     params = {"queue": queue}
     queues: dict[str, dict[str, Any]] = {}
     for name, state, count in conn.execute(sql.STATUS_COUNTS, params):
@@ -23,7 +25,23 @@ def collect(conn: psycopg.Connection, queue: str | None = None) -> dict[str, Any
                "draining", "heartbeat_age_seconds", "started_at")
     workers = [dict(zip(columns, row)) for row in conn.execute(sql.LIVE_WORKERS, params)]
     flow = {row.name: flow_control(row) for row in queue_settings(conn, queue) if row.limited}
-    return {"queues": queues, "flow_control": flow, "workers": workers}
+    report = {"queues": queues, "flow_control": flow, "workers": workers}
+    if stuck:
+        with conn.cursor(row_factory=typed_rows(sql.StuckTaskRow)) as cursor:
+            report["stuck"] = [row._asdict() for row in cursor.execute(sql.STUCK_TASKS, params)]
+    return report
+
+
+def describe_progress(progress_json: str | None) -> str:
+    """`done/total message`, from the JSON a handler reported (shown as stored if it is odd)."""
+    if progress_json is None:
+        return ""
+    try:
+        progress = json.loads(progress_json)
+        done, total, message = progress["done"], progress.get("total"), progress.get("message")
+    except (ValueError, TypeError, KeyError, RecursionError):
+        return progress_json[:80]
+    return f"{done:g}" + (f"/{total:g}" if total is not None else "") + (f" {message}" if message else "")
 
 
 def flow_control(row: sql.QueueRow) -> dict[str, Any]:
@@ -72,4 +90,12 @@ def render(report: dict[str, Any]) -> str:
                      f"{'yes' if w['draining'] else 'no':>9} {w['heartbeat_age_seconds']:>9.1f}s")
     if not report["workers"]:
         lines.append("(no live workers)")
+    if "stuck" in report:
+        lines.append("")
+        lines.append(f"{'STUCK TASK':>10} {'QUEUE':<20} {'TASK':<24} {'LEASE EXPIRED':>14}  WORKER")
+        for task in report["stuck"]:
+            lines.append(f"{task['id']:>10} {task['queue'][:20]:<20} {task['task'][:24]:<24} "
+                         f"{task['expired_for']:>12.1f}s  {task['lease_owner']}")
+        if not report["stuck"]:
+            lines.append("(no running task has an expired lease)")
     return "\n".join(lines)
