@@ -144,6 +144,7 @@ def test_a_rate_limit_holds_across_four_workers_within_five_percent_and_never_be
     measured = (len(window) - burst) / 20  # the first `burst` came from the full bucket at once
     assert abs(measured - rate) <= 0.05 * rate, measured
     busiest = max(bisect.bisect_left(times, t + 1.0) - i for i, t in enumerate(times))
+    print(f"rate limit {rate}/s burst {burst}: {measured:.2f} tasks/s over 20 s, at most {busiest} in one second")
     assert busiest <= rate + burst, busiest
 
 

@@ -154,7 +154,9 @@ class Completer:
         if kind in (Success, Continued):
             size = 0
             for position, outcome in enumerate(buffer[:count]):
-                size += len(outcome.result_json or "") + len(getattr(outcome, "next_payload_json", ""))
+                size += len(outcome.result_json or "")
+                if kind is Continued:
+                    size += len(outcome.next_payload_json)
                 if position and size > BATCH_RESULT_BYTES:
                     count = position
                     break

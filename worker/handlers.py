@@ -126,7 +126,10 @@ CHECKPOINT_LIMIT_BYTES = 16 * 1024 * 1024
 # A sync handler waits at most this long for its checkpoint write (the statement has its own timeout).
 CHECKPOINT_WAIT_SECONDS = 60.0
 
-CheckpointSaver = Callable[[str, "str | None"], Awaitable[bool]]
+# (attempt key, checkpoint JSON, progress JSON) -> saved. The worker's, shared by its attempts: a
+# per-attempt closure would tie the attempt and its context in a reference cycle, left to the
+# garbage collector once per task.
+CheckpointSaver = Callable[[tuple[int, int], str, "str | None"], Awaitable[bool]]
 
 # Why a handler is being stopped (`ctx.cancel_reason`).
 CANCELLED = "cancelled"    # someone cancelled the task (queueworker.cancel, `queueworker cancel`)
@@ -160,6 +163,7 @@ class TaskContext:
     _progress_json: str | None = field(default=None, repr=False)
     _saver: CheckpointSaver | None = field(default=None, repr=False)
     _loop: asyncio.AbstractEventLoop | None = field(default=None, repr=False)
+    _key: tuple[int, int] = field(default=(0, 0), repr=False)
 
     def stop(self, reason: str) -> None:
         """The worker gives up on the attempt: says why (the first reason stays) and sets
@@ -168,9 +172,10 @@ class TaskContext:
             self.cancel_reason = reason
         self.cancelled.set()
 
-    def attach(self, saver: CheckpointSaver, loop: asyncio.AbstractEventLoop) -> None:
-        """The worker's side of save_checkpoint: how to write, and on which event loop."""
-        self._saver, self._loop = saver, loop
+    def attach(self, saver: CheckpointSaver, loop: asyncio.AbstractEventLoop, key: tuple[int, int]) -> None:
+        """The worker's side of save_checkpoint: how to write, on which event loop, for which attempt
+        (task id, lease token)."""
+        self._saver, self._loop, self._key = saver, loop, key
 
     def progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
         """Reports how far the attempt got. Written with the worker's next heartbeat (and with a
@@ -206,7 +211,7 @@ class TaskContext:
         return asyncio.run_coroutine_threadsafe(write, self._loop).result(CHECKPOINT_WAIT_SECONDS)
 
     async def _write_checkpoint(self, value: Any, text: str) -> bool:
-        saved = await self._saver(text, self._progress_json)
+        saved = await self._saver(self._key, text, self._progress_json)
         if saved:
             self.checkpoint = value
         return saved

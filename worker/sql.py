@@ -172,23 +172,26 @@ class ReplacedRow(NamedTuple):
 # updates more rows than asked for; NO KEY UPDATE does not block foreign keys to tasks.
 # Aimed at the `tasks_active` partition (no routing through the parent), so it writes its own
 # audit rows, which costs less than the parent's transition-table trigger.
-def _claim(head: str, limit: str, tail: str) -> str:
-    """The claim statement: `head` CTEs before `picked`, the LIMIT of `picked`, `tail` CTEs after
-    `audited`. For CLAIM and CLAIM_LIMITED."""
+def _claim(head: str, guard: str, chosen: str, tail: str) -> str:
+    """The claim statement: `head` CTEs before `picked`, a `guard` condition on whether to pick at
+    all (an InitPlan: the LIMIT stays a plain parameter, so the planner keeps the index scan), a
+    `chosen` CTE narrowing what was picked (or none), `tail` CTEs after `audited`. For CLAIM and
+    CLAIM_LIMITED."""
+    source = "chosen" if chosen else "picked"
     return "WITH " + head + """picked AS MATERIALIZED (
-    SELECT id FROM queueworker.tasks_active
-    WHERE state = 'pending' AND NOT delayed AND queue = %(queue)s AND run_after <= now()
+    SELECT id, priority, run_after FROM queueworker.tasks_active
+    WHERE state = 'pending' AND NOT delayed AND queue = %(queue)s AND run_after <= now()""" + guard + """
     ORDER BY priority DESC, run_after, id
-    LIMIT """ + limit + """
+    LIMIT %(limit)s
     FOR NO KEY UPDATE SKIP LOCKED
-), claimed AS (
+)""" + chosen + """, claimed AS (
     UPDATE queueworker.tasks_active t
     SET state = 'running', attempts = t.attempts + 1, lease_owner = %(worker)s,
         lease_token = t.lease_token + 1,
         leased_until = now() + make_interval(secs => %(lease_seconds)s),
         deadline_at = now() + make_interval(secs => coalesce(t.timeout_seconds, %(timeout_seconds)s)),
         started_at = now(), updated_at = now()
-    FROM picked
+    FROM """ + source + """ picked
     WHERE t.id = picked.id AND t.state = 'pending'
     RETURNING t.id, t.queue, t.task, t.payload::text AS payload_json, t.attempts, t.max_attempts, t.lease_token,
               extract(epoch FROM t.deadline_at - now())::float8 AS seconds_to_deadline,
@@ -211,8 +214,8 @@ FROM claimed
 
 # A queue with flow control (a row in queueworker.queues that sets something: migration 009) is
 # claimed by CLAIM_LIMITED only: here its limit is 0, an index probe of a tiny table per statement.
-CLAIM = _claim("", """CASE WHEN EXISTS (SELECT FROM queueworker.queues l WHERE l.name = %(queue)s AND l.limited)
-          THEN 0 ELSE %(limit)s END""", "")
+CLAIM = _claim("", """
+      AND NOT EXISTS (SELECT FROM queueworker.queues l WHERE l.name = %(queue)s AND l.limited)""", "", "")
 
 # A queue with flow control. Its row is locked, so concurrent claimers take turns and every limit
 # holds exactly: nothing while paused or while the breaker is open; one probe task once the
@@ -240,7 +243,11 @@ CLAIM_LIMITED = _claim("""settings AS MATERIALIZED (
                                      WHERE r.queue = s.name AND r.state = 'running')::integer))
            END AS n
     FROM settings s
-), """, "coalesce((SELECT n FROM allowance), %(limit)s)", """, charged AS (
+), """, """
+      AND coalesce((SELECT n FROM allowance), 1) > 0""", """, chosen AS (
+    SELECT id FROM picked ORDER BY priority DESC, run_after, id
+    LIMIT coalesce((SELECT n FROM allowance), %(limit)s)
+)""", """, charged AS (
     UPDATE queueworker.queues q
     SET tokens = coalesce(a.level - (SELECT count(*) FROM claimed), q.tokens), tokens_at = now(),
         breaker_state = CASE WHEN a.breaker_state <> 'closed' AND EXISTS (SELECT FROM claimed)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import functools
 import logging
 import math
 import signal
@@ -95,6 +94,7 @@ class Worker:
         self._heartbeat_conn = DutyConnection(dsn, "queueworker-heartbeat")
         self._duty_conn = DutyConnection(dsn, "queueworker-duty")
         self._checkpoint_conn = DutyConnection(dsn, "queueworker-checkpoint")  # opened by the first checkpoint
+        self._checkpoint_saver = self._save_checkpoint  # one bound method for every attempt
         self._inflight: dict[tuple[int, int], Attempt] = {}
         self._threads = HandlerThreads()
         self.state = State.STARTUP
@@ -312,7 +312,7 @@ class Worker:
                               row.max_attempts, now + row.seconds_to_deadline, ctx,
                               lease_expires=sent_at + self.settings.lease_seconds, run_json=row.run_json,
                               checkpoint_json=row.checkpoint_json, started=now)
-            ctx.attach(functools.partial(self._save_checkpoint, attempt), loop)
+            ctx.attach(self._checkpoint_saver, loop, attempt.key)
             self._inflight[attempt.key] = attempt
             attempt.runner = asyncio.create_task(self._process(attempt))
         if rows:
@@ -376,9 +376,12 @@ class Worker:
             metrics.task_duration(attempt.queue, attempt.task if attempt.task in self.registry
                                   else "unknown").observe(loop.time() - attempt.started)
 
-    async def _save_checkpoint(self, attempt: Attempt, checkpoint_json: str, progress_json: str | None) -> bool:
+    async def _save_checkpoint(self, key: tuple[int, int], checkpoint_json: str, progress_json: str | None) -> bool:
         """ctx.save_checkpoint's write: fenced by the attempt's lease. An attempt this worker has
         already given up on, or whose outcome is on its way, saves nothing."""
+        attempt = self._inflight.get(key)
+        if attempt is None:
+            return False
         saved = False
         if not attempt.abandoned and not attempt.reporting:
             saved = bool(await self._checkpoint_conn.fetch(sql.SAVE_CHECKPOINT, {
