@@ -190,7 +190,7 @@ BEGIN
         ON queueworker.workers TO queueworker_controller;
     GRANT SELECT ON queueworker.queues TO queueworker_controller;
 
-    -- Operator (sql.STATUS_COUNTS, OLDEST_PENDING_AGE, LIVE_WORKERS, TASK_STATE, RETRY_TASK, RUNS,
+    -- Operator (sql.STATUS_COUNTS, OLDEST_PENDING_AGE, LIVE_WORKERS, TASK_STATES, RETRY_TASK, RUNS,
     -- RUN, RUN_TASKS, RUN_EVENTS, RETRY_RUN, FINALIZE_RUN (through queueworker.finalize_run),
     -- CANCEL_TASKS): reads everything, changes only what retry and cancel set. Its changes are
     -- audited by the update trigger.

@@ -350,3 +350,17 @@ def test_cli_lists_tasks_with_progress_and_status_shows_stuck_ones(dsn):
     report = json.loads(qw(dsn, "status", "--stuck", "--json").stdout)
     assert [(task["id"], task["expired_for"] > 40) for task in report["stuck"]] == [(first, True)]
     assert "STUCK TASK" in qw(dsn, "status", "--stuck").stdout
+
+
+@pytest.mark.parametrize(("stored", "shown"), [
+    ('{"done": 3, "total": 10, "message": "page 3"}', "3/10 page 3"),
+    ('{"done": 2.5}', "2.5"),
+    ('{"done": "x"}', '{"done": "x"}'),        # written by hand: shown as stored
+    ('[1, 2]', "[1, 2]"),
+    ('{"total": 4}', '{"total": 4}'),
+    ("[" * 3000 + "]" * 3000, "[" * 80),         # deeper than Python reads
+    ('{"done": 1e999}', "inf"),                 # past a float: Python reads infinity
+])
+def test_progress_is_described_whatever_was_stored(stored, shown):
+    from queueworker.status import describe_progress
+    assert describe_progress(stored) == shown

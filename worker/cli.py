@@ -406,6 +406,7 @@ def cmd_retry(args: argparse.Namespace) -> int:
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     from . import sql
+    from .db import typed_rows
     from .operations import cancel_many
 
     if bool(args.ids) == bool(args.queue):
@@ -424,7 +425,8 @@ def cmd_cancel(args: argparse.Namespace) -> int:
             print(f"task {row.id} cancelled (was {row.was})")
         missed = [task_id for task_id in dict.fromkeys(args.ids) if task_id not in {row.id for row in rows}]
         if missed:
-            states = dict(conn.execute(sql.TASK_STATES, {"ids": missed}).fetchall())
+            with conn.cursor(row_factory=typed_rows(sql.TaskStateRow)) as cursor:
+                states = {row.id: row.state for row in cursor.execute(sql.TASK_STATES, {"ids": missed})}
             raise CliError("; ".join(f"task {task_id} is {states[task_id]}" if task_id in states
                                      else f"no task with id {task_id}" for task_id in missed)
                            + f": only {', '.join(args.states or CANCELLABLE)} tasks can be cancelled")
@@ -461,10 +463,10 @@ def _change_task(args: argparse.Namespace, statement: str, allowed_states: str, 
                     await refuse_if_key_held()
                 raise
             if not rows:
-                current = await conn.fetch(sql.TASK_STATE, {"id": args.id})
+                current = await conn.fetch(sql.TASK_STATES, {"ids": [args.id]}, row=sql.TaskStateRow)
                 if not current:
                     raise CliError(f"no task with id {args.id}")
-                raise CliError(f"task {args.id} is {current[0][0]}; only {allowed_states} tasks can be changed "
+                raise CliError(f"task {args.id} is {current[0].state}; only {allowed_states} tasks can be changed "
                                "this way")
             if notify:
                 await conn.fetch(sql.NOTIFY_QUEUE, {"queue": rows[0][1]})

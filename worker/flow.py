@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from . import metrics, sql
 from .db import DutyConnection
@@ -24,7 +25,7 @@ BREAKER_STATES = {"closed": 0, "half_open": 1, "open": 2}
 
 
 class FlowControl:
-    def __init__(self, conn: DutyConnection, queues: tuple[str, ...]):
+    def __init__(self, conn: DutyConnection, queues: tuple[str, ...], on_change: Callable[[], None]):
         self._conn = conn
         self._queues = list(queues)
         self.limited: dict[str, sql.LimitedQueueRow] = {}
@@ -33,7 +34,7 @@ class FlowControl:
         self._outcomes: dict[str, tuple[bool, int]] = {}
         self._refresh_due = 0.0  # event-loop time; a notification makes it now
         self.wake = asyncio.Event()
-        self.on_change = lambda: None  # set by the worker: claim again, the limits changed
+        self._on_change = on_change  # the limits changed: claim again (with the other statement)
 
     def claim_statement(self, queue: str) -> str:
         return sql.CLAIM_LIMITED if queue in self.limited else sql.CLAIM
@@ -83,7 +84,7 @@ class FlowControl:
                 metrics.BREAKER_STATE.labels(row.name).set(BREAKER_STATES[row.breaker_state])
         if changed:
             log.info("flow control on %s", ", ".join(sorted(limited)) or "none of this worker's queues")
-            self.on_change()
+            self._on_change()
 
     async def _report(self, queue: str, any_succeeded: bool, failures: int) -> None:
         for row in await self._conn.fetch(sql.RECORD_BREAKER, {

@@ -766,8 +766,12 @@ class StuckTaskRow(NamedTuple):
     expired_for: float
 
 
-TASK_STATE = "SELECT state::text FROM queueworker.tasks WHERE id = %(id)s"
 TASK_STATES = "SELECT id, state::text AS state FROM queueworker.tasks WHERE id = ANY(%(ids)s::bigint[])"
+
+
+class TaskStateRow(NamedTuple):
+    id: int
+    state: str
 
 # One task, for `get_task` and `queueworker show`. JSON columns as text: they are user data, and
 # the caller decides how to read them (Python may not read what another language stored).

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import psycopg
 
-from . import sql
+from . import jsonvalue, sql
 from .db import typed_rows
 from .operations import queue_settings
 
@@ -37,11 +36,11 @@ def describe_progress(progress_json: str | None) -> str:
     if progress_json is None:
         return ""
     try:
-        progress = json.loads(progress_json)
+        progress = jsonvalue.decode(progress_json)
         done, total, message = progress["done"], progress.get("total"), progress.get("message")
-    except (ValueError, TypeError, KeyError, RecursionError):
+        return f"{done:g}" + (f"/{total:g}" if total is not None else "") + (f" {message}" if message else "")
+    except (ValueError, TypeError, KeyError, AttributeError):  # written by hand, not by ctx.progress
         return progress_json[:80]
-    return f"{done:g}" + (f"/{total:g}" if total is not None else "") + (f" {message}" if message else "")
 
 
 def flow_control(row: sql.QueueRow) -> dict[str, Any]:

@@ -110,7 +110,7 @@ class Worker:
         self._due_timer_at = math.inf
         self._claim_errors = ErrorStreak("claim", log, dsn)
         self.scheduler = Scheduler(self._duty_conn, settings.scheduler_max_interval_seconds)
-        self.flow = FlowControl(self._duty_conn, settings.queues)
+        self.flow = FlowControl(self._duty_conn, settings.queues, on_change=lambda: self._wake_at(0.0))
         self.completer = Completer(self._complete_conn, settings.flush_interval_seconds, settings.flush_max_batch,
                                    self._flushed, on_waiting=self.scheduler.poke,
                                    unknown_task_grace_seconds=settings.unknown_task_grace_seconds, flow=self.flow)
