@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from queueworker import task
@@ -13,3 +14,15 @@ def source(payload, ctx):
     if Path(payload["down_marker"]).exists():
         raise ConnectionError("source unreachable")
     return {"ok": True}
+
+
+@task(name="flow.hold")
+def hold(payload, ctx):
+    """Holds its slot for a while, and logs when it started and ended to a file all workers share
+    (one short append each: whole lines, in the order they happened on this machine's clock)."""
+    log = Path(payload["log"])
+    with log.open("a") as out:
+        out.write(f"{time.time()!r} 1\n")
+    time.sleep(payload["seconds"])
+    with log.open("a") as out:
+        out.write(f"{time.time()!r} -1\n")

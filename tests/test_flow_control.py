@@ -3,16 +3,17 @@ and a circuit breaker, enforced inside the claim statement under concurrent work
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import math
 import time
 import uuid
-from datetime import timedelta
 
 import psycopg
 import pytest
 
 from queueworker import enqueue_many, operations, sql
+from queueworker.db import DutyConnection
 from queueworker.operations import parse_duration, parse_rate
 from tests.support import FAST_LEASES, WorkerProcess, query, scalar, wait_until
 
@@ -97,6 +98,46 @@ def test_the_claim_statements_hold_each_limit(dsn):
                        "breaker_half_open", "breaker_closed"]
 
 
+@pytest.mark.integration
+def test_a_claim_that_waited_for_the_queue_sees_the_claim_it_waited_for(dsn):
+    """A claims the whole cap and holds the queue's row; B's claim waits for it. Once A commits, B
+    must count A's tasks: the worker locks the row in a statement of its own before claiming, so
+    the claim's snapshot is taken after the wait (inside one statement it would predate A's commit,
+    and B would claim a second full cap)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        operations.set_limits(conn, "q", max_running=3)
+        enqueue_many(conn, [{"task": "t", "queue": "q"}] * 20)
+    params = {"queue": "q", "limit": 10, "worker": uuid.uuid4(), "lease_seconds": 30, "timeout_seconds": 60}
+
+    async def race() -> tuple[int, int]:
+        holder = await psycopg.AsyncConnection.connect(dsn)
+        waiter = DutyConnection(dsn, "test-waiter")
+        try:
+            await holder.execute(sql.LOCK_QUEUE, params)
+            first = await (await holder.execute(sql.CLAIM_LIMITED, params)).fetchall()
+            second = asyncio.create_task(waiter.fetch(sql.CLAIM_LIMITED, params, lock=sql.LOCK_QUEUE))
+            await wait_for_lock_wait(dsn)
+            await holder.commit()
+            return len(first), len(await second)
+        finally:
+            await holder.close()
+            await waiter.close()
+
+    assert asyncio.run(race()) == (3, 0)
+    assert scalar(dsn, "SELECT count(*) FROM queueworker.tasks WHERE state = 'running'") == 3
+
+
+async def wait_for_lock_wait(dsn: str) -> None:
+    """Returns once some session of the database waits for a lock."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        for _ in range(200):
+            if (await (await conn.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                                          " AND datname = current_database()")).fetchone())[0]:
+                return
+            await asyncio.sleep(0.05)
+    raise AssertionError("no session started waiting for the queue's lock")
+
+
 # -- real workers -------------------------------------------------------------------------------
 
 def claim_times(dsn: str, queue: str) -> list[float]:
@@ -149,21 +190,26 @@ def test_a_rate_limit_holds_across_four_workers_within_five_percent_and_never_be
 
 
 @pytest.mark.integration
-def test_a_global_concurrency_cap_is_never_exceeded(dsn):
+def test_a_global_concurrency_cap_is_never_exceeded(dsn, tmp_path):
+    """Four workers with twenty slots each, and a cap of three. The handlers log when they start and
+    end: a handler runs inside its task's time in `running` (after the claim commits, before the
+    outcome does), so if more than three ever ran at once, more than three tasks were running."""
+    log = tmp_path / "handlers.log"
     with psycopg.connect(dsn, autocommit=True) as conn:
         operations.set_limits(conn, "capped", max_running=3)
-        enqueue_many(conn, [{"task": "qw.sleep", "queue": "capped", "payload": {"seconds": 0.1}}] * 60)
-    workers = [WorkerProcess(dsn, "--queue", "capped", "--concurrency", "20") for _ in range(4)]
+        enqueue_many(conn, [{"task": "flow.hold", "queue": "capped",
+                             "payload": {"seconds": 0.1, "log": str(log)}}] * 60)
+    workers = [WorkerProcess(dsn, "--queue", "capped", "--concurrency", "20", *HANDLERS) for _ in range(4)]
     try:
         wait_until(lambda: scalar(dsn, "SELECT count(*) FROM queueworker.tasks WHERE state = 'succeeded'") == 60,
                    timeout=60, message="all sixty to finish")
     finally:
         for worker in workers:
             worker.stop()
-    edges = query(dsn, """SELECT extract(epoch FROM at)::float8, CASE WHEN to_state = 'running' THEN 1 ELSE -1 END
-                          FROM queueworker.task_events WHERE from_state = 'running' OR to_state = 'running'""")
+    edges = [(float(at), int(step)) for at, step in (line.split() for line in log.read_text().splitlines())]
+    assert len(edges) == 120
     running, most = 0, 0
-    for _, step in sorted(edges, key=lambda edge: (edge[0], edge[1])):  # ends before starts at one instant
+    for _, step in sorted(edges):  # ends before starts at one instant
         running += step
         most = max(most, running)
     assert most == 3, most
@@ -190,9 +236,9 @@ def test_a_breaker_opens_after_n_failures_probes_after_its_cooldown_and_closes_o
                    == 30 - failed_while_open - 1, timeout=30, message="the rest to succeed once closed")
     finally:
         worker.stop()
-    # The third failure opens it; the one slot may already have claimed the next task while that
-    # failure was being written (a freed slot claims at once), so one more may run: never more.
-    assert failed_while_open in (3, 4), failed_while_open
+    # The third failure opens it, and the worker claimed nothing from the queue until the breaker
+    # had counted that failure: nothing else ran.
+    assert failed_while_open == 3, failed_while_open
     changes = breaker_changes(dsn)
     assert changes[:5] == ["breaker_open", "breaker_half_open", "breaker_open", "breaker_half_open",
                            "breaker_closed"], changes

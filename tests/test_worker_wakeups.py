@@ -1,5 +1,6 @@
 """Wake-ups cost constant memory: however many tasks are announced as due later, a worker keeps
-one timer, for the earliest of them (unit tier)."""
+one timer, for the earliest of them (unit tier). A listener that starts listening looks again for
+what it may have missed (integration tier)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,10 @@ import asyncio
 import random
 import time
 
+import psycopg
+import pytest
+
+from queueworker import enqueue_many
 from queueworker.handlers import Registry
 from queueworker.settings import WorkerSettings
 from queueworker.worker import Worker
@@ -37,3 +42,26 @@ def test_many_future_due_times_keep_one_timer_for_the_earliest():
         worker._due_timer.cancel()
 
     asyncio.run(announce())
+
+
+@pytest.mark.integration
+def test_a_listener_that_starts_listening_has_the_scheduler_look_for_what_it_missed(dsn):
+    """A task due in a minute was announced before the listener listened (a worker starting, or
+    reconnecting), just after the scheduler's pass had gone to sleep for its longest interval: the
+    announcement is lost. Listening pokes the scheduler, whose next pass finds the task."""
+    async def start_listening() -> float:
+        worker = Worker(dsn, WorkerSettings(scheduler_max_interval_seconds=600), Registry())
+        worker._wakeup = asyncio.Event()
+        assert await worker.scheduler.step() == 600  # nothing waits yet
+        with psycopg.connect(dsn, autocommit=True) as conn:  # announced to nobody
+            enqueue_many(conn, [{"task": "t", "delay": 60}])
+        listening = asyncio.create_task(worker.listener.step())
+        try:
+            await asyncio.wait_for(worker.scheduler.poked.wait(), 10)
+            assert worker._wakeup.is_set()
+            return await worker.scheduler.step()
+        finally:
+            listening.cancel()
+            await worker._duty_conn.close()
+
+    assert 50 < asyncio.run(start_listening()) <= 60

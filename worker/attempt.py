@@ -24,6 +24,7 @@ class Attempt:
     checkpoint_json: str | None = None  # what an earlier attempt saved, decoded likewise
     runner: asyncio.Task | None = None
     reporting: bool = False   # handler finished; outcome waits in the completer
+    failed: bool = False      # ... and that outcome is a failure (a circuit breaker counts it)
     abandoned: bool = False   # lease lost, fenced or released: any outcome is discarded
     started: float = field(default=0.0)
     # (task id, lease token): a task id alone repeats when a task comes back to this worker

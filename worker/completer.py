@@ -46,6 +46,9 @@ class Failure:
     backoff_seconds: float
     error: dict[str, Any]
 
+    def __post_init__(self) -> None:
+        self.attempt.failed = True  # on its way to a circuit breaker, if its queue has one: hold claims
+
 
 @dataclass(slots=True)
 class Continued:

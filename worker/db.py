@@ -70,10 +70,15 @@ class DutyConnection:
         self._lock = asyncio.Lock()
 
     async def fetch(self, query: str, params: dict[str, Any] | None = None, row: type[Row] | None = None,
-                    timeout: float = CLIENT_TIMEOUT_SECONDS) -> list[Any]:
+                    timeout: float = CLIENT_TIMEOUT_SECONDS, lock: str | None = None) -> list[Any]:
         """Runs one statement and returns its rows (empty for statements without rows): tuples,
         or instances of `row` built by column name. Gives up after `timeout` seconds, waiting for
-        the connection and connecting included (StatementTimedOut)."""
+        the connection and connecting included (StatementTimedOut).
+
+        With `lock`, that statement (same parameters) runs first, in one transaction with `query`:
+        `query` then starts once the lock is held, so its snapshot sees whatever the previous
+        holder committed. A lock taken inside `query` itself would not: the statement would go on
+        reading from the snapshot it took before waiting."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         if self._lock.locked():
@@ -89,7 +94,7 @@ class DutyConnection:
             conn = await self._connection(deadline, timeout)
             expiry = loop.call_at(deadline, _shut_down, conn)
             try:
-                return await self._run(conn, query, params, row)
+                return await self._run(conn, query, params, row, lock)
             except psycopg.Error:
                 if loop.time() < deadline:
                     raise
@@ -111,13 +116,15 @@ class DutyConnection:
         return self._conn
 
     async def _run(self, conn: psycopg.AsyncConnection, query: str, params: dict[str, Any] | None,
-                   row: type[Row] | None) -> list[Any]:
+                   row: type[Row] | None, lock: str | None) -> list[Any]:
         retries = 0
         while True:
             try:
-                cursor = conn.cursor(row_factory=typed_rows(row)) if row else conn.cursor()
-                await cursor.execute(query, params)
-                return await cursor.fetchall() if cursor.description else []
+                if lock is None:
+                    return await _rows(conn, query, params, row)
+                async with conn.transaction():
+                    await conn.execute(lock, params)
+                    return await _rows(conn, query, params, row)
             except psycopg.Error as exc:
                 if conn.broken or conn.closed:
                     await self._discard()
@@ -145,6 +152,13 @@ class DutyConnection:
     async def close(self) -> None:
         async with self._lock:
             await self._discard()
+
+
+async def _rows(conn: psycopg.AsyncConnection, query: str, params: dict[str, Any] | None,
+                row: type[Row] | None) -> list[Any]:
+    cursor = conn.cursor(row_factory=typed_rows(row)) if row else conn.cursor()
+    await cursor.execute(query, params)
+    return await cursor.fetchall() if cursor.description else []
 
 
 def _shut_down(conn: psycopg.AsyncConnection) -> None:

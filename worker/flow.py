@@ -1,10 +1,13 @@
 """A worker's side of flow control (docs/flow-control.md): which of its queues are limited, and the
 outcomes that feed their circuit breakers.
 
-The limits themselves are enforced in the database, by CLAIM_LIMITED under the queue's row lock,
+The limits themselves are enforced in the database, by CLAIM_LIMITED under the queue's row lock
+(taken by LOCK_QUEUE in the same transaction, so the claim's snapshot sees the claim before it),
 so they hold however many workers claim. A worker only has to pick that statement for a limited
 queue (the plain CLAIM claims nothing from one, so a worker that has not heard of a new limit
-yet stays safe), come back when its bucket has a token again, and report outcomes to the breaker.
+yet stays safe), come back when its bucket has a token again, and report outcomes to the breaker,
+claiming nothing more from a queue while a failure it saw there is not yet reported (that failure
+may be the one that opens the breaker).
 """
 
 from __future__ import annotations
@@ -32,12 +35,14 @@ class FlowControl:
         self.breaker_queues: frozenset[str] = frozenset()
         # Per queue with a breaker, outcomes since the last report: (any succeeded, failures since).
         self._outcomes: dict[str, tuple[bool, int]] = {}
+        self._reporting: frozenset[str] = frozenset()  # queues whose failures are being reported now
         self._refresh_due = 0.0  # event-loop time; a notification makes it now
         self.wake = asyncio.Event()
-        self._on_change = on_change  # the limits changed: claim again (with the other statement)
+        self._on_change = on_change  # limits changed, or failures were reported: claim again
 
-    def claim_statement(self, queue: str) -> str:
-        return sql.CLAIM_LIMITED if queue in self.limited else sql.CLAIM
+    def claim_statements(self, queue: str) -> tuple[str | None, str]:
+        """The statement that locks the queue first (None when nothing is limited), and the claim."""
+        return (sql.LOCK_QUEUE, sql.CLAIM_LIMITED) if queue in self.limited else (None, sql.CLAIM)
 
     def token_interval(self, queue: str) -> float | None:
         """Seconds between tokens of a rate-limited queue: when a claim it limited is worth trying again."""
@@ -55,10 +60,16 @@ class FlowControl:
         self._outcomes[queue] = (True, 0) if succeeded else (any_succeeded, failures + 1)
         self.wake.set()
 
+    def failures_unreported(self, queue: str) -> bool:
+        """Failures of the queue written by this worker that its breaker has not counted yet."""
+        outcome = self._outcomes.get(queue)
+        return (outcome is not None and outcome[1] > 0) or queue in self._reporting
+
     async def step(self) -> float:
         """One pass of the flow duty: report breaker outcomes, re-read settings when told to or when
-        REFRESH_SECONDS have passed."""
+        REFRESH_SECONDS have passed. Reported failures wake the claims they held back."""
         outcomes, self._outcomes = self._outcomes, {}
+        self._reporting = frozenset(queue for queue, (_, failures) in outcomes.items() if failures)
         try:
             for queue, (any_succeeded, failures) in outcomes.items():
                 await self._report(queue, any_succeeded, failures)
@@ -66,6 +77,10 @@ class FlowControl:
             for queue, outcome in outcomes.items():  # not reported: keep them for the next pass
                 self._outcomes.setdefault(queue, outcome)
             raise
+        finally:
+            held, self._reporting = self._reporting, frozenset()
+        if held:
+            self._on_change()
         loop = asyncio.get_running_loop()
         if loop.time() >= self._refresh_due:
             await self.refresh()

@@ -2,8 +2,8 @@
 
 Producers send one notification per queue per statement: `queue` when tasks are due now,
 `queue <epoch>` when the batch is only due later. The listener turns those into a wake-up
-now or a timed wake-up, and asks for one poll after every (re)connect, since notifications
-sent while it was disconnected are lost. A cancellation of a running task names the worker that
+now or a timed wake-up, and asks for one poll, one scheduler pass and one look at the settings
+after every (re)connect, since notifications sent while it was not listening are lost. A cancellation of a running task names the worker that
 holds it; that worker stops the handler at once.
 """
 
@@ -22,13 +22,17 @@ log = logging.getLogger("queueworker.listener")
 
 class Listener:
     def __init__(self, dsn: str, queues: tuple[str, ...], wake: Callable[[float], None], worker_id: str,
-                 on_cancel: Callable[[int, int], None], on_settings: Callable[[], None]):
+                 on_cancel: Callable[[int, int], None], on_settings: Callable[[], None],
+                 on_listening: Callable[[], None]):
         self._dsn = dsn
         self._queues = set(queues)
         self._wake = wake  # called with the epoch time at which work is due (<= now: at once)
         self._worker_id = worker_id
         self._on_cancel = on_cancel  # called with (task id, lease token) of a task of ours cancelled
         self._on_settings = on_settings  # a queue's flow-control settings changed
+        # Listening (again): whatever was announced before is lost, so look again at everything
+        # a notification could have said (tasks due now or later, settings).
+        self._on_listening = on_listening
 
     async def step(self) -> float:
         """Listens until the connection is lost, then returns to reconnect at once: a listener that
@@ -40,8 +44,7 @@ class Listener:
             await conn.execute(f"LISTEN {sql.NOTIFY_CHANNEL}")
             await conn.execute(f"LISTEN {sql.CANCEL_CHANNEL}")
             await conn.execute(f"LISTEN {sql.QUEUES_CHANNEL}")
-            self._wake(0.0)  # anything enqueued while we were not listening
-            self._on_settings()  # and any settings changed meanwhile
+            self._on_listening()
             try:
                 async for notify in conn.notifies():
                     if notify.channel == sql.CANCEL_CHANNEL:

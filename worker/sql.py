@@ -217,8 +217,14 @@ FROM claimed
 CLAIM = _claim("", """
       AND NOT EXISTS (SELECT FROM queueworker.queues l WHERE l.name = %(queue)s AND l.limited)""", "", "")
 
-# A queue with flow control. Its row is locked, so concurrent claimers take turns and every limit
-# holds exactly: nothing while paused or while the breaker is open; one probe task once the
+# Locks a flow-controlled queue's row in the claim's transaction before CLAIM_LIMITED runs. It must
+# be a statement of its own: in READ COMMITTED a statement reads from a snapshot taken when it
+# starts, so a claim that waited for the row inside its own statement would count the running tasks
+# as they were before the claim it waited for (two claimers would each fill the whole cap).
+LOCK_QUEUE = "SELECT FROM queueworker.queues WHERE name = %(queue)s FOR NO KEY UPDATE"
+
+# A queue with flow control, after LOCK_QUEUE. Its row is locked, so concurrent claimers take turns
+# and every limit holds exactly: nothing while paused or while the breaker is open; one probe task once the
 # breaker's cooldown has passed (the breaker goes half-open; a probe lost without an outcome lets
 # another one through after the cooldown); no more than the token bucket holds (refilled at
 # `rate_per_second`, at most `burst`), and no more than `max_running` minus the queue's running

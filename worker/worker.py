@@ -124,7 +124,7 @@ class Worker:
                                settings.deadline_grace_seconds, settings.worker_ttl_seconds)
         self.cleaner = Cleaner(self._duty_conn, settings.retention_seconds, settings.cleaner_interval_seconds)
         self.listener = Listener(dsn, settings.queues, self._wake_at, str(self.identity.id), self._cancelled_task,
-                                 self.flow.settings_changed)
+                                 self.flow.settings_changed, on_listening=self._catch_up)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -298,13 +298,23 @@ class Worker:
         running = sum(1 for attempt in self._inflight.values() if not attempt.reporting)
         return min(self.settings.concurrency - running, 2 * self.settings.concurrency - len(self._inflight))
 
+    def _breaker_pending(self, queue: str) -> bool:
+        """A failure of the queue is on its way to the queue's circuit breaker (being written, or
+        reported): claim nothing from it until the breaker has counted it, as it may be the one that
+        opens it. The flow duty wakes the claims once it reported."""
+        return queue in self.flow.breaker_queues and (self.flow.failures_unreported(queue) or any(
+            attempt.failed and attempt.queue == queue for attempt in self._inflight.values()))
+
     async def _claim(self, queue: str, limit: int) -> int:
+        if self._breaker_pending(queue):
+            return 0
         loop = asyncio.get_running_loop()
         sent_at = loop.time()  # the database starts the lease later than this: our clock is on the safe side
-        rows = await self._claim_conn.fetch(self.flow.claim_statement(queue), {
+        lock, claim = self.flow.claim_statements(queue)
+        rows = await self._claim_conn.fetch(claim, {
             "queue": queue, "limit": limit, "worker": self.identity.id,
             "lease_seconds": self.settings.lease_seconds,
-            "timeout_seconds": self.settings.task_timeout_seconds}, row=sql.ClaimedRow)
+            "timeout_seconds": self.settings.task_timeout_seconds}, row=sql.ClaimedRow, lock=lock)
         now = loop.time()
         for row in rows:
             ctx = TaskContext(row.id, row.task, row.queue, row.attempts, row.max_attempts, task_log)
@@ -477,6 +487,13 @@ class Worker:
             self._due_timer.cancel()
         self._due_timer_at = due_epoch
         self._due_timer = asyncio.get_running_loop().call_later(delay, self._due)
+
+    def _catch_up(self) -> None:
+        """The listener (re)started listening: what it missed may be tasks due now (claim), tasks
+        due later (a scheduler pass finds the earliest and sleeps until then) or new settings."""
+        self._wake_at(0.0)
+        self.scheduler.poke()
+        self.flow.settings_changed()
 
     def _due(self) -> None:
         self._due_timer, self._due_timer_at = None, math.inf
