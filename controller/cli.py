@@ -11,6 +11,8 @@ from prometheus_client import start_http_server
 
 from . import operator  # noqa: F401 - registers the handlers
 from . import redaction
+from .kube import load_config
+from .leader import ElectionTiming, LeaderElector, default_identity, default_namespace, standby_liveness
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,6 +31,24 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--allow-privileged-templates", action="store_true",
                         help="deploy QueueWorker pod templates that ask for privileges (host namespaces, "
                              "privileged containers, hostPath...); off: such QueueWorkers get Ready=False InvalidSpec")
+    election = parser.add_argument_group("leader election (several replicas, one acting)")
+    election.add_argument("--leader-election", action="store_true",
+                          help="act only while holding a coordination.k8s.io Lease; wait as a standby otherwise")
+    election.add_argument("--leader-election-namespace", metavar="NS", default=None,
+                          help="namespace of the Lease (default: $POD_NAMESPACE, or the pod's own namespace)")
+    election.add_argument("--leader-election-name", metavar="NAME", default="queueworker-controller",
+                          help="name of the Lease (default: %(default)s)")
+    election.add_argument("--leader-election-identity", metavar="ID", default=None,
+                          help="this replica's name in the Lease (default: $POD_NAME or the host name, plus a "
+                               "random suffix)")
+    defaults = ElectionTiming()
+    election.add_argument("--leader-election-lease-seconds", type=float, default=defaults.lease_seconds,
+                          metavar="S", help="how long a Lease lasts unrenewed (default: %(default)g)")
+    election.add_argument("--leader-election-renew-deadline-seconds", type=float,
+                          default=defaults.renew_deadline_seconds, metavar="S",
+                          help="a leader that could not renew for this long stops (default: %(default)g)")
+    election.add_argument("--leader-election-retry-seconds", type=float, default=defaults.retry_seconds,
+                          metavar="S", help="how often to renew, or to try to take over (default: %(default)g)")
     parser.add_argument("--verbose", action="store_true", help="log kopf's handling in detail")
     parser.add_argument("--log-format", choices=("plain", "full", "json"), default="full")
     return parser
@@ -43,11 +63,35 @@ def main(argv: list[str] | None = None) -> int:
     redaction.install_everywhere()
     if args.metrics_port is not None:
         start_http_server(args.metrics_port, addr=args.metrics_address)
-    # One replica by design (see docs/controller.md): standalone, no peering objects needed.
-    kopf.run(standalone=True, clusterwide=not args.namespaces, namespaces=args.namespaces,
-             liveness_endpoint=args.liveness,
-             memo=kopf.Memo(allow_privileged_templates=args.allow_privileged_templates))
+    leader = _elect(args) if args.leader_election else None
+    # kopf peering is not used: the Lease decides who acts (docs/controller.md), so kopf runs standalone.
+    try:
+        kopf.run(standalone=True, clusterwide=not args.namespaces, namespaces=args.namespaces,
+                 liveness_endpoint=args.liveness,
+                 memo=kopf.Memo(allow_privileged_templates=args.allow_privileged_templates, leader=leader))
+    finally:
+        if leader is not None:
+            leader.release()
     return 0
+
+
+def _elect(args: argparse.Namespace) -> LeaderElector:
+    """Waits as a standby (answering the liveness probe) until this replica leads."""
+    namespace = args.leader_election_namespace or default_namespace()
+    if not namespace:
+        raise SystemExit("queueworker-controller: --leader-election needs --leader-election-namespace "
+                         "(or $POD_NAMESPACE) outside a pod")
+    try:
+        timing = ElectionTiming(args.leader_election_lease_seconds, args.leader_election_renew_deadline_seconds,
+                                args.leader_election_retry_seconds)
+    except ValueError as exc:
+        raise SystemExit(f"queueworker-controller: {exc}") from None
+    leader = LeaderElector(load_config(), namespace, args.leader_election_name,
+                           args.leader_election_identity or default_identity(), timing)
+    with standby_liveness(args.liveness):
+        leader.wait_until_leading()
+    leader.start_renewing()
+    return leader
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,14 +55,21 @@ def load_config() -> client.ApiClient:
     return client.ApiClient()
 
 
+def _always_allowed() -> None:
+    pass
+
+
 class Kube:
-    def __init__(self, api: client.ApiClient):
+    """`before_write` runs before every write (leader election's check that this replica still leads)."""
+
+    def __init__(self, api: client.ApiClient, before_write: Callable[[], None] = _always_allowed):
         self._apps = client.AppsV1Api(api)
         self._core = client.CoreV1Api(api)
+        self._before_write = before_write
 
     def read_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            return _json(self._apps.read_namespaced_deployment(name, namespace, _preload_content=False,
+            return response_json(self._apps.read_namespaced_deployment(name, namespace, _preload_content=False,
                                                                _request_timeout=REQUEST_TIMEOUT))
         except ApiException as exc:
             if exc.status == 404:
@@ -69,8 +77,9 @@ class Kube:
             raise
 
     def create_deployment(self, namespace: str, body: dict[str, Any], replicas: int) -> dict[str, Any]:
+        self._before_write()
         body = {**body, "spec": {**body["spec"], "replicas": replicas}}
-        return _json(self._apps.create_namespaced_deployment(namespace, body, field_manager=FIELD_MANAGER,
+        return response_json(self._apps.create_namespaced_deployment(namespace, body, field_manager=FIELD_MANAGER,
                                                              _preload_content=False,
                                                              _request_timeout=REQUEST_TIMEOUT))
 
@@ -78,18 +87,20 @@ class Kube:
         """Replaces the Deployment with `rendered`, keeping its replica count, other writers' labels and
         annotations (e.g. the deployment controller's revision) and resourceVersion (a conflict raises
         and the next tick retries with a fresh read)."""
+        self._before_write()
         meta, ours = current["metadata"], rendered["metadata"]
         body = {**rendered,
                 "metadata": {**ours, "resourceVersion": meta["resourceVersion"],
                              "labels": {**(meta.get("labels") or {}), **ours["labels"]},
                              "annotations": {**(meta.get("annotations") or {}), **ours["annotations"]}},
                 "spec": {**rendered["spec"], "replicas": current["spec"].get("replicas", 1)}}
-        return _json(self._apps.replace_namespaced_deployment(meta["name"], meta["namespace"], body,
+        return response_json(self._apps.replace_namespaced_deployment(meta["name"], meta["namespace"], body,
                                                               field_manager=FIELD_MANAGER,
                                                               _preload_content=False,
                                                               _request_timeout=REQUEST_TIMEOUT))
 
     def scale_deployment(self, namespace: str, name: str, replicas: int) -> None:
+        self._before_write()
         self._apps.patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": replicas}},
                                                      field_manager=FIELD_MANAGER, _request_timeout=REQUEST_TIMEOUT)
 
@@ -97,7 +108,7 @@ class Kube:
         """The raw value of one key. SecretUnavailable (with a secret-free message) when the Secret
         or the key is missing or cannot be read."""
         try:
-            secret = _json(self._core.read_namespaced_secret(name, namespace, _preload_content=False,
+            secret = response_json(self._core.read_namespaced_secret(name, namespace, _preload_content=False,
                                                              _request_timeout=REQUEST_TIMEOUT))
         except ApiException as exc:
             raise SecretUnavailable(f"Secret {namespace}/{name}: {exc.reason} ({exc.status})") from None
@@ -108,11 +119,12 @@ class Kube:
 
     def list_pods(self, namespace: str, selector: dict[str, str]) -> list[dict[str, Any]]:
         label_selector = ",".join(f"{k}={v}" for k, v in selector.items())
-        return _json(self._core.list_namespaced_pod(namespace, label_selector=label_selector,
+        return response_json(self._core.list_namespaced_pod(namespace, label_selector=label_selector,
                                                     _preload_content=False, _request_timeout=REQUEST_TIMEOUT))["items"]
 
     def set_deletion_cost(self, namespace: str, pod: str, cost: int) -> None:
         patch = {"metadata": {"annotations": {DELETION_COST_ANNOTATION: str(cost)}}}
+        self._before_write()
         try:
             self._core.patch_namespaced_pod(pod, namespace, patch, field_manager=FIELD_MANAGER,
                                             _request_timeout=REQUEST_TIMEOUT)
@@ -121,5 +133,5 @@ class Kube:
                 raise
 
 
-def _json(response: Any) -> Any:
+def response_json(response: Any) -> Any:
     return json.loads(response.data)

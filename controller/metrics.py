@@ -19,6 +19,7 @@ tick_seconds = Histogram("queueworker_controller_tick_duration_seconds", "Durati
                          buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
 databases = Gauge("queueworker_controller_databases", "Databases with an open pool and listener (in use by a "
                   "QueueWorker)")
+leader = Gauge("queueworker_controller_leader", "1 while this replica holds the leader election Lease (and acts)")
 
 # Every metric labelled per QueueWorker, with the label names that follow (namespace, name).
 PER_OBJECT: tuple[tuple[MetricWrapperBase, tuple[str, ...]], ...] = (

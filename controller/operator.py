@@ -16,6 +16,7 @@ from typing import Any
 import kopf
 
 from .kube import Kube, load_config
+from .leader import LeaderElector
 from .queuedb import QueueDatabases
 from .reconcile import ObjectMemory, QueueWorkerObject, Reconciler
 from .spec import GROUP, PLURAL, VERSION
@@ -48,7 +49,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.watching.client_timeout = WATCH_SERVER_TIMEOUT_SECONDS + API_REQUEST_TIMEOUT_SECONDS
     settings.background.cancellation_polling = TIMER_STOP_POLLING_SECONDS
     asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(RESOLVER_THREADS, thread_name_prefix="resolve"))
-    memo.reconciler = Reconciler(Kube(load_config()), QueueDatabases(),
+    leader: LeaderElector | None = memo.get("leader")
+    kube = Kube(load_config()) if leader is None else Kube(load_config(), before_write=leader.ensure_leading)
+    memo.reconciler = Reconciler(kube, QueueDatabases(),
                                  allow_privileged_templates=bool(memo.get("allow_privileged_templates")))
 
 
@@ -66,6 +69,8 @@ async def scaling_tick(name: str, namespace: str, meta: kopf.Meta, spec: kopf.Sp
     if not reconciler.due(obj, memory):
         return
     result = await reconciler.tick(obj, memory)
+    if memo.get("leader") is not None:  # kopf writes the status after we return
+        memo.leader.ensure_leading()
     patch.status.update(result.status)
     for event in result.events:
         kopf.event(body, type=event.type, reason=event.reason, message=event.message)

@@ -49,6 +49,8 @@ EVERYTHING: dict[str, Any] = {
     "crds": {"install": True, "keep": False},
     "serviceAccount": {"create": True, "name": "qw-operator", "annotations": {"iam.example.com/role": "qw"}},
     "controller": {
+        "replicas": 3, "leaderElection": {"enabled": True, "leaseSeconds": 15, "renewDeadlineSeconds": 10,
+                                          "retrySeconds": 2},
         "logFormat": "plain", "verbose": True, "extraArgs": ["--some-flag"],
         "extraEnv": [{"name": "TZ", "value": "UTC"}], "livenessPort": 9081, "livenessBindAddress": "::",
         "resources": {"requests": {"cpu": "100m", "memory": "200Mi"}},
@@ -136,18 +138,29 @@ def test_lint_is_clean(helm, tmp_path, values):
     assert result.returncode == 0 and "0 chart(s) failed" in result.stdout, result.stdout + result.stderr
 
 
-def test_defaults_render_a_locked_down_single_controller(helm, tmp_path):
+def test_defaults_render_a_locked_down_leader_and_standby(helm, tmp_path):
     rendered = render(helm, tmp_path)
     assert rendered.kinds() == ["ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Deployment",
-                                "Service", "ServiceAccount"]
+                                "Role", "RoleBinding", "Service", "ServiceAccount"]
     deployment = rendered.one("Deployment", "-controller")
-    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert deployment["spec"]["replicas"] == 2 and "strategy" not in deployment["spec"], "rolling: one stays up"
     pod = deployment["spec"]["template"]["spec"]
+    spread = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
+    assert spread["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert spread["podAffinityTerm"]["labelSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     container = controller_container(rendered)
     assert "command" not in container, "the image's entrypoint (tini) must stay PID 1"
     assert container["args"][0] == "--all-namespaces" and "--metrics-port=8080" in container["args"]
+    assert {"--leader-election", "--leader-election-name=rel-queueworker-controller",
+            "--leader-election-lease-seconds=8"} <= set(container["args"])
+    assert {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"] if "valueFrom" in e} == {
+        "POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
+    election = rendered.one("Role", "-leader-election")
+    assert election["metadata"]["namespace"] == "qw-system"
+    assert election["rules"] == yaml.safe_load((CHART / "files" / "leader-election-rules.yaml").read_text())
+    assert rendered.one("RoleBinding", "-leader-election")["roleRef"]["name"] == election["metadata"]["name"]
     security = container["securityContext"]
     assert security["readOnlyRootFilesystem"] is True and security["allowPrivilegeEscalation"] is False
     assert security["capabilities"] == {"drop": ["ALL"]}
@@ -194,13 +207,15 @@ def test_every_value_is_rendered_where_it_belongs(helm, tmp_path):
     rendered = render(helm, tmp_path, EVERYTHING)
     assert rendered.kinds() == ["ClusterRole", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "ConfigMap",
                                 "CustomResourceDefinition", "Deployment", "Deployment", "NetworkPolicy",
-                                "PodDisruptionBudget", "RoleBinding", "RoleBinding", "Secret", "Secret", "Service",
-                                "Service", "ServiceAccount", "ServiceMonitor"]
+                                "PodDisruptionBudget", "Role", "RoleBinding", "RoleBinding", "RoleBinding", "Secret",
+                                "Secret", "Service", "Service", "ServiceAccount", "ServiceMonitor"]
     container = controller_container(rendered)
     assert container["image"] == "registry.example.com/queueworker-controller:1.2.3"
     assert container["imagePullPolicy"] == "Always"
     assert container["args"] == ["--namespace=team-a", "--namespace=team-b", "--log-format=plain",
-                                 "--liveness=http://[::]:9081/healthz", "--metrics-port=9090",
+                                 "--leader-election", "--leader-election-name=qw-controller",
+                                 "--leader-election-lease-seconds=15", "--leader-election-renew-deadline-seconds=10",
+                                 "--leader-election-retry-seconds=2", "--liveness=http://[::]:9081/healthz", "--metrics-port=9090",
                                  "--metrics-address=127.0.0.1", "--allow-privileged-templates", "--verbose",
                                  "--some-flag"]
     assert {"name": "TZ", "value": "UTC"} in container["env"]
@@ -215,7 +230,8 @@ def test_every_value_is_rendered_where_it_belongs(helm, tmp_path):
 
     # Namespaced scope: RoleBindings in the watched namespaces, cluster-scoped rules alone cluster-wide.
     assert {(b["metadata"]["namespace"], b["roleRef"]["name"]) for b in rendered.all("RoleBinding")} == {
-        ("team-a", "qw-controller"), ("team-b", "qw-controller")}
+        ("team-a", "qw-controller"), ("team-b", "qw-controller"), ("qw-system", "qw-controller-leader-election")}
+    assert rendered.one("Deployment", "qw-controller")["spec"]["replicas"] == 3
     cluster_scope = rendered.one("ClusterRole", "-cluster-scope")
     assert cluster_scope["rules"] == [r for r in RULES if CLUSTER_SCOPED_RESOURCES & set(r["resources"])]
     assert rendered.one("ClusterRoleBinding")["roleRef"]["name"] == "qw-controller-cluster-scope"
@@ -386,6 +402,18 @@ def test_schema_rejects_bad_values_with_a_clear_message(helm, tmp_path, values, 
     assert message in result.stderr, result.stderr
 
 
+def test_several_controllers_need_leader_election(helm, tmp_path):
+    result = run_helm(helm, "template", "rel", values={"controller": {"leaderElection": {"enabled": False}}},
+                      tmp_path=tmp_path)
+    assert result.returncode != 0
+    assert "controller.replicas > 1 needs controller.leaderElection.enabled" in result.stderr
+    single = render(helm, tmp_path, {"controller": {"replicas": 1, "leaderElection": {"enabled": False}}})
+    deployment = single.one("Deployment", "-controller")
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}, "never two at once, not even in a rollout"
+    assert "--leader-election" not in controller_container(single)["args"]
+    assert "Role" not in single.kinds()
+
+
 def test_an_external_service_account_needs_a_name(helm, tmp_path):
     result = run_helm(helm, "template", "rel", values={"serviceAccount": {"create": False}}, tmp_path=tmp_path)
     assert result.returncode != 0
@@ -522,6 +550,9 @@ def test_rendered_chart_is_accepted_by_the_api_server(helm, tmp_path, control_pl
             assert not service_account_can(api, account, namespace, "create", "deployments", "apps")
             assert not service_account_can(api, account, namespace, "get", "secrets")
             assert not service_account_can(api, account, namespace, "list", "pods")
+        assert service_account_can(api, account, cluster_namespace, "update", "leases", "coordination.k8s.io")
+        for namespace in watched:  # the Lease lives in the release namespace only
+            assert not service_account_can(api, account, namespace, "update", "leases", "coordination.k8s.io")
         assert not service_account_can(api, account, None, "get", "secrets")
         assert not service_account_can(api, account, None, "create", "deployments", "apps")
         assert service_account_can(api, account, None, "watch", "customresourcedefinitions",

@@ -43,6 +43,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.integration]
 
 REPO = Path(__file__).resolve().parent.parent
 RULES_FILE = REPO / "charts" / "queueworker" / "files" / "controller-rules.yaml"
+LEADER_ELECTION_RULES_FILE = REPO / "charts" / "queueworker" / "files" / "leader-election-rules.yaml"
 CONTROLLER = Path(sys.executable).parent / "queueworker-controller"
 WORKER = Path(sys.executable).parent / "queueworker"
 RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted"}
@@ -54,8 +55,10 @@ DB_SECRET = "app-db"
 # --- session setup: the controller's identity ------------------------------------------
 
 def write_controller_kubeconfig(plane, path: Path) -> Path:
-    """A kubeconfig for a ServiceAccount bound (ClusterRoleBinding) to a ClusterRole with the chart's rules."""
+    """A kubeconfig for a ServiceAccount bound (ClusterRoleBinding) to a ClusterRole with the chart's rules,
+    and (RoleBinding) to a Role with the chart's leader-election rules in its own namespace."""
     rules = yaml.safe_load(RULES_FILE.read_text())
+    subjects = [{"kind": "ServiceAccount", "name": ACCOUNT, "namespace": SYSTEM_NAMESPACE}]
     with plane.api_client() as api:
         core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
         core.create_namespace({"metadata": {"name": SYSTEM_NAMESPACE}})
@@ -64,7 +67,13 @@ def write_controller_kubeconfig(plane, path: Path) -> Path:
         rbac.create_cluster_role_binding({
             "metadata": {"name": ACCOUNT},
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": ACCOUNT},
-            "subjects": [{"kind": "ServiceAccount", "name": ACCOUNT, "namespace": SYSTEM_NAMESPACE}]})
+            "subjects": subjects})
+        rbac.create_namespaced_role(SYSTEM_NAMESPACE, {
+            "metadata": {"name": ACCOUNT}, "rules": yaml.safe_load(LEADER_ELECTION_RULES_FILE.read_text())})
+        rbac.create_namespaced_role_binding(SYSTEM_NAMESPACE, {
+            "metadata": {"name": ACCOUNT},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": ACCOUNT},
+            "subjects": subjects})
         token = core.create_namespaced_service_account_token(
             ACCOUNT, SYSTEM_NAMESPACE, {"spec": {"expirationSeconds": 6 * 3600}}).status.token
     admin = yaml.safe_load(plane.kubeconfig.read_text())
@@ -75,12 +84,6 @@ def write_controller_kubeconfig(plane, path: Path) -> Path:
         "users": [{"name": ACCOUNT, "user": {"token": token}}],
         "contexts": [{"name": "controller", "context": {"cluster": "test", "user": ACCOUNT}}]}))
     return path
-
-
-@pytest.fixture(scope="session")
-def controller_kubeconfig(control_plane, crd, tmp_path_factory) -> Path:
-    """The controller's kubeconfig on the process-kubelet cluster."""
-    return write_controller_kubeconfig(control_plane, tmp_path_factory.mktemp("controller") / "kubeconfig")
 
 
 # --- per test: a namespace with the database Secret and a running controller -------------------------
@@ -118,6 +121,14 @@ class Cluster:
 
     def queueworker(self, name: str) -> dict[str, Any]:
         return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name)
+
+    def delete_queueworkers(self) -> None:
+        """Deletes every QueueWorker of the namespace, and waits until a running controller has removed
+        kopf's finalizer from each."""
+        for item in self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL)["items"]:
+            self.custom.delete_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, item["metadata"]["name"])
+        self.wait_for(lambda: not self.custom.list_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, PLURAL)["items"], timeout=30, message="QueueWorkers deleted")
 
     def condition(self, name: str, type_: str) -> dict[str, Any]:
         conditions = self.queueworker(name).get("status", {}).get("conditions", [])
@@ -172,28 +183,34 @@ def running_controller(plane, namespace: str, kubeconfig: Path, database_url: st
         helper = Cluster(plane, namespace, api, log_path, free_port(), free_port())
         helper.core.create_namespaced_secret(namespace, {
             "metadata": {"name": DB_SECRET}, "stringData": {"url": database_url}})
-        with log_path.open("wb") as log:
-            process = subprocess.Popen(
-                [str(CONTROLLER), "--namespace", namespace, "--metrics-port", str(helper.metrics_port),
-                 "--metrics-address", "127.0.0.1", f"--liveness=http://127.0.0.1:{helper.liveness_port}/healthz"],
-                env={**os.environ, "KUBECONFIG": str(kubeconfig)}, stdout=log, stderr=subprocess.STDOUT,
-                cwd=REPO)
+        process = start_controller(kubeconfig, namespace, log_path, helper.metrics_port, helper.liveness_port)
         try:
             yield helper
-            # Delete while the controller still runs, so kopf's finalizer is removed.
-            for item in helper.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]:
-                helper.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL,
-                                                              item["metadata"]["name"])
-            helper.wait_for(lambda: not helper.custom.list_namespaced_custom_object(
-                GROUP, VERSION, namespace, PLURAL)["items"], timeout=30, message="QueueWorkers deleted")
+            helper.delete_queueworkers()
         finally:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            stop_controller(process)
             print(f"--- controller log ({log_path}) ---\n{helper.log_tail(200)}")
+
+
+def start_controller(kubeconfig: Path, namespace: str, log_path: Path, metrics_port: int, liveness_port: int,
+                     *extra_args: str) -> subprocess.Popen:
+    """`queueworker-controller` as production starts it, watching `namespace`, logging to `log_path`."""
+    with log_path.open("ab") as log:
+        return subprocess.Popen(
+            [str(CONTROLLER), "--namespace", namespace, "--metrics-port", str(metrics_port),
+             "--metrics-address", "127.0.0.1", f"--liveness=http://127.0.0.1:{liveness_port}/healthz", *extra_args],
+            env={**os.environ, "KUBECONFIG": str(kubeconfig)}, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+
+
+def stop_controller(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGCONT)  # a test may have frozen it
+        process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 @pytest.fixture
@@ -423,6 +440,11 @@ def test_controller_identity_has_only_the_chart_rules(control_plane, controller_
         {"spec": {"resourceAttributes": {"verb": "patch", "resource": "deployments", "subresource": "scale",
                                          "group": "apps", "namespace": "default"}}})
     assert review.status.allowed is True
+    for namespace, allowed in ((SYSTEM_NAMESPACE, True), ("default", False)):  # the Lease: its own namespace only
+        review = client.AuthorizationV1Api(api).create_self_subject_access_review(
+            {"spec": {"resourceAttributes": {"verb": "update", "resource": "leases", "group": "coordination.k8s.io",
+                                             "namespace": namespace}}})
+        assert review.status.allowed is allowed, namespace
 
 
 def test_spec_changes_roll_the_deployment_and_paused_leaves_kubectl_scale_alone(cluster: Cluster, dsn: str):
