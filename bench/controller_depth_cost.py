@@ -65,12 +65,13 @@ async def measure(dsn: str, repeat: int) -> None:
     """Times the two statements over the controller's own pooled connections."""
     database = Database(dsn)
     try:
-        depth_params = {"queues": [QUEUE], "cap": CAP}
+        depth_params = {"queues": [QUEUE], "lookaheads": [None], "cap": CAP, "throughput": False}
         await timed(database, sql.QUEUE_DEPTH, depth_params, 5)  # warm up
         depth = await timed(database, sql.QUEUE_DEPTH, depth_params, repeat)
         leases = await timed(database, sql.WORKER_LEASES, {"namespace": "ns", "queue": QUEUE}, repeat)
-        row = (await database.fetch(sql.QUEUE_DEPTH, depth_params))[0]
-        print(f"  QUEUE_DEPTH (cap {CAP}) -> {row[1:4]}: {summary(depth)}")
+        row = sql.QueueDepthRow._make((await database.fetch(sql.QUEUE_DEPTH, depth_params))[0])
+        print(f"  QUEUE_DEPTH (cap {CAP}) -> ready {row.ready}, running {row.running}, retrying {row.retrying}: "
+              f"{summary(depth)}")
         print(f"  WORKER_LEASES (20 workers, 200 leases): {summary(leases)}")
     finally:
         database.close()

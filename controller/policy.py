@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 DEFAULT_TOLERANCE = 0.1
 
@@ -30,6 +31,8 @@ class ScalingParams:
     cooldown_seconds: float = 300.0
     fallback_replicas: int | None = None
     tolerance: float = DEFAULT_TOLERANCE
+    # One more replica per tick (up to max) while the oldest ready task has waited longer than this.
+    max_wait_seconds: float | None = None
 
     def clamp(self, replicas: int) -> int:
         return max(self.min_replicas, min(self.max_replicas, replicas))
@@ -50,11 +53,25 @@ class QueueDepth:
     rate_per_second: float | None = None
     max_running: int | None = None
     mean_task_seconds: float | None = None  # of recent successes: what a rate limit keeps busy
+    # Tasks due within the QueueWorker's lookaheadSeconds (delayed, or retrying): counted as ready.
+    due_soon: int = 0
+    # The throughput floor's inputs (Little's law), when asked for: tasks finished per second
+    # lately, and their mean duration.
+    finish_rate: float | None = None
+    recent_task_seconds: float | None = None
+
+    @classmethod
+    def from_row(cls, row: Any) -> QueueDepth:
+        """From a `queueworker.sql.QueueDepthRow`."""
+        return cls(int(row.ready), int(row.running), int(row.retrying), row.oldest_ready_age, int(row.blocked),
+                   row.paused, row.breaker_open, row.rate_per_second, row.max_running, row.mean_task_seconds,
+                   int(row.due_soon), row.finish_rate, row.recent_task_seconds)
 
     @property
     def demand(self) -> int:
-        """Tasks that need a worker slot now: waiting ones plus leased ones (so busy pods are kept)."""
-        return self.ready + self.running
+        """Tasks that need a worker slot now or within the lookahead: waiting ones, those due soon,
+        plus leased ones (so busy pods are kept)."""
+        return self.ready + self.due_soon + self.running
 
 
 @dataclass(frozen=True)
@@ -93,14 +110,15 @@ def decide(inputs: PolicyInputs) -> Decision:
     depth = inputs.depth
     active = depth.demand > p.activation_tasks
     last_active = inputs.now if active else inputs.last_active_time
-    counts = f"{depth.demand} tasks ({depth.ready} ready, {depth.running} running)"
+    counts = f"{depth.demand} tasks ({depth.ready} ready, " + (
+        f"{depth.due_soon} due soon, " if depth.due_soon else "") + f"{depth.running} running)"
     floor = max(p.min_replicas, 1)  # zero is only reached through the cooldown rule below
     history = _window(inputs.history, inputs.now, p.scale_down_stabilization_seconds, floor)
 
     capped: FlowLimit | None = None  # set once a flow limit lowered the target
 
     def decision(desired: int, reason: str, message: str) -> Decision:
-        if capped is not None and reason in ("Activated", "ScaledUp", "Steady", "WithinTolerance"):
+        if capped is not None and reason in ("Activated", "ScaledUp", "Steady", "WithinTolerance", *RAISED_BY):
             reason, message = capped.reason, f"{message}; capped by {capped.why}"
         recorded = _remember(history, Recommendation(inputs.now, desired), floor)
         return Decision(desired, reason, message, recorded, active, last_active)
@@ -123,28 +141,35 @@ def decide(inputs: PolicyInputs) -> Decision:
                             f"{'ever' if idle_for is None else f'{idle_for:.0f}s'} "
                             f"(cooldownSeconds={p.cooldown_seconds:g}): scaling to zero")
 
-    target = max(floor, min(p.max_replicas, math.ceil(depth.demand / p.tasks_per_replica)))
+    raised = _raise_target(p, depth, current, max(floor, min(p.max_replicas,
+                                                               math.ceil(depth.demand / p.tasks_per_replica))))
+    target = raised.replicas
     per = f"{p.tasks_per_replica} per replica"
     limit = flow_limit(depth, p.tasks_per_replica)
     if limit is not None and target > max(floor, limit.replicas):
         target, capped = max(floor, limit.replicas), limit
+    why = f" ({raised.why})" if raised.reason and target == raised.replicas else ""
+    # Counts wobble, and the tolerance absorbs that; a throughput floor or a wait limit is a decision.
+    deliberate = bool(why) and raised.reason in ("ThroughputFloor", "WaitTooLong")
 
-    if current == 0:
-        return decision(target, "Activated", f"{counts} > activationTasks={p.activation_tasks}: "
-                        f"0 -> {target} replicas in one step ({per})")
+    if current == 0:  # a scheduled burst starts its pods before it is due: said so
+        return decision(target, "DueSoon" if why and raised.reason == "DueSoon" else "Activated",
+                        f"{counts} > activationTasks={p.activation_tasks}: "
+                        f"0 -> {target} replicas in one step ({per}){why}")
     if current < p.min_replicas or current > p.max_replicas:
         clamped = p.clamp(current)
         return decision(clamped, "ClampedToBounds", f"{current} replicas outside "
                         f"[{p.min_replicas}, {p.max_replicas}]: set to {clamped}")
     ratio = depth.demand / (p.tasks_per_replica * current)
-    if target != current and abs(ratio - 1.0) <= p.tolerance:
+    if target != current and abs(ratio - 1.0) <= p.tolerance and not deliberate:
         return decision(current, "WithinTolerance", f"{counts} is within {p.tolerance:.0%} of {current} "
                         f"replicas x {p.tasks_per_replica}: holding {current}")
     if target > current:
-        return decision(target, "ScaledUp", f"{counts}, {per}: {current} -> {target} replicas"
+        return decision(target, raised.reason if why else "ScaledUp",
+                        f"{counts}, {per}: {current} -> {target} replicas{why}"
                         + (" (maxReplicas)" if target == p.max_replicas else ""))
     if target == current:
-        return decision(current, "Steady", f"{counts}, {per}: {current} replicas")
+        return decision(current, raised.reason if why else "Steady", f"{counts}, {per}: {current} replicas{why}")
     recorded = _remember(history, Recommendation(inputs.now, target), floor)
     stabilized = min(current, max((r.replicas for r in recorded), default=target))
     if stabilized < current:
@@ -153,6 +178,53 @@ def decide(inputs: PolicyInputs) -> Decision:
                         recorded, active, last_active)
     return Decision(current, "Stabilizing", f"{counts} needs {target} replicas; holding {current} for the "
                     f"{p.scale_down_stabilization_seconds:g}s scale-down window", recorded, active, last_active)
+
+
+# Reasons of a target raised above what the count alone asks for (see _raise_target).
+RAISED_BY = ("DueSoon", "ThroughputFloor", "WaitTooLong")
+
+
+@dataclass(frozen=True)
+class RaisedTarget:
+    replicas: int
+    reason: str | None  # one of RAISED_BY, or None: the count alone
+    why: str
+
+
+def _raise_target(p: ScalingParams, depth: QueueDepth, current: int, target: int) -> RaisedTarget:
+    """The count's target (`target`, lookahead included), raised when the queue needs more than its
+    count says, in stages:
+
+    - DueSoon: the tasks due within the lookahead are what lifted the count's target;
+    - ThroughputFloor: the slots a steady flow keeps busy (Little's law: finish rate x mean task
+      duration, over the recent window), so a high rate with a short backlog keeps its pods;
+    - WaitTooLong: the oldest ready task has waited past maxWaitSeconds: one more replica than now
+      (per tick, up to maxReplicas), even when the count alone says no.
+    """
+    raised = RaisedTarget(target, None, "")
+    if depth.due_soon:
+        without = max(1, math.ceil((depth.ready + depth.running) / p.tasks_per_replica))
+        if target > without:
+            raised = RaisedTarget(target, "DueSoon", f"{depth.due_soon} due within the lookahead")
+    busy = throughput_slots(depth)
+    if busy is not None:
+        floor = min(p.max_replicas, math.ceil(busy / p.tasks_per_replica))
+        if floor > raised.replicas:
+            raised = RaisedTarget(floor, "ThroughputFloor", f"{depth.finish_rate:.1f} tasks/s x "
+                                  f"{depth.recent_task_seconds:.2f}s each keep {busy} slots busy")
+    waited = depth.oldest_ready_age_seconds
+    if (p.max_wait_seconds is not None and waited is not None and waited > p.max_wait_seconds
+            and depth.ready > 0 and raised.replicas <= current < p.max_replicas):
+        raised = RaisedTarget(current + 1, "WaitTooLong", f"the oldest ready task has waited {waited:.0f}s, "
+                              f"over maxWaitSeconds={p.max_wait_seconds:g}")
+    return raised
+
+
+def throughput_slots(depth: QueueDepth) -> int | None:
+    """Slots a steady flow keeps busy: finish rate x mean duration, rounded up (None: not measured)."""
+    if depth.finish_rate is None or depth.recent_task_seconds is None:
+        return None
+    return math.ceil(depth.finish_rate * depth.recent_task_seconds)
 
 
 @dataclass(frozen=True)

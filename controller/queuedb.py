@@ -110,9 +110,12 @@ class QueueDatabases:
             raise LookupError("no QueueWorker is bound to this database")  # a caller's bug, never the URL
         return database
 
-    async def depth(self, dsn: str, queue: str, cap: int) -> QueueDepth:
-        """The queue's depth, ready and retrying counted up to `cap`. Raises psycopg.Error."""
-        return await self._bound(dsn).depth(queue, cap)
+    async def depth(self, dsn: str, queue: str, cap: int, lookahead_seconds: float | None = None,
+                    throughput: bool = False) -> QueueDepth:
+        """The queue's depth, ready and retrying counted up to `cap`; tasks due within
+        `lookahead_seconds` as `due_soon`; with `throughput`, its recent finish rate and task
+        duration. Raises psycopg.Error."""
+        return await self._bound(dsn).depth(queue, cap, lookahead_seconds, throughput)
 
     async def worker_leases(self, dsn: str, namespace: str, queue: str) -> list[WorkerLease]:
         rows = await self._bound(dsn).fetch(sql.WORKER_LEASES, {"namespace": namespace, "queue": queue})
@@ -155,12 +158,12 @@ class Database:
     def notified_since(self, queue: str, since: float) -> bool:
         return self._notified.get(queue, float("-inf")) > since
 
-    async def depth(self, queue: str, cap: int) -> QueueDepth:
+    async def depth(self, queue: str, cap: int, lookahead_seconds: float | None, throughput: bool) -> QueueDepth:
         batch = self._batch
         if batch is None or batch.started:
             batch = self._batch = _DepthBatch(self.fetch, self._query_lock)
             asyncio.get_running_loop().call_later(COALESCE_SECONDS, batch.start)
-        return await batch.add(queue, cap)
+        return await batch.add(queue, cap, lookahead_seconds, throughput)
 
     async def fetch(self, statement: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         """Runs one statement on a pooled connection under the client-side deadline."""
@@ -270,21 +273,27 @@ class _DepthBatch:
                  lock: asyncio.Lock):
         self._fetch = fetch
         self._lock = lock
-        self._waiters: dict[str, list[asyncio.Future[QueueDepth]]] = {}
+        # (queue, lookahead seconds or None) -> the reads waiting for that row
+        self._waiters: dict[tuple[str, float | None], list[asyncio.Future[QueueDepth]]] = {}
         self._cap = 1
+        self._throughput = False  # any read asked for it: measured once for the whole batch
         self.started = False  # once true, later reads go to a new batch
 
-    def add(self, queue: str, cap: int) -> asyncio.Future[QueueDepth]:
+    def add(self, queue: str, cap: int, lookahead_seconds: float | None, throughput: bool
+            ) -> asyncio.Future[QueueDepth]:
         future: asyncio.Future[QueueDepth] = asyncio.get_running_loop().create_future()
-        self._waiters.setdefault(queue, []).append(future)
+        key = (queue, None if lookahead_seconds is None else float(lookahead_seconds))
+        self._waiters.setdefault(key, []).append(future)
         self._cap = max(self._cap, cap)
+        self._throughput = self._throughput or throughput
         return future
 
     def start(self) -> None:
         asyncio.ensure_future(self._run())
 
     async def _read_depths(self) -> list[tuple[Any, ...]]:
-        params = {"queues": list(self._waiters), "cap": self._cap}
+        params = {"queues": [queue for queue, _ in self._waiters], "lookaheads": [ahead for _, ahead in self._waiters],
+                  "cap": self._cap, "throughput": self._throughput}
         *newer, oldest = sql.QUEUE_DEPTHS_BY_AGE
         for statement in newer:
             try:
@@ -308,12 +317,9 @@ class _DepthBatch:
             if not isinstance(exc, Exception):
                 raise
             return
-        depths = {row.queue: QueueDepth(int(row.ready), int(row.running), int(row.retrying), row.oldest_ready_age,
-                                        int(row.blocked), row.paused, row.breaker_open, row.rate_per_second,
-                                        row.max_running, row.mean_task_seconds)
-                  for row in map(sql.QueueDepthRow._make, rows)}
-        for queue, futures in self._waiters.items():
+        depths = {(row.queue, row.lookahead): QueueDepth.from_row(row) for row in map(sql.QueueDepthRow._make, rows)}
+        for key, futures in self._waiters.items():
             for future in futures:
                 if not future.done():
-                    future.set_result(depths[queue])
+                    future.set_result(depths[key])
 

@@ -262,6 +262,11 @@ class Reconciler:
             status["queueDepth"] = {"ready": depth.ready, "running": depth.running, "retrying": depth.retrying,
                                     "blocked": depth.blocked,
                                     "oldestReadyAgeSeconds": round(depth.oldest_ready_age_seconds or 0.0, 3)}
+            if spec.scaling.lookahead_seconds is not None:
+                status["queueDepth"]["dueSoon"] = depth.due_soon
+            if depth.finish_rate is not None and depth.recent_task_seconds is not None:
+                status["queueDepth"] |= {"finishRate": round(depth.finish_rate, 2),
+                                         "recentTaskSeconds": round(depth.recent_task_seconds, 3)}
         _export(obj, decision, desired, replicas, depth)
         return TickResult(_status_patch(previous, status, now), events)
 
@@ -290,7 +295,8 @@ class Reconciler:
         # Enough to ask for maxReplicas, and to see that there is more than that.
         cap = spec.scaling.max_replicas * spec.tasks_per_replica + 1
         try:
-            return await self.databases.depth(dsn, spec.queue, cap), None, None
+            return await self.databases.depth(dsn, spec.queue, cap, spec.scaling.lookahead_seconds,
+                                              spec.scaling.throughput_floor), None, None
         except psycopg.Error as exc:
             return None, "DatabaseUnreachable", (f"cannot read queue {spec.queue!r} ({dsn_text.describe(dsn)}): "
                                                  f"{dsn_text.explain(exc, dsn)}")

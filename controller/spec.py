@@ -43,6 +43,9 @@ class Scaling:
     fallback_replicas: int | None = None
     paused: bool = False
     dry_run: bool = False
+    max_wait_seconds: int | None = None
+    lookahead_seconds: int | None = None
+    throughput_floor: bool = False
 
 
 @dataclass(frozen=True)
@@ -117,7 +120,8 @@ class QueueWorkerSpec:
             min_replicas=s.min_replicas, max_replicas=s.max_replicas, tasks_per_replica=self.tasks_per_replica,
             activation_tasks=s.activation_tasks,
             scale_down_stabilization_seconds=s.scale_down_stabilization_seconds,
-            cooldown_seconds=s.cooldown_seconds, fallback_replicas=s.fallback_replicas)
+            cooldown_seconds=s.cooldown_seconds, fallback_replicas=s.fallback_replicas,
+            max_wait_seconds=s.max_wait_seconds)
 
 
 def template_grace_period(template: dict[str, Any]) -> int | None:
@@ -137,4 +141,6 @@ _SCALING_FIELDS = (
     ("scale_down_stabilization_seconds", "scaleDownStabilizationSeconds", int),
     ("cooldown_seconds", "cooldownSeconds", int), ("fallback_replicas", "fallbackReplicas", int),
     ("paused", "paused", bool), ("dry_run", "dryRun", bool),
+    ("max_wait_seconds", "maxWaitSeconds", int), ("lookahead_seconds", "lookaheadSeconds", int),
+    ("throughput_floor", "throughputFloor", bool),
 )

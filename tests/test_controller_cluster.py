@@ -353,6 +353,59 @@ def test_a_paused_queue_holds_its_deployment_and_a_rate_limited_one_scales_to_th
     assert {e.reason for e in cluster.events("LimitedByRate")} == {"LimitedByRate"}
 
 
+def test_lookahead_starts_the_pods_of_a_scheduled_burst_before_it_is_due(cluster: Cluster, dsn: str):
+    cluster.apply("ahead", {**worker_spec(maxReplicas=3, lookaheadSeconds=60), "concurrency": 2})
+    cluster.apply("behind", {**worker_spec(maxReplicas=3), "concurrency": 2, "queue": "later"})
+    with psycopg.connect(dsn) as conn:
+        enqueue_many(conn, [{"task": "qw.sleep", "payload": {"seconds": 0.1}, "queue": queue, "delay": 45}
+                            for queue in ("jobs", "later") for _ in range(6)])
+    cluster.wait_for(lambda: cluster.replicas("ahead") == 3, timeout=30, message="pods for the burst due in 45 s")
+    status = cluster.queueworker("ahead")["status"]
+    assert status["queueDepth"]["dueSoon"] == 6 and status["queueDepth"]["ready"] == 0
+    assert [e.reason for e in cluster.events("DueSoon")] == ["DueSoon"]
+    assert cluster.replicas("behind") == 0, "without a lookahead, nothing is ready yet"
+    assert cluster.queueworker("behind")["status"]["reason"] == "Idle"
+
+
+def test_max_wait_adds_a_replica_per_poll_while_the_oldest_task_waits(cluster: Cluster, dsn: str):
+    """Four long tasks at 100 per replica: the count asks for one replica; the wait limit adds one
+    per poll while a task waits past two seconds, up to maxReplicas."""
+    cluster.apply("patient", {**worker_spec(maxReplicas=3, maxWaitSeconds=2, tasksPerReplica=100),
+                              "concurrency": 1})
+    seen = [0]
+
+    def replicas_seen() -> int:
+        replicas = cluster.replicas("patient")
+        if replicas != seen[-1]:
+            seen.append(replicas)
+        return replicas
+    enqueue_sleeps(dsn, *[30.0] * 4)
+    cluster.wait_for(lambda: replicas_seen() == 3, timeout=40, message="three replicas")
+    assert seen == [0, 1, 2, 3], f"activated at one, then one more per poll: {seen}"
+    assert len(cluster.events("WaitTooLong")) == 2
+    assert "over maxWaitSeconds=2" in cluster.events("WaitTooLong")[0].message
+
+
+def test_throughput_floor_keeps_the_pods_a_steady_flow_keeps_busy(cluster: Cluster, dsn: str):
+    """A minute of history at 2 finishes/s, 3 s each (6 busy slots), and one task ready now: the count
+    asks for one replica of 2 slots, the floor for three."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("""INSERT INTO queueworker.tasks (queue, task, state, delayed, attempts, started_at, finished_at)
+                        SELECT 'jobs', 'qw.sleep', 'succeeded', false, 1, now() - make_interval(secs => i * 0.5 + 3),
+                               now() - make_interval(secs => i * 0.5)
+                        FROM generate_series(0, 119) AS i""")
+    enqueue_sleeps(dsn, 30.0)
+    cluster.apply("steady", {**worker_spec(maxReplicas=5, throughputFloor=True), "concurrency": 2})
+    cluster.wait_for(lambda: cluster.replicas("steady") == 3, timeout=30, message="the floor of three")
+    status = cluster.wait_for(lambda: (lambda s: s if s.get("reason") == "ThroughputFloor" else None)(
+        cluster.queueworker("steady")["status"]), timeout=10, message="the floor holding three")
+    assert "keep 6 slots busy" in status["message"], status
+    assert status["queueDepth"]["finishRate"] == pytest.approx(2.0, rel=0.1)
+    assert status["queueDepth"]["recentTaskSeconds"] == pytest.approx(3.0, abs=0.05)
+    assert {e.reason for e in cluster.events("Activated")} == {"Activated"}
+    assert "keep 6 slots busy" in cluster.events("Activated")[0].message
+
+
 def test_scale_down_spares_busy_pods_and_a_deleted_busy_pod_loses_nothing(cluster: Cluster, dsn: str):
     cluster.apply("mixed", worker_spec(maxReplicas=3, cooldownSeconds=600))
     (long_task, *_) = enqueue_sleeps(dsn, 20, 0.5, 0.5)

@@ -255,3 +255,57 @@ def test_depth_carries_the_queues_flow_control(dsn):
     assert (metered.paused, metered.rate_per_second, metered.max_running) == (False, 4.0, 6)
     assert metered.mean_task_seconds == pytest.approx(3.0, abs=0.01)
     assert plain == QueueDepth(0, 0, 0, None)
+
+
+def finishes(conn, queue: str, count: int, every: float, lasting: float, ago: float = 0.0) -> None:
+    """`count` tasks of `queue` that finished `every` seconds apart, the newest `ago` seconds ago, each
+    after running `lasting` seconds."""
+    conn.execute("""INSERT INTO queueworker.tasks (queue, task, state, delayed, attempts, started_at, finished_at)
+                    SELECT %(queue)s, 'done', 'succeeded', false, 1,
+                           now() - make_interval(secs => %(ago)s + i * %(every)s + %(lasting)s),
+                           now() - make_interval(secs => %(ago)s + i * %(every)s)
+                    FROM generate_series(0, %(count)s - 1) AS i""",
+                 {"queue": queue, "count": count, "every": every, "lasting": lasting, "ago": ago})
+
+
+def test_lookahead_counts_what_is_due_soon_and_throughput_what_finished_lately(dsn):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        enqueue_many(conn, [{"task": "t", "queue": "soon", "delay": 20}] * 4
+                     + [{"task": "t", "queue": "soon", "delay": 600}] * 3)
+        conn.execute("INSERT INTO queueworker.tasks (queue, task, state, delayed, attempts, run_after) "
+                     "VALUES ('soon', 't', 'retrying', false, 1, now() + interval '10 s')")
+        finishes(conn, "steady", 120, every=0.5, lasting=1.5)  # 2/s over the last minute, 1.5 s each
+        finishes(conn, "steady", 10, every=1, lasting=60, ago=90)  # before the window: not counted
+        finishes(conn, "other", 30, every=2, lasting=0.1)
+
+    async def read(databases):
+        for owner in ("a", "b", "c", "d"):
+            databases.bind(owner, dsn, "soon" if owner in "ab" else "steady")
+        return await asyncio.gather(databases.depth(dsn, "soon", 100, lookahead_seconds=30),
+                                    databases.depth(dsn, "soon", 100),
+                                    databases.depth(dsn, "steady", 100, throughput=True),
+                                    databases.depth(dsn, "idle", 100, throughput=True))
+    ahead, plain, steady, idle = run(read)
+    assert (ahead.ready, ahead.due_soon, ahead.demand) == (0, 5, 5), "4 delayed + 1 retrying due within 30 s"
+    assert plain.due_soon == 0 and plain.demand == 0, "without a lookahead, only what is due now counts"
+    assert steady.finish_rate == pytest.approx(2.0, rel=0.02)
+    assert steady.recent_task_seconds == pytest.approx(1.5, abs=0.01)
+    assert (idle.finish_rate, idle.recent_task_seconds) == (None, None)
+
+
+def test_throughput_reads_a_bounded_sample_of_a_busy_database(dsn):
+    """More finishes in the window than the sample holds: the sample covers a shorter span, and each
+    queue's rate is its share of the sample over that span."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        finishes(conn, "flood", 6000, every=0.005, lasting=0.05)  # 200/s for the last 30 s
+        finishes(conn, "trickle", 30, every=1.0, lasting=0.5)  # 1/s
+
+    async def read(databases):
+        databases.bind("f", dsn, "flood")
+        databases.bind("t", dsn, "trickle")
+        return await asyncio.gather(databases.depth(dsn, "flood", 10, throughput=True),
+                                    databases.depth(dsn, "trickle", 10, throughput=True))
+    flood, trickle = run(read)
+    assert flood.finish_rate == pytest.approx(200, rel=0.05)
+    assert trickle.finish_rate == pytest.approx(1.0, rel=0.3)  # few of its finishes fall in a ~25 s sample
+    assert flood.recent_task_seconds == pytest.approx(0.05, abs=0.005)

@@ -75,7 +75,7 @@ class FakeDatabases:
         self.notified = False
         self.bindings: dict[Any, tuple[str, str]] = {}
 
-    async def depth(self, dsn, queue, cap):
+    async def depth(self, dsn, queue, cap, lookahead_seconds=None, throughput=False):
         if self.depth_value is None:
             raise self.error
         return self.depth_value

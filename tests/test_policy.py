@@ -17,8 +17,9 @@ P = ScalingParams(min_replicas=0, max_replicas=10, tasks_per_replica=5, activati
 
 def run(current: int, ready: int | None, running: int = 0, *, params: ScalingParams = P,
         history: tuple[tuple[float, int], ...] = (), last_active: float | None = NOW,
-        error: str | None = None, flow: dict | None = None) -> Decision:
-    depth = None if ready is None else QueueDepth(ready=ready, running=running, **(flow or {}))
+        error: str | None = None, flow: dict | None = None, depth: dict | None = None) -> Decision:
+    """`flow` and `depth`: more QueueDepth fields (flow control; lookahead, throughput, wait)."""
+    depth = None if ready is None else QueueDepth(ready=ready, running=running, **(flow or {}), **(depth or {}))
     return decide(PolicyInputs(params, current, depth, NOW,
                                tuple(Recommendation(NOW - age, n) for age, n in history), last_active, error))
 
@@ -71,6 +72,40 @@ CASES = [
     ("limit-above-demand-is-silent", 1, 7, 0, {"flow": {"max_running": 100}}, 2, "ScaledUp"),
     ("limit-never-blocks-scale-down", 8, 5, 0, {"flow": {"max_running": 10}, "history": ((61, 8),)}, 1,
      "ScaledDown"),
+    # lookaheadSeconds: tasks due soon count as ready
+    ("lookahead-starts-pods-before-due", 0, 0, 0, {"depth": {"due_soon": 30}}, 6, "DueSoon"),
+    ("lookahead-raises-the-count", 2, 5, 5, {"depth": {"due_soon": 20}}, 6, "DueSoon"),
+    ("lookahead-wobble-is-tolerated", 4, 20, 0, {"depth": {"due_soon": 1}}, 4, "WithinTolerance"),
+    ("lookahead-nothing-due-is-plain", 2, 10, 0, {"depth": {"due_soon": 0}}, 2, "Steady"),
+    # throughputFloor: the slots a steady flow keeps busy (finish rate x duration)
+    ("throughput-floor-raises", 1, 1, 1, {"depth": {"finish_rate": 10.0, "recent_task_seconds": 2.0}}, 4,
+     "ThroughputFloor"),
+    ("throughput-floor-holds", 4, 1, 1, {"depth": {"finish_rate": 10.0, "recent_task_seconds": 2.0}}, 4,
+     "ThroughputFloor"),
+    ("throughput-floor-up-to-max", 1, 1, 1, {"depth": {"finish_rate": 100.0, "recent_task_seconds": 2.0}}, 10,
+     "ThroughputFloor"),
+    ("throughput-floor-below-count-is-silent", 2, 50, 0, {"depth": {"finish_rate": 1.0, "recent_task_seconds": 1.0}},
+     10, "ScaledUp"),
+    ("throughput-floor-capped-by-flow", 1, 1, 1, {"depth": {"finish_rate": 10.0, "recent_task_seconds": 2.0},
+                                                  "flow": {"max_running": 10}}, 2, "LimitedByConcurrency"),
+    ("throughput-floor-never-keeps-an-idle-queue", 3, 0, 0, {"depth": {"finish_rate": 10.0,
+                                                                       "recent_task_seconds": 2.0},
+                                                             "last_active": NOW - 999}, 0, "ScaledToZero"),
+    # maxWaitSeconds: one more replica per tick while the head of the queue waits too long
+    ("wait-under-the-limit", 1, 3, 2, {"params": ScalingParams(max_wait_seconds=30, tasks_per_replica=5),
+                                       "depth": {"oldest_ready_age_seconds": 20}}, 1, "Steady"),
+    ("wait-too-long-adds-one", 1, 3, 2, {"params": ScalingParams(max_wait_seconds=30, tasks_per_replica=5),
+                                         "depth": {"oldest_ready_age_seconds": 45}}, 2, "WaitTooLong"),
+    ("wait-too-long-above-the-count", 3, 3, 2, {"params": ScalingParams(max_wait_seconds=30, tasks_per_replica=5),
+                                                "depth": {"oldest_ready_age_seconds": 45}}, 4, "WaitTooLong"),
+    ("wait-too-long-stops-at-max", 10, 60, 0, {"params": ScalingParams(max_wait_seconds=30, tasks_per_replica=5),
+                                               "depth": {"oldest_ready_age_seconds": 45}}, 10, "Steady"),
+    ("wait-without-ready-tasks-is-nothing", 2, 0, 10, {"params": ScalingParams(max_wait_seconds=30,
+                                                                               tasks_per_replica=5),
+                                                       "depth": {"oldest_ready_age_seconds": 45}}, 2, "Steady"),
+    ("wait-capped-by-flow", 2, 3, 2, {"params": ScalingParams(max_wait_seconds=30, tasks_per_replica=5),
+                                      "depth": {"oldest_ready_age_seconds": 45}, "flow": {"max_running": 10},
+                                      "history": ((30, 2),)}, 2, "LimitedByConcurrency"),
 ]
 
 
@@ -104,12 +139,17 @@ def test_fallback_sets_the_flag_and_keeps_last_active():
 # --- properties ------------------------------------------------------------------------------------
 
 params_strategy = st.builds(
-    lambda lo, span, tpr, act, window, cooldown, fallback: ScalingParams(
+    lambda lo, span, tpr, act, window, cooldown, fallback, max_wait: ScalingParams(
         min_replicas=lo, max_replicas=max(1, lo + span), tasks_per_replica=tpr, activation_tasks=act,
-        scale_down_stabilization_seconds=window, cooldown_seconds=cooldown, fallback_replicas=fallback),
+        scale_down_stabilization_seconds=window, cooldown_seconds=cooldown, fallback_replicas=fallback,
+        max_wait_seconds=max_wait),
     st.integers(0, 5), st.integers(0, 30), st.integers(1, 50), st.integers(0, 20),
-    st.floats(0, 600), st.floats(0, 600), st.none() | st.integers(0, 40))
-depth_strategy = st.none() | st.builds(QueueDepth, st.integers(0, 5000), st.integers(0, 500))
+    st.floats(0, 600), st.floats(0, 600), st.none() | st.integers(0, 40), st.none() | st.floats(1, 600))
+depth_strategy = st.none() | st.builds(
+    QueueDepth, st.integers(0, 5000), st.integers(0, 500), oldest_ready_age_seconds=st.none() | st.floats(0, 1000),
+    due_soon=st.integers(0, 5000), finish_rate=st.none() | st.floats(0, 10_000),
+    recent_task_seconds=st.none() | st.floats(0, 3600),
+    max_running=st.none() | st.integers(0, 1000))
 history_strategy = st.lists(st.tuples(st.floats(0, 700), st.integers(0, 40)), max_size=8).map(
     lambda items: tuple(Recommendation(NOW - age, n) for age, n in sorted(items, reverse=True)))
 
@@ -179,3 +219,12 @@ def test_history_is_strictly_decreasing_and_inside_the_window(inputs):
     assert all(a.replicas > b.replicas for a, b in zip(history, history[1:]))
     assert all(r.replicas > max(inputs.params.min_replicas, 1) for r in history)
     assert all(NOW - r.time <= inputs.params.scale_down_stabilization_seconds for r in history)
+
+
+@settings(max_examples=500, deadline=None)
+@given(inputs_strategy())
+def test_a_wait_limit_adds_exactly_one_replica_and_never_scales_down(inputs):
+    decision = decide(inputs)
+    if decision.reason == "WaitTooLong":
+        assert decision.desired_replicas == inputs.current_replicas + 1
+        assert inputs.depth.oldest_ready_age_seconds > inputs.params.max_wait_seconds

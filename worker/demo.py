@@ -361,8 +361,9 @@ def _supervise(conn: psycopg.Connection, fleet: WorkerFleet, ids: list[int], con
     while not shutdown.requested.is_set():
         now = time.monotonic()
         fleet.reap()
-        row = conn.execute(sql.QUEUE_DEPTH, {"queues": [config.queue], "cap": config.tasks}).fetchone()
-        depth = QueueDepth(ready=row[1], running=row[2], retrying=row[3], oldest_ready_age_seconds=row[4])
+        row = sql.QueueDepthRow._make(conn.execute(sql.QUEUE_DEPTH, {
+            "queues": [config.queue], "lookaheads": [None], "cap": config.tasks, "throughput": False}).fetchone())
+        depth = QueueDepth.from_row(row)
         decision = decide(PolicyInputs(
             params=params, current_replicas=len(fleet.active), depth=depth, now=time.time(),
             history=decision.history if decision else (),

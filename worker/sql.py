@@ -973,8 +973,25 @@ ORDER BY started_at
 # counted only up to %(cap)s (what scaling needs), running is bounded by the fleet's concurrency,
 # and the head-of-queue age reads a single claim-index entry. Blocked tasks (waiting on
 # prerequisites) are reported, never scaled for, counted up to the cap through their own index.
+# Each queue comes with a lookahead (seconds, or NULL): tasks due within it (delayed, or retrying
+# after their backoff) are counted as `due_soon`, up to the cap, through the index of waiting tasks.
+# With %(throughput)s, the last THROUGHPUT_SAMPLE tasks the database finished (succeeded or failed)
+# within THROUGHPUT_WINDOW_SECONDS give each queue's finish rate and mean task duration: one bounded
+# walk of the finished-at index for the whole statement, however many queues and however busy.
+THROUGHPUT_SAMPLE = 5000
+THROUGHPUT_WINDOW_SECONDS = 60
 _QUEUE_DEPTH = """
-SELECT q.queue,
+WITH recent AS MATERIALIZED (
+    SELECT queue, started_at, finished_at FROM queueworker.tasks
+    WHERE %(throughput)s AND state IN ('succeeded', 'failed') AND started_at IS NOT NULL
+      AND finished_at > now() - make_interval(secs => """ + str(THROUGHPUT_WINDOW_SECONDS) + """)
+    ORDER BY finished_at DESC LIMIT """ + str(THROUGHPUT_SAMPLE) + """
+), sampled AS (  -- the seconds the sample covers: the whole window, unless the sample filled first
+    SELECT CASE WHEN count(*) < """ + str(THROUGHPUT_SAMPLE) + """ THEN """ + str(THROUGHPUT_WINDOW_SECONDS) + """::float8
+                ELSE greatest(extract(epoch FROM now() - min(finished_at))::float8, 0.001) END AS seconds
+    FROM recent
+)
+SELECT q.queue, q.lookahead,
        (SELECT count(*) FROM (SELECT 1 FROM queueworker.tasks
                               WHERE state = 'pending' AND NOT delayed AND queue = q.queue
                                 AND run_after <= now()
@@ -986,8 +1003,20 @@ SELECT q.queue,
        (SELECT extract(epoch FROM now() - run_after)::float8 FROM queueworker.tasks
         WHERE state = 'pending' AND NOT delayed AND queue = q.queue AND run_after <= now()
         ORDER BY priority DESC, run_after, id LIMIT 1) AS oldest_ready_age,
-       {blocked} AS blocked, {flow}
-"""
+       {blocked} AS blocked,
+       CASE WHEN q.lookahead IS NULL THEN 0 ELSE (
+           SELECT count(*) FROM (SELECT 1 FROM queueworker.tasks
+                                 WHERE (state = 'retrying' OR (state = 'pending' AND delayed)) AND queue = q.queue
+                                   AND run_after <= now() + make_interval(secs => q.lookahead)
+                                 LIMIT %(cap)s) AS s) END AS due_soon,
+       t.finish_rate, t.recent_task_seconds,
+       {flow}
+FROM unnest(%(queues)s::text[], %(lookaheads)s::float8[]) AS q(queue, lookahead)
+LEFT JOIN LATERAL (
+    SELECT count(*) / (SELECT seconds FROM sampled) AS finish_rate,
+           avg(extract(epoch FROM r.finished_at - r.started_at))::float8 AS recent_task_seconds
+    FROM recent r WHERE %(throughput)s AND r.queue = q.queue HAVING count(*) > 0) AS t ON true
+{flow_join}"""
 _BLOCKED = """(SELECT count(*) FROM (SELECT 1 FROM queueworker.tasks
                               WHERE state = 'blocked' AND queue = q.queue
                               LIMIT %(cap)s) AS w)"""
@@ -995,9 +1024,8 @@ _BLOCKED = """(SELECT count(*) FROM (SELECT 1 FROM queueworker.tasks
 # backlog; a cap on running tasks or a rate limit bounds the replicas worth running. For a rate,
 # the mean duration of the queue's last 100 successes gives the slots it keeps busy (Little's law).
 _FLOW = """coalesce(f.paused, false) AS paused, coalesce(f.breaker_open, false) AS breaker_open,
-       f.rate_per_second, f.max_running, f.mean_task_seconds
-FROM unnest(%(queues)s::text[]) AS q(queue)
-LEFT JOIN LATERAL (
+       f.rate_per_second, f.max_running, f.mean_task_seconds"""
+_FLOW_JOIN = """LEFT JOIN LATERAL (
     SELECT l.paused_until > now() AS paused, l.breaker_state <> 'closed' AS breaker_open, l.rate_per_second,
            l.max_running,
            CASE WHEN l.rate_per_second IS NOT NULL THEN (
@@ -1006,23 +1034,32 @@ LEFT JOIN LATERAL (
                      WHERE state = 'succeeded' AND queue = l.name ORDER BY finished_at DESC LIMIT 100) AS d)
            END AS mean_task_seconds
     FROM queueworker.queues l WHERE l.name = q.queue AND l.limited) AS f ON true"""
-_NO_FLOW = """false AS paused, false AS breaker_open, NULL::float8, NULL::integer, NULL::float8
-FROM unnest(%(queues)s::text[]) AS q(queue)"""
-QUEUE_DEPTH = _QUEUE_DEPTH.replace("{blocked}", _BLOCKED).replace("{flow}", _FLOW)
+_NO_FLOW = """false AS paused, false AS breaker_open, NULL::float8, NULL::integer, NULL::float8"""
+
+
+def _queue_depth(blocked: str, flow: str, flow_join: str) -> str:
+    return _QUEUE_DEPTH.replace("{blocked}", blocked).replace("{flow}", flow).replace("{flow_join}", flow_join)
+
+
+QUEUE_DEPTH = _queue_depth(_BLOCKED, _FLOW, _FLOW_JOIN)
 # The same against older schemas, whose tenants a newer controller may serve while their workers
 # are older: before version 9 (no flow control) and before version 5 (no `blocked` state either).
-QUEUE_DEPTH_WITHOUT_FLOW = _QUEUE_DEPTH.replace("{blocked}", _BLOCKED).replace("{flow}", _NO_FLOW)
-QUEUE_DEPTH_WITHOUT_BLOCKED = _QUEUE_DEPTH.replace("{blocked}", "0::bigint").replace("{flow}", _NO_FLOW)
+QUEUE_DEPTH_WITHOUT_FLOW = _queue_depth(_BLOCKED, _NO_FLOW, "")
+QUEUE_DEPTH_WITHOUT_BLOCKED = _queue_depth("0::bigint", _NO_FLOW, "")
 QUEUE_DEPTHS_BY_AGE = (QUEUE_DEPTH, QUEUE_DEPTH_WITHOUT_FLOW, QUEUE_DEPTH_WITHOUT_BLOCKED)
 
 
 class QueueDepthRow(NamedTuple):
     queue: str
+    lookahead: float | None  # as asked: with the queue, the key of the row
     ready: int
     running: int
     retrying: int
     oldest_ready_age: float | None
     blocked: int
+    due_soon: int
+    finish_rate: float | None  # tasks/s; None without %(throughput)s or when none finished lately
+    recent_task_seconds: float | None
     paused: bool
     breaker_open: bool
     rate_per_second: float | None
