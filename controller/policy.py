@@ -53,7 +53,8 @@ class QueueDepth:
     rate_per_second: float | None = None
     max_running: int | None = None
     mean_task_seconds: float | None = None  # of recent successes: what a rate limit keeps busy
-    # Tasks due within the QueueWorker's lookaheadSeconds (delayed, or retrying): counted as ready.
+    # Waiting tasks (delayed, or retrying) due now or within the QueueWorker's lookaheadSeconds that
+    # no worker's scheduler has admitted yet (none runs at zero replicas): counted as ready.
     due_soon: int = 0
     # The throughput floor's inputs (Little's law), when asked for: tasks finished per second
     # lately, and their mean duration.

@@ -260,10 +260,8 @@ class Reconciler:
         }
         if depth is not None:
             status["queueDepth"] = {"ready": depth.ready, "running": depth.running, "retrying": depth.retrying,
-                                    "blocked": depth.blocked,
+                                    "blocked": depth.blocked, "dueSoon": depth.due_soon,
                                     "oldestReadyAgeSeconds": round(depth.oldest_ready_age_seconds or 0.0, 3)}
-            if spec.scaling.lookahead_seconds is not None:
-                status["queueDepth"]["dueSoon"] = depth.due_soon
             if depth.finish_rate is not None and depth.recent_task_seconds is not None:
                 status["queueDepth"] |= {"finishRate": round(depth.finish_rate, 2),
                                          "recentTaskSeconds": round(depth.recent_task_seconds, 3)}

@@ -367,6 +367,23 @@ def test_lookahead_starts_the_pods_of_a_scheduled_burst_before_it_is_due(cluster
     assert cluster.queueworker("behind")["status"]["reason"] == "Idle"
 
 
+def test_a_retry_due_after_the_fleet_went_to_zero_brings_it_back(cluster: Cluster, dsn: str):
+    """A task whose backoff ends after its workers scaled away (here: written as such): no scheduler
+    runs at zero replicas to admit it to the claim index, so the controller must count it once due."""
+    cluster.apply("comeback", worker_spec(maxReplicas=2))
+    cluster.wait_for(lambda: cluster.queueworker("comeback").get("status", {}).get("reason") == "Idle",
+                     timeout=30, message="idle at zero")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        (task_id,) = conn.execute(
+            "INSERT INTO queueworker.tasks (queue, task, payload, state, delayed, attempts, max_attempts, run_after) "
+            "VALUES ('jobs', 'qw.noop', '{}', 'retrying', false, 1, 3, now() + interval '3 s') RETURNING id").fetchone()
+    time.sleep(1)
+    assert cluster.replicas("comeback") == 0, "not due yet"
+    cluster.wait_for(lambda: cluster.replicas("comeback") == 1, timeout=30, message="the due retry to activate")
+    cluster.wait_for(lambda: task_report(dsn)["states"] == {"succeeded": 1}, timeout=60,
+                     message=f"task {task_id} to run on the new pod")
+
+
 def test_max_wait_adds_a_replica_per_poll_while_the_oldest_task_waits(cluster: Cluster, dsn: str):
     """Four long tasks at 100 per replica: the count asks for one replica; the wait limit adds one
     per poll while a task waits past two seconds, up to maxReplicas."""

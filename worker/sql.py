@@ -973,8 +973,10 @@ ORDER BY started_at
 # counted only up to %(cap)s (what scaling needs), running is bounded by the fleet's concurrency,
 # and the head-of-queue age reads a single claim-index entry. Blocked tasks (waiting on
 # prerequisites) are reported, never scaled for, counted up to the cap through their own index.
-# Each queue comes with a lookahead (seconds, or NULL): tasks due within it (delayed, or retrying
-# after their backoff) are counted as `due_soon`, up to the cap, through the index of waiting tasks.
+# Each queue comes with a lookahead (seconds, or NULL for none): waiting tasks (delayed, or retrying
+# after their backoff) due by then are counted as `due_soon`, up to the cap, through the index of
+# waiting tasks. Without a lookahead that is those already due: the workers' scheduler admits them
+# to the claim index, but a fleet at zero replicas has no scheduler running, so they must count.
 # With %(throughput)s, the last THROUGHPUT_SAMPLE tasks the database finished (succeeded or failed)
 # within THROUGHPUT_WINDOW_SECONDS give each queue's finish rate and mean task duration: one bounded
 # walk of the finished-at index for the whole statement, however many queues and however busy.
@@ -1004,11 +1006,10 @@ SELECT q.queue, q.lookahead,
         WHERE state = 'pending' AND NOT delayed AND queue = q.queue AND run_after <= now()
         ORDER BY priority DESC, run_after, id LIMIT 1) AS oldest_ready_age,
        {blocked} AS blocked,
-       CASE WHEN q.lookahead IS NULL THEN 0 ELSE (
-           SELECT count(*) FROM (SELECT 1 FROM queueworker.tasks
-                                 WHERE (state = 'retrying' OR (state = 'pending' AND delayed)) AND queue = q.queue
-                                   AND run_after <= now() + make_interval(secs => q.lookahead)
-                                 LIMIT %(cap)s) AS s) END AS due_soon,
+       (SELECT count(*) FROM (SELECT 1 FROM queueworker.tasks
+                              WHERE (state = 'retrying' OR (state = 'pending' AND delayed)) AND queue = q.queue
+                                AND run_after <= now() + make_interval(secs => coalesce(q.lookahead, 0))
+                              LIMIT %(cap)s) AS s) AS due_soon,
        t.finish_rate, t.recent_task_seconds,
        {flow}
 FROM unnest(%(queues)s::text[], %(lookaheads)s::float8[]) AS q(queue, lookahead)
