@@ -121,7 +121,7 @@ def test_scale_up_creates_the_deployment_and_reports():
     result = tick(kube, QueueDepth(ready=7, running=1))
     assert kube.scaled == [4]
     assert result.status["replicas"] == result.status["desiredReplicas"] == 4
-    assert result.status["queueDepth"] == {"ready": 7, "running": 1, "retrying": 0, "blocked": 0,
+    assert result.status["queueDepth"] == {"ready": 7, "running": 1, "retrying": 0, "blocked": 0, "dueSoon": 0,
                                              "oldestReadyAgeSeconds": 0.0}
     assert [(e.type, e.reason) for e in result.events] == [("Normal", "Activated")]
     assert conditions(result)["Ready"] == ("True", "QueueReadable")
