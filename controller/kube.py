@@ -17,6 +17,8 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
+from .spec import GROUP, PLURAL, VERSION
+
 DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
 FIELD_MANAGER = "queueworker-controller"
 # (connect, read) seconds for every request.
@@ -65,6 +67,7 @@ class Kube:
     def __init__(self, api: client.ApiClient, before_write: Callable[[], None] = _always_allowed):
         self._apps = client.AppsV1Api(api)
         self._core = client.CoreV1Api(api)
+        self._custom = client.CustomObjectsApi(api)
         self._before_write = before_write
 
     def read_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -103,6 +106,17 @@ class Kube:
         self._before_write()
         self._apps.patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": replicas}},
                                                      field_manager=FIELD_MANAGER, _request_timeout=REQUEST_TIMEOUT)
+
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        """A merge patch of a QueueWorker's status subresource (a QueueWorker deleted meanwhile is ignored)."""
+        self._before_write()
+        try:
+            self._custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, PLURAL, name, {"status": status}, field_manager=FIELD_MANAGER,
+                _content_type="application/merge-patch+json", _request_timeout=REQUEST_TIMEOUT)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
 
     def read_secret(self, namespace: str, name: str, key: str) -> SecretValue:
         """The raw value of one key. SecretUnavailable (with a secret-free message) when the Secret

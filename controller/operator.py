@@ -1,9 +1,12 @@
 """The kopf handlers: thin adapters from kopf's callbacks to the Reconciler.
 
-One timer per QueueWorker fires every TICK_SECONDS; it does real work only when the object's
-`pollingIntervalSeconds` has passed or its spec changed (kopf timers have a fixed interval, so the
-per-object interval is checked here). Status goes through `patch.status`, never return values.
-`Reconciler.tick` never raises, so kopf's retry-with-backoff never runs: errors are conditions.
+One daemon per QueueWorker runs `Reconciler.run`: it ticks when the object's
+`pollingIntervalSeconds` has passed, a NOTIFY announced tasks on its queue, or its spec changed,
+and sleeps in between, so a quiet QueueWorker costs nothing between polls (a kopf timer would run
+a handler on a fixed short interval for every object just to ask whether a tick is due). The
+status is written by the Reconciler as a merge patch of what changed; Events go through
+kopf.event. `Reconciler.tick` never raises, so kopf's retry-with-backoff never runs: errors are
+conditions.
 """
 
 from __future__ import annotations
@@ -18,11 +21,12 @@ import kopf
 from .kube import Kube, load_config
 from .leader import LeaderElector
 from .queuedb import QueueDatabases
-from .reconcile import ObjectMemory, QueueWorkerObject, Reconciler
+from .reconcile import ObjectMemory, QueueWorkerObject, Reconciler, TickResult
 from .spec import GROUP, PLURAL, VERSION
 
-TICK_SECONDS = 0.5
 MEMORY_KEY = "queueworker_memory"
+# A deleted QueueWorker's daemon is cancelled (kopf waits this long for it to end).
+DAEMON_CANCELLATION_SECONDS = 10
 # The event loop's default executor does the DNS lookups of database connects (psycopg's async
 # connect); enough threads that a few unresolvable hosts cannot hold up the rest.
 RESOLVER_THREADS = 32
@@ -30,9 +34,9 @@ RESOLVER_THREADS = 32
 API_REQUEST_TIMEOUT_SECONDS = 30
 API_CONNECT_TIMEOUT_SECONDS = 10
 WATCH_SERVER_TIMEOUT_SECONDS = 300
-# A deleted QueueWorker's timer stops after its running tick; kopf looks again this often (its
-# default, 60 s, would hold every deletion that meets a tick in progress for a minute).
-TIMER_STOP_POLLING_SECONDS = 1
+# How often kopf looks whether a deleted QueueWorker's daemon has ended (its default, 60 s, would
+# hold every deletion that meets a tick in progress for a minute).
+DAEMON_STOP_POLLING_SECONDS = 1
 
 
 @kopf.on.startup()
@@ -47,7 +51,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.networking.connect_timeout = API_CONNECT_TIMEOUT_SECONDS
     settings.watching.server_timeout = WATCH_SERVER_TIMEOUT_SECONDS
     settings.watching.client_timeout = WATCH_SERVER_TIMEOUT_SECONDS + API_REQUEST_TIMEOUT_SECONDS
-    settings.background.cancellation_polling = TIMER_STOP_POLLING_SECONDS
+    settings.background.cancellation_polling = DAEMON_STOP_POLLING_SECONDS
     asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(RESOLVER_THREADS, thread_name_prefix="resolve"))
     leader: LeaderElector | None = memo.get("leader")
     kube = Kube(load_config()) if leader is None else Kube(load_config(), before_write=leader.ensure_leading)
@@ -60,20 +64,34 @@ async def close(memo: kopf.Memo, **_: Any) -> None:
     memo.reconciler.close()
 
 
-@kopf.timer(GROUP, VERSION, PLURAL, interval=TICK_SECONDS, backoff=TICK_SECONDS * 4)
-async def scaling_tick(name: str, namespace: str, meta: kopf.Meta, spec: kopf.Spec, status: kopf.Status,
-                       body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=DAEMON_CANCELLATION_SECONDS)
+async def scaling_loop(name: str, namespace: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Runs for as long as the QueueWorker exists; `body` is kopf's live view of it."""
     reconciler: Reconciler = memo.reconciler
     memory: ObjectMemory = memo.setdefault(MEMORY_KEY, ObjectMemory())
-    obj = QueueWorkerObject(name, namespace, meta["uid"], int(meta.get("generation", 0)), dict(spec), dict(status))
-    if not reconciler.due(obj, memory):
-        return
-    result = await reconciler.tick(obj, memory)
-    if memo.get("leader") is not None:  # kopf writes the status after we return
-        memo.leader.ensure_leading()
-    patch.status.update(result.status)
-    for event in result.events:
-        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+    leader: LeaderElector | None = memo.get("leader")
+
+    def current() -> QueueWorkerObject:
+        meta = body.meta
+        return QueueWorkerObject(name, namespace, meta["uid"], int(meta.get("generation", 0)), dict(body.spec),
+                                 dict(body.status))
+
+    async def publish(obj: QueueWorkerObject, result: TickResult) -> None:
+        await reconciler.write_status(obj, result.status)  # checks the lead itself, as every write
+        if leader is not None:
+            leader.ensure_leading()
+        for event in result.events:
+            kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+
+    await reconciler.run(current, memory, publish)
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def wake_on_spec_change(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """A new generation (a spec change) is acted on at once, not at the next poll."""
+    memory: ObjectMemory | None = memo.get(MEMORY_KEY)
+    if memory is not None and body.meta.get("generation") != memory.generation:
+        memory.wake.set()
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)

@@ -15,7 +15,8 @@ TCP keepalives and `tcp_user_timeout` notice a peer that vanished without closin
 
 `Database`s are reference counted by the QueueWorkers bound to them (`bind`/`release`): when the
 last one goes (deleted, or its Secret now names another database) the pool and the listener are
-closed. NOTIFYs are recorded only for queues a bound QueueWorker watches, so a producer announcing
+closed. A NOTIFY is passed to the QueueWorkers bound to its queue (their `notify` callback, with the
+time the tasks are due: 0 for now), and nothing is kept for other queues, so a producer announcing
 arbitrary queue names cannot grow the controller's memory.
 """
 
@@ -25,8 +26,6 @@ import asyncio
 import contextlib
 import logging
 import socket
-import time
-from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
@@ -70,6 +69,13 @@ class WorkerLease:
     oldest_lease_age_seconds: float | None
 
 
+Notify = Callable[[float], None]  # told the epoch time new tasks are due at (0: now)
+
+
+def _ignore(due_epoch: float) -> None:
+    pass
+
+
 class QueueDatabases:
     """Every database the controller reads, keyed by connection URL, kept while a QueueWorker uses it."""
 
@@ -77,15 +83,16 @@ class QueueDatabases:
         self._databases: dict[str, Database] = {}
         self._bindings: dict[Hashable, tuple[str, str]] = {}  # owner -> (dsn, queue)
 
-    def bind(self, owner: Hashable, dsn: str, queue: str) -> None:
-        """`owner` (a QueueWorker) now reads `queue` on `dsn`; whatever it read before is released."""
+    def bind(self, owner: Hashable, dsn: str, queue: str, notify: Notify = _ignore) -> None:
+        """`owner` (a QueueWorker) now reads `queue` on `dsn`, and hears of tasks announced on it
+        through `notify`; whatever it read before is released."""
         if self._bindings.get(owner) == (dsn, queue):
             return
         self.release(owner)
         database = self._databases.get(dsn)
         if database is None:
             database = self._databases[dsn] = Database(dsn)
-        database.watch(queue)
+        database.watch(queue, owner, notify)
         self._bindings[owner] = (dsn, queue)
 
     def release(self, owner: Hashable) -> None:
@@ -95,7 +102,7 @@ class QueueDatabases:
             return
         dsn, queue = binding
         database = self._databases[dsn]
-        database.unwatch(queue)
+        database.unwatch(queue, owner)
         if not database.watched:
             del self._databases[dsn]
             database.close()
@@ -121,11 +128,6 @@ class QueueDatabases:
         rows = await self._bound(dsn).fetch(sql.WORKER_LEASES, {"namespace": namespace, "queue": queue})
         return [WorkerLease(*row) for row in rows]
 
-    def notified_since(self, dsn: str, queue: str, since: float) -> bool:
-        """Whether tasks were enqueued on `queue` after monotonic time `since`."""
-        database = self._databases.get(dsn)
-        return database is not None and database.notified_since(queue, since)
-
     def close(self) -> None:
         for database in self._databases.values():
             database.close()
@@ -140,23 +142,34 @@ class Database:
         self._dsn = dsn
         self._where = dsn_text.describe(dsn)  # for log lines: never the URL itself
         self._pool = _Pool(dsn)
-        self.watched: Counter[str] = Counter()
-        self._notified: dict[str, float] = {}  # queue -> monotonic time of its last NOTIFY
+        self.watched: dict[str, dict[Hashable, Notify]] = {}  # queue -> owner -> its notify
         self._batch: _DepthBatch | None = None
         self._query_lock = asyncio.Lock()  # one depth query at a time on this database
         self._listener = asyncio.ensure_future(self._listen())
 
-    def watch(self, queue: str) -> None:
-        self.watched[queue] += 1
+    def watch(self, queue: str, owner: Hashable, notify: Notify) -> None:
+        self.watched.setdefault(queue, {})[owner] = notify
 
-    def unwatch(self, queue: str) -> None:
-        self.watched[queue] -= 1
-        if self.watched[queue] <= 0:
-            del self.watched[queue]
-            self._notified.pop(queue, None)
+    def unwatch(self, queue: str, owner: Hashable) -> None:
+        owners = self.watched.get(queue, {})
+        owners.pop(owner, None)
+        if not owners:
+            self.watched.pop(queue, None)
 
-    def notified_since(self, queue: str, since: float) -> bool:
-        return self._notified.get(queue, float("-inf")) > since
+    def _announce(self, payload: str) -> None:
+        """`queue` (tasks due now) or `queue epoch` (due then), from a producer or a scheduler."""
+        queue, _, due = payload.partition(" ")
+        owners = self.watched.get(queue)
+        if not owners:
+            return
+        try:
+            due_epoch = float(due) if due else 0.0
+        except ValueError:
+            return
+        if due_epoch != due_epoch:  # NaN: never from our producers
+            return
+        for notify in list(owners.values()):
+            notify(due_epoch)
 
     async def depth(self, queue: str, cap: int, lookahead_seconds: float | None, throughput: bool) -> QueueDepth:
         batch = self._batch
@@ -179,10 +192,11 @@ class Database:
                         self._dsn, **CONNECTION_PARAMETERS, application_name="queueworker-controller-listen") as conn:
                     await _within_deadline(conn, conn.execute(f"LISTEN {sql.NOTIFY_CHANNEL}"))
                     failures = 0
+                    for owners in list(self.watched.values()):  # what was announced while not listening
+                        for notify in list(owners.values()):
+                            notify(0.0)
                     async for notify in conn.notifies():
-                        # "queue due_epoch" announces tasks due later; unwatched queues are not kept.
-                        if notify.payload in self.watched:
-                            self._notified[notify.payload] = time.monotonic()
+                        self._announce(notify.payload)
             except Exception as exc:  # noqa: BLE001 - the loop must outlive any error (not cancellation)
                 failures += 1
                 delay = min(LISTEN_RETRY_MAX_SECONDS, 2 ** failures)

@@ -14,7 +14,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -58,12 +58,40 @@ MESSAGE_LIMIT = 1000
 
 @dataclass
 class ObjectMemory:
-    """What the controller remembers about one QueueWorker between ticks (lost on restart, harmless)."""
+    """What the controller remembers about one QueueWorker between ticks (lost on restart, harmless),
+    and how its loop is woken: a NOTIFY for its queue (`notified`), or a change of its spec (`wake`)."""
 
     generation: int | None = None
     last_poll: float = float("-inf")  # monotonic
     next_poll: float = 0.0  # monotonic
-    listening_on: tuple[str, str] | None = None  # (dsn, queue) once the Secret was read
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    notified_pending: bool = False  # tasks were announced as due since the last poll
+    lookahead_seconds: float = 0.0  # tasks announced as due later are looked at this much earlier
+    _due_timer: asyncio.TimerHandle | None = field(default=None, repr=False)
+    _due_timer_at: float = float("inf")  # epoch
+
+    def notified(self, due_epoch: float) -> None:
+        """A NOTIFY announced tasks on the queue, due at `due_epoch` (0: now). One timer at most,
+        for the earliest announcement: the tick it causes reads every task due by then."""
+        delay = due_epoch - self.lookahead_seconds - time.time()
+        if delay <= 0:
+            self.notified_pending = True
+            self.wake.set()
+            return
+        if self._due_timer is not None and self._due_timer_at <= due_epoch:
+            return
+        self.stop_timer()
+        self._due_timer_at = due_epoch
+        self._due_timer = asyncio.get_running_loop().call_later(delay, self._due)
+
+    def _due(self) -> None:
+        self._due_timer, self._due_timer_at = None, float("inf")
+        self.notified(0.0)
+
+    def stop_timer(self) -> None:
+        if self._due_timer is not None:
+            self._due_timer.cancel()
+        self._due_timer, self._due_timer_at = None, float("inf")
 
 
 class DeploymentNotOwned(Exception):
@@ -131,14 +159,46 @@ class Reconciler:
         self.monotonic = monotonic
         self._kube_threads = ThreadPoolExecutor(KUBE_THREADS, thread_name_prefix="kube")
 
-    def due(self, obj: QueueWorkerObject, memory: ObjectMemory) -> bool:
-        """A tick is due when the polling interval has passed, the spec changed, or tasks were
-        enqueued on the queue since the last poll (at most once per MIN_NOTIFIED_POLL_SECONDS)."""
+    def seconds_until_due(self, obj: QueueWorkerObject, memory: ObjectMemory) -> float:
+        """0 when a tick is due: the spec changed, or the polling interval has passed, or tasks were
+        announced since the last poll (then at most once per MIN_NOTIFIED_POLL_SECONDS)."""
         now = self.monotonic()
-        if obj.generation != memory.generation or now >= memory.next_poll:
-            return True
-        return (memory.listening_on is not None and now - memory.last_poll >= MIN_NOTIFIED_POLL_SECONDS
-                and self.databases.notified_since(*memory.listening_on, memory.last_poll))
+        if obj.generation != memory.generation:
+            return 0.0
+        due = memory.next_poll
+        if memory.notified_pending:
+            due = min(due, memory.last_poll + MIN_NOTIFIED_POLL_SECONDS)
+        return max(0.0, due - now)
+
+    async def run(self, current: Callable[[], QueueWorkerObject], memory: ObjectMemory,
+                  publish: Callable[[QueueWorkerObject, TickResult], Awaitable[None]]) -> None:
+        """One QueueWorker's loop, for as long as it exists (a kopf daemon; cancelled on deletion):
+        tick when due, and otherwise sleep until the next poll, a NOTIFY for its queue or a change
+        of its spec, whichever comes first. An idle QueueWorker costs nothing between its polls.
+        `current()` gives the object as it is now; `publish` writes a tick's status and Events.
+        Supervised: an error in `publish` is logged, and the loop goes on at the next poll."""
+        try:
+            while True:
+                memory.wake.clear()
+                obj = current()
+                wait = self.seconds_until_due(obj, memory)
+                if wait > 0:
+                    await wait_for_event(memory.wake, wait)
+                    continue
+                memory.notified_pending = False
+                result = await self.tick(obj, memory)
+                try:
+                    await publish(obj, result)
+                except Exception as exc:  # noqa: BLE001 - the next poll writes the status again
+                    log.warning("%s/%s: could not write the status: %s", obj.namespace, obj.name,
+                                self.secrets.scrub(_first_line(exc)))
+        finally:
+            memory.stop_timer()
+
+    async def write_status(self, obj: QueueWorkerObject, status: dict[str, Any]) -> None:
+        """A merge patch of the status subresource (only what changed: see _status_patch)."""
+        if status:
+            await self._kube(self.kube.patch_status, obj.namespace, obj.name, status)
 
     async def tick(self, obj: QueueWorkerObject, memory: ObjectMemory) -> TickResult:
         """One tick; never raises (but for cancellation)."""
@@ -212,7 +272,6 @@ class Reconciler:
         else:  # the Secret names no database now: the one it named is not kept open for it
             self.databases.release(obj.key)
             metrics.databases.set(self.databases.open_databases)
-            memory.listening_on = None
         if error_reason:
             metrics.errors.labels(obj.namespace, obj.name, error_reason).inc()
         previous = obj.status
@@ -287,9 +346,9 @@ class Reconciler:
     async def _read_depth(self, obj: QueueWorkerObject, spec: QueueWorkerSpec, dsn: str, memory: ObjectMemory
                           ) -> tuple[QueueDepth | None, str | None, str | None]:
         """(depth, error reason, error message); depth is None when it could not be read."""
-        self.databases.bind(obj.key, dsn, spec.queue)
+        self.databases.bind(obj.key, dsn, spec.queue, memory.notified)
         metrics.databases.set(self.databases.open_databases)
-        memory.listening_on = (dsn, spec.queue)
+        memory.lookahead_seconds = float(spec.scaling.lookahead_seconds or 0)
         # Enough to ask for maxReplicas, and to see that there is more than that.
         cap = spec.scaling.max_replicas * spec.tasks_per_replica + 1
         try:
@@ -454,3 +513,12 @@ def _epoch(text: str | None) -> float | None:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+async def wait_for_event(event: asyncio.Event, seconds: float) -> None:
+    """Returns when `event` is set or after `seconds`, whichever comes first."""
+    try:
+        async with asyncio.timeout(seconds):
+            await event.wait()
+    except TimeoutError:
+        pass

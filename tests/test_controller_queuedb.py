@@ -171,22 +171,37 @@ def test_a_statement_past_its_deadline_frees_its_connection(monkeypatch):
     assert hung_up >= queuedb.POOL_SIZE + 1  # each timed-out statement's connection was shut down
 
 
-def test_listen_notices_new_tasks_of_watched_queues_only(dsn):
+def test_listen_passes_announcements_to_the_queueworkers_of_their_queue_only(dsn):
+    """A producer's NOTIFY reaches the QueueWorkers bound to its queue (due now: 0; a delayed batch:
+    its due time), malformed ones and other queues' reach nobody, and nothing is kept for them."""
+    heard: dict[str, list[float]] = {"a": [], "b": [], "other": []}
+
     async def scenario(databases):
-        databases.bind("q", dsn, "wake")
-        await asyncio.sleep(0.5)  # let the LISTEN connection come up
-        before = time.monotonic()
-        await asyncio.to_thread(enqueue, dsn, "wake", 1)
-        await asyncio.to_thread(enqueue, dsn, "unwatched", 1)
-        for _ in range(50):
-            if databases.notified_since(dsn, "wake", before):
+        databases.bind("a", dsn, "wake", heard["a"].append)
+        databases.bind("b", dsn, "wake", heard["b"].append)
+        databases.bind("other", dsn, "elsewhere", heard["other"].append)
+        for _ in range(50):  # the LISTEN is up once its catch-up announcement arrived
+            if heard["a"]:
                 break
             await asyncio.sleep(0.05)
-        return (databases.notified_since(dsn, "wake", before), databases.notified_since(dsn, "unwatched", 0),
-                dict(databases._bound(dsn)._notified))
-    woke, unwatched, recorded = run(scenario)
-    assert woke and not unwatched
-    assert set(recorded) == {"wake"}  # a NOTIFY for a queue nobody watches is not kept
+        for owners in heard.values():
+            owners.clear()
+        due = time.time() + 60
+        await asyncio.to_thread(enqueue, dsn, "wake", 1)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            enqueue_many(conn, [{"task": "t", "queue": "wake", "delay": 60}])
+            for payload in ("unwatched", "wake nan", "wake not-a-time"):
+                conn.execute("SELECT pg_notify('queueworker', %s)", (payload,))
+        for _ in range(50):
+            if len(heard["b"]) >= 2:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)
+        return due, set(databases._bound(dsn).watched)
+    due, watched = run(scenario)
+    assert heard["a"][0] == 0.0 and heard["a"][1] == pytest.approx(due, abs=2) and len(heard["a"]) == 2
+    assert heard["b"] == heard["a"] and heard["other"] == []
+    assert watched == {"wake", "elsewhere"}, "nothing is kept for queues nobody watches"
 
 
 def test_databases_are_reference_counted_and_closed_when_unused(dsn, postgres):

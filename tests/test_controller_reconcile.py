@@ -34,6 +34,7 @@ class FakeKube:
         self.secret_version = "1"
         self.replicas_at_start = replicas
         self.writes = 0
+        self.statuses: list[dict[str, Any]] = []
 
     def read_deployment(self, namespace, name):
         return self.deployments.get(name)
@@ -61,6 +62,9 @@ class FakeKube:
         data = self.secret.encode() if isinstance(self.secret, str) else self.secret
         return SecretValue(data, self.secret_version)
 
+    def patch_status(self, namespace, name, status):
+        self.statuses.append(status)
+
     def list_pods(self, namespace, selector):
         return [{"metadata": {"name": n}} for n in ("idle", "busy")]
 
@@ -80,8 +84,9 @@ class FakeDatabases:
             raise self.error
         return self.depth_value
 
-    def bind(self, owner, dsn, queue):
+    def bind(self, owner, dsn, queue, notify=None):
         self.bindings[owner] = (dsn, queue)
+        self.notify = notify
 
     def release(self, owner):
         self.bindings.pop(owner, None)
@@ -92,9 +97,6 @@ class FakeDatabases:
 
     def close(self):
         self.closed = True
-
-    def notified_since(self, dsn, queue, since):
-        return self.notified
 
     async def worker_leases(self, dsn, namespace, queue):
         return [WorkerLease("idle", 0, False, None), WorkerLease("busy", 1, False, 30.0)]
@@ -200,18 +202,71 @@ def test_ticks_wait_for_the_polling_interval_unless_the_spec_changed_or_tasks_ar
     databases = FakeDatabases(QueueDepth(0, 0))
     reconciler = Reconciler(FakeKube(), databases, monotonic=lambda: clock[0])  # type: ignore[arg-type]
     obj, memory = QueueWorkerObject("w", "ns", "uid", 1, SPEC, {}), ObjectMemory()
-    assert reconciler.due(obj, memory)
+    assert reconciler.seconds_until_due(obj, memory) == 0
     asyncio.run(reconciler.tick(obj, memory))
     assert databases.bindings == {("ns", "w"): ("postgresql://db/app", "jobs")}
-    assert not reconciler.due(obj, memory)
-    assert reconciler.due(QueueWorkerObject("w", "ns", "uid", 2, SPEC, {}), memory)
-    databases.notified = True
-    assert not reconciler.due(obj, memory)  # not twice within MIN_NOTIFIED_POLL_SECONDS
+    assert databases.notify == memory.notified, "NOTIFYs for the queue reach this object's memory"
+    assert reconciler.seconds_until_due(obj, memory) == 10  # pollingIntervalSeconds=10
+    assert reconciler.seconds_until_due(QueueWorkerObject("w", "ns", "uid", 2, SPEC, {}), memory) == 0
+    memory.notified(0.0)
+    assert memory.wake.is_set() and reconciler.seconds_until_due(obj, memory) == 1.0, "not twice within 1 s"
     clock[0] += 1.0
-    assert reconciler.due(obj, memory)
-    clock[0] += 9.0
-    databases.notified = False
-    assert reconciler.due(obj, memory)  # pollingIntervalSeconds=10
+    assert reconciler.seconds_until_due(obj, memory) == 0
+    memory.notified_pending = False
+    clock[0] += 4.0
+    assert reconciler.seconds_until_due(obj, memory) == 5
+
+
+def test_tasks_announced_for_later_wake_the_loop_when_due_less_the_lookahead():
+    async def scenario() -> tuple[bool, bool, bool]:
+        memory = ObjectMemory(lookahead_seconds=0.2)
+        memory.notified(time.time() + 10)
+        memory.notified(time.time() + 0.5)  # the earlier one replaces the timer
+        memory.notified(time.time() + 5)  # a later one keeps it
+        early = memory.wake.is_set()
+        await asyncio.sleep(0.2)
+        before = memory.wake.is_set()
+        await asyncio.sleep(0.3)  # due at 0.5 s, looked at 0.2 s earlier
+        return early, before, memory.wake.is_set() and memory.notified_pending
+    assert asyncio.run(scenario()) == (False, False, True)
+
+
+def test_the_loop_ticks_when_due_and_sleeps_otherwise():
+    """The daemon's loop: a tick at once, then one per NOTIFY (at most one a second) and one per spec
+    change; a failing status write is logged and the loop goes on."""
+    kube = FakeKube()
+    databases = FakeDatabases(QueueDepth(0, 0))
+    reconciler = Reconciler(kube, databases, secrets=KnownSecrets())  # type: ignore[arg-type]
+    generation = [1]
+    ticks: list[int] = []
+
+    async def publish(obj, result):
+        ticks.append(obj.generation)
+        if len(ticks) == 2:
+            raise RuntimeError("the API server said no")
+
+    async def scenario() -> None:
+        memory = ObjectMemory()
+        loop = asyncio.create_task(reconciler.run(
+            lambda: QueueWorkerObject("w", "ns", "uid", generation[0], SPEC, {}), memory, publish))
+        await asyncio.sleep(0.2)
+        assert ticks == [1], "at once"
+        databases.notify(0.0)
+        await asyncio.sleep(0.3)
+        assert ticks == [1], "a NOTIFY within a second of the last poll waits for that second"
+        await asyncio.sleep(0.8)
+        assert ticks == [1, 1]
+        generation[0] = 2
+        memory.wake.set()  # what kopf's event handler does on a new generation
+        await asyncio.sleep(0.2)
+        assert ticks == [1, 1, 2], "the failed write did not stop the loop"
+        await asyncio.sleep(0.5)
+        assert ticks == [1, 1, 2], "nothing more until the next poll (10 s)"
+        loop.cancel()
+    try:
+        asyncio.run(scenario())
+    finally:
+        reconciler.close()
 
 
 def test_a_deployment_owned_by_someone_else_is_left_alone():
