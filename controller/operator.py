@@ -12,12 +12,14 @@ conditions.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import kopf
 
+from .deployment import OWNER_LABEL
 from .kube import Kube, load_config
 from .leader import LeaderElector
 from .queuedb import QueueDatabases
@@ -92,6 +94,18 @@ async def wake_on_spec_change(body: kopf.Body, memo: kopf.Memo, **_: Any) -> Non
     memory: ObjectMemory | None = memo.get(MEMORY_KEY)
     if memory is not None and body.meta.get("generation") != memory.generation:
         memory.wake.set()
+
+
+@kopf.on.event("apps", "v1", "deployments", labels={OWNER_LABEL: kopf.PRESENT})
+async def remember_deployment(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """The watch of the worker Deployments feeds the reconciler's cache: ticks read no Deployment."""
+    reconciler: Reconciler | None = memo.get("reconciler")
+    if reconciler is None:
+        return
+    if event.get("type") == "DELETED":
+        reconciler.deployments.drop(body.metadata.namespace, body.metadata.name)
+    else:
+        reconciler.deployments.put(copy.deepcopy(dict(body)))
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)

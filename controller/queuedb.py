@@ -124,6 +124,11 @@ class QueueDatabases:
         duration. Raises psycopg.Error."""
         return await self._bound(dsn).depth(queue, cap, lookahead_seconds, throughput)
 
+    def listening(self, dsn: str) -> bool:
+        """Whether the database's LISTEN connection is up, so that its NOTIFYs reach the QueueWorkers."""
+        database = self._databases.get(dsn)
+        return database is not None and database.listening
+
     async def worker_leases(self, dsn: str, namespace: str, queue: str) -> list[WorkerLease]:
         rows = await self._bound(dsn).fetch(sql.WORKER_LEASES, {"namespace": namespace, "queue": queue})
         return [WorkerLease(*row) for row in rows]
@@ -143,6 +148,7 @@ class Database:
         self._where = dsn_text.describe(dsn)  # for log lines: never the URL itself
         self._pool = _Pool(dsn)
         self.watched: dict[str, dict[Hashable, Notify]] = {}  # queue -> owner -> its notify
+        self.listening = False
         self._batch: _DepthBatch | None = None
         self._query_lock = asyncio.Lock()  # one depth query at a time on this database
         self._listener = asyncio.ensure_future(self._listen())
@@ -192,12 +198,15 @@ class Database:
                         self._dsn, **CONNECTION_PARAMETERS, application_name="queueworker-controller-listen") as conn:
                     await _within_deadline(conn, conn.execute(f"LISTEN {sql.NOTIFY_CHANNEL}"))
                     failures = 0
+                    self.listening = True
                     for owners in list(self.watched.values()):  # what was announced while not listening
                         for notify in list(owners.values()):
                             notify(0.0)
                     async for notify in conn.notifies():
                         self._announce(notify.payload)
+                self.listening = False
             except Exception as exc:  # noqa: BLE001 - the loop must outlive any error (not cancellation)
+                self.listening = False
                 failures += 1
                 delay = min(LISTEN_RETRY_MAX_SECONDS, 2 ** failures)
                 log.debug("LISTEN on %s failed (%s); polling only, retrying in %ss", self._where,

@@ -14,6 +14,7 @@ import asyncio
 import functools
 import logging
 import time
+import zlib
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from .conditions import Condition, status_of
 from .deployment import (
     HASH_ANNOTATION, build_deployment, deployment_name, grace_period_seconds, secret_version, selector_labels,
 )
-from .kube import DELETION_COST_ANNOTATION, Kube, SecretUnavailable, api_error
+from .kube import DELETION_COST_ANNOTATION, Kube, SecretUnavailable, SecretValue, api_error
 from .policy import Decision, PolicyInputs, QueueDepth, Recommendation, decide
 from .queuedb import QueueDatabases
 from .redaction import KnownSecrets, known_secrets
@@ -41,8 +42,15 @@ T = TypeVar("T")
 
 # A NOTIFY for the queue makes a tick due early, but not more often than this.
 MIN_NOTIFIED_POLL_SECONDS = 1.0
-# An unchanged status is still rewritten this often, to refresh lastPollTime.
-STATUS_REFRESH_SECONDS = 60
+# An unchanged status is still rewritten about this often (±10% per object, so QueueWorkers created
+# together do not all write at once), to refresh lastPollTime.
+STATUS_REFRESH_SECONDS = 600
+# A QueueWorker idle at zero replicas, whose database's LISTEN connection is up, waits for a NOTIFY
+# rather than polling: it polls only this often, as a safety net (rows written without the producer).
+IDLE_POLL_SECONDS = 60
+# A database Secret is read again after this long (a rotation is seen within it), or at once after
+# the database could not be read with it.
+SECRET_REFRESH_SECONDS = 30
 # A spec that cannot be parsed is looked at again this often (a spec change is seen at once).
 UNPARSABLE_SPEC_RETRY_SECONDS = 60
 # The last guard: a tick still running after this long (every call in it has a shorter timeout of
@@ -67,6 +75,7 @@ class ObjectMemory:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     notified_pending: bool = False  # tasks were announced as due since the last poll
     lookahead_seconds: float = 0.0  # tasks announced as due later are looked at this much earlier
+    reread_secret: bool = False  # the last depth read failed: the next tick reads the Secret anew
     _due_timer: asyncio.TimerHandle | None = field(default=None, repr=False)
     _due_timer_at: float = float("inf")  # epoch
 
@@ -148,11 +157,33 @@ def database_url(raw: bytes) -> str:
     return text
 
 
+class DeploymentCache:
+    """The worker Deployments as the API server's watch last delivered them (kopf's event handler
+    feeds it, the reconciler's own writes too), so a tick reads its Deployment without a request.
+    A Deployment not seen yet is read with a GET."""
+
+    def __init__(self) -> None:
+        self._items: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._items.get((namespace, name))
+
+    def put(self, deployment: dict[str, Any]) -> None:
+        meta = deployment["metadata"]
+        self._items[(meta["namespace"], meta["name"])] = deployment
+
+    def drop(self, namespace: str, name: str) -> None:
+        self._items.pop((namespace, name), None)
+
+
 class Reconciler:
     def __init__(self, kube: Kube, databases: QueueDatabases, *, allow_privileged_templates: bool = False,
                  secrets: KnownSecrets = known_secrets, wall_clock=time.time, monotonic=time.monotonic):
         self.kube = kube
         self.databases = databases
+        self.deployments = DeploymentCache()
+        # (namespace, Secret, key) -> (monotonic time read, value): QueueWorkers sharing a Secret share a read.
+        self._secret_reads: dict[tuple[str, str, str], tuple[float, SecretValue]] = {}
         self.allow_privileged_templates = allow_privileged_templates
         self.secrets = secrets
         self.wall_clock = wall_clock
@@ -241,12 +272,16 @@ class Reconciler:
         memory.next_poll = started + spec.scaling.polling_interval_seconds
         now = self.wall_clock()
 
-        secret = await self._read_secret(obj, spec)
+        secret = await self._read_secret(obj, spec, fresh=memory.reread_secret)
         name = deployment_name(obj.name)
-        try:
-            current = await self._kube(self.kube.read_deployment, obj.namespace, name)
-        except ApiException as exc:
-            return self._failed(obj, "DeploymentError", f"worker Deployment: {api_error(exc)}")
+        current = self.deployments.get(obj.namespace, name)
+        if current is None:
+            try:
+                current = await self._kube(self.kube.read_deployment, obj.namespace, name)
+            except ApiException as exc:
+                return self._failed(obj, "DeploymentError", f"worker Deployment: {api_error(exc)}")
+            if current is not None:
+                self.deployments.put(current)
         try:
             # Without a usable URL (Secret missing or invalid), keep the version the pods run with:
             # they keep working with the value they started with; rolling them would break them.
@@ -260,6 +295,7 @@ class Reconciler:
         try:
             deployment = await self._kube(self._ensure_deployment, current, rendered, obj.uid, spec)
         except ApiException as exc:
+            self.deployments.drop(obj.namespace, name)  # e.g. a conflict: the next tick reads it again
             return self._failed(obj, "DeploymentError", f"worker Deployment: {api_error(exc)}")
         except DeploymentNotOwned as exc:
             return self._failed(obj, "DeploymentNotOwned", str(exc))
@@ -272,6 +308,7 @@ class Reconciler:
         else:  # the Secret names no database now: the one it named is not kept open for it
             self.databases.release(obj.key)
             metrics.databases.set(self.databases.open_databases)
+        memory.reread_secret = depth is None  # the Secret may have changed (a rotation): read it again
         if error_reason:
             metrics.errors.labels(obj.namespace, obj.name, error_reason).inc()
         previous = obj.status
@@ -287,7 +324,9 @@ class Reconciler:
                     await self._price_pods(obj, spec, secret.dsn)
                 await self._kube(self.kube.scale_deployment, obj.namespace, name, desired)
             except ApiException as exc:
+                self.deployments.drop(obj.namespace, name)
                 return self._failed(obj, "ScaleFailed", f"scaling {current_replicas} -> {desired}: {api_error(exc)}")
+            self.deployments.put({**deployment, "spec": {**deployment["spec"], "replicas": desired}})
             replicas, last_scale = desired, _iso(now)
             metrics.scales.labels(obj.namespace, obj.name, "up" if desired > current_replicas else "down").inc()
             events.append(Event("Normal", decision.reason, decision.message))
@@ -295,6 +334,10 @@ class Reconciler:
         elif desired != current_replicas and spec.scaling.dry_run and desired != previous.get("desiredReplicas"):
             events.append(Event("Normal", "DryRun", f"would scale: {decision.message}"))
 
+        if (decision.reason == "Idle" and depth is not None and depth.retrying == 0 and secret.dsn is not None
+                and self.databases.listening(secret.dsn)):
+            # Nothing to do, and any task a producer enqueues is announced: wait for that instead.
+            memory.next_poll = started + max(spec.scaling.polling_interval_seconds, IDLE_POLL_SECONDS)
         ready = _ready_condition(error_reason, decision)
         replica_failure = _replica_failure(deployment)
         was = previous.get("conditions")
@@ -325,23 +368,39 @@ class Reconciler:
                 status["queueDepth"] |= {"finishRate": round(depth.finish_rate, 2),
                                          "recentTaskSeconds": round(depth.recent_task_seconds, 3)}
         _export(obj, decision, desired, replicas, depth)
-        return TickResult(_status_patch(previous, status, now), events)
+        return TickResult(_status_patch(previous, status, now, obj.uid), events)
 
-    async def _read_secret(self, obj: QueueWorkerObject, spec: QueueWorkerSpec) -> DatabaseSecret:
-        """The database URL from the Secret, validated; errors carry secret-free messages."""
+    async def _read_secret(self, obj: QueueWorkerObject, spec: QueueWorkerSpec, fresh: bool) -> DatabaseSecret:
+        """The database URL from the Secret, validated; errors carry secret-free messages. A read
+        younger than SECRET_REFRESH_SECONDS is used again, unless `fresh`."""
         where = f"Secret {obj.namespace}/{spec.secret_name} key {spec.secret_key!r}"
-        try:
-            value = await self._kube(self.kube.read_secret, obj.namespace, spec.secret_name, spec.secret_key)
-        except SecretUnavailable as exc:
-            return DatabaseSecret(error_reason="SecretUnavailable", error=str(exc))
-        except ApiException as exc:
-            return DatabaseSecret(error_reason="SecretUnavailable", error=f"{where}: {api_error(exc)}")
+        key = (obj.namespace, spec.secret_name, spec.secret_key)
+        now = self.monotonic()
+        cached = self._secret_reads.get(key)
+        if cached is not None and not fresh and now - cached[0] < SECRET_REFRESH_SECONDS:
+            value = cached[1]
+        else:
+            try:
+                value = await self._kube(self.kube.read_secret, obj.namespace, spec.secret_name, spec.secret_key)
+            except SecretUnavailable as exc:
+                self._secret_reads.pop(key, None)
+                return DatabaseSecret(error_reason="SecretUnavailable", error=str(exc))
+            except ApiException as exc:
+                self._secret_reads.pop(key, None)
+                return DatabaseSecret(error_reason="SecretUnavailable", error=f"{where}: {api_error(exc)}")
+            self._remember_secret_read(key, now, value)
         try:
             if len(value.data) <= MAX_DATABASE_URL_BYTES:  # masked in logs from now on (memory stays bounded)
                 self.secrets.remember(obj.key, value.data.decode("utf-8", "replace"))
             return DatabaseSecret(dsn=database_url(value.data), version=value.version)
         except dsn_text.InvalidDsn as exc:
             return DatabaseSecret(version=value.version, error_reason="InvalidDatabaseUrl", error=f"{where}: {exc}")
+
+    def _remember_secret_read(self, key: tuple[str, str, str], now: float, value: SecretValue) -> None:
+        """Keeps a read for the QueueWorkers sharing the Secret; reads nobody used again are dropped."""
+        self._secret_reads = {k: read for k, read in self._secret_reads.items()
+                              if now - read[0] < SECRET_REFRESH_SECONDS}
+        self._secret_reads[key] = (now, value)
 
     async def _read_depth(self, obj: QueueWorkerObject, spec: QueueWorkerSpec, dsn: str, memory: ObjectMemory
                           ) -> tuple[QueueDepth | None, str | None, str | None]:
@@ -364,14 +423,18 @@ class Reconciler:
         A same-named Deployment this QueueWorker does not control is left alone."""
         meta = rendered["metadata"]
         if current is None:
-            return self.kube.create_deployment(meta["namespace"], rendered, spec.scaling.min_replicas)
+            return self._cached(self.kube.create_deployment(meta["namespace"], rendered, spec.scaling.min_replicas))
         if not any(ref.get("uid") == uid and ref.get("controller")
                    for ref in current["metadata"].get("ownerReferences") or []):
             raise DeploymentNotOwned(f"Deployment {meta['namespace']}/{meta['name']} exists and is not controlled "
                                      f"by this QueueWorker; rename or delete it")
         if (current["metadata"].get("annotations") or {}).get(HASH_ANNOTATION) != meta["annotations"][HASH_ANNOTATION]:
-            return self.kube.update_deployment(current, rendered)
+            return self._cached(self.kube.update_deployment(current, rendered))
         return current
+
+    def _cached(self, deployment: dict[str, Any]) -> dict[str, Any]:
+        self.deployments.put(deployment)
+        return deployment
 
     async def _price_pods(self, obj: QueueWorkerObject, spec: QueueWorkerSpec, dsn: str) -> None:
         """Best effort: a failure here must not block the scale-down, only make its victims random."""
@@ -418,12 +481,13 @@ def _refusal(violations: list[str]) -> str:
             f"with --allow-privileged-templates only where the cluster opts in)")
 
 
-def _status_patch(previous: dict[str, Any], status: dict[str, Any], now: float) -> dict[str, Any]:
+def _status_patch(previous: dict[str, Any], status: dict[str, Any], now: float, uid: str) -> dict[str, Any]:
     """Only what changed, so an idle QueueWorker costs no API write per tick; lastPollTime goes
-    along with any change and at least every STATUS_REFRESH_SECONDS."""
+    along with any change and at least about every STATUS_REFRESH_SECONDS (spread by the uid)."""
     patch = {k: v for k, v in status.items() if k != "lastPollTime" and previous.get(k) != v}
     last_poll = _epoch(previous.get("lastPollTime"))
-    if patch or last_poll is None or now - last_poll >= STATUS_REFRESH_SECONDS:
+    refresh = STATUS_REFRESH_SECONDS * (0.9 + 0.2 * (zlib.crc32(uid.encode()) % 1000) / 1000)
+    if patch or last_poll is None or now - last_poll >= refresh:
         patch["lastPollTime"] = status["lastPollTime"]
     return patch
 

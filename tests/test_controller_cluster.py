@@ -368,17 +368,17 @@ def test_lookahead_starts_the_pods_of_a_scheduled_burst_before_it_is_due(cluster
 
 
 def test_a_retry_due_after_the_fleet_went_to_zero_brings_it_back(cluster: Cluster, dsn: str):
-    """A task whose backoff ends after its workers scaled away (here: written as such): no scheduler
-    runs at zero replicas to admit it to the claim index, so the controller must count it once due."""
-    cluster.apply("comeback", worker_spec(maxReplicas=2))
-    cluster.wait_for(lambda: cluster.queueworker("comeback").get("status", {}).get("reason") == "Idle",
-                     timeout=30, message="idle at zero")
+    """A task whose backoff ends after its workers scaled away (here: written as such before the
+    QueueWorker exists): no scheduler runs at zero replicas to admit it to the claim index, so the
+    controller must count it once due, and keep polling while it waits (no NOTIFY will announce it)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         (task_id,) = conn.execute(
             "INSERT INTO queueworker.tasks (queue, task, payload, state, delayed, attempts, max_attempts, run_after) "
-            "VALUES ('jobs', 'qw.noop', '{}', 'retrying', false, 1, 3, now() + interval '3 s') RETURNING id").fetchone()
-    time.sleep(1)
-    assert cluster.replicas("comeback") == 0, "not due yet"
+            "VALUES ('jobs', 'qw.noop', '{}', 'retrying', false, 1, 3, now() + interval '8 s') RETURNING id").fetchone()
+    cluster.apply("comeback", worker_spec(maxReplicas=2))
+    cluster.wait_for(lambda: cluster.queueworker("comeback").get("status", {}).get("reason") == "Idle",
+                     timeout=30, message="idle at zero while the retry waits")
+    assert cluster.queueworker("comeback")["status"]["queueDepth"]["retrying"] == 1
     cluster.wait_for(lambda: cluster.replicas("comeback") == 1, timeout=30, message="the due retry to activate")
     cluster.wait_for(lambda: task_report(dsn)["states"] == {"succeeded": 1}, timeout=60,
                      message=f"task {task_id} to run on the new pod")

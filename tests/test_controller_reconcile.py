@@ -35,8 +35,10 @@ class FakeKube:
         self.replicas_at_start = replicas
         self.writes = 0
         self.statuses: list[dict[str, Any]] = []
+        self.deployment_reads = self.secret_reads = 0
 
     def read_deployment(self, namespace, name):
+        self.deployment_reads += 1
         return self.deployments.get(name)
 
     def create_deployment(self, namespace, body, replicas):
@@ -57,6 +59,7 @@ class FakeKube:
         self.deployments[name]["spec"]["replicas"] = replicas
 
     def read_secret(self, namespace, name, key):
+        self.secret_reads += 1
         if self.secret is None:
             raise SecretUnavailable(f"Secret {namespace}/{name}: Not Found (404)")
         data = self.secret.encode() if isinstance(self.secret, str) else self.secret
@@ -77,6 +80,7 @@ class FakeDatabases:
         self.depth_value = depth
         self.error = error or psycopg.OperationalError("connection refused")
         self.notified = False
+        self.listens = False
         self.bindings: dict[Any, tuple[str, str]] = {}
 
     async def depth(self, dsn, queue, cap, lookahead_seconds=None, throughput=False):
@@ -90,6 +94,9 @@ class FakeDatabases:
 
     def release(self, owner):
         self.bindings.pop(owner, None)
+
+    def listening(self, dsn):
+        return self.listens
 
     @property
     def open_databases(self):
@@ -271,7 +278,7 @@ def test_the_loop_ticks_when_due_and_sleeps_otherwise():
 
 def test_a_deployment_owned_by_someone_else_is_left_alone():
     kube = FakeKube()
-    kube.deployments["w-worker"] = {"metadata": {"name": "w-worker", "annotations": {}}, "spec": {"replicas": 7}}
+    kube.deployments["w-worker"] = {"metadata": {"name": "w-worker", "namespace": "ns", "annotations": {}}, "spec": {"replicas": 7}}
     result = tick(kube, QueueDepth(ready=100, running=0))
     assert conditions(result)["Ready"] == ("False", "DeploymentNotOwned")
     assert kube.scaled == [] and kube.deployments["w-worker"]["spec"] == {"replicas": 7}
@@ -447,3 +454,49 @@ def test_a_tick_that_never_ends_is_abandoned_and_reported(monkeypatch):
     ready = next(c for c in result.status["conditions"] if c["type"] == "Ready")
     assert (ready["reason"], ready["message"]) == ("ReconcileError", "the tick did not finish within 0.2s")
     assert [e.reason for e in result.events] == ["ReconcileError"]
+
+
+def test_queueworkers_share_secret_reads_and_read_no_deployment_the_watch_delivered():
+    kube, clock = FakeKube(), [100.0]
+    databases = FakeDatabases(QueueDepth(0, 0))
+    reconciler = Reconciler(kube, databases, secrets=KnownSecrets(), monotonic=lambda: clock[0])  # type: ignore[arg-type]
+    a, b = (QueueWorkerObject(name, "ns", f"uid-{name}", 1, SPEC, {}) for name in ("a", "b"))
+    memories = {"a": ObjectMemory(), "b": ObjectMemory()}
+
+    def tick_both() -> None:
+        for obj in (a, b):
+            asyncio.run(reconciler.tick(obj, memories[obj.name]))
+    try:
+        tick_both()
+        assert (kube.secret_reads, kube.deployment_reads, kube.writes) == (1, 2, 2), "one Secret read for both"
+        tick_both()
+        assert (kube.secret_reads, kube.deployment_reads) == (1, 2), "the Deployments they created are known"
+        reconciler.deployments.drop("ns", "a-worker")  # the watch said it was deleted
+        clock[0] += 30  # SECRET_REFRESH_SECONDS
+        tick_both()
+        assert (kube.secret_reads, kube.deployment_reads) == (2, 3)
+        databases.depth_value = None  # the database refuses: perhaps the Secret was rotated
+        asyncio.run(reconciler.tick(a, memories["a"]))
+        asyncio.run(reconciler.tick(a, memories["a"]))
+        assert kube.secret_reads == 3, "read again at once after a failed depth read"
+    finally:
+        reconciler.close()
+
+
+@pytest.mark.parametrize(("listening", "depth", "wait"), [
+    (True, QueueDepth(0, 0), 60), (False, QueueDepth(0, 0), 10), (True, QueueDepth(0, 0, retrying=2), 10),
+    (True, QueueDepth(5, 0), 10)])
+def test_an_idle_queueworker_waits_for_announcements_while_its_database_listens(listening, depth, wait):
+    """Idle at zero with the LISTEN up: a NOTIFY wakes it, so it polls only every IDLE_POLL_SECONDS.
+    Without the LISTEN, with retries to come or with work, it polls every pollingIntervalSeconds (10)."""
+    clock = [100.0]
+    databases = FakeDatabases(depth)
+    databases.listens = listening
+    reconciler = Reconciler(FakeKube(replicas=0), databases, secrets=KnownSecrets(),  # type: ignore[arg-type]
+                            monotonic=lambda: clock[0])
+    obj, memory = QueueWorkerObject("w", "ns", "uid", 1, SPEC, {}), ObjectMemory()
+    try:
+        asyncio.run(reconciler.tick(obj, memory))
+        assert reconciler.seconds_until_due(obj, memory) == wait
+    finally:
+        reconciler.close()
