@@ -45,7 +45,7 @@ def worker_args(spec: QueueWorkerSpec) -> list[str]:
     left to the worker, which derives it from the lease; `--shutdown-seconds` fits the worker's
     whole SIGTERM-to-exit budget into the pod's grace period."""
     args = ["worker", "--queue", spec.queue, "--concurrency", str(spec.concurrency),
-            "--lease-seconds", str(spec.lease_seconds), "--drain-seconds", str(spec.drain_seconds),
+            "--lease-seconds", str(spec.lease_seconds), "--drain-seconds", str(spec.drain_budget_seconds),
             "--shutdown-seconds", str(spec.shutdown_seconds)]
     if spec.handlers:
         args += ["--handlers", spec.handlers]
@@ -108,6 +108,11 @@ def build_deployment(name: str, namespace: str, uid: str, spec: QueueWorkerSpec,
         },
         "spec": {"selector": {"matchLabels": selector_labels(name)}, "template": template},
     }
+    if spec.rollout.strategy == "WaitForIdle":
+        # The new pods come up first (no capacity gap); the old ones then get SIGTERM, stop claiming
+        # and exit once their last task is done (up to maxWaitSeconds).
+        deployment["spec"]["strategy"] = {"type": "RollingUpdate",
+                                          "rollingUpdate": {"maxSurge": "100%", "maxUnavailable": 0}}
     deployment["metadata"]["annotations"] = {HASH_ANNOTATION: spec_hash(deployment)}
     return deployment
 

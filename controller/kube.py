@@ -9,15 +9,17 @@ sent), which is what the pure builders and tests use.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubernetes import client, config
+from kubernetes import client, config, dynamic
 from kubernetes.client.rest import ApiException
+from kubernetes.dynamic.exceptions import ResourceNotFoundError, ResourceNotUniqueError
 
-from .spec import GROUP, PLURAL, VERSION
+from .spec import GROUP, PLURAL, VERSION, ScaleTarget
 
 DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
 FIELD_MANAGER = "queueworker-controller"
@@ -27,6 +29,16 @@ REQUEST_TIMEOUT = (5, 20)
 
 class SecretUnavailable(Exception):
     """The database Secret or its key is missing or unreadable."""
+
+
+class ScaleTargetUnavailable(Exception):
+    """A scaleTargetRef names no resource the API server knows, or one without a `scale` subresource."""
+
+
+@dataclass(frozen=True)
+class FoundScaleTarget:
+    scale: dict[str, Any]  # its Scale (spec.replicas, status.replicas, status.selector)
+    workload: dict[str, Any] | None  # the object itself, when it may be read (its pod template, conditions)
 
 
 @dataclass(frozen=True)
@@ -68,6 +80,7 @@ class Kube:
         self._apps = client.AppsV1Api(api)
         self._core = client.CoreV1Api(api)
         self._custom = client.CustomObjectsApi(api)
+        self._api = api
         self._before_write = before_write
 
     def read_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -118,6 +131,42 @@ class Kube:
             if exc.status != 404:
                 raise
 
+    def read_scale_target(self, namespace: str, ref: ScaleTarget) -> FoundScaleTarget:
+        """A scaleTargetRef's Scale, and the object itself where the controller may read it."""
+        resource = self._scalable(ref)
+        scale = self._dynamic.get(resource.scale, name=ref.name, namespace=namespace,
+                                  _request_timeout=REQUEST_TIMEOUT).to_dict()
+        try:
+            workload = self._dynamic.get(resource, name=ref.name, namespace=namespace,
+                                         _request_timeout=REQUEST_TIMEOUT).to_dict()
+        except ApiException as exc:
+            if exc.status != 403:  # the rules need not allow reading it: its Scale is enough
+                raise
+            workload = None
+        return FoundScaleTarget(scale, workload)
+
+    def scale_target(self, namespace: str, ref: ScaleTarget, replicas: int) -> None:
+        """Sets the target's replicas through its `scale` subresource, and nothing else."""
+        self._before_write()
+        self._dynamic.patch(self._scalable(ref).scale, body={"spec": {"replicas": replicas}}, name=ref.name,
+                            namespace=namespace, content_type="application/merge-patch+json",
+                            field_manager=FIELD_MANAGER, _request_timeout=REQUEST_TIMEOUT)
+
+    def _scalable(self, ref: ScaleTarget) -> Any:
+        try:
+            resource = self._dynamic.resources.get(api_version=ref.api_version, kind=ref.kind)
+        except (ResourceNotFoundError, ResourceNotUniqueError) as exc:
+            raise ScaleTargetUnavailable(f"the API server knows no single resource of kind {ref.kind} in "
+                                         f"{ref.api_version} ({type(exc).__name__})") from None
+        if "scale" not in resource.subresources:
+            raise ScaleTargetUnavailable(f"{ref.kind} has no scale subresource")
+        return resource
+
+    @functools.cached_property
+    def _dynamic(self) -> dynamic.DynamicClient:
+        """Discovery on first use only (a QueueWorker with a scaleTargetRef), cached in memory."""
+        return dynamic.DynamicClient(self._api, discoverer=dynamic.discovery.LazyDiscoverer, cache_file=None)
+
     def read_secret(self, namespace: str, name: str, key: str) -> SecretValue:
         """The raw value of one key. SecretUnavailable (with a secret-free message) when the Secret
         or the key is missing or cannot be read."""
@@ -131,8 +180,7 @@ class Kube:
             raise SecretUnavailable(f"Secret {namespace}/{name} has no key {key!r}")
         return SecretValue(base64.b64decode(data[key]), secret["metadata"]["resourceVersion"])
 
-    def list_pods(self, namespace: str, selector: dict[str, str]) -> list[dict[str, Any]]:
-        label_selector = ",".join(f"{k}={v}" for k, v in selector.items())
+    def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         return response_json(self._core.list_namespaced_pod(namespace, label_selector=label_selector,
                                                     _preload_content=False, _request_timeout=REQUEST_TIMEOUT))["items"]
 

@@ -30,7 +30,7 @@ from .conditions import Condition, status_of
 from .deployment import (
     HASH_ANNOTATION, build_deployment, deployment_name, grace_period_seconds, secret_version, selector_labels,
 )
-from .kube import DELETION_COST_ANNOTATION, Kube, SecretUnavailable, SecretValue, api_error
+from .kube import DELETION_COST_ANNOTATION, Kube, ScaleTargetUnavailable, SecretUnavailable, SecretValue, api_error
 from .policy import Decision, PolicyInputs, QueueDepth, Recommendation, decide
 from .queuedb import QueueDatabases
 from .redaction import KnownSecrets, known_secrets
@@ -112,6 +112,20 @@ class Event:
     type: str  # Normal or Warning
     reason: str
     message: str
+
+
+@dataclass(frozen=True)
+class ScaledTarget:
+    """What a tick scales: the owned worker Deployment, or the resource `spec.scaleTargetRef` names."""
+
+    name: str  # for status: the Deployment's name, or Kind/name of a scale target
+    replicas: int
+    ready_replicas: int
+    workload: dict[str, Any]  # the object itself (its conditions, its pod template), {} when unknown
+    scale: Callable[[int], None]  # blocking: runs on the Kubernetes threads
+    pod_selector: str  # label selector of its pods, for lease-aware scale-in ("" when unknown)
+    grace: int | None  # the pods' terminationGracePeriodSeconds and the worker's drain, when known
+    drain: int | None
 
 
 @dataclass
@@ -273,34 +287,11 @@ class Reconciler:
         now = self.wall_clock()
 
         secret = await self._read_secret(obj, spec, fresh=memory.reread_secret)
-        name = deployment_name(obj.name)
-        current = self.deployments.get(obj.namespace, name)
-        if current is None:
-            try:
-                current = await self._kube(self.kube.read_deployment, obj.namespace, name)
-            except ApiException as exc:
-                return self._failed(obj, "DeploymentError", f"worker Deployment: {api_error(exc)}")
-            if current is not None:
-                self.deployments.put(current)
-        try:
-            # Without a usable URL (Secret missing or invalid), keep the version the pods run with:
-            # they keep working with the value they started with; rolling them would break them.
-            rendered = build_deployment(obj.name, obj.namespace, obj.uid, spec,
-                                        secret.version if secret.dsn is not None else secret_version(current))
-        except InvalidSpec as exc:
-            return self._failed(obj, "InvalidSpec", f"spec cannot be used: {exc}")
-        refused = [] if self.allow_privileged_templates else podsecurity.violations(rendered["spec"]["template"])
-        if refused:
-            return self._failed(obj, "InvalidSpec", _refusal(refused))
-        try:
-            deployment = await self._kube(self._ensure_deployment, current, rendered, obj.uid, spec)
-        except ApiException as exc:
-            self.deployments.drop(obj.namespace, name)  # e.g. a conflict: the next tick reads it again
-            return self._failed(obj, "DeploymentError", f"worker Deployment: {api_error(exc)}")
-        except DeploymentNotOwned as exc:
-            return self._failed(obj, "DeploymentNotOwned", str(exc))
-        current_replicas = int(deployment["spec"].get("replicas", 1))
-        ready_replicas = int(deployment.get("status", {}).get("readyReplicas") or 0)
+        target = await (self._owned_deployment(obj, spec, secret) if spec.scale_target is None else
+                        self._external_target(obj, spec))
+        if isinstance(target, TickResult):
+            return target
+        current_replicas = target.replicas
 
         depth, error_reason, error = None, secret.error_reason, secret.error
         if secret.dsn is not None:
@@ -321,12 +312,11 @@ class Reconciler:
         if desired != current_replicas and not spec.scaling.paused and not spec.scaling.dry_run:
             try:
                 if desired < current_replicas and secret.dsn is not None:
-                    await self._price_pods(obj, spec, secret.dsn)
-                await self._kube(self.kube.scale_deployment, obj.namespace, name, desired)
+                    await self._price_pods(obj, spec, secret.dsn, target.pod_selector)
+                await self._kube(target.scale, desired)
             except ApiException as exc:
-                self.deployments.drop(obj.namespace, name)
+                self.deployments.drop(obj.namespace, deployment_name(obj.name))
                 return self._failed(obj, "ScaleFailed", f"scaling {current_replicas} -> {desired}: {api_error(exc)}")
-            self.deployments.put({**deployment, "spec": {**deployment["spec"], "replicas": desired}})
             replicas, last_scale = desired, _iso(now)
             metrics.scales.labels(obj.namespace, obj.name, "up" if desired > current_replicas else "down").inc()
             events.append(Event("Normal", decision.reason, decision.message))
@@ -339,18 +329,17 @@ class Reconciler:
             # Nothing to do, and any task a producer enqueues is announced: wait for that instead.
             memory.next_poll = started + max(spec.scaling.polling_interval_seconds, IDLE_POLL_SECONDS)
         ready = _ready_condition(error_reason, decision)
-        replica_failure = _replica_failure(deployment)
+        replica_failure = _replica_failure(target.workload)
         was = previous.get("conditions")
         events += _ready_transition_events(conditions.find(was, "Ready") or {}, ready)
         events += _replica_failure_events(conditions.find(was, "ReplicaFailure") or {}, replica_failure)
-        new_conditions = [ready, replica_failure,
-                          *_other_conditions(spec, decision, error_reason, grace_period_seconds(rendered))]
+        new_conditions = [ready, replica_failure, *_other_conditions(spec, decision, error_reason, target)]
         status: dict[str, Any] = {
             "observedGeneration": obj.generation,
-            "deployment": name,
+            **({"deployment": target.name} if spec.scale_target is None else {"scaleTarget": target.name}),
             "replicas": replicas,
             "desiredReplicas": desired,
-            "readyReplicas": ready_replicas,
+            "readyReplicas": target.ready_replicas,
             "tasksPerReplica": spec.tasks_per_replica,
             "lastPollTime": _iso(now),
             "lastScaleTime": last_scale,
@@ -396,6 +385,66 @@ class Reconciler:
         except dsn_text.InvalidDsn as exc:
             return DatabaseSecret(version=value.version, error_reason="InvalidDatabaseUrl", error=f"{where}: {exc}")
 
+    async def _owned_deployment(self, obj: QueueWorkerObject, spec: QueueWorkerSpec, secret: DatabaseSecret
+                                ) -> ScaledTarget | TickResult:
+        """The worker Deployment this QueueWorker owns, created or brought up to date with the spec."""
+        name = deployment_name(obj.name)
+        current = self.deployments.get(obj.namespace, name)
+        if current is None:
+            try:
+                current = await self._kube(self.kube.read_deployment, obj.namespace, name)
+            except ApiException as exc:
+                return self._failed(obj, "DeploymentError", f"worker Deployment: {api_error(exc)}")
+            if current is not None:
+                self.deployments.put(current)
+        try:
+            # Without a usable URL (Secret missing or invalid), keep the version the pods run with:
+            # they keep working with the value they started with; rolling them would break them.
+            rendered = build_deployment(obj.name, obj.namespace, obj.uid, spec,
+                                        secret.version if secret.dsn is not None else secret_version(current))
+        except InvalidSpec as exc:
+            return self._failed(obj, "InvalidSpec", f"spec cannot be used: {exc}")
+        refused = [] if self.allow_privileged_templates else podsecurity.violations(rendered["spec"]["template"])
+        if refused:
+            return self._failed(obj, "InvalidSpec", _refusal(refused))
+        try:
+            deployment = await self._kube(self._ensure_deployment, current, rendered, obj.uid, spec)
+        except ApiException as exc:
+            self.deployments.drop(obj.namespace, name)  # e.g. a conflict: the next tick reads it again
+            return self._failed(obj, "DeploymentError", f"worker Deployment: {api_error(exc)}")
+        except DeploymentNotOwned as exc:
+            return self._failed(obj, "DeploymentNotOwned", str(exc))
+
+        def scale(replicas: int) -> None:
+            self.kube.scale_deployment(obj.namespace, name, replicas)
+            self.deployments.put({**deployment, "spec": {**deployment["spec"], "replicas": replicas}})
+        return ScaledTarget(name, int(deployment["spec"].get("replicas", 1)),
+                            int((deployment.get("status") or {}).get("readyReplicas") or 0), deployment, scale,
+                            ",".join(f"{k}={v}" for k, v in selector_labels(obj.name).items()),
+                            grace_period_seconds(rendered), spec.drain_budget_seconds)
+
+    async def _external_target(self, obj: QueueWorkerObject, spec: QueueWorkerSpec) -> ScaledTarget | TickResult:
+        """`spec.scaleTargetRef`: read (and later scaled) through its `scale` subresource only; nothing
+        else on it is ever changed. Its pods' drain safety is judged where they run our worker."""
+        ref = spec.scale_target
+        assert ref is not None
+        where = f"{ref.kind} {obj.namespace}/{ref.name} ({ref.api_version})"
+        try:
+            found = await self._kube(self.kube.read_scale_target, obj.namespace, ref)
+        except (ApiException, ScaleTargetUnavailable) as exc:
+            why = api_error(exc) if isinstance(exc, ApiException) else str(exc)
+            return self._failed(obj, "ScaleTargetUnavailable", f"scaleTargetRef {where}: {why}")
+        scale_status = found.scale.get("status") or {}
+        workload = found.workload or {}
+        grace, drain = _worker_drain(workload)
+
+        def scale(replicas: int) -> None:
+            self.kube.scale_target(obj.namespace, ref, replicas)
+        return ScaledTarget(f"{ref.kind}/{ref.name}", int((found.scale.get("spec") or {}).get("replicas") or 0),
+                            int((workload.get("status") or {}).get("readyReplicas")
+                                or scale_status.get("replicas") or 0),
+                            workload, scale, str(scale_status.get("selector") or ""), grace, drain)
+
     def _remember_secret_read(self, key: tuple[str, str, str], now: float, value: SecretValue) -> None:
         """Keeps a read for the QueueWorkers sharing the Secret; reads nobody used again are dropped."""
         self._secret_reads = {k: read for k, read in self._secret_reads.items()
@@ -436,11 +485,13 @@ class Reconciler:
         self.deployments.put(deployment)
         return deployment
 
-    async def _price_pods(self, obj: QueueWorkerObject, spec: QueueWorkerSpec, dsn: str) -> None:
+    async def _price_pods(self, obj: QueueWorkerObject, spec: QueueWorkerSpec, dsn: str, selector: str) -> None:
         """Best effort: a failure here must not block the scale-down, only make its victims random."""
+        if not selector:
+            return
         try:
             leases = await self.databases.worker_leases(dsn, obj.namespace, spec.queue)
-            pods = await self._kube(self.kube.list_pods, obj.namespace, selector_labels(obj.name))
+            pods = await self._kube(self.kube.list_pods, obj.namespace, selector)
             costs = deletion_costs([p["metadata"]["name"] for p in pods], leases)
             for pod in pods:
                 meta = pod["metadata"]
@@ -529,8 +580,8 @@ def _replica_failure_events(was: dict[str, Any], failure: Condition) -> list[Eve
 
 
 def _other_conditions(spec: QueueWorkerSpec, decision: Decision, error_reason: str | None,
-                      grace: int) -> list[Condition]:
-    paused, drain_safe = spec.scaling.paused, grace > spec.drain_seconds
+                      target: ScaledTarget) -> list[Condition]:
+    paused = spec.scaling.paused
     return [
         Condition("Active", status_of(decision.active), *(
             (error_reason or "Unknown", "queue depth unknown") if decision.active is None else
@@ -541,12 +592,42 @@ def _other_conditions(spec: QueueWorkerSpec, decision: Decision, error_reason: s
                   "replicas follow the queue" + (" (dryRun: not applied)" if spec.scaling.dry_run else "")),
         Condition("Fallback", status_of(decision.fallback), "FallbackActive" if decision.fallback else "NoFallback",
                   decision.message if decision.fallback else "the queue depth is being read"),
-        Condition("DrainSafe", status_of(drain_safe),
-                  "GracePeriodCoversDrain" if drain_safe else "GracePeriodTooShort",
-                  f"terminationGracePeriodSeconds={grace}, drainSeconds={spec.drain_seconds}" + (
-                      "" if drain_safe else
-                      ": pods are killed before they finish draining; their tasks wait for the lease to expire")),
+        _drain_safety(spec, target),
     ]
+
+
+def _drain_safety(spec: QueueWorkerSpec, target: ScaledTarget) -> Condition:
+    """Whether the pods' grace period outlasts the worker's drain (unknown for pods that are not
+    recognisably our worker's: a scale target of another kind)."""
+    if target.grace is None or target.drain is None:
+        return Condition("DrainSafe", "Unknown", "NotAQueueworkerPod",
+                         "the target's pods do not run `queueworker worker` with --drain-seconds")
+    what = ("rollout.maxWaitSeconds" if spec.scale_target is None and spec.rollout.strategy == "WaitForIdle"
+            else "drainSeconds" if spec.scale_target is None else "--drain-seconds")
+    safe = target.grace > target.drain
+    return Condition("DrainSafe", status_of(safe), "GracePeriodCoversDrain" if safe else "GracePeriodTooShort",
+                     f"terminationGracePeriodSeconds={target.grace}, {what}={target.drain}" + (
+                         "" if safe else
+                         ": pods are killed before they finish draining; their tasks wait for the lease to expire"))
+
+
+def _worker_drain(workload: dict[str, Any]) -> tuple[int | None, int | None]:
+    """(grace period, --drain-seconds) of a workload whose pod template runs `queueworker worker`
+    (command or args), else (None, None)."""
+    pod = ((workload.get("spec") or {}).get("template") or {}).get("spec") or {}
+    for container in pod.get("containers") or []:
+        words = [str(w) for w in (container.get("command") or []) + (container.get("args") or [])]
+        if "worker" not in words:
+            continue
+        for index, word in enumerate(words):
+            value = word.split("=", 1)[1] if word.startswith("--drain-seconds=") else (
+                words[index + 1] if word == "--drain-seconds" and index + 1 < len(words) else None)
+            if value is not None:
+                try:
+                    return int(pod.get("terminationGracePeriodSeconds", 30)), int(float(value))
+                except ValueError:
+                    return None, None
+    return None, None
 
 
 def _export(obj: QueueWorkerObject, decision: Decision, desired: int, replicas: int, depth: QueueDepth | None) -> None:

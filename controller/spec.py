@@ -48,10 +48,32 @@ class Scaling:
     throughput_floor: bool = False
 
 
+ROLLOUT_STRATEGIES = ("Drain", "WaitForIdle")
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """How pods that go away (a rollout of a new template, a scale-in) treat their running tasks.
+    Drain: finish for `drainSeconds`, then hand the rest back. WaitForIdle: stop claiming and finish
+    every running task, for up to `max_wait_seconds`; new pods come up before old ones stop."""
+
+    strategy: str = "Drain"
+    max_wait_seconds: int = 3600
+
+
+@dataclass(frozen=True)
+class ScaleTarget:
+    """`spec.scaleTargetRef`: a resource with a `scale` subresource, owned by someone else."""
+
+    api_version: str
+    kind: str
+    name: str
+
+
 @dataclass(frozen=True)
 class QueueWorkerSpec:
     queue: str
-    image: str
+    image: str | None  # None with a scale target: the pods are someone else's
     secret_name: str
     secret_key: str = DEFAULT_SECRET_KEY
     handlers: str | None = None
@@ -61,6 +83,8 @@ class QueueWorkerSpec:
     metrics_port: int = DEFAULT_METRICS_PORT
     scaling: Scaling = field(default_factory=Scaling)
     template: dict[str, Any] = field(default_factory=dict)
+    rollout: Rollout = field(default_factory=Rollout)
+    scale_target: ScaleTarget | None = None
 
     @classmethod
     def from_dict(cls, spec: dict[str, Any]) -> QueueWorkerSpec:
@@ -83,14 +107,29 @@ class QueueWorkerSpec:
                                                      for part in ("metadata", "spec")):
             raise TypeError("template, template.metadata and template.spec must be objects")
         template_grace_period(template)  # a non-numeric value is refused here, with the rest of the spec
+        rollout = spec.get("rollout") or {}
+        if not isinstance(rollout, dict):
+            raise TypeError("rollout must be an object")
+        strategy = str(rollout.get("strategy", Rollout.strategy))
+        if strategy not in ROLLOUT_STRATEGIES:
+            raise ValueError(f"rollout.strategy must be one of {', '.join(ROLLOUT_STRATEGIES)}, not {strategy[:40]!r}")
+        ref = spec.get("scaleTargetRef")
+        if ref is not None and not isinstance(ref, dict):
+            raise TypeError("scaleTargetRef must be an object")
+        if (ref is None) == (spec.get("image") is None):
+            raise ValueError("give either image (a Deployment the QueueWorker owns) or scaleTargetRef, not both")
         return cls(
-            queue=str(spec["queue"]), image=str(spec["image"]), secret_name=str(secret_ref["name"]),
+            queue=str(spec["queue"]), image=None if ref is not None else str(spec["image"]),
+            secret_name=str(secret_ref["name"]),
+            scale_target=None if ref is None else ScaleTarget(str(ref.get("apiVersion") or "apps/v1"),
+                                                               str(ref["kind"]), str(ref["name"])),
             secret_key=str(secret_ref.get("key", DEFAULT_SECRET_KEY)), handlers=spec.get("handlers") or None,
             concurrency=int(spec.get("concurrency", DEFAULT_CONCURRENCY)),
             lease_seconds=int(spec.get("leaseSeconds", DEFAULT_LEASE_SECONDS)),
             drain_seconds=int(spec.get("drainSeconds", DEFAULT_DRAIN_SECONDS)),
             metrics_port=int(spec.get("metricsPort", DEFAULT_METRICS_PORT)),
             template=dict(template),
+            rollout=Rollout(strategy, int(rollout.get("maxWaitSeconds", Rollout.max_wait_seconds))),
             scaling=Scaling(**{
                 attr: (None if scaling.get(key) is None else type_(scaling[key])) if key in scaling
                 else getattr(defaults, attr)
@@ -102,11 +141,17 @@ class QueueWorkerSpec:
         return self.scaling.tasks_per_replica or self.concurrency
 
     @property
+    def drain_budget_seconds(self) -> int:
+        """How long a stopping worker lets its running tasks finish (`--drain-seconds`): drainSeconds,
+        or with WaitForIdle rollout.maxWaitSeconds (a worker exits as soon as it holds no lease)."""
+        return self.rollout.max_wait_seconds if self.rollout.strategy == "WaitForIdle" else self.drain_seconds
+
+    @property
     def grace_period_seconds(self) -> int:
         """The pod's terminationGracePeriodSeconds: the template's when it sets one, else the drain
-        plus SHUTDOWN_MARGIN_SECONDS. (The template's scalar replaces the generated one in the merge.)"""
+        budget plus SHUTDOWN_MARGIN_SECONDS. (The template's scalar replaces the generated one in the merge.)"""
         from_template = template_grace_period(self.template)
-        return self.drain_seconds + SHUTDOWN_MARGIN_SECONDS if from_template is None else from_template
+        return self.drain_budget_seconds + SHUTDOWN_MARGIN_SECONDS if from_template is None else from_template
 
     @property
     def shutdown_seconds(self) -> int:

@@ -448,6 +448,104 @@ def test_scale_down_spares_busy_pods_and_a_deleted_busy_pod_loses_nothing(cluste
     assert task_report(dsn)["succeeded_more_than_once"] == 0
 
 
+def all_pods(cluster: Cluster, name: str) -> set[str]:
+    """The QueueWorker's pods, terminating ones included."""
+    return {p.metadata.name for p in cluster.core.list_namespaced_pod(
+        cluster.namespace, label_selector=f"{OWNER_LABEL}={name}").items}
+
+
+def interruptions(dsn: str, ids: list[int]) -> list[tuple[int, str]]:
+    """(task, error type) of every running -> pending hand-back of these tasks."""
+    with psycopg.connect(dsn) as conn:
+        return conn.execute("SELECT task_id, detail ->> 'error_type' FROM queueworker.task_events "
+                            "WHERE task_id = ANY(%s) AND from_state = 'running' AND to_state = 'pending'",
+                            (ids,)).fetchall()
+
+
+def test_wait_for_idle_rollouts_and_scale_ins_interrupt_no_task(cluster: Cluster, dsn: str):
+    """Two pods run a 20 s task each when the template changes: the new pods come up, the old ones
+    stop claiming, finish their tasks and only then go. Then a scale-in while both run a task: the
+    surplus pod finishes its task before it goes. No task is handed back, none runs twice."""
+    cluster.apply("patient", {**worker_spec(minReplicas=2, maxReplicas=2, cooldownSeconds=600),
+                              "rollout": {"strategy": "WaitForIdle", "maxWaitSeconds": 120}})
+    first = enqueue_sleeps(dsn, 20, 20)
+    holders = cluster.wait_for(lambda: (lambda h: len(set(h.values())) == 2 and h)(lease_holders(dsn)),
+                               timeout=90, message="both pods running a task")
+    old_pods = set(holders.values())
+    cluster.custom.patch_namespaced_custom_object(GROUP, VERSION, cluster.namespace, PLURAL, "patient", {
+        "spec": {"template": {"metadata": {"labels": {"revision": "2"}}}}})
+    new_pods = cluster.wait_for(lambda: (lambda new: len(new) == 2 and new)(
+        {p.metadata.name for p in cluster.pods("patient")} - old_pods), timeout=60, message="the new pods")
+    assert set(lease_holders(dsn).values()) == old_pods, "the old pods still run their tasks"
+    cluster.wait_for(lambda: task_report(dsn)["states"] == {"succeeded": 2}, timeout=60, message="both finished")
+    cluster.wait_for(lambda: all_pods(cluster, "patient") == new_pods, timeout=30, message="the old pods gone")
+    assert interruptions(dsn, first) == []
+    assert "DrainSafe" in {c["type"] for c in cluster.queueworker("patient")["status"]["conditions"]
+                           if c["status"] == "True"}
+
+    second = enqueue_sleeps(dsn, 20, 20)
+    cluster.wait_for(lambda: len(set(lease_holders(dsn).values())) == 2, timeout=60, message="both busy again")
+    cluster.custom.patch_namespaced_custom_object(GROUP, VERSION, cluster.namespace, PLURAL, "patient", {
+        "spec": {"scaling": {"minReplicas": 1, "maxReplicas": 1}}})
+    cluster.wait_for(lambda: cluster.replicas("patient") == 1, timeout=30, message="scale-in to 1")
+    assert len(all_pods(cluster, "patient")) == 2, "the surplus pod is still finishing its task"
+    cluster.wait_for(lambda: task_report(dsn)["states"] == {"succeeded": 4}, timeout=60, message="all finished")
+    cluster.wait_for(lambda: len(all_pods(cluster, "patient")) == 1, timeout=30, message="the surplus pod gone")
+    assert interruptions(dsn, first + second) == []
+    assert task_report(dsn)["succeeded_more_than_once"] == 0
+
+
+def test_a_drained_task_says_so_in_its_audit_trail(cluster: Cluster, dsn: str):
+    """The default strategy, Drain, for contrast: a 20 s task on a pod deleted with a 1 s drain is
+    handed back, and its audit row says it was a drain."""
+    cluster.apply("hasty", worker_spec(minReplicas=1, maxReplicas=1))
+    (task,) = enqueue_sleeps(dsn, 20)
+    pod = cluster.wait_for(lambda: lease_holders(dsn).get(task), timeout=60, message="the task running")
+    cluster.core.delete_namespaced_pod(pod, cluster.namespace)
+    cluster.wait_for(lambda: interruptions(dsn, [task]), timeout=30, message="the hand-back")
+    assert interruptions(dsn, [task]) == [(task, "Drained")]
+
+
+def test_a_scale_target_of_the_users_own_is_scaled_and_otherwise_left_alone(cluster: Cluster, dsn: str):
+    """A Deployment the user ships (their labels, annotations, container, grace period) and a
+    QueueWorker with scaleTargetRef: the backlog scales it through /scale, nothing else on it changes,
+    and deleting the QueueWorker leaves it in place."""
+    labels = {"app": "mine"}
+    cluster.apps.create_namespaced_deployment(cluster.namespace, {
+        "metadata": {"name": "mine", "labels": {"team": "a"}, "annotations": {"example.com/owner": "me"}},
+        "spec": {"replicas": 0, "selector": {"matchLabels": labels}, "template": {
+            "metadata": {"labels": labels},
+            "spec": {"terminationGracePeriodSeconds": 15, "containers": [{
+                "name": "app", "image": "queueworker:test",
+                "args": ["worker", "--queue", "jobs", "--concurrency", "1", "--drain-seconds", "2"],
+                "env": [{"name": "DATABASE_URL", "valueFrom": {"secretKeyRef": {"name": DB_SECRET, "key": "url"}}},
+                        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}]}]}}}})
+    before = cluster.apps.read_namespaced_deployment("mine", cluster.namespace).to_dict()
+    spec = {k: v for k, v in worker_spec(maxReplicas=3, tasksPerReplica=1).items() if k != "image"}
+    cluster.apply("theirs", {**spec, "scaleTargetRef": {"kind": "Deployment", "name": "mine"}})
+    enqueue_sleeps(dsn, 3, 3, 3)
+    cluster.wait_for(lambda: cluster.apps.read_namespaced_deployment("mine", cluster.namespace).spec.replicas == 3,
+                     timeout=30, message="the user's Deployment scaled to 3")
+    status = cluster.queueworker("theirs")["status"]
+    assert status["scaleTarget"] == "Deployment/mine" and "deployment" not in status
+    assert {c["type"]: c["status"] for c in status["conditions"]}["DrainSafe"] == "True"
+    assert not cluster.apps.list_namespaced_deployment(cluster.namespace, label_selector=f"{OWNER_LABEL}=theirs").items
+    cluster.wait_for(lambda: task_report(dsn)["states"] == {"succeeded": 3}, timeout=90, message="their pods ran it")
+    cluster.wait_for(lambda: cluster.apps.read_namespaced_deployment("mine", cluster.namespace).spec.replicas == 0,
+                     timeout=30, message="scaled back to zero")
+    after = cluster.apps.read_namespaced_deployment("mine", cluster.namespace).to_dict()
+    for part in ("selector", "template", "strategy", "revision_history_limit", "progress_deadline_seconds"):
+        assert after["spec"][part] == before["spec"][part], part
+    assert after["metadata"]["labels"] == before["metadata"]["labels"]
+    assert {k: v for k, v in after["metadata"]["annotations"].items() if not k.startswith("deployment.kubernetes.io/")} \
+        == {k: v for k, v in before["metadata"]["annotations"].items() if not k.startswith("deployment.kubernetes.io/")}
+    assert not after["metadata"]["owner_references"]
+    cluster.delete_queueworkers()
+    time.sleep(2)
+    assert cluster.apps.read_namespaced_deployment("mine", cluster.namespace).spec.replicas == 0, "still there"
+
+
 def test_database_outage_holds_replicas_says_why_and_recovers(cluster: Cluster, dsn: str, local_postgres):
     cluster.apply("steady", worker_spec(maxReplicas=3))
     enqueue_sleeps(dsn, 120, 120)
@@ -481,6 +579,12 @@ INVALID = [
     ("fallback-above-max", {"scaling": {"maxReplicas": 2, "fallbackReplicas": 5}},
      "fallbackReplicas must lie between"),
     ("short-lease", {"leaseSeconds": 1}, "spec.leaseSeconds: Invalid value: 1"),
+    ("image-and-target", {"scaleTargetRef": {"kind": "Deployment", "name": "mine"}}, "either image"),
+    ("neither-image-nor-target", {"image": None}, "either image"),
+    ("target-without-name", {"image": None, "scaleTargetRef": {"kind": "Deployment"}},
+     "spec.scaleTargetRef.name: Required value"),
+    ("unknown-rollout", {"rollout": {"strategy": "Recreate"}}, "spec.rollout.strategy: Unsupported value"),
+    ("negative-wait", {"scaling": {"maxWaitSeconds": 0}}, "spec.scaling.maxWaitSeconds: Invalid value: 0"),
 ]
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from queueworker_controller import metrics, reconcile
 from queueworker_controller.deployment import SECRET_VERSION_ANNOTATION, secret_version
-from queueworker_controller.kube import SecretUnavailable, SecretValue
+from queueworker_controller.kube import FoundScaleTarget, ScaleTargetUnavailable, SecretUnavailable, SecretValue
 from queueworker_controller.policy import QueueDepth
 from queueworker_controller.queuedb import WorkerLease
 from queueworker_controller.reconcile import ObjectMemory, QueueWorkerObject, Reconciler
@@ -36,6 +36,9 @@ class FakeKube:
         self.writes = 0
         self.statuses: list[dict[str, Any]] = []
         self.deployment_reads = self.secret_reads = 0
+        self.target: dict[str, Any] | None = None  # a scaleTargetRef's workload
+        self.target_replicas = 1
+        self.target_scaled: list[tuple[str, str, int]] = []
 
     def read_deployment(self, namespace, name):
         self.deployment_reads += 1
@@ -67,6 +70,17 @@ class FakeKube:
 
     def patch_status(self, namespace, name, status):
         self.statuses.append(status)
+
+    def read_scale_target(self, namespace, ref):
+        if self.target is None:
+            raise ScaleTargetUnavailable(f"the API server knows no single resource of kind {ref.kind}")
+        return FoundScaleTarget({"spec": {"replicas": self.target_replicas},
+                                 "status": {"replicas": self.target_replicas, "selector": "app=mine"}},
+                                self.target)
+
+    def scale_target(self, namespace, ref, replicas):
+        self.target_scaled.append((ref.kind, ref.name, replicas))
+        self.target_replicas = replicas
 
     def list_pods(self, namespace, selector):
         return [{"metadata": {"name": n}} for n in ("idle", "busy")]
@@ -500,3 +514,35 @@ def test_an_idle_queueworker_waits_for_announcements_while_its_database_listens(
         assert reconciler.seconds_until_due(obj, memory) == wait
     finally:
         reconciler.close()
+
+
+def user_workload(args: list[str], grace: int | None = 60) -> dict[str, Any]:
+    pod = {"containers": [{"name": "app", "image": "mine", "args": args}]}
+    if grace is not None:
+        pod["terminationGracePeriodSeconds"] = grace
+    return {"metadata": {"name": "mine", "namespace": "ns"}, "spec": {"template": {"spec": pod}},
+            "status": {"readyReplicas": 1}}
+
+
+def test_a_scale_target_is_scaled_through_its_scale_and_nothing_is_created():
+    kube = FakeKube()
+    kube.target = user_workload(["worker", "--queue", "jobs", "--drain-seconds", "30"])
+    spec = {k: v for k, v in SPEC.items() if k != "image"} | {"scaleTargetRef": {"kind": "Deployment", "name": "mine"}}
+    result = tick(kube, QueueDepth(ready=7, running=1), spec)
+    assert kube.target_scaled == [("Deployment", "mine", 4)] and kube.writes == 0 and kube.deployments == {}
+    assert result.status["scaleTarget"] == "Deployment/mine" and "deployment" not in result.status
+    assert result.status["replicas"] == 4 and result.status["readyReplicas"] == 1
+    assert conditions(result)["DrainSafe"] == ("True", "GracePeriodCoversDrain")
+    kube.target = user_workload(["worker", "--drain-seconds=90"], grace=None)  # the default grace: 30 s
+    assert conditions(tick(kube, QueueDepth(0, 4), spec))["DrainSafe"] == ("False", "GracePeriodTooShort")
+    kube.target = user_workload(["python", "app.py"])
+    assert conditions(tick(kube, QueueDepth(0, 4), spec))["DrainSafe"] == ("Unknown", "NotAQueueworkerPod")
+    kube.target = None
+    assert conditions(tick(kube, QueueDepth(0, 4), spec))["Ready"] == ("False", "ScaleTargetUnavailable")
+
+
+@pytest.mark.parametrize("spec_change", [{"scaleTargetRef": {"kind": "Deployment", "name": "mine"}},
+                                          {"image": None}], ids=["both", "neither"])
+def test_image_or_scale_target_not_both(spec_change):
+    spec = {k: v for k, v in {**SPEC, **spec_change}.items() if v is not None}
+    assert conditions(tick(FakeKube(), QueueDepth(0, 0), spec))["Ready"][1] == "InvalidSpec"

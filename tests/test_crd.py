@@ -54,9 +54,14 @@ def test_schema_defaults_match_the_controller():
     for attr, key in [("min_replicas", "minReplicas"), ("max_replicas", "maxReplicas"),
                       ("activation_tasks", "activationTasks"), ("polling_interval_seconds", "pollingIntervalSeconds"),
                       ("scale_down_stabilization_seconds", "scaleDownStabilizationSeconds"),
-                      ("cooldown_seconds", "cooldownSeconds"), ("paused", "paused"), ("dry_run", "dryRun")]:
+                      ("cooldown_seconds", "cooldownSeconds"), ("paused", "paused"), ("dry_run", "dryRun"),
+                      ("throughput_floor", "throughputFloor")]:
         assert scaling[key]["default"] == getattr(defaults, attr), key
-    assert "default" not in scaling["tasksPerReplica"] and "default" not in scaling["fallbackReplicas"]
+    for unset in ("tasksPerReplica", "fallbackReplicas", "maxWaitSeconds", "lookaheadSeconds"):
+        assert "default" not in scaling[unset], unset
+    rollout = props["rollout"]["properties"]
+    assert rollout["strategy"]["default"] == minimal.rollout.strategy == "Drain"
+    assert rollout["maxWaitSeconds"]["default"] == minimal.rollout.max_wait_seconds
 
 
 def test_printer_columns():

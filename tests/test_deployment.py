@@ -54,6 +54,18 @@ def test_grace_period_covers_the_drain():
     assert grace_period_seconds(render(drainSeconds=45)) == 55
 
 
+def test_wait_for_idle_drains_for_max_wait_and_brings_new_pods_up_first():
+    deployment = render(drainSeconds=45, rollout={"strategy": "WaitForIdle", "maxWaitSeconds": 900})
+    args = worker_container(deployment)["args"]
+    assert args[args.index("--drain-seconds") + 1] == "900", "a stopping worker waits for its tasks"
+    assert grace_period_seconds(deployment) == 910 and shutdown_seconds(deployment) == 908
+    assert deployment["spec"]["strategy"] == {"type": "RollingUpdate",
+                                              "rollingUpdate": {"maxSurge": "100%", "maxUnavailable": 0}}
+    drain = render(drainSeconds=45, rollout={"strategy": "Drain", "maxWaitSeconds": 900})
+    assert "strategy" not in drain["spec"] and grace_period_seconds(drain) == 55
+    assert "strategy" not in render()["spec"], "Drain is the default"
+
+
 def shutdown_seconds(deployment) -> int:
     args = worker_container(deployment)["args"]
     return int(args[args.index("--shutdown-seconds") + 1])
@@ -123,8 +135,11 @@ def test_a_template_that_cannot_be_merged_is_an_invalid_spec(template):
     {"scaling": ["x"]},
     {"database": "x"},
     {"concurrency": "ten"},
+    {"rollout": {"strategy": "Recreate"}},
+    {"rollout": ["x"]},
+    {"rollout": {"strategy": "WaitForIdle", "maxWaitSeconds": "long"}},
 ], ids=["grace-text", "grace-negative", "grace-bool", "template-text", "template-spec-list", "scaling-list",
-        "database-text", "concurrency-text"])
+        "database-text", "concurrency-text", "rollout-unknown-strategy", "rollout-list", "rollout-wait-text"])
 def test_unusable_specs_raise_invalid_spec_only(spec_change):
     with pytest.raises(InvalidSpec):
         QueueWorkerSpec.from_dict({**MINIMAL, **spec_change})

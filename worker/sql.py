@@ -431,12 +431,16 @@ class FailedRow(NamedTuple):
 # Graceful shutdown, once every outcome is flushed: hands back to `pending`, without consuming the
 # attempt, every task the database says this worker still holds, whatever the worker remembers
 # (attempts cut short by the drain, attempts it cancelled when their lease ran out by its own clock,
-# a claim whose answer never arrived), and wakes other workers.
+# a claim whose answer never arrived), and wakes other workers. The task's error (and so its audit
+# row) says it was interrupted by a drain; queueworker_tasks_released_total counts them.
 RELEASE = """
 WITH released AS (
     UPDATE queueworker.tasks t
     SET state = 'pending', attempts = greatest(t.attempts - 1, 0), run_after = now(), updated_at = now(),
-        lease_owner = NULL, leased_until = NULL, deadline_at = NULL
+        lease_owner = NULL, leased_until = NULL, deadline_at = NULL,
+        error = jsonb_build_object('type', 'Drained', 'retryable', true, 'attempt', t.attempts,
+                                   'message', 'interrupted: the worker stopped (a drain) before the task finished; '
+                                              'handed back without spending the attempt')
     WHERE t.lease_owner = %(worker)s AND t.state = 'running'
     RETURNING t.id, t.queue
 ), notified AS (
