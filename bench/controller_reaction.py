@@ -6,9 +6,14 @@ zero replicas, waits a random part of the polling interval, commits 50 tasks and
 `spec.replicas` of the Deployment changes (read every 10 ms). Two ways to enqueue:
 
 - notify: the producer (`enqueue_many`), whose NOTIFY wakes the controller before the next poll;
-- silent: a raw INSERT without NOTIFY, i.e. what polling alone achieves.
+- silent: a raw INSERT without NOTIFY, i.e. what polling alone achieves (a QueueWorker idle at zero
+  whose database's LISTEN is up polls only every IDLE_POLL_SECONDS: up to a minute).
 
-    .venv/bin/python -m bench.controller_reaction [--rounds 10] [--polling 5]
+With --background N, N more QueueWorkers (each on a queue of its own, quiet) are created first, so the
+reaction is measured in a controller that serves N + 1 of them.
+
+    .venv/bin/python -m bench.controller_reaction [--rounds 10] [--polling 5] [--background 0]
+                                                  [--modes notify,silent]
 """
 
 from __future__ import annotations
@@ -45,9 +50,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--polling", type=int, default=5)
+    parser.add_argument("--background", type=int, default=0, help="quiet QueueWorkers served beside the measured one")
+    parser.add_argument("--modes", default="notify,silent", help="comma-separated: notify, silent")
     args = parser.parse_args()
     with bench_cluster(NAMESPACE) as cluster, running_controller(cluster):
         server, plane, apps = cluster.server, cluster.plane, cluster.apps
+        for index in range(args.background):
+            cluster.create_queueworker(f"quiet-{index:04d}", {
+                "queue": f"quiet-{index:04d}", "image": "registry.invalid/bench-placeholder:1",
+                "database": {"secretRef": {"name": "db"}}, "metricsPort": 0,
+                "scaling": {"maxReplicas": 3, "pollingIntervalSeconds": args.polling}})
+        if args.background:
+            plane.wait_for(lambda: sum(1 for qw in cluster.queueworkers()
+                                       if (qw.get("status") or {}).get("lastPollTime")) >= args.background,
+                           timeout=120 + args.background, interval=2, message="the quiet QueueWorkers reconciled")
         cluster.create_queueworker("bench", {
             "queue": "bench", "image": "queueworker:bench", "database": {"secretRef": {"name": "db"}},
             "drainSeconds": 1, "metricsPort": 0,
@@ -57,7 +73,7 @@ def main() -> None:
         def replicas() -> int:
             return apps.read_namespaced_deployment("bench-worker", NAMESPACE).spec.replicas
 
-        results: dict[str, list[float]] = {"notify": [], "silent": []}
+        results: dict[str, list[float]] = {mode: [] for mode in args.modes.split(",")}
         for round_ in range(args.rounds):
             for mode in results:
                 plane.wait_for(lambda: pending(server.dsn) == 0 and replicas() == 0, timeout=120,
@@ -70,8 +86,11 @@ def main() -> None:
                 results[mode].append(time.monotonic() - started)
                 print(f"round {round_ + 1} {mode}: {results[mode][-1]:.2f}s", flush=True)
         for mode, samples in results.items():
-            print(f"{mode}: p50 {statistics.median(samples):.2f}s, max {max(samples):.2f}s "
-                  f"over {len(samples)} rounds (pollingIntervalSeconds={args.polling})")
+            ordered = sorted(samples)
+            p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+            print(f"{mode}: p50 {statistics.median(samples):.2f}s, p99 {p99:.2f}s, max {max(samples):.2f}s "
+                  f"over {len(samples)} rounds (pollingIntervalSeconds={args.polling}, "
+                  f"{args.background} other QueueWorkers)")
 
 
 if __name__ == "__main__":

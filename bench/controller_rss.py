@@ -187,6 +187,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60, help="sampling time of each phase")
     parser.add_argument("--databases", type=int, default=1, help="databases (Secrets) the QueueWorkers spread over")
     parser.add_argument("--polling", type=int, default=5, help="pollingIntervalSeconds of every QueueWorker")
+    parser.add_argument("--settle", type=float, default=SETTLE_SECONDS,
+                        help="seconds between a step and its sampling (the cluster's own controllers take a while "
+                             "to settle a thousand new Deployments)")
     args = parser.parse_args()
     with bench_cluster(NAMESPACE) as cluster:
         urls = databases(cluster, args.databases)
@@ -201,7 +204,7 @@ def main() -> None:
                     queues[queue] = secrets[index % len(secrets)]
                     cluster.create_queueworker(f"qw-{index:03d}", queueworker_spec(queue, queues[queue], args.polling))
                 wait_reconciled(cluster, step)
-                time.sleep(SETTLE_SECONDS)
+                time.sleep(args.settle)
                 by_count[step] = measure(f"{step} QueueWorkers, queues empty", pid, metrics, args.seconds)
             backlogs = Backlogs({queue: urls[secret] for queue, secret in list(queues.items())[:BACKLOG_QUEUES]})
             loaded = measure(f"{len(queues)} QueueWorkers, {len(backlogs.dsns_by_queue)} queues filling and "
@@ -211,7 +214,7 @@ def main() -> None:
         with controller_under_test(cluster) as (pid, metrics):
             cluster.plane.wait_for(lambda: metrics.total(TICKS) >= len(queues), timeout=120,
                                    message="a tick of every QueueWorker")
-            time.sleep(SETTLE_SECONDS)
+            time.sleep(args.settle)
             restarted = measure(f"restarted with {len(queues)} QueueWorkers present, queues empty", pid, metrics,
                                 args.seconds)
     print(f"\ncontroller, pollingIntervalSeconds={args.polling}, {args.databases} database(s), "

@@ -67,8 +67,10 @@ async def close(memo: kopf.Memo, **_: Any) -> None:
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=DAEMON_CANCELLATION_SECONDS)
-async def scaling_loop(name: str, namespace: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """Runs for as long as the QueueWorker exists; `body` is kopf's live view of it."""
+async def scaling_loop(name: str, namespace: str, body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped,
+                       **_: Any) -> None:
+    """Runs for as long as the QueueWorker exists (`stopped` once it is deleted or the operator
+    stops: the loop then ends between ticks); `body` is kopf's live view of it."""
     reconciler: Reconciler = memo.reconciler
     memory: ObjectMemory = memo.setdefault(MEMORY_KEY, ObjectMemory())
     leader: LeaderElector | None = memo.get("leader")
@@ -85,7 +87,15 @@ async def scaling_loop(name: str, namespace: str, body: kopf.Body, memo: kopf.Me
         for event in result.events:
             kopf.event(body, type=event.type, reason=event.reason, message=event.message)
 
-    await reconciler.run(current, memory, publish)
+    async def wake_when_stopped() -> None:
+        await stopped.wait()
+        memory.wake.set()
+
+    watcher = asyncio.create_task(wake_when_stopped())
+    try:
+        await reconciler.run(current, memory, publish, stopping=lambda: bool(stopped))
+    finally:
+        watcher.cancel()
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)

@@ -76,6 +76,8 @@ class ObjectMemory:
     notified_pending: bool = False  # tasks were announced as due since the last poll
     lookahead_seconds: float = 0.0  # tasks announced as due later are looked at this much earlier
     reread_secret: bool = False  # the last depth read failed: the next tick reads the Secret anew
+    # The Deployment as last rendered, for (generation, Secret version), and what pod security refused in it.
+    rendered: tuple[tuple[int, str | None], dict[str, Any], list[str]] | None = field(default=None, repr=False)
     _due_timer: asyncio.TimerHandle | None = field(default=None, repr=False)
     _due_timer_at: float = float("inf")  # epoch
 
@@ -183,8 +185,10 @@ class DeploymentCache:
         return self._items.get((namespace, name))
 
     def put(self, deployment: dict[str, Any]) -> None:
+        """Keeps what ticks use: managedFields (a few kB per object) are left out."""
         meta = deployment["metadata"]
-        self._items[(meta["namespace"], meta["name"])] = deployment
+        self._items[(meta["namespace"], meta["name"])] = {
+            **deployment, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
 
     def drop(self, namespace: str, name: str) -> None:
         self._items.pop((namespace, name), None)
@@ -196,8 +200,9 @@ class Reconciler:
         self.kube = kube
         self.databases = databases
         self.deployments = DeploymentCache()
-        # (namespace, Secret, key) -> (monotonic time read, value): QueueWorkers sharing a Secret share a read.
-        self._secret_reads: dict[tuple[str, str, str], tuple[float, SecretValue]] = {}
+        # (namespace, Secret, key) -> (monotonic time read, value, its URL): QueueWorkers sharing a
+        # Secret share a read.
+        self._secret_reads: dict[tuple[str, str, str], tuple[float, SecretValue, DatabaseSecret]] = {}
         self.allow_privileged_templates = allow_privileged_templates
         self.secrets = secrets
         self.wall_clock = wall_clock
@@ -216,14 +221,16 @@ class Reconciler:
         return max(0.0, due - now)
 
     async def run(self, current: Callable[[], QueueWorkerObject], memory: ObjectMemory,
-                  publish: Callable[[QueueWorkerObject, TickResult], Awaitable[None]]) -> None:
+                  publish: Callable[[QueueWorkerObject, TickResult], Awaitable[None]],
+                  stopping: Callable[[], bool] = lambda: False) -> None:
         """One QueueWorker's loop, for as long as it exists (a kopf daemon; cancelled on deletion):
         tick when due, and otherwise sleep until the next poll, a NOTIFY for its queue or a change
         of its spec, whichever comes first. An idle QueueWorker costs nothing between its polls.
-        `current()` gives the object as it is now; `publish` writes a tick's status and Events.
+        `current()` gives the object as it is now; `publish` writes a tick's status and Events;
+        once `stopping()` (its waker sets `memory.wake`), the loop ends between ticks.
         Supervised: an error in `publish` is logged, and the loop goes on at the next poll."""
         try:
-            while True:
+            while not stopping():
                 memory.wake.clear()
                 obj = current()
                 wait = self.seconds_until_due(obj, memory)
@@ -287,7 +294,7 @@ class Reconciler:
         now = self.wall_clock()
 
         secret = await self._read_secret(obj, spec, fresh=memory.reread_secret)
-        target = await (self._owned_deployment(obj, spec, secret) if spec.scale_target is None else
+        target = await (self._owned_deployment(obj, spec, secret, memory) if spec.scale_target is None else
                         self._external_target(obj, spec))
         if isinstance(target, TickResult):
             return target
@@ -367,7 +374,7 @@ class Reconciler:
         now = self.monotonic()
         cached = self._secret_reads.get(key)
         if cached is not None and not fresh and now - cached[0] < SECRET_REFRESH_SECONDS:
-            value = cached[1]
+            _, value, parsed = cached
         else:
             try:
                 value = await self._kube(self.kube.read_secret, obj.namespace, spec.secret_name, spec.secret_key)
@@ -377,16 +384,14 @@ class Reconciler:
             except ApiException as exc:
                 self._secret_reads.pop(key, None)
                 return DatabaseSecret(error_reason="SecretUnavailable", error=f"{where}: {api_error(exc)}")
-            self._remember_secret_read(key, now, value)
-        try:
-            if len(value.data) <= MAX_DATABASE_URL_BYTES:  # masked in logs from now on (memory stays bounded)
-                self.secrets.remember(obj.key, value.data.decode("utf-8", "replace"))
-            return DatabaseSecret(dsn=database_url(value.data), version=value.version)
-        except dsn_text.InvalidDsn as exc:
-            return DatabaseSecret(version=value.version, error_reason="InvalidDatabaseUrl", error=f"{where}: {exc}")
+            parsed = _database_secret(value, where)
+            self._remember_secret_read(key, now, value, parsed)
+        if len(value.data) <= MAX_DATABASE_URL_BYTES:  # masked in logs from now on (memory stays bounded)
+            self.secrets.remember(obj.key, value.data.decode("utf-8", "replace"))
+        return parsed
 
-    async def _owned_deployment(self, obj: QueueWorkerObject, spec: QueueWorkerSpec, secret: DatabaseSecret
-                                ) -> ScaledTarget | TickResult:
+    async def _owned_deployment(self, obj: QueueWorkerObject, spec: QueueWorkerSpec, secret: DatabaseSecret,
+                                memory: ObjectMemory) -> ScaledTarget | TickResult:
         """The worker Deployment this QueueWorker owns, created or brought up to date with the spec."""
         name = deployment_name(obj.name)
         current = self.deployments.get(obj.namespace, name)
@@ -397,18 +402,24 @@ class Reconciler:
                 return self._failed(obj, "DeploymentError", f"worker Deployment: {api_error(exc)}")
             if current is not None:
                 self.deployments.put(current)
-        try:
-            # Without a usable URL (Secret missing or invalid), keep the version the pods run with:
-            # they keep working with the value they started with; rolling them would break them.
-            rendered = build_deployment(obj.name, obj.namespace, obj.uid, spec,
-                                        secret.version if secret.dsn is not None else secret_version(current))
-        except InvalidSpec as exc:
-            return self._failed(obj, "InvalidSpec", f"spec cannot be used: {exc}")
-        refused = [] if self.allow_privileged_templates else podsecurity.violations(rendered["spec"]["template"])
+        # Without a usable URL (Secret missing or invalid), keep the version the pods run with:
+        # they keep working with the value they started with; rolling them would break them.
+        version = secret.version if secret.dsn is not None else secret_version(current)
+        if memory.rendered is None or memory.rendered[0] != (obj.generation, version):
+            try:
+                rendered = build_deployment(obj.name, obj.namespace, obj.uid, spec, version)
+            except InvalidSpec as exc:
+                return self._failed(obj, "InvalidSpec", f"spec cannot be used: {exc}")
+            refused = [] if self.allow_privileged_templates else podsecurity.violations(rendered["spec"]["template"])
+            memory.rendered = ((obj.generation, version), rendered, refused)
+        _, rendered, refused = memory.rendered
         if refused:
             return self._failed(obj, "InvalidSpec", _refusal(refused))
         try:
-            deployment = await self._kube(self._ensure_deployment, current, rendered, obj.uid, spec)
+            if _up_to_date(current, rendered, obj.uid):  # the usual tick: nothing to write, no thread hop
+                deployment = current
+            else:
+                deployment = await self._kube(self._ensure_deployment, current, rendered, obj.uid, spec)
         except ApiException as exc:
             self.deployments.drop(obj.namespace, name)  # e.g. a conflict: the next tick reads it again
             return self._failed(obj, "DeploymentError", f"worker Deployment: {api_error(exc)}")
@@ -445,11 +456,13 @@ class Reconciler:
                                 or scale_status.get("replicas") or 0),
                             workload, scale, str(scale_status.get("selector") or ""), grace, drain)
 
-    def _remember_secret_read(self, key: tuple[str, str, str], now: float, value: SecretValue) -> None:
-        """Keeps a read for the QueueWorkers sharing the Secret; reads nobody used again are dropped."""
+    def _remember_secret_read(self, key: tuple[str, str, str], now: float, value: SecretValue,
+                              parsed: DatabaseSecret) -> None:
+        """Keeps a read (and what it gave) for the QueueWorkers sharing the Secret; reads past their
+        time are dropped whenever another read is made."""
         self._secret_reads = {k: read for k, read in self._secret_reads.items()
                               if now - read[0] < SECRET_REFRESH_SECONDS}
-        self._secret_reads[key] = (now, value)
+        self._secret_reads[key] = (now, value, parsed)
 
     async def _read_depth(self, obj: QueueWorkerObject, spec: QueueWorkerSpec, dsn: str, memory: ObjectMemory
                           ) -> tuple[QueueDepth | None, str | None, str | None]:
@@ -473,11 +486,10 @@ class Reconciler:
         meta = rendered["metadata"]
         if current is None:
             return self._cached(self.kube.create_deployment(meta["namespace"], rendered, spec.scaling.min_replicas))
-        if not any(ref.get("uid") == uid and ref.get("controller")
-                   for ref in current["metadata"].get("ownerReferences") or []):
+        if not _controlled_by(current, uid):
             raise DeploymentNotOwned(f"Deployment {meta['namespace']}/{meta['name']} exists and is not controlled "
                                      f"by this QueueWorker; rename or delete it")
-        if (current["metadata"].get("annotations") or {}).get(HASH_ANNOTATION) != meta["annotations"][HASH_ANNOTATION]:
+        if not _up_to_date(current, rendered, uid):
             return self._cached(self.kube.update_deployment(current, rendered))
         return current
 
@@ -524,6 +536,26 @@ class Reconciler:
                            "conditions": conditions.render([ready, *kept], obj.status.get("conditions"),
                                                            obj.generation, now)},
                           [Event("Warning", reason, message)] if changed else [])
+
+
+def _controlled_by(deployment: dict[str, Any], uid: str) -> bool:
+    return any(ref.get("uid") == uid and ref.get("controller")
+               for ref in deployment["metadata"].get("ownerReferences") or [])
+
+
+def _up_to_date(current: dict[str, Any] | None, rendered: dict[str, Any], uid: str) -> bool:
+    """The Deployment exists, is this QueueWorker's, and was rendered from the same spec."""
+    return (current is not None and _controlled_by(current, uid)
+            and (current["metadata"].get("annotations") or {}).get(HASH_ANNOTATION)
+            == rendered["metadata"]["annotations"][HASH_ANNOTATION])
+
+
+def _database_secret(value: SecretValue, where: str) -> DatabaseSecret:
+    """The URL a Secret value holds, validated."""
+    try:
+        return DatabaseSecret(dsn=database_url(value.data), version=value.version)
+    except dsn_text.InvalidDsn as exc:
+        return DatabaseSecret(version=value.version, error_reason="InvalidDatabaseUrl", error=f"{where}: {exc}")
 
 
 def _refusal(violations: list[str]) -> str:

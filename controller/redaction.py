@@ -28,9 +28,13 @@ class KnownSecrets:
 
     def __init__(self) -> None:
         self._by_owner: dict[Hashable, tuple[str, ...]] = {}
+        self._distinct: list[str] | None = None
         self._lock = threading.Lock()
 
     def remember(self, owner: Hashable, value: str) -> None:
+        known = self._by_owner.get(owner)
+        if known and known[0] == value:  # every tick remembers: only a new value costs a parse
+            return
         secrets = [value]
         try:
             secrets.append(dsn_text.parse(value).get("password") or "")
@@ -38,14 +42,21 @@ class KnownSecrets:
             pass
         with self._lock:
             self._by_owner[owner] = tuple(s for s in secrets if s)
+            self._distinct = None
 
     def forget(self, owner: Hashable) -> None:
         with self._lock:
             self._by_owner.pop(owner, None)
+            self._distinct = None
 
     def values(self) -> list[str]:
+        """Each distinct value once (QueueWorkers sharing a Secret share its values), longest first,
+        computed again only after a change: every log record is scrubbed with them."""
         with self._lock:
-            return [value for values in self._by_owner.values() for value in values]
+            if self._distinct is None:
+                self._distinct = sorted({v for values in self._by_owner.values() for v in values}, key=len,
+                                        reverse=True)
+            return self._distinct
 
     def scrub(self, text: str) -> str:
         return dsn_text.scrub(text, self.values())
