@@ -236,8 +236,8 @@ def write(out: Path, results: dict) -> None:
               "partition's end to the consolidation's start, and the wall time from starting the workers to the "
               "run's success.",
               f"- **Flow control** (queueworker): the burn-down above on a queue with a rate limit of "
-              f"1,000,000/s and as big a burst (never binding: every claim takes `CLAIM_LIMITED`, which locks the "
-              f"queue's row), against the same queue without, fresh database each, alternating, "
+              f"1,000,000/s and as big a burst (never binding: every claim locks the queue's row with `LOCK_QUEUE`, "
+              f"then runs `CLAIM_LIMITED`, in one transaction), against the same queue without, fresh database each, alternating, "
               f"{c.get('flow_runs', 0)} runs each.",
               ""]
 

@@ -64,6 +64,17 @@ MAX_DATABASE_URL_BYTES = 8192
 MESSAGE_LIMIT = 1000
 
 
+@dataclass(frozen=True)
+class RenderedDeployment:
+    """What a tick needs of the Deployment rendered for (generation, Secret version): rendering is
+    repeated only when those change, or to write it; the object itself is not kept."""
+
+    key: tuple[int, str | None]
+    spec_hash: str
+    grace: int
+    refused: list[str]  # what pod security refuses in its template
+
+
 @dataclass
 class ObjectMemory:
     """What the controller remembers about one QueueWorker between ticks (lost on restart, harmless),
@@ -76,8 +87,7 @@ class ObjectMemory:
     notified_pending: bool = False  # tasks were announced as due since the last poll
     lookahead_seconds: float = 0.0  # tasks announced as due later are looked at this much earlier
     reread_secret: bool = False  # the last depth read failed: the next tick reads the Secret anew
-    # The Deployment as last rendered, for (generation, Secret version), and what pod security refused in it.
-    rendered: tuple[tuple[int, str | None], dict[str, Any], list[str]] | None = field(default=None, repr=False)
+    rendered: RenderedDeployment | None = field(default=None, repr=False)
     _due_timer: asyncio.TimerHandle | None = field(default=None, repr=False)
     _due_timer_at: float = float("inf")  # epoch
 
@@ -405,20 +415,24 @@ class Reconciler:
         # Without a usable URL (Secret missing or invalid), keep the version the pods run with:
         # they keep working with the value they started with; rolling them would break them.
         version = secret.version if secret.dsn is not None else secret_version(current)
-        if memory.rendered is None or memory.rendered[0] != (obj.generation, version):
+        rendered = None
+        if memory.rendered is None or memory.rendered.key != (obj.generation, version):
             try:
                 rendered = build_deployment(obj.name, obj.namespace, obj.uid, spec, version)
             except InvalidSpec as exc:
                 return self._failed(obj, "InvalidSpec", f"spec cannot be used: {exc}")
             refused = [] if self.allow_privileged_templates else podsecurity.violations(rendered["spec"]["template"])
-            memory.rendered = ((obj.generation, version), rendered, refused)
-        _, rendered, refused = memory.rendered
-        if refused:
-            return self._failed(obj, "InvalidSpec", _refusal(refused))
+            memory.rendered = RenderedDeployment((obj.generation, version),
+                                                 rendered["metadata"]["annotations"][HASH_ANNOTATION],
+                                                 grace_period_seconds(rendered), refused)
+        summary = memory.rendered
+        if summary.refused:
+            return self._failed(obj, "InvalidSpec", _refusal(summary.refused))
         try:
-            if _up_to_date(current, rendered, obj.uid):  # the usual tick: nothing to write, no thread hop
+            if _up_to_date(current, summary.spec_hash, obj.uid):  # the usual tick: nothing to write, no thread hop
                 deployment = current
             else:
+                rendered = rendered or build_deployment(obj.name, obj.namespace, obj.uid, spec, version)
                 deployment = await self._kube(self._ensure_deployment, current, rendered, obj.uid, spec)
         except ApiException as exc:
             self.deployments.drop(obj.namespace, name)  # e.g. a conflict: the next tick reads it again
@@ -432,7 +446,7 @@ class Reconciler:
         return ScaledTarget(name, int(deployment["spec"].get("replicas", 1)),
                             int((deployment.get("status") or {}).get("readyReplicas") or 0), deployment, scale,
                             ",".join(f"{k}={v}" for k, v in selector_labels(obj.name).items()),
-                            grace_period_seconds(rendered), spec.drain_budget_seconds)
+                            summary.grace, spec.drain_budget_seconds)
 
     async def _external_target(self, obj: QueueWorkerObject, spec: QueueWorkerSpec) -> ScaledTarget | TickResult:
         """`spec.scaleTargetRef`: read (and later scaled) through its `scale` subresource only; nothing
@@ -489,7 +503,7 @@ class Reconciler:
         if not _controlled_by(current, uid):
             raise DeploymentNotOwned(f"Deployment {meta['namespace']}/{meta['name']} exists and is not controlled "
                                      f"by this QueueWorker; rename or delete it")
-        if not _up_to_date(current, rendered, uid):
+        if not _up_to_date(current, rendered["metadata"]["annotations"][HASH_ANNOTATION], uid):
             return self._cached(self.kube.update_deployment(current, rendered))
         return current
 
@@ -543,11 +557,10 @@ def _controlled_by(deployment: dict[str, Any], uid: str) -> bool:
                for ref in deployment["metadata"].get("ownerReferences") or [])
 
 
-def _up_to_date(current: dict[str, Any] | None, rendered: dict[str, Any], uid: str) -> bool:
+def _up_to_date(current: dict[str, Any] | None, spec_hash: str, uid: str) -> bool:
     """The Deployment exists, is this QueueWorker's, and was rendered from the same spec."""
     return (current is not None and _controlled_by(current, uid)
-            and (current["metadata"].get("annotations") or {}).get(HASH_ANNOTATION)
-            == rendered["metadata"]["annotations"][HASH_ANNOTATION])
+            and (current["metadata"].get("annotations") or {}).get(HASH_ANNOTATION) == spec_hash)
 
 
 def _database_secret(value: SecretValue, where: str) -> DatabaseSecret:
