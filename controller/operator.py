@@ -27,6 +27,8 @@ from .reconcile import ObjectMemory, QueueWorkerObject, Reconciler, TickResult
 from .spec import GROUP, PLURAL, VERSION
 
 MEMORY_KEY = "queueworker_memory"
+# Objects whose watch events kopf processes at the same time (each may make API requests).
+EVENT_WORKERS = 32
 # A deleted QueueWorker's daemon is cancelled (kopf waits this long for it to end).
 DAEMON_CANCELLATION_SECONDS = 10
 # The event loop's default executor does the DNS lookups of database connects (psycopg's async
@@ -54,6 +56,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.watching.server_timeout = WATCH_SERVER_TIMEOUT_SECONDS
     settings.watching.client_timeout = WATCH_SERVER_TIMEOUT_SECONDS + API_REQUEST_TIMEOUT_SECONDS
     settings.background.cancellation_polling = DAEMON_STOP_POLLING_SECONDS
+    # kopf's HTTP client opens a connection (with a 256 kB TLS read buffer) per concurrent request:
+    # bounding the objects processed at once bounds that when a thousand QueueWorkers appear together.
+    settings.queueing.worker_limit = EVENT_WORKERS
     asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(RESOLVER_THREADS, thread_name_prefix="resolve"))
     leader: LeaderElector | None = memo.get("leader")
     kube = Kube(load_config()) if leader is None else Kube(load_config(), before_write=leader.ensure_leading)

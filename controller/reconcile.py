@@ -195,10 +195,15 @@ class DeploymentCache:
         return self._items.get((namespace, name))
 
     def put(self, deployment: dict[str, Any]) -> None:
-        """Keeps what ticks use: managedFields (a few kB per object) are left out."""
-        meta = deployment["metadata"]
+        """Keeps what ticks use (metadata without managedFields, the replicas, the pod template's
+        annotations, the status), not the pod spec: a thousand of these stay small."""
+        meta, spec = deployment["metadata"], deployment.get("spec") or {}
+        template_meta = (spec.get("template") or {}).get("metadata") or {}
         self._items[(meta["namespace"], meta["name"])] = {
-            **deployment, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
+            "metadata": {k: v for k, v in meta.items() if k != "managedFields"},
+            "spec": {"replicas": spec.get("replicas"),
+                     "template": {"metadata": {"annotations": template_meta.get("annotations") or {}}}},
+            "status": deployment.get("status") or {}}
 
     def drop(self, namespace: str, name: str) -> None:
         self._items.pop((namespace, name), None)
