@@ -12,7 +12,6 @@ conditions.
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -120,7 +119,7 @@ async def remember_deployment(event: kopf.RawEvent, body: kopf.Body, memo: kopf.
     if event.get("type") == "DELETED":
         reconciler.deployments.drop(body.metadata.namespace, body.metadata.name)
     else:
-        reconciler.deployments.put(copy.deepcopy(dict(body)))
+        reconciler.deployments.put(dict(body))  # the cache copies what it keeps
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)

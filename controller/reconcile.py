@@ -11,6 +11,7 @@ through `queueworker.dsn`, so no Secret value reaches a status field, an Event o
 from __future__ import annotations
 
 import asyncio
+import copy
 import functools
 import logging
 import time
@@ -199,11 +200,11 @@ class DeploymentCache:
         annotations, the status), not the pod spec: a thousand of these stay small."""
         meta, spec = deployment["metadata"], deployment.get("spec") or {}
         template_meta = (spec.get("template") or {}).get("metadata") or {}
-        self._items[(meta["namespace"], meta["name"])] = {
+        self._items[(meta["namespace"], meta["name"])] = copy.deepcopy({
             "metadata": {k: v for k, v in meta.items() if k != "managedFields"},
             "spec": {"replicas": spec.get("replicas"),
                      "template": {"metadata": {"annotations": template_meta.get("annotations") or {}}}},
-            "status": deployment.get("status") or {}}
+            "status": deployment.get("status") or {}})
 
     def drop(self, namespace: str, name: str) -> None:
         self._items.pop((namespace, name), None)
