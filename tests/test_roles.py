@@ -11,7 +11,6 @@ import secrets
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,8 +162,10 @@ def test_each_role_runs_its_flows_with_only_its_grants(installation):
     assert psycopg.conninfo.conninfo_to_dict(login["worker"])["password"] not in log
 
     assert depth == QueueDepth(ready=0, running=1, retrying=0, oldest_ready_age_seconds=None, rate_per_second=1000.0,
-                               max_running=100, mean_task_seconds=depth.mean_task_seconds)
+                               max_running=100, mean_task_seconds=depth.mean_task_seconds,
+                               finish_rate=depth.finish_rate, recent_task_seconds=depth.recent_task_seconds)
     assert depth.mean_task_seconds is not None, "the controller reads the durations a rate limit needs"
+    assert depth.finish_rate and depth.recent_task_seconds is not None, "and what a throughput floor needs"
     assert [(lease.pod_name, lease.running, lease.draining) for lease in leases] == [("worker-0", 1, False)]
     assert woken, "the controller's LISTEN heard the producer's NOTIFY"
     assert query(admin, "SELECT state::text, attempts FROM queueworker.tasks WHERE id = %s", (held,)) == [
@@ -228,20 +229,22 @@ def test_each_role_runs_its_flows_with_only_its_grants(installation):
 async def _controller_flows(admin: str, controller: str, producer: str) -> tuple[QueueDepth, list, bool]:
     """What the controller does each tick, through its own QueueDatabases: depth, leases, LISTEN."""
     databases = QueueDatabases()
+    heard: list[float] = []
     try:
         # Two QueueWorkers on this database: one reads the worked queue, one watches the other.
         databases.bind("worked", controller, QUEUE)
-        databases.bind("watched", controller, NOTIFY_QUEUE)
-        depth = await databases.depth(controller, QUEUE, cap=100)
+        databases.bind("watched", controller, NOTIFY_QUEUE, heard.append)
+        depth = await databases.depth(controller, QUEUE, cap=100, lookahead_seconds=60, throughput=True)
         leases = await databases.worker_leases(controller, NAMESPACE, QUEUE)
         await asyncio.to_thread(wait_until, lambda: scalar(
             admin, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'queueworker-controller-listen' "
                    "AND query LIKE 'LISTEN%%'"), message="the controller's LISTEN")
-        since = time.monotonic()
+        await asyncio.sleep(0.2)
+        heard.clear()  # the catch-up announcement that follows every LISTEN
         with psycopg.connect(producer, autocommit=True) as conn:
             enqueue(conn, "qw.noop", queue=NOTIFY_QUEUE)
         for _ in range(100):
-            if databases.notified_since(controller, NOTIFY_QUEUE, since):
+            if heard:
                 return depth, leases, True
             await asyncio.sleep(0.1)
         return depth, leases, False
