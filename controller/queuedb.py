@@ -33,6 +33,7 @@ from typing import Any
 import psycopg
 from queueworker import dsn as dsn_text
 from queueworker import sql
+from queueworker.events import parse_announcement
 
 from .policy import QueueDepth
 
@@ -163,17 +164,14 @@ class Database:
             self.watched.pop(queue, None)
 
     def _announce(self, payload: str) -> None:
-        """`queue` (tasks due now) or `queue epoch` (due then), from a producer or a scheduler."""
-        queue, _, due = payload.partition(" ")
-        owners = self.watched.get(queue)
-        if not owners:
-            return
-        try:
-            due_epoch = float(due) if due else 0.0
-        except ValueError:
-            return
-        if due_epoch != due_epoch:  # NaN: never from our producers
-            return
+        """Tells the QueueWorkers of the queue a producer or a scheduler announced tasks on (garbage
+        reaches nobody)."""
+        announced = parse_announcement(payload)
+        if announced is not None:
+            self._notify(self.watched.get(announced[0], {}), announced[1])
+
+    @staticmethod
+    def _notify(owners: dict[Hashable, Notify], due_epoch: float) -> None:
         for notify in list(owners.values()):
             notify(due_epoch)
 
@@ -200,8 +198,7 @@ class Database:
                     failures = 0
                     self.listening = True
                     for owners in list(self.watched.values()):  # what was announced while not listening
-                        for notify in list(owners.values()):
-                            notify(0.0)
+                        self._notify(owners, 0.0)
                     async for notify in conn.notifies():
                         self._announce(notify.payload)
                 self.listening = False

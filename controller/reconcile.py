@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 import psycopg
 from kubernetes.client.rest import ApiException
 from queueworker import dsn as dsn_text
+from queueworker.events import DueTimer, wait_event
 
 from . import conditions, metrics, podsecurity
 from .conditions import Condition, status_of
@@ -89,31 +90,24 @@ class ObjectMemory:
     lookahead_seconds: float = 0.0  # tasks announced as due later are looked at this much earlier
     reread_secret: bool = False  # the last depth read failed: the next tick reads the Secret anew
     rendered: RenderedDeployment | None = field(default=None, repr=False)
-    _due_timer: asyncio.TimerHandle | None = field(default=None, repr=False)
-    _due_timer_at: float = float("inf")  # epoch
+    _timer: DueTimer = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._timer = DueTimer(lambda: self.notified(0.0))
 
     def notified(self, due_epoch: float) -> None:
-        """A NOTIFY announced tasks on the queue, due at `due_epoch` (0: now). One timer at most,
-        for the earliest announcement: the tick it causes reads every task due by then."""
-        delay = due_epoch - self.lookahead_seconds - time.time()
-        if delay <= 0:
-            self.notified_pending = True
-            self.wake.set()
+        """A NOTIFY announced tasks on the queue, due at `due_epoch` (0: now), looked at
+        `lookahead_seconds` earlier. One timer at most, for the earliest announcement: the tick it
+        causes reads every task due by then."""
+        look_at = due_epoch - self.lookahead_seconds
+        if look_at > time.time():
+            self._timer.at(look_at)
             return
-        if self._due_timer is not None and self._due_timer_at <= due_epoch:
-            return
-        self.stop_timer()
-        self._due_timer_at = due_epoch
-        self._due_timer = asyncio.get_running_loop().call_later(delay, self._due)
-
-    def _due(self) -> None:
-        self._due_timer, self._due_timer_at = None, float("inf")
-        self.notified(0.0)
+        self.notified_pending = True
+        self.wake.set()
 
     def stop_timer(self) -> None:
-        if self._due_timer is not None:
-            self._due_timer.cancel()
-        self._due_timer, self._due_timer_at = None, float("inf")
+        self._timer.cancel()
 
 
 class DeploymentNotOwned(Exception):
@@ -251,7 +245,7 @@ class Reconciler:
                 obj = current()
                 wait = self.seconds_until_due(obj, memory)
                 if wait > 0:
-                    await wait_for_event(memory.wake, wait)
+                    await wait_event(memory.wake, wait)
                     continue
                 memory.notified_pending = False
                 result = await self.tick(obj, memory)
@@ -676,7 +670,7 @@ def _worker_drain(workload: dict[str, Any]) -> tuple[int | None, int | None]:
             if value is not None:
                 try:
                     return int(pod.get("terminationGracePeriodSeconds", 30)), int(float(value))
-                except ValueError:
+                except (ValueError, OverflowError):  # "nan", "inf": not a drain we can judge
                     return None, None
     return None, None
 
@@ -709,12 +703,3 @@ def _epoch(text: str | None) -> float | None:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
-
-
-async def wait_for_event(event: asyncio.Event, seconds: float) -> None:
-    """Returns when `event` is set or after `seconds`, whichever comes first."""
-    try:
-        async with asyncio.timeout(seconds):
-            await event.wait()
-    except TimeoutError:
-        pass

@@ -190,7 +190,7 @@ def test_listen_passes_announcements_to_the_queueworkers_of_their_queue_only(dsn
         await asyncio.to_thread(enqueue, dsn, "wake", 1)
         with psycopg.connect(dsn, autocommit=True) as conn:
             enqueue_many(conn, [{"task": "t", "queue": "wake", "delay": 60}])
-            for payload in ("unwatched", "wake nan", "wake not-a-time"):
+            for payload in ("unwatched", "wake nan", "wake not-a-time", "wake inf", "wake 1e400", "wake -inf"):
                 conn.execute("SELECT pg_notify('queueworker', %s)", (payload,))
         for _ in range(50):
             if len(heard["b"]) >= 2:

@@ -93,7 +93,6 @@ class FakeDatabases:
     def __init__(self, depth: QueueDepth | None, error: Exception | None = None):
         self.depth_value = depth
         self.error = error or psycopg.OperationalError("connection refused")
-        self.notified = False
         self.listens = False
         self.bindings: dict[Any, tuple[str, str]] = {}
 
@@ -546,3 +545,13 @@ def test_a_scale_target_is_scaled_through_its_scale_and_nothing_is_created():
 def test_image_or_scale_target_not_both(spec_change):
     spec = {k: v for k, v in {**SPEC, **spec_change}.items() if v is not None}
     assert conditions(tick(FakeKube(), QueueDepth(0, 0), spec))["Ready"][1] == "InvalidSpec"
+
+
+@pytest.mark.parametrize("drain", ["nan", "inf", "1e400", "-inf", "\x00", "9" * 5000, ""])
+def test_a_scale_targets_hostile_drain_flag_is_judged_unknown(drain):
+    kube = FakeKube()
+    kube.target = user_workload(["worker", "--drain-seconds", drain])
+    spec = {k: v for k, v in SPEC.items() if k != "image"} | {"scaleTargetRef": {"kind": "Deployment", "name": "mine"}}
+    result = tick(kube, QueueDepth(0, 1), spec)
+    assert conditions(result)["DrainSafe"] == ("Unknown", "NotAQueueworkerPod")
+    assert conditions(result)["Ready"][0] == "True"

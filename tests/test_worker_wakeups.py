@@ -36,7 +36,7 @@ def test_many_future_due_times_keep_one_timer_for_the_earliest():
             worker._wake_at(due)
         timers = _live_timers(loop)
         assert len(timers) - baseline == 1
-        assert worker._due_timer_at == min(due_times)
+        assert worker._due_timer.due_at == min(due_times)
         worker._wake_at(now - 1)  # due already: a wake-up now, no timer
         assert worker._wakeup.is_set() and len(_live_timers(loop)) - baseline == 1
         worker._due_timer.cancel()

@@ -3,8 +3,9 @@
 Producers send one notification per queue per statement: `queue` when tasks are due now,
 `queue <epoch>` when the batch is only due later. The listener turns those into a wake-up
 now or a timed wake-up, and asks for one poll, one scheduler pass and one look at the settings
-after every (re)connect, since notifications sent while it was not listening are lost. A cancellation of a running task names the worker that
-holds it; that worker stops the handler at once.
+after every (re)connect, since notifications sent while it was not listening are lost. A
+cancellation of a running task names the worker that holds it; that worker stops the handler at
+once.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Callable
 import psycopg
 
 from . import db, metrics, sql
+from .events import parse_announcement
 from . import dsn as dsn_text
 
 log = logging.getLogger("queueworker.listener")
@@ -62,16 +64,14 @@ class Listener:
         return 0.0
 
     def _handle(self, payload: str) -> None:
-        queue, _, due = payload.partition(" ")
+        queue = payload.partition(" ")[0]
         if queue not in self._queues:
             return
-        try:
-            due_epoch = float(due) if due else 0.0
-        except ValueError:
+        announced = parse_announcement(payload)
+        if announced is None:  # never from queueworker: garbage is ignored
             log.warning("ignoring malformed notification for queue %s", queue)
             return
-        if due_epoch == due_epoch:  # NaN never comes from our producers; ignore it like any garbage
-            self._wake(due_epoch)
+        self._wake(announced[1])
 
     def _handle_cancel(self, payload: str) -> None:
         """`worker-id task-id lease-token`: ours only. A cancellation missed while disconnected is

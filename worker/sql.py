@@ -321,6 +321,9 @@ class HeldRow(NamedTuple):
 
 DEREGISTER_WORKER = "DELETE FROM queueworker.workers WHERE id = %(worker)s"
 
+# Where `wait_for` hears that a task it waits for has finished (payload: the task's id).
+FINISHED_CHANNEL = "queueworker_finished"
+
 # Moves the rows from `tasks_active` to `tasks_finished` itself and writes their audit rows, in
 # one statement: as cheap as an in-place UPDATE, where an UPDATE routed through the partitioned
 # parent costs Postgres 15 about twice as much per row. DML aimed at a partition does not fire
@@ -329,10 +332,6 @@ DEREGISTER_WORKER = "DELETE FROM queueworker.workers WHERE id = %(worker)s"
 # one advisory lock and one index probe when nothing waits), and the `counted` step: the runs these
 # belong to count them (migration 006; nothing to do for tasks of no run). Lists every column of
 # queueworker.tasks: keep it in step with the migrations.
-# Where `wait_for` hears that a task it waits for has finished (payload: the task's id).
-FINISHED_CHANNEL = "queueworker_finished"
-
-
 def _complete_succeeded(inputs: str, carried: str, steps: str) -> str:
     """The success statement, for plain successes and for continuations: `inputs` are the unnest
     columns after (id, token, result), `carried` what `done` returns besides the row, `steps` the

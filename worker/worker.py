@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-import math
 import signal
 import time
 import traceback
@@ -30,7 +29,7 @@ from .builtin_tasks import register_builtin_tasks
 from .cleaner import Cleaner
 from .completer import Completer
 from .db import DutyConnection
-from .events import wait_event
+from .events import DueTimer, wait_event
 from .flow import FlowControl
 from .handlers import (CANCELLED, LEASE_LOST, SHUTDOWN, CancelledByHandler, Continue, DeadlineExceeded, HandlerThreads,
                        PermanentError, Registry, RetryAfter, RunInfo, Snooze, TaskContext, UnknownTaskError,
@@ -106,10 +105,9 @@ class Worker:
         self._hurry: asyncio.Event | None = None
         self._wakeup: asyncio.Event | None = None
         self._slot_freed: asyncio.Event | None = None
-        self._due_timer: asyncio.TimerHandle | None = None
-        self._due_timer_at = math.inf
         self._claim_errors = ErrorStreak("claim", log, dsn)
         self.scheduler = Scheduler(self._duty_conn, settings.scheduler_max_interval_seconds)
+        self._due_timer = DueTimer(self.scheduler.poke)  # a pass when tasks announced for later are due
         self.flow = FlowControl(self._duty_conn, settings.queues, on_change=lambda: self._wake_at(0.0))
         self.completer = Completer(self._complete_conn, settings.flush_interval_seconds, settings.flush_max_batch,
                                    self._flushed, on_waiting=self.scheduler.poke,
@@ -165,8 +163,7 @@ class Worker:
             return await self._drain(fetch, duties)
         finally:
             watchdog.stop()
-            if self._due_timer is not None:
-                self._due_timer.cancel()
+            self._due_timer.cancel()
             for duty in duties:
                 duty.cancel()
             await asyncio.gather(*duties, return_exceptions=True)
@@ -477,16 +474,10 @@ class Worker:
         """Due now: claim. Due later: have the scheduler admit it then; its NOTIFY wakes us all.
         One timer at most, for the earliest due time: the scheduler's pass at that moment also
         finds every later task and sleeps until the next one itself."""
-        delay = due_epoch - time.time()
-        if delay <= 0:
+        if due_epoch <= time.time():
             self._wakeup.set()
             return
-        if self._due_timer is not None and self._due_timer_at <= due_epoch:
-            return
-        if self._due_timer is not None:
-            self._due_timer.cancel()
-        self._due_timer_at = due_epoch
-        self._due_timer = asyncio.get_running_loop().call_later(delay, self._due)
+        self._due_timer.at(due_epoch)
 
     def _catch_up(self) -> None:
         """The listener (re)started listening: what it missed may be tasks due now (claim), tasks
@@ -494,10 +485,6 @@ class Worker:
         self._wake_at(0.0)
         self.scheduler.poke()
         self.flow.settings_changed()
-
-    def _due(self) -> None:
-        self._due_timer, self._due_timer_at = None, math.inf
-        self.scheduler.poke()
 
     async def _sleep_unless_woken(self, seconds: float) -> None:
         await wait_event(self._wakeup, seconds)
