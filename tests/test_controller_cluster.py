@@ -364,8 +364,9 @@ def test_lookahead_starts_the_pods_of_a_scheduled_burst_before_it_is_due(cluster
     assert status["queueDepth"]["dueSoon"] == 6 and status["queueDepth"]["ready"] == 0
     (event,) = cluster.wait_for(lambda: cluster.events("DueSoon"), timeout=10, message="the DueSoon Event")
     assert "6 due within the lookahead" in event.message
+    cluster.wait_for(lambda: cluster.queueworker("behind").get("status", {}).get("reason") == "Idle", timeout=10,
+                     message="the QueueWorker without a lookahead idle")
     assert cluster.replicas("behind") == 0, "without a lookahead, nothing is ready yet"
-    assert cluster.queueworker("behind")["status"]["reason"] == "Idle"
 
 
 def test_a_retry_due_after_the_fleet_went_to_zero_brings_it_back(cluster: Cluster, dsn: str):
