@@ -18,18 +18,33 @@ What applications import:
 - `start_run`: a partitioned run, counted as its partitions end, consolidated once if all succeed.
 - `WorkerSettings`, `SettingsError`: a worker's settings, every default and bound in one place
   (the CLI's flags and QUEUEWORKER_* variables are derived from it).
+- `Worker`, `run_worker`, `run_worker_async`, `Registry`: run a worker inside an application (sync,
+  or on the application's asyncio loop), with the default registry that `@task` fills or one of
+  its own (`registry.task`); the CLI's `worker` command runs through `run_worker` too
+  (docs/embedding.md). Imported on first use, so producers do not load the worker.
 """
 
 __version__ = "0.1.0"
 
-from .handlers import Continue, PermanentError, RetryAfter, RunInfo, Snooze, TaskContext, task  # noqa: E402
+from .handlers import Continue, PermanentError, Registry, RetryAfter, RunInfo, Snooze, TaskContext, task  # noqa: E402
 from .producer import (  # noqa: E402
     TaskSpec, enqueue, enqueue_async, enqueue_chain, enqueue_chain_async, enqueue_many, enqueue_many_async, start_run)
 from .operations import cancel, cancel_many  # noqa: E402
 from .results import TaskInfo, get_task, wait_for  # noqa: E402
 from .settings import SettingsError, WorkerSettings  # noqa: E402
 
-__all__ = ["Continue", "PermanentError", "RetryAfter", "RunInfo", "SettingsError", "Snooze", "TaskContext",
+__all__ = ["Continue", "PermanentError", "Registry", "RetryAfter", "RunInfo", "SettingsError", "Snooze", "TaskContext",
            "TaskInfo", "TaskSpec", "WorkerSettings", "cancel", "cancel_many", "enqueue", "enqueue_async",
            "enqueue_chain", "enqueue_chain_async", "enqueue_many", "enqueue_many_async", "get_task", "start_run",
-           "task", "wait_for"]
+           "task", "wait_for", "Worker", "run_worker", "run_worker_async"]
+
+_WORKER_NAMES = ("Worker", "run_worker", "run_worker_async")
+
+
+def __getattr__(name: str) -> object:
+    """The worker's names, imported when first used (PEP 562)."""
+    if name in _WORKER_NAMES:
+        from . import worker
+
+        return getattr(worker, name)
+    raise AttributeError(f"module 'queueworker' has no attribute {name!r}")

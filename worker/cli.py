@@ -349,14 +349,15 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from .external import register_commands
     from .handlers import default_registry
     from .settings import settings_from
-    from .worker import Worker
+    from .worker import run_worker
 
     level = _process_option(args.log_level, "--log-level", "QUEUEWORKER_LOG_LEVEL", LEVELS, "info")
     log_format = _process_option(args.log_format, "--log-format", "QUEUEWORKER_LOG_FORMAT", LOG_FORMATS, "json")
     settings = settings_from({option.field: getattr(args, option.field) for option in SETTING_OPTIONS}, os.environ)
     configure_logging(level, log_format == "json", _secrets(args.dsn))
-    default_registry.import_modules(args.handlers)
+    _import_from_working_directory()
     try:
+        default_registry.import_modules(args.handlers)
         register_commands(default_registry, args.commands, settings)
     except ValueError as exc:
         raise CliError(str(exc)) from None
@@ -369,7 +370,15 @@ def cmd_worker(args: argparse.Namespace) -> int:
             raise CliError(f"cannot serve metrics on {settings.metrics_address} port {settings.metrics_port}: "
                            f"{exc.strerror or exc}") from None
     # Threads of sync handlers that ignored cancellation are daemons: they cannot hold up the exit.
-    return asyncio.run(Worker(args.dsn, settings, default_registry, auto_migrate=args.migrate).run())
+    return run_worker(args.dsn, settings, default_registry, auto_migrate=args.migrate, install_signal_handlers=True)
+
+
+def _import_from_working_directory() -> None:
+    """`--handlers app.tasks` finds `app` in the working directory, as `python -m` would: the
+    script's own directory (the virtualenv's bin/) is what the interpreter put on the path."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -277,26 +277,43 @@ class Registry:
     def names(self) -> list[str]:
         return sorted(self._handlers)
 
+    def task(self, fn: Callable[..., Any] | None = None, *, name: str | None = None) -> Any:
+        """Registers a handler here: `@registry.task` or `@registry.task(name="emails.send")`."""
+
+        def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
+            self.register(f, name)
+            return f
+
+        return decorate(fn) if fn is not None else decorate
+
     def import_modules(self, modules: list[str]) -> None:
-        """Imports user handler modules; their @task decorators register into default_registry."""
+        """Imports user handler modules; their @task decorators register into default_registry.
+
+        A module that leads to no handler at all is refused: `--handlers os` or a typo'd package
+        that happens to exist would otherwise start a worker that fails every task it claims."""
         for module in modules:
+            before = set(self._handlers)
             try:
                 importlib.import_module(module)
             except ImportError as exc:
                 raise ImportError(f"cannot import handler module {module!r}: {exc}") from exc
+            if set(self._handlers) == before and not self._has_handlers_from(module):
+                raise ValueError(f"handler module {module!r} registers no task handlers (no @task in it, "
+                                 f"or in what it imports)")
+
+    def _has_handlers_from(self, module: str) -> bool:
+        """Handlers defined in `module` or its submodules (registered by an earlier import)."""
+        defined_in = (getattr(h.fn, "__module__", None) or "" for h in self._handlers.values())
+        return any(name == module or name.startswith(module + ".") for name in defined_in)
 
 
 default_registry = Registry()
 
 
 def task(fn: Callable[..., Any] | None = None, *, name: str | None = None) -> Any:
-    """Registers a handler: `@task` (named after the function) or `@task(name="emails.send")`."""
-
-    def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
-        default_registry.register(f, name)
-        return f
-
-    return decorate(fn) if fn is not None else decorate
+    """Registers a handler in the default registry: `@task` (named after the function) or
+    `@task(name="emails.send")`."""
+    return default_registry.task(fn, name=name)
 
 
 # How long a sync handler told to stop may take to return before its thread counts as stuck.

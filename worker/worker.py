@@ -4,9 +4,13 @@ The fetch loop claims pending tasks in batches sized by free slots and hands eac
 its handler; the completer flushes outcomes in batches; the heartbeater keeps leases alive and
 fences attempts whose lease passed by its own clock; the rescuer, scheduler and cleaner run the
 queue's background duties; the listener wakes the fetch loop. Every duty runs under the same
-supervisor (worker/supervisor.py): no error ends it. On SIGTERM/SIGINT the worker drains within
-one shutdown budget: stop claiming, let attempts finish until the drain deadline, cancel the rest
-and hand their leases back without consuming an attempt, flush every outcome, deregister.
+supervisor (worker/supervisor.py): no error ends it. On a stop request (SIGTERM/SIGINT when it
+owns the signals) the worker drains within one shutdown budget: stop claiming, let attempts finish
+until the drain deadline, cancel the rest and hand their leases back without consuming an attempt,
+flush every outcome, deregister.
+
+`Worker`, `run_worker` and `run_worker_async` are the public way to run one, inside an application
+as well as from the CLI (which uses `run_worker`): docs/embedding.md.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import signal
 import time
 import traceback
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from . import dsn as dsn_text
@@ -33,7 +37,7 @@ from .events import DueTimer, wait_event
 from .flow import FlowControl
 from .handlers import (CANCELLED, LEASE_LOST, SHUTDOWN, CancelledByHandler, Continue, DeadlineExceeded, HandlerThreads,
                        PermanentError, Registry, RetryAfter, RunInfo, Snooze, TaskContext, UnknownTaskError,
-                       run_handler)
+                       default_registry, run_handler)
 from .heartbeat import Heartbeater, WorkerIdentity
 from .listener import Listener
 from .migrate import latest_version, migrate
@@ -77,9 +81,29 @@ class State(enum.Enum):
     STOPPED = "Stopped"
 
 
+# Hooks an application may give a worker: each is called with the worker (and `on_stopped` with its
+# exit code too); a coroutine function is awaited on the worker's loop.
+ReadyHook = Callable[["Worker"], Any]
+StoppedHook = Callable[["Worker", int], Any]
+
+
 class Worker:
-    def __init__(self, dsn: str, settings: WorkerSettings, registry: Registry, auto_migrate: bool = False):
+    """One worker: claims tasks from `settings.queues` and runs them with the handlers of `registry`.
+
+    Run it once, with `await worker.run()` (or `run_worker`/`run_worker_async`). `request_stop()`
+    drains it from anywhere, at any time: before `run()` (which then returns at once), from the
+    worker's loop, or from another thread. Signals are left alone unless `install_signal_handlers`
+    is true, as in the CLI: then SIGTERM/SIGINT drain it, and the loop's handlers for them are
+    removed again when it stops. `on_ready` is called once the worker is registered, has
+    recovered expired leases and claims; `on_stopped` once it has drained and deregistered.
+    """
+
+    def __init__(self, dsn: str, settings: WorkerSettings | None = None, registry: Registry | None = None,
+                 auto_migrate: bool = False, *, install_signal_handlers: bool = False,
+                 on_ready: ReadyHook | None = None, on_stopped: StoppedHook | None = None):
         dsn_text.validate(dsn)  # a malformed URL cannot heal: refuse it before anything starts
+        settings = settings if settings is not None else WorkerSettings()
+        registry = registry if registry is not None else default_registry
         # Handlers may put the worker's own connection string in an error message: never store it.
         self._secrets = (dsn, dsn_text.parse(dsn).get("password"))
         self.settings = settings
@@ -101,10 +125,17 @@ class Worker:
         self._stopping = False
         self._stop_started = 0.0
         self._draining = False
-        self._stop_requested: asyncio.Event | None = None
-        self._hurry: asyncio.Event | None = None
-        self._wakeup: asyncio.Event | None = None
-        self._slot_freed: asyncio.Event | None = None
+        # Events bind to a loop only when first waited on: made here, so a stop may come before run().
+        self._stop_requested = asyncio.Event()
+        self._hurry = asyncio.Event()
+        self._wakeup = asyncio.Event()
+        self._slot_freed = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._started = False
+        self._install_signal_handlers = install_signal_handlers
+        self._on_ready = on_ready
+        self._on_stopped = on_stopped
+        self.ready = False
         self._claim_errors = ErrorStreak("claim", log, dsn)
         self.scheduler = Scheduler(self._duty_conn, settings.scheduler_max_interval_seconds)
         self._due_timer = DueTimer(self.scheduler.poke)  # a pass when tasks announced for later are due
@@ -127,14 +158,24 @@ class Worker:
     # -- lifecycle ------------------------------------------------------------------------
 
     async def run(self) -> int:
-        """Runs until stopped by a signal (or request_stop); returns the process exit code."""
-        loop = asyncio.get_running_loop()
-        self._stop_requested = asyncio.Event()
-        self._hurry = asyncio.Event()
-        self._wakeup = asyncio.Event()
-        self._slot_freed = asyncio.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        """Runs until stopped; returns the exit code: 0 after a clean drain, non-zero if a task
+        could not be recorded or released, or the worker stopped itself (it says why in its log)."""
+        if self._started:
+            raise RuntimeError("a Worker runs once: make a new one to run again")
+        self._started = True
+        self._loop = loop = asyncio.get_running_loop()
+        signals = (signal.SIGTERM, signal.SIGINT) if self._install_signal_handlers else ()
+        for sig in signals:
             loop.add_signal_handler(sig, self.request_stop)
+        try:
+            exit_code = await self._run(loop)
+        finally:
+            for sig in signals:
+                loop.remove_signal_handler(sig)
+        await self._call_hook("on_stopped", self._on_stopped, self, exit_code)
+        return exit_code
+
+    async def _run(self, loop: asyncio.AbstractEventLoop) -> int:
         watchdog = LoopWatchdog(loop)
         watchdog.start()
         log.info("worker starting", extra={"worker_id": str(self.identity.id), "queues": list(self.settings.queues),
@@ -150,6 +191,8 @@ class Worker:
             duties = [asyncio.create_task(supervise(name, step, log, dsn=self._dsn, **options), name=name)
                       for name, step, options in self._duties()]
             fetch = asyncio.create_task(self._fetch_loop(), name="fetch")
+            self.ready = True
+            await self._call_hook("on_ready", self._on_ready, self)
             stop = asyncio.create_task(self._stop_requested.wait())
             done, _ = await asyncio.wait([stop, fetch, *duties], return_when=asyncio.FIRST_COMPLETED)
             for ended in done - {stop}:
@@ -169,7 +212,19 @@ class Worker:
             await asyncio.gather(*duties, return_exceptions=True)
             for conn in self._connections():
                 await conn.close()
+            self.ready = False
             self._set_state(State.STOPPED)
+
+    async def _call_hook(self, name: str, hook: Callable[..., Any] | None, *args: Any) -> None:
+        """An application's hook: its errors are logged, never allowed to stop or break the worker."""
+        if hook is None:
+            return
+        try:
+            outcome = hook(*args)
+            if asyncio.iscoroutine(outcome) or isinstance(outcome, asyncio.Future):
+                await outcome
+        except Exception:  # noqa: BLE001 - application code: logged, the worker goes on
+            log.exception("the worker's %s hook raised", name)
 
     def _connections(self) -> tuple[DutyConnection, ...]:
         return self._claim_conn, self._complete_conn, self._heartbeat_conn, self._duty_conn, self._checkpoint_conn
@@ -194,7 +249,15 @@ class Worker:
         return duties
 
     def request_stop(self, exit_code: int = 0) -> None:
-        """First call: drain. Second call: shorten the drain to zero."""
+        """First call: drain. Second call: shorten the drain to zero. Safe from any thread, and
+        before `run()` (which then returns at once) or after it (nothing left to do)."""
+        loop = self._loop
+        if loop is not None and loop.is_running() and not _running_here(loop):
+            loop.call_soon_threadsafe(self._stop, exit_code)
+        else:
+            self._stop(exit_code)
+
+    def _stop(self, exit_code: int) -> None:
         self._exit_code = max(self._exit_code, exit_code)
         if self._stopping:
             log.warning("second stop request: cancelling remaining attempts now")
@@ -588,6 +651,51 @@ class Worker:
                 return True
             except Exception as exc:  # noqa: BLE001 - logged and retried within the budget
                 await asyncio.sleep(min(errors.record(exc), max(0.0, end - loop.time())))
+
+
+async def run_worker_async(dsn: str, settings: WorkerSettings | None = None, registry: Registry | None = None, *,
+                           handlers: Iterable[str] = (), auto_migrate: bool = False,
+                           install_signal_handlers: bool = False, on_ready: ReadyHook | None = None,
+                           on_stopped: StoppedHook | None = None) -> int:
+    """Runs a worker on the running loop until it is stopped; returns its exit code.
+
+    `handlers` names modules to import first: their `@task` handlers register in the default
+    registry, so they cannot go with a registry of your own (register on it instead). Inside an
+    application the loop's signals stay the application's: stop the worker by calling
+    `request_stop()` on the worker that `on_ready` is given (or make a `Worker` yourself). Cancelling
+    the coroutine instead stops it without draining: its leases expire and the tasks run again."""
+    return await _prepared(dsn, settings, registry, handlers, auto_migrate, install_signal_handlers,
+                           on_ready, on_stopped).run()
+
+
+def run_worker(dsn: str, settings: WorkerSettings | None = None, registry: Registry | None = None, *,
+               handlers: Iterable[str] = (), auto_migrate: bool = False, install_signal_handlers: bool = True,
+               on_ready: ReadyHook | None = None, on_stopped: StoppedHook | None = None) -> int:
+    """Runs a worker on a loop of its own until it is stopped; returns its exit code. This is the
+    program's main loop (as in the CLI), so by default SIGTERM/SIGINT drain it."""
+    worker = _prepared(dsn, settings, registry, handlers, auto_migrate, install_signal_handlers,
+                       on_ready, on_stopped)
+    return asyncio.run(worker.run())
+
+
+def _prepared(dsn: str, settings: WorkerSettings | None, registry: Registry | None, handlers: Iterable[str],
+              auto_migrate: bool, install_signal_handlers: bool, on_ready: ReadyHook | None,
+              on_stopped: StoppedHook | None) -> Worker:
+    modules = list(handlers)
+    if modules and registry is not None and registry is not default_registry:
+        raise ValueError("handlers= imports modules whose @task handlers register in the default registry: "
+                         "with a registry of your own, register them on it (registry.task) instead")
+    default_registry.import_modules(modules)
+    return Worker(dsn, settings, registry, auto_migrate, install_signal_handlers=install_signal_handlers,
+                  on_ready=on_ready, on_stopped=on_stopped)
+
+
+def _running_here(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether `loop` is the loop running in this thread (else it must be reached thread-safely)."""
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
 
 
 def _describe(exc: BaseException) -> str:
