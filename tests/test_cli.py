@@ -418,3 +418,25 @@ def test_a_worker_never_logs_its_password_whoever_writes_it(dsn, tmp_path, log_f
     assert "handlers loaded for ***" in output and "leaky failed with ***" in output
     assert "ConnectionError: could not reach ***" in output
     assert PASSWORD not in output
+
+
+@pytest.mark.integration
+def test_status_counts_each_workers_running_tasks_now_and_fits_80_columns(dsn):
+    """The per-worker running count comes from the leases held, not from the worker's last
+    heartbeat (10 s apart here): it agrees with the queue's count as soon as the tasks run."""
+    worker = WorkerProcess(dsn, "--concurrency", "4", "--lease-seconds", "30", "--heartbeat-seconds", "10",
+                           "--queue", "a-queue-with-a-rather-long-descriptive-name")
+    try:
+        wait_until(lambda: scalar(dsn, "SELECT count(*) FROM queueworker.workers"), message="worker registered")
+        qw("enqueue", "qw.sleep", "--payload", '{"seconds": 20}', "--count", "3",
+           "--queue", "a-queue-with-a-rather-long-descriptive-name", "--dsn", dsn)
+        wait_until(lambda: scalar(dsn, "SELECT count(*) FROM queueworker.tasks WHERE state = 'running'") == 3,
+                   message="three tasks running")
+        report = json.loads(qw("status", "--json", "--dsn", dsn).stdout)
+        assert [w["running"] for w in report["workers"]] == [3]
+        assert report["queues"]["a-queue-with-a-rather-long-descriptive-name"]["running"] == 3
+        text = qw("status", "--dsn", dsn).stdout
+        assert max(len(line) for line in text.splitlines()) <= 80, text
+        assert f"pid {worker.pid}" in text and "3/4" in text  # a local worker: its host and process
+    finally:
+        worker.stop()

@@ -398,10 +398,12 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([row._asdict() for row in rows], indent=2, default=str))
         return 0
-    print(f"{'ID':>10} {'QUEUE':<16} {'TASK':<24} {'STATE':<10} {'ATTEMPTS':>8}  PROGRESS")
-    for row in rows:
-        print(f"{row.id:>10} {row.queue[:16]:<16} {row.task[:24]:<24} {row.state:<10} "
-              f"{row.attempts:>4}/{row.max_attempts:<3}  {status.describe_progress(row.progress_json)}")
+    Column = status.Column
+    print("\n".join(status.table(
+        [Column("ID", right=True), Column("QUEUE"), Column("TASK"), Column("STATE"), Column("ATTEMPTS", right=True),
+         Column("PROGRESS", flexible=True)],
+        [[row.id, row.queue, row.task, row.state, f"{row.attempts}/{row.max_attempts}",
+          status.describe_progress(row.progress_json)] for row in rows])) if rows else "(no tasks)")
     return 0
 
 

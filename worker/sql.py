@@ -962,13 +962,31 @@ WHERE state = 'pending' AND NOT delayed AND (%(queue)s::text IS NULL OR queue = 
 GROUP BY queue
 """
 
+# `running` is counted from the leases held now (the partial index of running tasks), not the
+# count the worker wrote at its last heartbeat, so it agrees with the queue counts beside it.
 LIVE_WORKERS = """
-SELECT id::text, hostname, pod_name, pod_namespace, pid, queues, concurrency, running, draining,
-       extract(epoch FROM now() - heartbeat_at)::float8 AS heartbeat_age, started_at
-FROM queueworker.workers
-WHERE %(queue)s::text IS NULL OR %(queue)s = ANY(queues)
-ORDER BY started_at
+SELECT w.id::text, w.hostname, w.pod_name, w.pod_namespace, w.pid, w.queues, w.concurrency,
+       (SELECT count(*) FROM queueworker.tasks_active t
+        WHERE t.state = 'running' AND t.lease_owner = w.id)::int AS running,
+       w.draining, extract(epoch FROM now() - w.heartbeat_at)::float8 AS heartbeat_age_seconds, w.started_at
+FROM queueworker.workers w
+WHERE %(queue)s::text IS NULL OR %(queue)s = ANY(w.queues)
+ORDER BY w.started_at
 """
+
+
+class LiveWorkerRow(NamedTuple):
+    id: str
+    hostname: str
+    pod_name: str | None
+    pod_namespace: str | None
+    pid: int
+    queues: list[str]
+    concurrency: int
+    running: int
+    draining: bool
+    heartbeat_age_seconds: float
+    started_at: Any
 
 # -- controller: queue depth and per-pod lease counts ---------------------------------------
 

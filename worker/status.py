@@ -1,7 +1,14 @@
-"""`queueworker status`: counts per queue and state, oldest pending age, flow control, live workers."""
+"""`queueworker status`: counts per queue and state, oldest pending age, flow control, live workers.
+
+The text form fits an 80-column terminal: columns are as wide as their contents, a column of
+zeros that only some setups use (blocked) is left out, and the one free-text column of a table
+(a pod, a task name) is cut to what is left; `--json` has everything, uncut.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -20,9 +27,8 @@ def collect(conn: psycopg.Connection, queue: str | None = None, stuck: bool = Fa
         queues.setdefault(name, {s: 0 for s in STATES})[state] = count
     for name, age in conn.execute(sql.OLDEST_PENDING_AGE, params):
         queues.setdefault(name, {s: 0 for s in STATES})["oldest_pending_age_seconds"] = round(age, 3)
-    columns = ("id", "hostname", "pod_name", "pod_namespace", "pid", "queues", "concurrency", "running",
-               "draining", "heartbeat_age_seconds", "started_at")
-    workers = [dict(zip(columns, row)) for row in conn.execute(sql.LIVE_WORKERS, params)]
+    with conn.cursor(row_factory=typed_rows(sql.LiveWorkerRow)) as cursor:
+        workers = [row._asdict() for row in cursor.execute(sql.LIVE_WORKERS, params)]
     flow = {row.name: flow_control(row) for row in queue_settings(conn, queue) if row.limited}
     report = {"queues": queues, "flow_control": flow, "workers": workers}
     if stuck:
@@ -68,33 +74,90 @@ def describe_flow(flow: dict[str, Any]) -> str:
     return "; ".join(parts) or "no limits"
 
 
+TERMINAL_WIDTH = 80
+COLUMN_GAP = "  "
+# States always shown in the text table; the others only when a queue has such tasks.
+USUAL_STATES = ("pending", "running", "retrying", "succeeded", "failed", "cancelled")
+
+
+@dataclass(frozen=True)
+class Column:
+    header: str
+    right: bool = False     # numbers line up on the right
+    flexible: bool = False  # the column cut to make the table fit
+
+
+def table(columns: Sequence[Column], rows: Sequence[Sequence[Any]], width: int = TERMINAL_WIDTH) -> list[str]:
+    """Rows under their headers, each column as wide as its widest cell; the flexible column
+    gives up what the line needs to fit `width` (never below its header)."""
+    cells = [[str(value) for value in row] for row in rows]
+    widths = [max([len(column.header)] + [len(row[i]) for row in cells]) for i, column in enumerate(columns)]
+    excess = sum(widths) + len(COLUMN_GAP) * (len(columns) - 1) - width
+    for i, column in enumerate(columns):
+        if column.flexible and excess > 0:
+            widths[i] = max(len(column.header), widths[i] - excess)
+
+    def line(values: Sequence[str]) -> str:
+        fitted = [_fit(value, widths[i], column.right) for i, (value, column) in enumerate(zip(values, columns))]
+        return COLUMN_GAP.join(fitted).rstrip()
+
+    return [line([column.header for column in columns])] + [line(row) for row in cells]
+
+
+def _fit(value: str, width: int, right: bool) -> str:
+    if len(value) > width:
+        value = value[:width - 1] + "…"
+    return value.rjust(width) if right else value.ljust(width)
+
+
+def worker_location(worker: dict[str, Any]) -> str:
+    """Where a worker runs: its pod (namespace/name) in Kubernetes, else host and process id."""
+    if worker["pod_name"]:
+        return f"{worker['pod_namespace']}/{worker['pod_name']}" if worker["pod_namespace"] else worker["pod_name"]
+    return f"{worker['hostname']} pid {worker['pid']}"
+
+
 def render(report: dict[str, Any]) -> str:
-    lines = [f"{'QUEUE':<20} " + " ".join(f"{s.upper():>10}" for s in STATES) + f" {'OLDEST PENDING':>15}"]
-    for name, counts in sorted(report["queues"].items()):
-        age = counts.get("oldest_pending_age_seconds")
-        lines.append(f"{name:<20} " + " ".join(f"{counts[s]:>10}" for s in STATES)
-                     + f" {(f'{age:.1f}s' if age is not None else '-'):>15}")
-    if not report["queues"]:
-        lines.append("(no tasks)")
+    queues = sorted(report["queues"].items())
+    states = [state for state in STATES if state in USUAL_STATES or any(counts[state] for _, counts in queues)]
+    lines = table([Column("QUEUE", flexible=True), *(Column(state.upper(), right=True) for state in states),
+                   Column("OLDEST", right=True)],
+                  [[name, *(counts[state] for state in states), _age(counts.get("oldest_pending_age_seconds"))]
+                   for name, counts in queues]) if queues else ["(no tasks)"]
     if report["flow_control"]:
         lines.append("")
-        lines.append(f"{'QUEUE':<20} FLOW CONTROL")
-        for name, flow in sorted(report["flow_control"].items()):
-            lines.append(f"{name:<20} {describe_flow(flow)}")
+        lines += table([Column("QUEUE"), Column("FLOW CONTROL", flexible=True)],
+                       [[name, describe_flow(flow)] for name, flow in sorted(report["flow_control"].items())])
     lines.append("")
-    lines.append(f"{'WORKER':<38} {'POD':<30} {'RUNNING':>9} {'DRAINING':>9} {'HEARTBEAT':>10}")
-    for w in report["workers"]:
-        pod = w["pod_name"] or w["hostname"]
-        lines.append(f"{w['id']:<38} {pod:<30} {w['running']:>4}/{w['concurrency']:<4} "
-                     f"{'yes' if w['draining'] else 'no':>9} {w['heartbeat_age_seconds']:>9.1f}s")
-    if not report["workers"]:
+    if report["workers"]:
+        lines += table([Column("WORKER"), Column("WHERE", flexible=True), Column("RUNNING", right=True),
+                        Column("DRAINING"), Column("HEARTBEAT", right=True)],
+                       [[w["id"][:8], worker_location(w), f"{w['running']}/{w['concurrency']}",
+                         "yes" if w["draining"] else "no", _age(w["heartbeat_age_seconds"])]
+                        for w in report["workers"]])
+    else:
         lines.append("(no live workers)")
     if "stuck" in report:
         lines.append("")
-        lines.append(f"{'STUCK TASK':>10} {'QUEUE':<20} {'TASK':<24} {'LEASE EXPIRED':>14}  WORKER")
-        for task in report["stuck"]:
-            lines.append(f"{task['id']:>10} {task['queue'][:20]:<20} {task['task'][:24]:<24} "
-                         f"{task['expired_for']:>12.1f}s  {task['lease_owner']}")
-        if not report["stuck"]:
+        if report["stuck"]:
+            lines += table([Column("STUCK TASK", right=True), Column("QUEUE"), Column("TASK", flexible=True),
+                            Column("EXPIRED FOR", right=True), Column("WORKER")],
+                           [[task["id"], task["queue"], task["task"], _age(task["expired_for"]),
+                             str(task["lease_owner"])[:8]] for task in report["stuck"]])
+        else:
             lines.append("(no running task has an expired lease)")
     return "\n".join(lines)
+
+
+def _age(seconds: float | None) -> str:
+    """1.5s, 4m05s, 3h20m, 2d04h: short enough for a column, exact enough to act on."""
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    days, hours = divmod(hours, 24)
+    if days:
+        return f"{days}d{hours:02d}h"
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
