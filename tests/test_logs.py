@@ -5,10 +5,17 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
+import pty
+import re
+from collections import Counter
 
+import psycopg
 import pytest
 
-from queueworker.logs import configure_logging
+from queueworker import enqueue
+from queueworker.logs import configure_logging, default_format
+from tests.support import WorkerProcess, wait_until
 
 PASSWORD = "Pa55-w0rd_x"
 URL = f"postgresql://app:{PASSWORD}@db.example:5432/app"
@@ -63,4 +70,56 @@ def test_json_lines_keep_their_fields_and_types(captured):
 def test_url_passwords_are_redacted_even_with_no_secret_configured(captured):
     _configure(captured, "INFO", False)
     logging.getLogger("app").warning("retrying %s", URL)
-    assert captured.getvalue() == "WARNING app: retrying postgresql://app:***@db.example:5432/app\n"
+    assert captured.getvalue()[9:] == "WARNING app: retrying postgresql://app:***@db.example:5432/app\n"
+
+
+def test_text_lines_keep_the_fields_of_the_json_lines(captured):
+    _configure(captured, "info", json_format=False)
+    logging.getLogger("queueworker.worker").info("worker starting", extra={"queues": ["a", "b"], "concurrency": 10})
+    line = captured.getvalue().strip()
+    assert re.fullmatch(r'\d\d:\d\d:\d\d INFO queueworker\.worker: worker starting queues=\["a", "b"\] concurrency=10',
+                        line), line
+
+
+def test_text_on_a_terminal_json_elsewhere():
+    primary, secondary = pty.openpty()
+    try:
+        with os.fdopen(secondary, "w", closefd=False) as terminal:
+            assert default_format(terminal) == "text"
+    finally:
+        os.close(primary)
+        os.close(secondary)
+    assert default_format(io.StringIO()) == "json"
+    closed = io.StringIO()
+    closed.close()
+    assert default_format(closed) == "json"
+
+
+SUMMARY = re.compile(r"INFO queueworker\.worker: last 1s: ([\d,]+) tasks finished \(([^)]*)\); \d+ running of 10")
+
+
+def _summarised(log: str) -> Counter:
+    """Outcomes over every summary line (the tasks may finish across two intervals)."""
+    outcomes: Counter = Counter()
+    for total, detail in SUMMARY.findall(log):
+        parts = dict(reversed(part.split(" ")) for part in detail.split(", "))
+        assert sum(int(n) for n in parts.values()) == int(total)
+        outcomes.update({label: int(n) for label, n in parts.items()})
+    return outcomes
+
+
+@pytest.mark.integration
+def test_a_worker_logs_each_finished_task_at_debug_and_a_summary_at_info(dsn):
+    worker = WorkerProcess(dsn, "--log-level", "debug", "--summary-interval-seconds", "1")
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            ids = [enqueue(conn, "qw.noop") for _ in range(3)]
+            failing = enqueue(conn, "qw.fail", {"message": "boom"}, max_attempts=1)
+        wait_until(lambda: _summarised(worker.log()) == {"succeeded": 3, "failed": 1}, message="the summary lines")
+    finally:
+        worker.stop()
+    log = worker.log()
+    for task_id in ids:
+        assert re.search(rf"DEBUG queueworker\.worker: task {task_id} qw\.noop: succeeded after [\d.]+s "
+                         rf"task_id={task_id}", log), log
+    assert f"task {failing} qw.fail: failed after" in log

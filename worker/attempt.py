@@ -26,6 +26,7 @@ class Attempt:
     reporting: bool = False   # handler finished; outcome waits in the completer
     failed: bool = False      # ... and that outcome is a failure (a circuit breaker counts it)
     abandoned: bool = False   # lease lost, fenced or released: any outcome is discarded
+    outcome: str = ""         # the outcome's label once reported: succeeded, retrying, failed, ...
     started: float = field(default=0.0)
     # (task id, lease token): a task id alone repeats when a task comes back to this worker
     # (retried, rescued), and a late outcome of the old attempt must not touch the new one.

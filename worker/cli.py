@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from . import __version__, dsn as dsns, jsonvalue, status
 from .status import STATES
-from .logs import LEVELS, configure_logging
+from .logs import LEVELS, configure_logging, default_format
 from .operations import CANCELLABLE
 from .settings import SETTING_OPTIONS, SettingOption, SettingsError, WorkerSettings, one_line
 
@@ -118,7 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     wrk.add_argument("--migrate", action="store_true", help="apply pending migrations before starting")
     wrk.add_argument("--log-level", type=str.lower, choices=LEVELS,
                      help="default info ($QUEUEWORKER_LOG_LEVEL)")
-    wrk.add_argument("--log-format", choices=LOG_FORMATS, help="default json ($QUEUEWORKER_LOG_FORMAT)")
+    wrk.add_argument("--log-format", choices=LOG_FORMATS,
+                     help="default text on a terminal, json otherwise ($QUEUEWORKER_LOG_FORMAT)")
     settings = wrk.add_argument_group("settings")
     for option in SETTING_OPTIONS:
         settings.add_argument(option.flag, dest=option.field, metavar=_metavar(option), default=None,
@@ -352,7 +353,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from .worker import run_worker
 
     level = _process_option(args.log_level, "--log-level", "QUEUEWORKER_LOG_LEVEL", LEVELS, "info")
-    log_format = _process_option(args.log_format, "--log-format", "QUEUEWORKER_LOG_FORMAT", LOG_FORMATS, "json")
+    log_format = _process_option(args.log_format, "--log-format", "QUEUEWORKER_LOG_FORMAT", LOG_FORMATS,
+                                 default_format())
     settings = settings_from({option.field: getattr(args, option.field) for option in SETTING_OPTIONS}, os.environ)
     configure_logging(level, log_format == "json", _secrets(args.dsn))
     _import_from_working_directory()

@@ -38,6 +38,8 @@ class Success:
     attempt: Attempt
     result_json: str | None
 
+    label = "succeeded"
+
 
 @dataclass(slots=True)
 class Failure:
@@ -49,6 +51,11 @@ class Failure:
     def __post_init__(self) -> None:
         self.attempt.failed = True  # on its way to a circuit breaker, if its queue has one: hold claims
 
+    @property
+    def label(self) -> str:
+        attempt = self.attempt
+        return "retrying" if self.retryable and attempt.attempt < attempt.max_attempts else "failed"
+
 
 @dataclass(slots=True)
 class Continued:
@@ -56,6 +63,8 @@ class Continued:
     result_json: str | None
     next_payload_json: str
     delay_seconds: float
+
+    label = "continued"
 
 
 @dataclass(slots=True)
@@ -67,6 +76,10 @@ class HandBack:
     delay_seconds: float
     error: dict[str, Any]
     grace_seconds: float | None
+
+    @property
+    def label(self) -> str:
+        return "snoozed" if self.grace_seconds is None else "deferred"
 
 
 Outcome = Success | Continued | Failure | HandBack
@@ -110,6 +123,7 @@ class Completer:
 
     def _add(self, outcome: Outcome) -> None:
         outcome.attempt.reporting = True
+        outcome.attempt.outcome = outcome.label
         self._buffers[type(outcome)].append(outcome)
         self.pending.set()
 

@@ -63,14 +63,32 @@ class JsonFormatter(logging.Formatter):
 
 
 class TextFormatter(logging.Formatter):
-    """`LEVEL logger: message` (and any traceback), redacted as a whole."""
+    """`HH:MM:SS LEVEL logger: message key=value ...` for a person at a terminal: the same
+    `extra` fields as the JSON lines (values as JSON), and any traceback, redacted as a whole."""
 
     def __init__(self, secrets: Iterable[str | None] = ()):
-        super().__init__("%(levelname)s %(name)s: %(message)s")
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
         self._redacting = _Redacting(secrets)
 
     def format(self, record: logging.LogRecord) -> str:
-        return self._redacting.clean(super().format(record))
+        fields = {k: v for k, v in vars(record).items() if k not in _RESERVED}
+        text = super().format(record)
+        if fields:
+            head, newline, rest = text.partition("\n")  # the fields go on the message's line
+            pairs = " ".join(f"{key}={json.dumps(self._redacting.clean(value), ensure_ascii=False)}"
+                             for key, value in fields.items())
+            text = f"{head} {pairs}{newline}{rest}"
+        return self._redacting.clean(text)
+
+
+def default_format(stream: Any = None) -> str:
+    """`text` on a terminal, where a person reads it; `json` elsewhere (a pod, a file, a pipe),
+    where a log collector does."""
+    stream = sys.stderr if stream is None else stream
+    try:
+        return "text" if stream.isatty() else "json"
+    except (AttributeError, ValueError):  # a closed or odd stream
+        return "json"
 
 
 def configure_logging(level: str = "INFO", json_format: bool = True, secrets: Iterable[str | None] = ()) -> None:

@@ -72,6 +72,8 @@ class WorkerSettings(BaseModel):
         default=7 * 24 * HOUR, description="finished tasks and their audit rows are deleted after this long; "
                                            "0 keeps them forever")
     cleaner_interval_seconds: PositiveSeconds = Field(default=300.0, description="how often old history is deleted")
+    summary_interval_seconds: PositiveSeconds = Field(
+        default=60.0, description="how often a worker that did anything logs a summary line (info level)")
     poll_min_seconds: PositiveSeconds = Field(
         default=0.2, description="first idle poll behind LISTEN/NOTIFY; doubles while nothing is found")
     poll_max_seconds: PositiveSeconds = Field(default=30.0, description="longest idle poll")

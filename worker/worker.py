@@ -137,6 +137,7 @@ class Worker:
         self._on_stopped = on_stopped
         self.ready = False
         self._claim_errors = ErrorStreak("claim", log, dsn)
+        self._finished: Counter[str] = Counter()  # outcomes written since the last summary line
         self.scheduler = Scheduler(self._duty_conn, settings.scheduler_max_interval_seconds)
         self._due_timer = DueTimer(self.scheduler.poke)  # a pass when tasks announced for later are due
         self.flow = FlowControl(self._duty_conn, settings.queues, on_change=lambda: self._wake_at(0.0))
@@ -243,6 +244,7 @@ class Worker:
             ("complete", self.completer.step, {"wake": self.completer.pending, "first_delay": None}),
             ("flow", self.flow.step, {"wake": self.flow.wake}),
         ]
+        duties.append(("summary", self._summary_step, {"first_delay": self.settings.summary_interval_seconds}))
         if self.settings.retention_seconds:
             duties.append(("clean", self.cleaner.step, {"first_delay": self.settings.cleaner_interval_seconds,
                                                         "jitter": 0.2}))
@@ -484,10 +486,32 @@ class Worker:
         return jsonvalue.safe_text(dsn_text.scrub(text, self._secrets), limit=limit, keep_end=keep_end)
 
     def _flushed(self, attempts: list[Attempt]) -> None:
+        """Outcomes written: their slots are free for good."""
+        self._finished.update(attempt.outcome for attempt in attempts)
+        if log.isEnabledFor(logging.DEBUG):
+            now = asyncio.get_running_loop().time()
+            for attempt in attempts:
+                log.debug("task %s %s: %s after %.3fs", attempt.id, attempt.task, attempt.outcome,
+                          now - attempt.started, extra={"task_id": attempt.id, "queue": attempt.queue,
+                                                        "attempt": attempt.attempt, "outcome": attempt.outcome})
         for attempt in attempts:
             self._forget(attempt)
         metrics.IN_FLIGHT.set(len(self._inflight))
         self._slot_freed.set()
+
+    async def _summary_step(self) -> float:
+        """The summary duty: one info line (what finished, what runs) per interval in which the
+        worker did anything, so a quiet log still shows a working worker."""
+        finished, self._finished = self._finished, Counter()
+        running = len(self._inflight)
+        if finished or running:
+            total = sum(finished.values())
+            detail = ", ".join(f"{count:,} {label}" for label, count in finished.most_common())
+            log.info("last %gs: %s tasks finished%s; %d running of %d", self.settings.summary_interval_seconds,
+                     f"{total:,}",
+                     f" ({detail})" if detail else "", running, self.settings.concurrency,
+                     extra={"finished": dict(finished), "running": running})
+        return self.settings.summary_interval_seconds
 
     def _forget(self, attempt: Attempt) -> None:
         if self._inflight.get(attempt.key) is attempt:
