@@ -3,6 +3,7 @@ a non-zero exit (2 for usage errors), no traceback, and never a password in anyt
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import json
@@ -245,7 +246,7 @@ def test_worker_settings_come_from_flags_over_variables_and_heartbeat_follows_th
     try:
         wait_until(lambda: query(dsn, "SELECT count(*) FROM queueworker.workers")[0][0] == 1, message="registered")
         assert query(dsn, "SELECT concurrency, queues FROM queueworker.workers") == [(4, ["mail", "sms"])]
-        result = qw("enqueue", "qw.sleep", "--payload", '{"seconds": 30}', "--queue", "sms", "--dsn", dsn)
+        result = qw("enqueue", "qw.sleep", "--payload", '{"seconds": 30}', "--queue", "sms", "-q", "--dsn", dsn)
         task_id = int(result.stdout)
         wait_until(lambda: scalar(dsn, "SELECT state::text FROM queueworker.tasks WHERE id = %s", (task_id,))
                    == "running", message="task claimed")
@@ -263,9 +264,9 @@ def test_worker_settings_come_from_flags_over_variables_and_heartbeat_follows_th
 def test_large_payloads_come_from_stdin_or_a_file(dsn, tmp_path):
     payload = {"rows": [{"n": n, "text": "é" * 20} for n in range(20_000)]}  # ~1 MB, past a command line's limit
     data = json.dumps(payload).encode()
-    from_stdin = qw("enqueue", "qw.noop", "--payload", "-", "--dsn", dsn, stdin=data)
+    from_stdin = qw("enqueue", "qw.noop", "-q", "--payload", "-", "--dsn", dsn, stdin=data)
     (tmp_path / "payload.json").write_bytes(data)
-    from_file = qw("enqueue", "qw.noop", "--payload-file", str(tmp_path / "payload.json"), "--dsn", dsn)
+    from_file = qw("enqueue", "qw.noop", "-q", "--payload-file", str(tmp_path / "payload.json"), "--dsn", dsn)
     ids = [int(from_stdin.stdout), int(from_file.stdout)]
     stored = query(dsn, "SELECT payload FROM queueworker.tasks WHERE id = ANY(%s)", (ids,))
     assert stored == [(payload,), (payload,)]
@@ -440,3 +441,19 @@ def test_status_counts_each_workers_running_tasks_now_and_fits_80_columns(dsn):
         assert f"pid {worker.pid}" in text and "3/4" in text  # a local worker: its host and process
     finally:
         worker.stop()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("command", [["status"], ["enqueue", "qw.noop"], ["list"], ["show", "1"]])
+def test_commands_before_migrate_say_to_run_migrate_first(blank_dsn, command):
+    _one_clear_line(qw(*command, "--dsn", blank_dsn), 1, "run `queueworker migrate` first")
+
+
+def test_every_subcommand_has_a_description_and_help_shows_defaults():
+    parser = cli.build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, subparser in commands.choices.items():
+        assert subparser.description, name
+    text = commands.choices["enqueue"].format_help()
+    assert "(default: 1)" in text and "(default: default)" in text and "(default: 10)" in text
+    assert "(default: 0)" in commands.choices["demo"].format_help()

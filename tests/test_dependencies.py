@@ -142,8 +142,8 @@ def test_cli_enqueue_after(dsn):
     def qw(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "queueworker.cli", *args, "--dsn", dsn],
                               capture_output=True, text=True, timeout=60)
-    first = qw("enqueue", "a")
-    second = qw("enqueue", "b", "--after", first.stdout.strip(), "--on-dependency-failure", "run")
+    first = qw("enqueue", "-q", "a")
+    second = qw("enqueue", "-q", "b", "--after", first.stdout.strip(), "--on-dependency-failure", "run")
     assert second.returncode == 0, second.stderr
     assert states(dsn, [int(second.stdout)]) == ["blocked"]
     assert query(dsn, "SELECT cancel_on_failure FROM queueworker.task_dependencies")[0][0] is False

@@ -129,7 +129,7 @@ def test_each_role_runs_its_flows_with_only_its_grants(installation):
         # A run of two partitions with a consolidation and a watermark.
         run_id = start_run(conn, "roles-run", [{"task": "qw.noop", "queue": QUEUE}] * 2,
                            on_success={"task": "qw.noop", "queue": QUEUE}, watermark="roles")
-    enqueued = qw("enqueue", "qw.sleep", "--payload", '{"seconds": 4}', "--queue", QUEUE, "--dsn", login["producer"])
+    enqueued = qw("enqueue", "-q", "qw.sleep", "--payload", '{"seconds": 4}', "--queue", QUEUE, "--dsn", login["producer"])
     assert enqueued.returncode == 0, enqueued.stderr
     heartbeaten = int(enqueued.stdout)  # runs 4 s on a 3 s lease: only heartbeats keep it
     # A worker that died holding `orphan`: its lease is over, the real worker must rescue it.

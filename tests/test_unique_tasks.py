@@ -173,14 +173,14 @@ def cli(dsn: str, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_cli_enqueue_with_a_dedupe_key_and_a_retry_blocked_by_the_key(dsn):
-    first = cli(dsn, "enqueue", "job", "--dedupe-key", "nightly", "--payload", '{"day": 1}')
+    first = cli(dsn, "enqueue", "-q", "job", "--dedupe-key", "nightly", "--payload", '{"day": 1}')
     again = cli(dsn, "enqueue", "job", "--dedupe-key", "nightly", "--payload", '{"day": 2}',
                 "--on-conflict", "replace")
     assert first.returncode == again.returncode == 0, first.stderr + again.stderr
     task_id = int(first.stdout)
-    assert int(again.stdout) == task_id and "already held" in again.stderr
+    assert again.stdout == f"task {task_id} (job) on queue default\n" and "already held" in again.stderr
     assert query(dsn, "SELECT payload FROM queueworker.tasks WHERE id = %s", (task_id,))[0][0] == {"day": 2}
-    by_spec = cli(dsn, "enqueue", "job", "--dedupe-spec", "--payload", '{"day": 3}')
+    by_spec = cli(dsn, "enqueue", "-q", "job", "--dedupe-spec", "--payload", '{"day": 3}')
     assert by_spec.returncode == 0 and int(by_spec.stdout) != task_id
     both = cli(dsn, "enqueue", "job", "--dedupe-spec", "--dedupe-key", "x")
     assert both.returncode == 2 and "not allowed with" in both.stderr

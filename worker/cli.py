@@ -34,6 +34,9 @@ CONNECT_TIMEOUT_SECONDS = 10
 MAX_COUNT = 1_000_000
 BIGINT_MAX = 2**63 - 1
 LOG_FORMATS = ("json", "text")
+# What a command meets in a database that was never migrated (or migrated by an older version).
+SCHEMA_MISSING = (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName, psycopg.errors.UndefinedColumn,
+                  psycopg.errors.UndefinedFunction, psycopg.errors.UndefinedObject)
 # TaskSpec fields as `queueworker enqueue` names them in messages.
 ENQUEUE_LABELS = {"task": "TASK", "queue": "--queue", "priority": "--priority",
                   "delay": "--delay", "max_attempts": "--max-attempts", "timeout_seconds": "--timeout",
@@ -45,8 +48,23 @@ class CliError(Exception):
     """A user-facing error: printed as one line, exit status 2."""
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """--help shows each option's default where it has one and its help does not already say it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        unset = action.default is None or action.default is False or action.default in ([], argparse.SUPPRESS)
+        if unset or "default" in text:
+            return action.help
+        return f"{text} (default: %(default)s)" if text else "default: %(default)s"
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """argparse that reports a usage error as one `queueworker: ...` line (exit 2)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"queueworker: {message} (see `{self.prog} --help`)\n")
@@ -79,20 +97,24 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--dsn", default=None, help="Postgres connection URL (default: $DATABASE_URL)")
     sub = parser.add_subparsers(dest="subcommand", required=True, metavar="COMMAND")
 
-    sub.add_parser("migrate", parents=[common], help="create or upgrade the queueworker schema")
+    _command(sub, "migrate", parents=[common], help="create or upgrade the queueworker schema")
 
-    enq = sub.add_parser("enqueue", parents=[common], help="enqueue tasks")
+    enq = _command(sub, "enqueue", parents=[common], help="enqueue tasks")
     enq.add_argument("task", help="task name, e.g. qw.sleep")
     source = enq.add_mutually_exclusive_group()
-    source.add_argument("--payload", metavar="JSON", help="JSON payload; - reads it from stdin (default {})")
+    source.add_argument("--payload", metavar="JSON", help="JSON payload; - reads it from stdin (default: {})")
     source.add_argument("--payload-file", metavar="FILE", help="read the JSON payload from FILE")
-    enq.add_argument("--queue", help=f"default {_default(TaskSpec, 'queue')}")
-    enq.add_argument("--priority", help=f"higher runs first (default {_default(TaskSpec, 'priority')})")
+    enq.add_argument("--queue", help=f"the queue to add to (default: {_default(TaskSpec, 'queue')})")
+    enq.add_argument("--priority", metavar="N",
+                     help=f"higher runs first (default: {_default(TaskSpec, 'priority')})")
     enq.add_argument("--delay", metavar="SECONDS", help="seconds before the task may run")
-    enq.add_argument("--max-attempts", metavar="N", help=f"default {_default(TaskSpec, 'max_attempts')}")
+    enq.add_argument("--max-attempts", metavar="N",
+                     help=f"attempts before the task fails for good (default: {_default(TaskSpec, 'max_attempts')})")
     enq.add_argument("--timeout", metavar="SECONDS", help="hard deadline per attempt, whole seconds "
                                                           "(default: the worker's --task-timeout)")
-    enq.add_argument("--count", type=_bounded_int(1, MAX_COUNT), default=1, help="enqueue this many copies")
+    enq.add_argument("--count", type=_bounded_int(1, MAX_COUNT), default=1, metavar="N", help="enqueue this many copies")
+    enq.add_argument("-q", "--quiet", action="store_true",
+                     help="print only the task ids, one per line (for scripts: id=$(queueworker enqueue -q ...))")
     unique = enq.add_mutually_exclusive_group()
     unique.add_argument("--dedupe-key", metavar="KEY",
                         help="enqueue nothing while an unfinished task of the queue holds KEY (prints its id)")
@@ -108,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="with a key held by a pending task: leave it (default), or replace its payload, "
                           "priority and schedule")
 
-    wrk = sub.add_parser("worker", parents=[common], help="run a worker process",
+    wrk = _command(sub, "worker", parents=[common], help="run a worker process",
                          description="Run a worker process. Each setting is also read from the environment "
                                      "variable shown ($QUEUEWORKER_...; lists comma-separated); a flag wins "
                                      "over its variable.")
@@ -117,29 +139,29 @@ def build_parser() -> argparse.ArgumentParser:
                      help="run COMMAND for tasks named NAME: payload on stdin, JSON result on stdout")
     wrk.add_argument("--migrate", action="store_true", help="apply pending migrations before starting")
     wrk.add_argument("--log-level", type=str.lower, choices=LEVELS,
-                     help="default info ($QUEUEWORKER_LOG_LEVEL)")
+                     help="(default: info; $QUEUEWORKER_LOG_LEVEL)")
     wrk.add_argument("--log-format", choices=LOG_FORMATS,
-                     help="default text on a terminal, json otherwise ($QUEUEWORKER_LOG_FORMAT)")
+                     help="(default: text on a terminal, json otherwise; $QUEUEWORKER_LOG_FORMAT)")
     settings = wrk.add_argument_group("settings")
     for option in SETTING_OPTIONS:
         settings.add_argument(option.flag, dest=option.field, metavar=_metavar(option), default=None,
                               action="append" if option.is_list else "store", help=_setting_help(option))
 
-    st = sub.add_parser("status", parents=[common], help="counts per queue and state, live workers")
-    st.add_argument("--queue", default=None)
+    st = _command(sub, "status", parents=[common], help="counts per queue and state, live workers")
+    st.add_argument("--queue", default=None, help="only this queue (and the workers that work it)")
     st.add_argument("--json", action="store_true", help="print JSON")
     st.add_argument("--stuck", action="store_true",
                     help="list running tasks whose lease has expired and that nobody has rescued yet")
 
-    listing = sub.add_parser("list", parents=[common], help="the newest tasks, by queue and state, with progress")
-    listing.add_argument("--queue", default=None)
-    listing.add_argument("--state", choices=STATES, default=None)
-    listing.add_argument("--limit", type=_bounded_int(1, 10_000), default=50)
+    listing = _command(sub, "list", parents=[common], help="the newest tasks, by queue and state, with progress")
+    listing.add_argument("--queue", default=None, help="only this queue")
+    listing.add_argument("--state", choices=STATES, default=None, help="only tasks in this state")
+    listing.add_argument("--limit", type=_bounded_int(1, 10_000), default=50, metavar="N", help="at most N tasks")
     listing.add_argument("--json", action="store_true", help="print JSON")
 
-    retry = sub.add_parser("retry", parents=[common], help="put a failed or cancelled task back to pending")
+    retry = _command(sub, "retry", parents=[common], help="put a failed or cancelled task back to pending")
     retry.add_argument("id", type=_bounded_int(1, BIGINT_MAX))
-    cancel = sub.add_parser("cancel", parents=[common],
+    cancel = _command(sub, "cancel", parents=[common],
                             help="cancel unfinished tasks by id, or every one of a queue (--queue); a running "
                                  "task's handler is stopped at once")
     cancel.add_argument("ids", nargs="*", type=_bounded_int(1, BIGINT_MAX), metavar="ID")
@@ -148,13 +170,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="only tasks in this state (repeatable; default: all four)")
     cancel.add_argument("--reason", default="cancelled", help="recorded in the task's error and audit trail")
 
-    pause = sub.add_parser("pause", parents=[common],
+    pause = _command(sub, "pause", parents=[common],
                            help="stop claims of a queue (running tasks finish) until resumed, or --for a while")
     pause.add_argument("queue")
     pause.add_argument("--for", dest="duration", metavar="DURATION", help="e.g. 90s, 10m, 2h, 1d")
-    resume = sub.add_parser("resume", parents=[common], help="end a queue's pause and wake its workers")
+    resume = _command(sub, "resume", parents=[common], help="end a queue's pause and wake its workers")
     resume.add_argument("queue")
-    limit = sub.add_parser("limit", parents=[common],
+    limit = _command(sub, "limit", parents=[common],
                            help="rate-limit a queue and/or cap its running tasks across all workers")
     limit.add_argument("queue")
     limit.add_argument("--rate", metavar="N/s|N/m", help="tasks started per second (/s) or minute (/m)")
@@ -162,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     limit.add_argument("--concurrency", type=_bounded_int(1, 1_000_000), metavar="N",
                        help="at most N of the queue's tasks running at once, across all workers")
     limit.add_argument("--clear", action="store_true", help="remove the queue's rate and concurrency limits")
-    breaker = sub.add_parser("breaker", parents=[common],
+    breaker = _command(sub, "breaker", parents=[common],
                              help="a circuit breaker: N consecutive failures stop claims for a cooldown, then "
                                   "one probe task decides")
     breaker.add_argument("queue")
@@ -170,56 +192,67 @@ def build_parser() -> argparse.ArgumentParser:
     breaker.add_argument("--cooldown", metavar="DURATION", help="e.g. 30s, 5m")
     breaker.add_argument("--off", action="store_true", help="remove the breaker")
 
-    show = sub.add_parser("show", parents=[common],
+    show = _command(sub, "show", parents=[common],
                           help="one task: its state, progress, payload, result or error, and its audit trail")
     show.add_argument("id", type=_bounded_int(1, BIGINT_MAX))
     show.add_argument("--json", action="store_true", help="print JSON")
 
-    runs = sub.add_parser("runs", parents=[common], help="partitioned runs, newest first")
-    runs.add_argument("--name", default=None)
-    runs.add_argument("--limit", type=_bounded_int(1, 10_000), default=20)
+    runs = _command(sub, "runs", parents=[common], help="partitioned runs, newest first")
+    runs.add_argument("--name", default=None, help="only runs of this name")
+    runs.add_argument("--limit", type=_bounded_int(1, 10_000), default=20, metavar="N", help="at most N runs")
     runs.add_argument("--json", action="store_true", help="print JSON")
-    run = sub.add_parser("run", help="start, show, retry or finalize a partitioned run")
+    run = _command(sub, "run", help="start, show, retry or finalize a partitioned run")
     run_commands = run.add_subparsers(dest="run_command", required=True, metavar="COMMAND")
-    run_start = run_commands.add_parser("start", parents=[common],
+    run_start = _command(run_commands, "start", parents=[common],
                                         help="start a run of N partitions of TASK (payload {\"partition\": i})")
     run_start.add_argument("name")
     run_start.add_argument("--task", required=True)
     run_start.add_argument("--partitions", type=_bounded_int(1, MAX_COUNT), required=True)
-    run_start.add_argument("--queue", help=f"default {_default(TaskSpec, 'queue')}")
+    run_start.add_argument("--queue", help=f"the partitions' queue (default: {_default(TaskSpec, 'queue')})")
     run_start.add_argument("--on-success", metavar="TASK", help="the consolidation, enqueued once all succeeded")
     run_start.add_argument("--on-failure", metavar="TASK", help="the alert, enqueued once if a partition fails")
     run_start.add_argument("--watermark", metavar="NAME", help="advanced to the run's start when it succeeds")
     for command, text in (("show", "the run and each partition's state"),
                           ("retry", "retry the run's failed and cancelled partitions")):
-        run_commands.add_parser(command, parents=[common], help=text).add_argument(
+        _command(run_commands, command, parents=[common], help=text).add_argument(
             "id", type=_bounded_int(1, BIGINT_MAX))
-    finalize = run_commands.add_parser("finalize", parents=[common],
+    finalize = _command(run_commands, "finalize", parents=[common],
                                        help="consolidate a failed run on purpose (needs --force)")
     finalize.add_argument("id", type=_bounded_int(1, BIGINT_MAX))
     finalize.add_argument("--force", action="store_true", required=True)
 
-    demo = sub.add_parser("demo", help="run it all locally: a throwaway Postgres, a burst of tasks, "
+    demo = _command(sub, "demo", help="run it all locally: a throwaway Postgres, a burst of tasks, "
                           "workers scaled by the controller's policy")
     demo.add_argument("--tasks", type=int, default=_default(DemoConfig, "tasks"), help="qw.sleep tasks to enqueue")
     demo.add_argument("--task-seconds", type=float, default=_default(DemoConfig, "task_seconds"),
                       help="how long each task sleeps")
     demo.add_argument("--concurrency", type=int, default=_default(DemoConfig, "concurrency"),
                       help="slots per worker process")
-    demo.add_argument("--tasks-per-worker", type=int, default=None, help="default: --concurrency")
-    demo.add_argument("--min-workers", type=int, default=_default(DemoConfig, "min_workers"))
-    demo.add_argument("--max-workers", type=int, default=_default(DemoConfig, "max_workers"))
+    demo.add_argument("--tasks-per-worker", type=int, default=None, metavar="N",
+                      help="ready tasks per worker the scaling aims for (default: --concurrency)")
+    demo.add_argument("--min-workers", type=int, default=_default(DemoConfig, "min_workers"), metavar="N",
+                      help="fewest worker processes")
+    demo.add_argument("--max-workers", type=int, default=_default(DemoConfig, "max_workers"), metavar="N",
+                      help="most worker processes")
     demo.add_argument("--interval", type=float, default=_default(DemoConfig, "interval"),
                       help="seconds between scaling decisions")
     demo.add_argument("--scale-down-window", type=float, default=_default(DemoConfig, "scale_down_window"),
                       help="scale-down stabilization, seconds")
     demo.add_argument("--cooldown", type=float, default=_default(DemoConfig, "cooldown"),
                       help="idle seconds before scaling to zero")
-    demo.add_argument("--drain-seconds", type=float, default=_default(DemoConfig, "drain_seconds"))
+    demo.add_argument("--drain-seconds", type=float, default=_default(DemoConfig, "drain_seconds"), metavar="SECONDS",
+                      help="how long a removed worker may finish its tasks")
     demo.add_argument("--timeout", type=float, default=None, help="give up (exit 1) after this many seconds")
     demo.add_argument("--dsn", default=None, help="use this Postgres instead of a throwaway one")
     demo.add_argument("--no-tty", action="store_true", help="one line per tick instead of a live view")
     return parser
+
+
+def _command(commands: Any, name: str, **options: Any) -> argparse.ArgumentParser:
+    """A subcommand whose --help opens with a description (its one-line help, unless given)."""
+    summary = options.get("help") or ""
+    options.setdefault("description", summary[:1].upper() + summary[1:] + ("." if summary else ""))
+    return commands.add_parser(name, **options)
 
 
 def _metavar(option: SettingOption) -> str:
@@ -324,13 +357,15 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         for start in range(0, args.count, BATCH_SIZE):
             outcome = enqueue_batch(conn, [spec] * min(BATCH_SIZE, args.count - start))
             ids.extend(outcome.ids)
-    if len(ids) == 1:
-        if outcome.duplicates:
-            replaced = " (replaced its payload, priority and schedule if still pending)" \
-                if spec.on_conflict == "replace" else ""
-            print(f"queueworker: the key is already held by task {ids[0]}: nothing enqueued{replaced}",
-                  file=sys.stderr)
-        print(ids[0])
+    held = len(ids) == 1 and outcome.duplicates
+    if held:
+        replaced = " (replaced its payload, priority and schedule if still pending)" \
+            if spec.on_conflict == "replace" else ""
+        print(f"queueworker: the key is already held by task {ids[0]}: nothing enqueued{replaced}", file=sys.stderr)
+    if args.quiet:
+        print("\n".join(map(str, ids)))
+    elif len(ids) == 1:
+        print(f"{'task' if held else 'enqueued task'} {ids[0]} ({spec.task}) on queue {spec.queue}")
     else:
         print(f"enqueued {len(ids)} tasks (ids {ids[0]}..{ids[-1]}) on queue {spec.queue}")
     return 0
@@ -679,6 +714,9 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(str(exc), EXIT_USAGE, url)
     except ValidationError as exc:
         return _fail(f"invalid input: {one_line(exc)}", EXIT_USAGE, url)
+    except SCHEMA_MISSING as exc:
+        return _fail(f"database error: {dsns.explain(exc, url)}: the queueworker schema is missing or older than "
+                     f"this version ({__version__}) needs: run `queueworker migrate` first", EXIT_FAILURE, url)
     except psycopg.Error as exc:
         return _fail(f"database error: {dsns.explain(exc, url)}", EXIT_FAILURE, url)
     except ImportError as exc:
