@@ -32,6 +32,7 @@ EXIT_FAILURE = 1
 EXIT_INTERRUPTED = 130
 CONNECT_TIMEOUT_SECONDS = 10
 MAX_COUNT = 1_000_000
+MAX_PROCESSES = 256
 BIGINT_MAX = 2**63 - 1
 LOG_FORMATS = ("json", "text")
 # What a command meets in a database that was never migrated (or migrated by an older version).
@@ -138,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     wrk.add_argument("--command", action="append", default=[], dest="commands", metavar="NAME=COMMAND",
                      help="run COMMAND for tasks named NAME: payload on stdin, JSON result on stdout")
     wrk.add_argument("--migrate", action="store_true", help="apply pending migrations before starting")
+    wrk.add_argument("--processes", type=_bounded_int(1, MAX_PROCESSES), default=None, metavar="N",
+                     help="run N worker processes under one supervisor, for a pod with N CPUs; with "
+                          "--metrics-port P, process i serves metrics on P+i (default: 1; $QUEUEWORKER_PROCESSES)")
     wrk.add_argument("--log-level", type=str.lower, choices=LEVELS,
                      help="(default: info; $QUEUEWORKER_LOG_LEVEL)")
     wrk.add_argument("--log-format", choices=LOG_FORMATS,
@@ -392,6 +396,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
                                  default_format())
     settings = settings_from({option.field: getattr(args, option.field) for option in SETTING_OPTIONS}, os.environ)
     configure_logging(level, log_format == "json", _secrets(args.dsn))
+    processes = args.processes if args.processes is not None else _processes_from_environment()
+    if processes > 1:
+        from .processes import run_processes
+
+        return run_processes(args.argv, processes, settings.metrics_port)
     _import_from_working_directory()
     try:
         default_registry.import_modules(args.handlers)
@@ -408,6 +417,16 @@ def cmd_worker(args: argparse.Namespace) -> int:
                            f"{exc.strerror or exc}") from None
     # Threads of sync handlers that ignored cancellation are daemons: they cannot hold up the exit.
     return run_worker(args.dsn, settings, default_registry, auto_migrate=args.migrate, install_signal_handlers=True)
+
+
+def _processes_from_environment() -> int:
+    text = os.environ.get("QUEUEWORKER_PROCESSES", "").strip()
+    if not text:
+        return 1
+    try:
+        return _bounded_int(1, MAX_PROCESSES)(text)
+    except argparse.ArgumentTypeError as exc:
+        raise CliError(f"QUEUEWORKER_PROCESSES: {exc}") from None
 
 
 def _import_from_working_directory() -> None:
@@ -705,6 +724,7 @@ COMMANDS = {"migrate": cmd_migrate, "enqueue": cmd_enqueue, "worker": cmd_worker
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what `worker --processes` starts its workers with
     url: str | None = None
     try:
         if args.subcommand != "demo" or args.dsn is not None:  # the demo starts its own database
