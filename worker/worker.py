@@ -2,8 +2,8 @@
 
 The fetch loop claims pending tasks in batches sized by free slots and hands each attempt to
 its handler; the completer flushes outcomes in batches; the heartbeater keeps leases alive and
-fences attempts whose lease passed by its own clock; the rescuer, scheduler and cleaner run the
-queue's background duties; the listener wakes the fetch loop. Every duty runs under the same
+fences attempts whose lease passed by its own clock; the rescuer, scheduler, cron duty and cleaner
+run the queue's background duties; the listener wakes the fetch loop. Every duty runs under the same
 supervisor (worker/supervisor.py): no error ends it. On SIGTERM/SIGINT the worker drains within
 one shutdown budget: stop claiming, let attempts finish until the drain deadline, cancel the rest
 and hand their leases back without consuming an attempt, flush every outcome, deregister.
@@ -28,6 +28,7 @@ from .backoff import retry_delay
 from .builtin_tasks import register_builtin_tasks
 from .cleaner import Cleaner
 from .completer import Completer
+from .cron import CronDuty, Schedule
 from .db import DutyConnection
 from .events import DueTimer, wait_event
 from .flow import FlowControl
@@ -78,7 +79,8 @@ class State(enum.Enum):
 
 
 class Worker:
-    def __init__(self, dsn: str, settings: WorkerSettings, registry: Registry, auto_migrate: bool = False):
+    def __init__(self, dsn: str, settings: WorkerSettings, registry: Registry, auto_migrate: bool = False,
+                 schedule: Schedule | None = None):
         dsn_text.validate(dsn)  # a malformed URL cannot heal: refuse it before anything starts
         # Handlers may put the worker's own connection string in an error message: never store it.
         self._secrets = (dsn, dsn_text.parse(dsn).get("password"))
@@ -121,6 +123,7 @@ class Worker:
         self.rescuer = Rescuer(self._duty_conn, settings.rescue_interval_seconds,
                                settings.deadline_grace_seconds, settings.worker_ttl_seconds)
         self.cleaner = Cleaner(self._duty_conn, settings.retention_seconds, settings.cleaner_interval_seconds)
+        self.cron = CronDuty(self._duty_conn, schedule or Schedule())
         self.listener = Listener(dsn, settings.queues, self._wake_at, str(self.identity.id), self._cancelled_task,
                                  self.flow.settings_changed, on_listening=self._catch_up)
 
@@ -187,6 +190,7 @@ class Worker:
             ("schedule", self.scheduler.step, {"wake": self.scheduler.poked}),
             ("complete", self.completer.step, {"wake": self.completer.pending, "first_delay": None}),
             ("flow", self.flow.step, {"wake": self.flow.wake}),
+            ("cron", self.cron.step, {"jitter": 0.2}),
         ]
         if self.settings.retention_seconds:
             duties.append(("clean", self.cleaner.step, {"first_delay": self.settings.cleaner_interval_seconds,
