@@ -14,6 +14,8 @@ from zoneinfo import ZoneInfo
 import psycopg
 import pytest
 
+from prometheus_client import REGISTRY
+
 from queueworker import cli, sql
 from queueworker.cron import (ENQUEUE_AHEAD_SECONDS, MAX_CATCH_UP_SLOTS, CronDuty, CronError, Schedule, cron_job,
                               dedupe_key, first_slot_after, plan_slots)
@@ -21,6 +23,7 @@ from queueworker.db import DutyConnection
 from tests.support import WorkerProcess, query, scalar, wait_until
 
 UTC = timezone.utc
+COUNTER = "queueworker_cron_slots_enqueued_total"
 NOW = datetime(2026, 11, 26, 12, 0, 30, tzinfo=UTC)
 
 
@@ -163,12 +166,12 @@ def _slot_tasks(dsn: str, name: str) -> list[tuple]:
                          WHERE dedupe_key LIKE %s GROUP BY dedupe_key ORDER BY min(run_after)""", (f"cron:{name}:%",))
 
 
-def _set_next_slot(dsn: str, name: str, ago: str) -> datetime:
-    return scalar(dsn, "UPDATE queueworker.cron_jobs SET next_slot = date_trunc('minute', now() - %s::interval) "
-                       "WHERE name = %s RETURNING next_slot", (ago, name))
+def _set_next_slot(dsn: str, name: str, ago: str, unit: str = "minute") -> datetime:
+    return scalar(dsn, "UPDATE queueworker.cron_jobs SET next_slot = date_trunc(%s, now() - %s::interval) "
+                       "WHERE name = %s RETURNING next_slot", (unit, ago, name))
 
 
-async def _duties(dsn: str, count: int, schedule: Schedule | None = None) -> list[tuple[CronDuty, DutyConnection]]:
+def _duties(dsn: str, count: int, schedule: Schedule | None = None) -> list[tuple[CronDuty, DutyConnection]]:
     conns = [DutyConnection(dsn, f"test-cron-{i}") for i in range(count)]
     return [(CronDuty(conn, schedule or Schedule()), conn) for conn in conns]
 
@@ -180,9 +183,10 @@ def test_concurrent_duties_enqueue_each_slot_of_a_backlog_exactly_once(dsn):
     assert _cli(dsn, "add", "backlog", "--cron", "* * * * *", "--task", "qw.noop", "--catch-up", "all") == 0
     assert _cli(dsn, "add", "seconds", "--cron", "* * * * * *", "--task", "qw.noop") == 0
     start = _set_next_slot(dsn, "backlog", "90 minutes")
+    counted_before = REGISTRY.get_sample_value(COUNTER, {"job": "backlog"}) or 0.0
 
     async def race() -> None:
-        duties = await _duties(dsn, 12)
+        duties = _duties(dsn, 12)
         try:
             for _ in range(3):
                 await asyncio.gather(*(duty.enqueue_due() for duty, _ in duties))
@@ -196,6 +200,7 @@ def test_concurrent_duties_enqueue_each_slot_of_a_backlog_exactly_once(dsn):
     slots = [run_after for _, _, run_after in backlog]
     assert slots[0] == start and slots == [start + timedelta(minutes=i) for i in range(len(slots))]
     assert len(slots) >= 91  # the 90 missed minutes and the next one, due within the horizon
+    assert REGISTRY.get_sample_value(COUNTER, {"job": "backlog"}) - counted_before == len(slots)
     seconds = _slot_tasks(dsn, "seconds")
     assert all(count == 1 for _, count, _ in seconds)
     assert len(seconds) >= ENQUEUE_AHEAD_SECONDS  # a minute of slots, enqueued ahead
@@ -212,7 +217,7 @@ def test_a_pass_that_read_a_slot_another_worker_has_enqueued_and_run_since_chang
     _set_next_slot(dsn, "job", "5 minutes")
 
     async def stale_pass() -> tuple[int, int]:
-        (slow, slow_conn), (fast, fast_conn) = await _duties(dsn, 2)
+        (slow, slow_conn), (fast, fast_conn) = _duties(dsn, 2)
         try:
             (job,) = await slow_conn.fetch(sql.DUE_CRON_JOBS, {"ahead": ENQUEUE_AHEAD_SECONDS, "limit": 10},
                                            row=sql.DueCronJobRow)
@@ -234,60 +239,54 @@ def test_a_pass_that_read_a_slot_another_worker_has_enqueued_and_run_since_chang
     assert all(count == 1 for _, count, _ in _slot_tasks(dsn, "job"))
 
 
+async def _one_pass(dsn: str) -> None:
+    ((duty, conn),) = _duties(dsn, 1)
+    try:
+        await duty.enqueue_due()
+    finally:
+        await conn.close()
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("catch_up", ["none", "latest", "all"])
 def test_catch_up_after_downtime(dsn, catch_up, caplog):
-    caplog.set_level(logging.INFO, logger="queueworker.cron")
-    assert _cli(dsn, "add", "job", "--cron", "* * * * *", "--task", "qw.noop", "--catch-up", catch_up) == 0
-    start = _set_next_slot(dsn, "job", "150 minutes")
-
-    async def one_pass() -> None:
-        ((duty, conn),) = await _duties(dsn, 1)
-        try:
-            await duty.enqueue_due()
-        finally:
-            await conn.close()
-
-    asyncio.run(one_pass())
-    now = scalar(dsn, "SELECT now()")
-    slots = [run_after for _, count, run_after in _slot_tasks(dsn, "job")]
-    missed = [s for s in slots if s < now - timedelta(seconds=60)]
-    on_time = [s for s in slots if s >= now - timedelta(seconds=60)]
-    assert on_time and all(s <= now + timedelta(seconds=ENQUEUE_AHEAD_SECONDS) for s in on_time)
-    expected_missed = {"none": 0, "latest": 1, "all": MAX_CATCH_UP_SLOTS}[catch_up]
-    assert len(missed) == expected_missed
-    if missed:
-        assert missed[-1] + timedelta(minutes=1) >= on_time[0] - timedelta(minutes=1)
-        assert missed == [missed[-1] - timedelta(minutes=i) for i in reversed(range(len(missed)))]
+    """An hourly schedule that stood still for 150 hours."""
+    caplog.set_level(logging.DEBUG, logger="queueworker.cron")
+    assert _cli(dsn, "add", "job", "--cron", "0 * * * *", "--task", "qw.noop", "--catch-up", catch_up) == 0
+    start = _set_next_slot(dsn, "job", "150 hours", unit="hour")
+    asyncio.run(_one_pass(dsn))
+    # Missed: older than a minute when the pass enqueued them (the tasks' created_at).
+    rows = query(dsn, """SELECT run_after, run_after < created_at - interval '60 seconds' FROM queueworker.tasks
+                         WHERE dedupe_key LIKE 'cron:job:%%' ORDER BY run_after""")
+    slots = [slot for slot, _ in rows]
+    missed = [slot for slot, was_missed in rows if was_missed]
+    assert len(missed) == {"none": 0, "latest": 1, "all": MAX_CATCH_UP_SLOTS}[catch_up]
+    assert slots == [slots[0] + timedelta(hours=i) for i in range(len(slots))] if slots else catch_up == "none"
+    assert scalar(dsn, "SELECT next_slot > now() FROM queueworker.cron_jobs WHERE name = 'job'")
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG] == [
+        f"enqueued slot {slot.astimezone(UTC).isoformat()} of schedule job" for slot in slots]
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     if catch_up == "all":
         assert warnings == [f"schedule job missed more than {MAX_CATCH_UP_SLOTS} slots: enqueued the latest "
                             f"{MAX_CATCH_UP_SLOTS}, skipped those from {start.isoformat()} to "
-                            f"{(missed[0] - timedelta(minutes=1)).isoformat()}"]
+                            f"{(missed[0] - timedelta(hours=1)).isoformat()}"]
     else:
         assert not warnings
         assert any("skipped the slots it missed" in r.getMessage() for r in caplog.records)
-    assert scalar(dsn, "SELECT next_slot > now() FROM queueworker.cron_jobs WHERE name = 'job'")
 
 
 @pytest.mark.integration
 def test_slots_enqueued_ahead_are_counted_by_the_controllers_lookahead(dsn):
     assert _cli(dsn, "add", "soon", "--cron", "* * * * *", "--task", "qw.noop", "--queue", "cron-soon") == 0
-
-    async def one_pass() -> None:
-        ((duty, conn),) = await _duties(dsn, 1)
-        try:
-            await duty.enqueue_due()
-        finally:
-            await conn.close()
-
-    asyncio.run(one_pass())  # the next minute is always within the minute ahead
-    ((_, count, run_after),) = _slot_tasks(dsn, "soon")
-    assert count == 1 and run_after > scalar(dsn, "SELECT now() - interval '1 second'")
+    asyncio.run(_one_pass(dsn))  # the next minute is always within the minute ahead
+    assert all(count == 1 for _, count, _ in _slot_tasks(dsn, "soon"))
     with psycopg.connect(dsn) as conn, conn.cursor(row_factory=psycopg.rows.namedtuple_row) as cursor:
         depth = cursor.execute(sql.QUEUE_DEPTH, {"queues": ["cron-soon"], "lookaheads": [120.0], "cap": 1000,
                                                   "throughput": False}).fetchone()
-    assert (depth.ready, depth.due_soon) == (0, 1)  # not runnable yet, but seen coming
+        delayed = cursor.execute("SELECT count(*) AS n FROM queueworker.tasks WHERE queue = 'cron-soon' "
+                                 "AND state = 'pending' AND delayed").fetchone().n
+    assert delayed >= 1, "the next slot waits as a delayed task"
+    assert depth.due_soon == delayed  # not runnable yet, but seen coming
 
 
 @pytest.mark.integration
@@ -299,7 +298,7 @@ def test_code_schedules_are_written_at_start_and_never_overwrite_a_runtime_one(d
     schedule.add(cron_job("mine", "*/5 * * * *", "code.task", {"a": 1}, timezone="Europe/Berlin", catch_up="all"))
 
     async def declare(schedule: Schedule) -> None:
-        ((duty, conn),) = await _duties(dsn, 1, schedule)
+        ((duty, conn),) = _duties(dsn, 1, schedule)
         try:
             await duty.declare()
         finally:
