@@ -17,7 +17,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from queueworker import cli, sql
-from queueworker.cron import (ENQUEUE_AHEAD_SECONDS, MAX_CATCH_UP_SLOTS, CronDuty, CronError, Schedule, cron_job,
+from queueworker.cron import (ENQUEUE_AHEAD_SECONDS, MAX_CATCH_UP_SLOTS, POLL_SECONDS, CronDuty, CronError, Schedule, cron_job,
                               dedupe_key, first_slot_after, plan_slots)
 from queueworker.db import DutyConnection
 from tests.support import WorkerProcess, query, scalar, wait_until
@@ -109,6 +109,10 @@ def test_dst_fall_back_runs_a_slot_in_the_overlap_once_per_offset():
     ("not cron", "UTC", "invalid cron expression"),
     ("61 * * * *", "UTC", "invalid cron expression"),
     ("0 0 30 2 *", "UTC", "invalid cron expression"),  # 30 February: valid fields, never a slot
+    ("0 0 1 1 * 0 2027", "UTC", "invalid cron expression"),  # a year: a schedule that ends
+    ("@reboot", "UTC", "invalid cron expression"),
+    ("*/0 * * * *", "UTC", "invalid cron expression"),
+    ("1-100000000 * * * *", "UTC", "invalid cron expression"),
     ("* * * *\x00 *", "UTC", "printable"),
     ("* " * 200, "UTC", "printable text of 1 to 200"),
     ("", "UTC", "printable text of 1 to 200"),
@@ -147,6 +151,10 @@ def test_task_decorator_with_cron_declares_a_schedule_of_the_task():
     (job,) = [j for j in default_schedule.jobs() if j.name == "tests.cron.decorated"]
     assert (job.expression, job.timezone, job.catch_up, job.spec.task) == (
         "*/5 * * * *", "Europe/Berlin", "latest", "tests.cron.decorated")
+
+
+def test_aliases_are_schedules_too():
+    assert first_slot_after("@hourly", "UTC", NOW) == datetime(2026, 11, 26, 13, tzinfo=UTC)
 
 
 def test_dedupe_key_names_the_slot_in_utc():
@@ -290,6 +298,27 @@ def test_slots_enqueued_ahead_are_counted_by_the_controllers_lookahead(dsn):
 
 
 @pytest.mark.integration
+def test_a_schedule_that_cannot_be_computed_is_skipped_and_the_others_go_on(dsn, caplog):
+    caplog.set_level(logging.ERROR, logger="queueworker.cron")
+    assert _cli(dsn, "add", "good", "--cron", "* * * * *", "--task", "qw.noop") == 0
+    query(dsn, "INSERT INTO queueworker.cron_jobs (name, expression, task, source, next_slot) "
+               "VALUES ('broken', 'every tuesday', 'qw.noop', 'runtime', now() - interval '1 hour') RETURNING 1")
+
+    async def pass_and_wait() -> float:
+        ((duty, conn),) = _duties(dsn, 1)
+        try:
+            await duty.enqueue_due()
+            return await duty.enqueue_due()
+        finally:
+            await conn.close()
+
+    assert asyncio.run(pass_and_wait()) == POLL_SECONDS  # the broken one alone is left: no busy loop
+    assert len(_slot_tasks(dsn, "good")) >= 1 and _slot_tasks(dsn, "broken") == []
+    assert [r.getMessage() for r in caplog.records][0].startswith(
+        "schedule broken cannot be computed, skipped until fixed: Exactly 5, 6 or 7 columns")
+
+
+@pytest.mark.integration
 def test_code_schedules_are_written_at_start_and_never_overwrite_a_runtime_one(dsn, caplog):
     caplog.set_level(logging.WARNING, logger="queueworker.cron")
     assert _cli(dsn, "add", "shared", "--cron", "0 * * * *", "--task", "runtime.task") == 0
@@ -345,6 +374,10 @@ def test_cli_round_trip_and_bad_input(dsn, capsys):
         (["add", "x", "--cron", "* * * * *", "--task", "t", "--payload", "{bad"], "--payload"),
         (["add", "x", "--cron", "* * * * *", "--task", "t", "--max-attempts", "0"], "--max-attempts"),
         (["add", "x", "--cron", "* * * * *", "--task", "t", "--queue", "bad queue"], "--queue"),
+        (["add", "x", "--cron", "* * * * *", "--task", "t\x00"], "--task"),
+        (["add", "x\x00", "--cron", "* * * * *", "--task", "t"], "invalid schedule name"),
+        (["add", "x", "--cron", "* * * * *", "--task", "t", "--priority", "NaN"], "--priority"),
+        (["add", "x", "--cron", "* * * * *", "--task", "t", "--payload", '{"a": NaN}'], "payload cannot be stored"),
         (["add", "nightly", "--cron", "0 0 31 2 *", "--task", "t"], "invalid cron expression"),
         (["pause", "unknown"], "no schedule named 'unknown'"),
         (["resume", "unknown"], "no schedule named 'unknown'"),

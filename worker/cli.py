@@ -281,7 +281,7 @@ def cmd_cron(args: argparse.Namespace) -> int:
             except CronError as exc:
                 raise CliError(str(exc)) from None
             except ValidationError as exc:
-                raise CliError(one_line(exc, ENQUEUE_LABELS)) from None
+                raise CliError(one_line(exc, {**ENQUEUE_LABELS, "task": "--task"})) from None
             (now,), = conn.execute(sql.DATABASE_NOW).fetchall()
             changed = conn.execute(sql.UPSERT_RUNTIME_CRON_JOB,
                                    job.params(first_slot_after(job.expression, job.timezone, now))).fetchall()

@@ -91,7 +91,8 @@ def first_slot_after(expression: str, timezone_name: str, after: datetime) -> da
                         f"{MAX_EXPRESSION_LENGTH} characters")
     tz = zone(timezone_name)
     try:
-        if not croniter.is_valid(expression):
+        # Five or six fields, or an alias: never croniter's seventh (a year), whose schedules end.
+        if not croniter.is_valid(expression) or not (expression.startswith("@") or len(expression.split()) in (5, 6)):
             raise CronError(f"invalid cron expression {expression!r} (five fields: minute hour day month weekday; "
                             "an optional sixth: seconds)")
         return next(_slots(expression, tz, after))
@@ -268,6 +269,7 @@ class CronDuty:
             if next_in is None:
                 return POLL_SECONDS
             return min(POLL_SECONDS, max(MIN_SLEEP, next_in - ENQUEUE_AHEAD_SECONDS))
+        planned = False
         for job in due:
             try:
                 plan = plan_slots(job.expression, job.timezone, job.catch_up, job.next_slot, job.now)
@@ -276,7 +278,10 @@ class CronDuty:
                           extra={"cron_job": job.name})
                 continue
             await self._enqueue(job, plan)
-        return MIN_SLEEP  # look again at once: the next pass finds what is left, or how long to wait
+            planned = True
+        # Look again at once after any progress: the next pass finds what is left, or how long to
+        # wait. A schedule that cannot be computed is looked at again only every POLL_SECONDS.
+        return MIN_SLEEP if planned else POLL_SECONDS
 
     async def _enqueue(self, job: sql.DueCronJobRow, plan: SlotPlan) -> None:
         (advanced, enqueued), = await self._conn.fetch(sql.ENQUEUE_CRON_SLOTS, {
