@@ -382,6 +382,7 @@ def test_cli_round_trip_and_bad_input(dsn, capsys):
         (["pause", "unknown"], "no schedule named 'unknown'"),
         (["resume", "unknown"], "no schedule named 'unknown'"),
         (["delete", "unknown"], "no schedule named 'unknown'"),
+        (["pause", "nul\x00"], "invalid schedule name"),
     ]
     for args, message in bad:
         assert _cli(dsn, *args) == 2, args

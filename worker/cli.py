@@ -256,8 +256,14 @@ def _add_cron_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 
 def cmd_cron(args: argparse.Namespace) -> int:
     from . import sql
-    from .cron import CronError, cron_job, first_slot_after
+    from .cron import CronError, cron_job, first_slot_after, schedule_name
     from .db import typed_rows
+
+    if args.cron_command in ("pause", "resume", "delete"):
+        try:
+            schedule_name(args.name)
+        except CronError as exc:
+            raise CliError(str(exc)) from None
 
     with _connect(args.dsn) as conn:
         if args.cron_command == "list":

@@ -18,6 +18,7 @@ night clocks go back) runs twice, once per offset. docs/cron.md has the whole st
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import zoneinfo
 from collections.abc import Iterator
@@ -144,19 +145,13 @@ def plan_slots(expression: str, timezone_name: str, catch_up: str, next_slot: da
         missed = sorted(missed[:keep])
         forward = _slots(expression, tz, latest_missed)
     else:
-        forward = _slots(expression, tz, next_slot)
-        forward = _chain_first(next_slot, forward)
+        forward = itertools.chain([next_slot], _slots(expression, tz, next_slot))
     slots = missed
     upcoming = next(forward)
     while upcoming <= horizon and len(slots) < MAX_SLOTS_PER_STATEMENT:
         slots.append(upcoming)
         upcoming = next(forward)
     return SlotPlan(slots, upcoming, missed_from, missed_until, cut)
-
-
-def _chain_first(first: datetime, rest: Iterator[datetime]) -> Iterator[datetime]:
-    yield first
-    yield from rest
 
 
 def dedupe_key(name: str, slot: datetime) -> str:
@@ -183,20 +178,25 @@ class CronJob:
                 "catch_up": self.catch_up, "first_slot": first_slot}
 
 
+def schedule_name(name: str) -> str:
+    """A schedule's name, checked: printable text of 1 to 200 characters, as a task's name."""
+    try:
+        return _JOB_NAME.validate_python(name)
+    except ValidationError as exc:
+        raise CronError(f"invalid schedule name {str(name)[:60]!r}: {exc.errors()[0]['msg']}") from None
+
+
 def cron_job(name: str, cron: str, task: str, payload: Any = None, *, queue: str | None = None,
              timezone: str = "UTC", catch_up: str = "none", priority: int | None = None,
              max_attempts: int | None = None) -> CronJob:
     """A checked schedule. CronError (a ValueError) for the schedule itself, pydantic's
     ValidationError for the task (as TaskSpec checks it)."""
-    try:
-        name = _JOB_NAME.validate_python(name)
-    except ValidationError as exc:
-        raise CronError(f"invalid schedule name {str(name)[:60]!r}: {exc.errors()[0]['msg']}") from None
+    name = schedule_name(name)
     try:
         catch_up = _CATCH_UP.validate_python(catch_up)
     except ValidationError:
         raise CronError(f"catch_up must be one of {', '.join(CATCH_UP)}, not {str(catch_up)[:40]!r}") from None
-    first_slot_after(cron, timezone, datetime.now(tz=zoneinfo.ZoneInfo("UTC")))  # checks both, says why
+    first_slot_after(cron, timezone, datetime.now().astimezone())  # checks both, says why
     given = {"queue": queue, "priority": priority, "max_attempts": max_attempts}
     spec = TaskSpec(task=task, payload={} if payload is None else payload,
                     **{k: v for k, v in given.items() if v is not None})
