@@ -1,4 +1,4 @@
--- Least-privilege database roles for queueworker, schema version 10. Why each grant exists, and
+-- Least-privilege database roles for queueworker, schema version 11. Why each grant exists, and
 -- what the roles still can do: docs/security.md.
 --
 -- Run it as a superuser, in the application's database:
@@ -91,7 +91,7 @@ ALTER DEFAULT PRIVILEGES FOR ROLE queueworker_migrator REVOKE EXECUTE ON FUNCTIO
 ALTER DEFAULT PRIVILEGES FOR ROLE queueworker_migrator IN SCHEMA queueworker
     GRANT SELECT ON TABLES TO queueworker_operator;
 
--- 5. The grants, for schema version 10.
+-- 5. The grants, for schema version 11.
 DO $$
 DECLARE
     applied_version integer;
@@ -99,14 +99,14 @@ BEGIN
     IF to_regclass('queueworker.schema_migrations') IS NOT NULL THEN
         SELECT max(m.version) INTO applied_version FROM queueworker.schema_migrations m;
     END IF;
-    IF coalesce(applied_version, 0) < 10 THEN
-        RAISE NOTICE 'queueworker is at schema version %, these grants are for version 10: run `queueworker '
+    IF coalesce(applied_version, 0) < 11 THEN
+        RAISE NOTICE 'queueworker is at schema version %, these grants are for version 11: run `queueworker '
                      'migrate` as a member of queueworker_migrator, then run this script again',
                      coalesce(applied_version, 0);
         RETURN;
     END IF;
-    IF applied_version > 10 THEN
-        RAISE EXCEPTION 'these grants are for queueworker schema version 10, the database is at version %: '
+    IF applied_version > 11 THEN
+        RAISE EXCEPTION 'these grants are for queueworker schema version 11, the database is at version %: '
                         'run the database-roles.sql of the queueworker release that migrated it', applied_version;
     END IF;
 
@@ -181,6 +181,14 @@ BEGIN
                               queueworker.settle_dependents(bigint[], bigint[]),
                               queueworker.count_run_outcomes(bigint[], bigint[], integer[], text[], text[])
         TO queueworker_worker;
+    -- Periodic tasks (migration 011): the cron duty writes the schedules declared in code
+    -- (UPSERT_CODE_CRON_JOB), reads those due (DUE_CRON_JOBS), and moves a schedule's next slot on
+    -- together with enqueueing its slots (ENQUEUE_CRON_SLOTS, through queueworker.enqueue_tasks).
+    GRANT SELECT, INSERT, UPDATE ON queueworker.cron_jobs TO queueworker_worker;
+    GRANT EXECUTE ON FUNCTION
+            queueworker.enqueue_tasks(text[], text[], jsonb[], integer[], timestamptz[], integer[], integer[],
+                                      text[], boolean[], boolean[], bigint[], bigint[], bigint[], integer[])
+        TO queueworker_worker;
 
     -- Controller (sql.QUEUE_DEPTH, sql.WORKER_LEASES): counts and leases, never payloads; a queue's
     -- flow control, which bounds what scaling can do.
@@ -202,5 +210,8 @@ BEGIN
     GRANT UPDATE (state, delayed, run_after, max_attempts, lease_owner, leased_until, deadline_at, updated_at,
                   finished_at, error)
         ON queueworker.tasks TO queueworker_operator;
+    -- `queueworker cron add`, `pause`, `resume`, `delete` (UPSERT_RUNTIME_CRON_JOB, PAUSE_CRON_JOB,
+    -- RESUME_CRON_JOB, DELETE_CRON_JOB).
+    GRANT INSERT, UPDATE, DELETE ON queueworker.cron_jobs TO queueworker_operator;
 END
 $$;

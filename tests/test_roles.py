@@ -1,7 +1,7 @@
 """docs/database-roles.sql, for real: the roles it creates run every flow of theirs with only its
 grants, and nothing else. The migrator migrates (and owns the schema), a producer enqueues, a
 real worker process works the queue, the controller reads depth and leases and LISTENs, an
-operator runs status, retry and cancel; the audit trail holds against all of them."""
+operator runs status, retry and cancel and manages schedules; the audit trail holds against all of them."""
 
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ GROUPS = ("migrator", "producer", "worker", "controller", "operator")
 QUEUE = "roles"
 RESCUE_QUEUE = "roles-rescue"   # holds a task whose worker "died" before the real worker starts
 NOTIFY_QUEUE = "roles-notify"   # no worker: a task here only wakes the controller
+CRON_QUEUE = "roles-cron"       # no worker: the slots of the operator's schedule wait here
 NAMESPACE = "roles-test"
 TERMINAL = ("succeeded", "failed", "cancelled")
 
@@ -110,6 +111,11 @@ def test_each_role_runs_its_flows_with_only_its_grants(installation):
                     ["pause", QUEUE, "--for", "1s"], ["resume", QUEUE]):
         changed = qw(*command, "--dsn", login["operator"])
         assert changed.returncode == 0, changed.stderr
+    # Operator: a periodic schedule kept in the database, whose slots the worker enqueues.
+    for command in (["add", "roles-cron", "--cron", "* * * * * *", "--task", "qw.noop", "--queue", CRON_QUEUE],
+                    ["pause", "roles-cron"], ["resume", "roles-cron"], ["list", "--json"]):
+        changed = qw("cron", *command, "--dsn", login["operator"])
+        assert changed.returncode == 0, changed.stderr
 
     # Producer: the library, in one transaction of the application's, and the CLI.
     with psycopg.connect(login["producer"]) as conn:
@@ -139,6 +145,7 @@ def test_each_role_runs_its_flows_with_only_its_grants(installation):
             "timeout_seconds": 60})] == [orphan]
 
     worker = WorkerProcess(login["worker"], "--queue", QUEUE, "--queue", RESCUE_QUEUE, "--concurrency", "4",
+                           "--handlers", "tests.cron_handlers",
                            "--retry-base-seconds", "0.2", "--drain-seconds", "0.5", *FAST_LEASES,
                            env={"POD_NAME": "worker-0", "POD_NAMESPACE": NAMESPACE})
     try:
@@ -149,6 +156,12 @@ def test_each_role_runs_its_flows_with_only_its_grants(installation):
                    message="the worker to finish every task")
         wait_until(lambda: scalar(admin, "SELECT state::text FROM queueworker.runs WHERE id = %s", (run_id,))
                    == "succeeded", timeout=60, message="the run to succeed")
+        # The cron duty, as the worker role: declared the code's schedules, enqueued the operator's.
+        wait_until(lambda: scalar(admin, "SELECT count(*) FROM queueworker.cron_jobs WHERE source = 'code'") == 2,
+                   message="the code's schedules declared")
+        wait_until(lambda: scalar(admin, "SELECT count(*) FROM queueworker.tasks WHERE queue = %s "
+                                         "AND dedupe_key LIKE 'cron:roles-cron:%%'", (CRON_QUEUE,)) > 0,
+                   message="the operator's schedule enqueued by the worker")
         with psycopg.connect(login["producer"], autocommit=True) as conn:
             held = enqueue(conn, "qw.sleep", {"seconds": 60}, queue=QUEUE)
         wait_until(lambda: states(admin, [held]) == {held: "running"}, message="the worker to claim the long task")
@@ -187,6 +200,9 @@ def test_each_role_runs_its_flows_with_only_its_grants(installation):
         ("running", "succeeded", user["worker"])]
     shown = qw("run", "show", str(run_id), "--dsn", login["operator"])
     assert shown.returncode == 0 and f"running   -> succeeded by {user['worker']}" in shown.stdout, shown
+
+    deleted = qw("cron", "delete", "roles-cron", "--dsn", login["operator"])
+    assert deleted.returncode == 0, deleted.stderr
 
     # Operator: status, cancel, retry.
     status = qw("status", "--queue", QUEUE, "--dsn", login["operator"])

@@ -16,6 +16,9 @@ What applications import:
   `queueworker.operations` also pauses and resumes queues, rate-limits them, caps their running
   tasks and sets their circuit breakers (docs/flow-control.md).
 - `start_run`: a partitioned run, counted as its partitions end, consolidated once if all succeed.
+- `periodic` (or `@task(cron=...)`): a task enqueued at every slot of a cron expression in a time
+  zone, exactly once however many workers run; `queueworker cron` adds schedules at runtime
+  (docs/cron.md).
 - `WorkerSettings`, `SettingsError`: a worker's settings, every default and bound in one place
   (the CLI's flags and QUEUEWORKER_* variables are derived from it).
 - `Worker`, `run_worker`, `run_worker_async`, `Registry`: run a worker inside an application (sync,
@@ -27,6 +30,7 @@ What applications import:
 __version__ = "0.1.0"
 
 from .handlers import Continue, PermanentError, Registry, RetryAfter, RunInfo, Snooze, TaskContext, task  # noqa: E402
+from .cron import periodic  # noqa: E402
 from .producer import (  # noqa: E402
     TaskSpec, enqueue, enqueue_async, enqueue_chain, enqueue_chain_async, enqueue_many, enqueue_many_async, start_run)
 from .operations import cancel, cancel_many  # noqa: E402
@@ -35,7 +39,7 @@ from .settings import SettingsError, WorkerSettings  # noqa: E402
 
 __all__ = ["Continue", "PermanentError", "Registry", "RetryAfter", "RunInfo", "SettingsError", "Snooze", "TaskContext",
            "TaskInfo", "TaskSpec", "WorkerSettings", "cancel", "cancel_many", "enqueue", "enqueue_async",
-           "enqueue_chain", "enqueue_chain_async", "enqueue_many", "enqueue_many_async", "get_task", "start_run",
+           "enqueue_chain", "enqueue_chain_async", "enqueue_many", "enqueue_many_async", "get_task", "periodic", "start_run",
            "task", "wait_for", "Worker", "run_worker", "run_worker_async"]
 
 _WORKER_NAMES = ("Worker", "run_worker", "run_worker_async")

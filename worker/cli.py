@@ -15,6 +15,7 @@ import json
 import os
 import sys
 import traceback
+from datetime import UTC
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -225,6 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
     finalize.add_argument("id", type=_bounded_int(1, BIGINT_MAX))
     finalize.add_argument("--force", action="store_true", required=True)
 
+    _add_cron_parser(sub, common)
+
     demo = _command(sub, "demo", help="run it all locally: a throwaway Postgres, a burst of tasks, "
                           "workers scaled by the controller's policy")
     demo.add_argument("--tasks", type=int, default=_default(DemoConfig, "tasks"), help="qw.sleep tasks to enqueue")
@@ -257,6 +260,112 @@ def _command(commands: Any, name: str, **options: Any) -> argparse.ArgumentParse
     summary = options.get("help") or ""
     options.setdefault("description", summary[:1].upper() + summary[1:] + ("." if summary else ""))
     return commands.add_parser(name, **options)
+
+
+def _add_cron_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    """`queueworker cron add|list|pause|resume|delete`: periodic schedules kept in the database."""
+    from .cron import CATCH_UP
+    from .producer import TaskSpec
+
+    cron = _command(sub, "cron", help="periodic tasks: add, list, pause, resume, delete schedules")
+    commands = cron.add_subparsers(dest="cron_command", required=True, metavar="COMMAND")
+    add = _command(commands, "add", parents=[common],
+                              help="add (or replace) a schedule kept in the database: no deploy needed")
+    add.add_argument("name")
+    add.add_argument("--cron", required=True, metavar="EXPR",
+                     help='cron expression, e.g. "*/5 * * * *" (a sixth field: seconds)')
+    add.add_argument("--task", required=True)
+    source = add.add_mutually_exclusive_group()
+    source.add_argument("--payload", metavar="JSON", help="JSON payload; - reads it from stdin (default {})")
+    source.add_argument("--payload-file", metavar="FILE", help="read the JSON payload from FILE")
+    add.add_argument("--queue", help=f"default {_default(TaskSpec, 'queue')}")
+    add.add_argument("--timezone", default="UTC", help="IANA time zone of the expression (default UTC)")
+    add.add_argument("--catch-up", choices=CATCH_UP, default="none",
+                     help="slots missed while no worker ran: skip them (none, default), run the latest, or all")
+    add.add_argument("--priority", help=f"default {_default(TaskSpec, 'priority')}")
+    add.add_argument("--max-attempts", metavar="N", help=f"default {_default(TaskSpec, 'max_attempts')}")
+    listing = _command(commands, "list", parents=[common], help="every schedule, with its next slot")
+    listing.add_argument("--json", action="store_true", help="print JSON")
+    for command, text in (("pause", "enqueue no more slots of a schedule"),
+                          ("resume", "go on from the schedule's next slot after now (paused slots are skipped)"),
+                          ("delete", "remove a schedule (one declared in code comes back when a worker declaring "
+                                     "it starts)")):
+        _command(commands, command, parents=[common], help=text).add_argument("name")
+
+
+def cmd_cron(args: argparse.Namespace) -> int:
+    from . import sql
+    from .cron import CronError, cron_job, first_slot_after, schedule_name
+    from .db import typed_rows
+
+    if args.cron_command in ("pause", "resume", "delete"):
+        try:
+            schedule_name(args.name)
+        except CronError as exc:
+            raise CliError(str(exc)) from None
+
+    with _connect(args.dsn) as conn:
+        if args.cron_command == "list":
+            with conn.cursor(row_factory=typed_rows(sql.CronJobRow)) as cursor:
+                rows = cursor.execute(sql.CRON_JOBS).fetchall()
+            if args.json:
+                print(json.dumps([_cron_job_as_json(row) for row in rows], indent=2, default=str))
+                return 0
+            Column = status.Column
+            print("\n".join(status.table(
+                [Column("NAME", flexible=True), Column("SCHEDULE"), Column("TIMEZONE"), Column("TASK", flexible=True),
+                 Column("QUEUE"), Column("SOURCE"), Column("STATE"), Column("NEXT SLOT (UTC)")],
+                [[row.name, row.expression, row.timezone, row.task, row.queue, row.source,
+                  "paused" if row.paused else "active", f"{row.next_slot.astimezone(UTC):%m-%d %H:%M:%S}"]
+                 for row in rows])) if rows else "(no schedules)")
+            return 0
+        if args.cron_command == "add":
+            given = {"queue": args.queue, "priority": args.priority, "max_attempts": args.max_attempts}
+            try:
+                job = cron_job(args.name, args.cron, args.task, _payload(args).get("payload"), timezone=args.timezone,
+                               catch_up=args.catch_up, **{k: v for k, v in given.items() if v is not None})
+            except CronError as exc:
+                raise CliError(str(exc)) from None
+            except ValidationError as exc:
+                raise CliError(one_line(exc, {**ENQUEUE_LABELS, "task": "--task"})) from None
+            (now,), = conn.execute(sql.DATABASE_NOW).fetchall()
+            changed = conn.execute(sql.UPSERT_RUNTIME_CRON_JOB,
+                                   job.params(first_slot_after(job.expression, job.timezone, now))).fetchall()
+            if changed:
+                print(f"schedule {job.name}: {'added' if changed[0][0] else 'replaced'}")
+            elif conn.execute(sql.CRON_JOB_SOURCE, {"name": job.name}).fetchall() == [("code",)]:
+                raise CliError(f"schedule {job.name!r} is declared in code: change it there, or give this one "
+                               "another name")
+            else:
+                print(f"schedule {job.name}: unchanged")
+            return 0
+        with conn.cursor() as cursor:
+            if args.cron_command == "resume":
+                with conn.cursor(row_factory=typed_rows(sql.CronScheduleRow)) as locked:
+                    schedule = locked.execute(sql.CRON_SCHEDULE_FOR_UPDATE, {"name": args.name}).fetchone()
+                if schedule is None:
+                    raise CliError(f"no schedule named {args.name[:200]!r}")
+                try:
+                    next_slot = first_slot_after(schedule.expression, schedule.timezone, schedule.now)
+                except CronError as exc:
+                    raise CliError(f"schedule {args.name!r} cannot be resumed: {exc}") from None
+                if cursor.execute(sql.RESUME_CRON_JOB, {"name": args.name, "next_slot": next_slot}).fetchall():
+                    print(f"schedule {args.name}: resumed, next slot {next_slot:%Y-%m-%d %H:%M:%S%z}")
+                else:
+                    print(f"schedule {args.name}: not paused, nothing changed")
+                return 0
+            statement = {"pause": sql.PAUSE_CRON_JOB, "delete": sql.DELETE_CRON_JOB}[args.cron_command]
+            if not cursor.execute(statement, {"name": args.name}).fetchall():
+                raise CliError(f"no schedule named {args.name[:200]!r}")
+        print(f"schedule {args.name}: {'paused' if args.cron_command == 'pause' else 'deleted'}")
+    return 0
+
+
+def _cron_job_as_json(row: Any) -> dict[str, Any]:
+    """A schedule for `cron list --json`, its payload as a JSON value."""
+    fields = row._asdict()
+    fields["payload"] = jsonvalue.decode(fields.pop("payload_json"))
+    return fields
 
 
 def _metavar(option: SettingOption) -> str:
@@ -719,7 +828,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 COMMANDS = {"migrate": cmd_migrate, "enqueue": cmd_enqueue, "worker": cmd_worker, "status": cmd_status,
             "retry": cmd_retry, "cancel": cmd_cancel, "show": cmd_show, "demo": cmd_demo, "runs": cmd_runs,
-            "run": cmd_run, "list": cmd_list, "pause": cmd_flow, "resume": cmd_flow, "limit": cmd_flow, "breaker": cmd_flow}
+            "run": cmd_run, "cron": cmd_cron, "list": cmd_list, "pause": cmd_flow, "resume": cmd_flow, "limit": cmd_flow, "breaker": cmd_flow}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,6 +22,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from . import jsonvalue, metrics
+from .cron import periodic
 from .producer import MAX_SECONDS, TaskName
 
 log = logging.getLogger("queueworker.handlers")
@@ -310,10 +311,19 @@ class Registry:
 default_registry = Registry()
 
 
-def task(fn: Callable[..., Any] | None = None, *, name: str | None = None) -> Any:
-    """Registers a handler in the default registry: `@task` (named after the function) or
-    `@task(name="emails.send")`."""
-    return default_registry.task(fn, name=name)
+def task(fn: Callable[..., Any] | None = None, *, name: str | None = None, cron: str | None = None,
+         timezone: str = "UTC", catch_up: str = "none") -> Any:
+    """Registers a handler: `@task` (named after the function) or `@task(name="emails.send")`.
+    With `cron`, it also runs periodically: `@task(cron="*/5 * * * *", timezone="Europe/Berlin")`
+    declares a schedule of the task's name with an empty payload (queueworker.periodic says more)."""
+
+    def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
+        handler = default_registry.register(f, name)
+        if cron is not None:
+            periodic(handler.name, cron, handler.name, timezone=timezone, catch_up=catch_up)
+        return f
+
+    return decorate(fn) if fn is not None else decorate
 
 
 # How long a sync handler told to stop may take to return before its thread counts as stuck.

@@ -61,6 +61,9 @@ BREAKER_STATE = Gauge("queueworker_breaker_state",
 BREAKER_TRANSITIONS = Counter("queueworker_breaker_transitions_total",
                               "Circuit breaker state changes this worker's reports caused, by new state",
                               ["queue", "to_state"])
+CRON_SLOTS_ENQUEUED = Counter("queueworker_cron_slots_enqueued_total",
+                              "Slots of periodic schedules this worker enqueued (each slot is enqueued by one worker)",
+                              ["job"])
 TASKS_DELETED = Counter("queueworker_tasks_deleted_total", "Finished tasks deleted after the retention period")
 
 

@@ -6,6 +6,7 @@ it matches `(id, lease_token, state = 'running')`, so a worker that lost its lea
 name return a row type defined next to them (see `DutyConnection.fetch(..., row=...)`).
 """
 
+from datetime import datetime
 from typing import Any, NamedTuple
 
 NOTIFY_CHANNEL = "queueworker"
@@ -541,6 +542,130 @@ SELECT (SELECT count(*) FROM promoted) AS promoted,
        (SELECT extract(epoch FROM min(run_after) - now())::float8
         FROM queueworker.tasks WHERE state = 'retrying' OR (state = 'pending' AND delayed)) AS next_due_in
 """
+
+# -- cron (migration 011, worker/cron.py) -------------------------------------------------------
+
+DATABASE_NOW = "SELECT now()"
+
+# A schedule written by `source`: created with its first slot, or changed in place; its next slot
+# moves only when its expression or time zone changed (it is then the new first slot). A schedule
+# of the other source is left alone, and so is one that would not change (no row comes back then).
+_UPSERT_CRON_JOB = """
+INSERT INTO queueworker.cron_jobs AS j (name, expression, timezone, task, payload, queue, priority, max_attempts,
+                                       catch_up, source, next_slot)
+VALUES (%(name)s, %(expression)s, %(timezone)s, %(task)s, %(payload)s::jsonb, %(queue)s, %(priority)s,
+        %(max_attempts)s, %(catch_up)s, '{source}', %(first_slot)s)
+ON CONFLICT (name) DO UPDATE
+SET expression = excluded.expression, timezone = excluded.timezone, task = excluded.task, payload = excluded.payload,
+    queue = excluded.queue, priority = excluded.priority, max_attempts = excluded.max_attempts,
+    catch_up = excluded.catch_up, updated_at = now(),
+    next_slot = CASE WHEN (j.expression, j.timezone) IS DISTINCT FROM (excluded.expression, excluded.timezone)
+                     THEN excluded.next_slot ELSE j.next_slot END
+WHERE j.source = '{source}'
+  AND (j.expression, j.timezone, j.task, j.payload, j.queue, j.priority, j.max_attempts, j.catch_up)
+      IS DISTINCT FROM (excluded.expression, excluded.timezone, excluded.task, excluded.payload, excluded.queue,
+                        excluded.priority, excluded.max_attempts, excluded.catch_up)
+RETURNING (xmax = 0) AS created
+"""
+UPSERT_CODE_CRON_JOB = _UPSERT_CRON_JOB.replace("{source}", "code")
+UPSERT_RUNTIME_CRON_JOB = _UPSERT_CRON_JOB.replace("{source}", "runtime")
+RUNTIME_CRON_JOBS_AMONG = """
+SELECT name FROM queueworker.cron_jobs WHERE name = ANY(%(names)s::text[]) AND source = 'runtime' ORDER BY name
+"""
+
+# The schedules with a slot due within %(ahead)s seconds, and the database's clock, which every
+# worker computes slots against (never its own).
+DUE_CRON_JOBS = """
+SELECT name, expression, timezone, catch_up, next_slot, now() AS now
+FROM queueworker.cron_jobs
+WHERE NOT paused AND next_slot <= now() + make_interval(secs => %(ahead)s)
+ORDER BY next_slot
+LIMIT %(limit)s
+"""
+
+
+class DueCronJobRow(NamedTuple):
+    name: str
+    expression: str
+    timezone: str
+    catch_up: str
+    next_slot: datetime
+    now: datetime
+
+
+NEXT_CRON_SLOT_IN = """
+SELECT extract(epoch FROM min(next_slot) - now())::float8 FROM queueworker.cron_jobs WHERE NOT paused
+"""
+
+# Enqueues a schedule's slots in the statement that moves its next slot on, and only if the
+# schedule still is what the worker computed them from (compare-and-set on next_slot, expression
+# and time zone): a second worker with the same slots waits for the first one's row lock, finds
+# next_slot moved, and changes nothing. The task itself comes from the row as it is now. Each slot
+# is one task due at the slot (a delayed one until then), with the key 'cron:NAME:<slot>',
+# through queueworker.enqueue_tasks (migration 006), which also wakes the queue.
+ENQUEUE_CRON_SLOTS = """
+WITH advanced AS (
+    UPDATE queueworker.cron_jobs
+    SET next_slot = %(next_slot)s, last_enqueued_slot = coalesce(%(last_slot)s, last_enqueued_slot), updated_at = now()
+    WHERE name = %(name)s AND next_slot = %(seen)s AND expression = %(expression)s AND timezone = %(timezone)s
+      AND NOT paused
+    RETURNING queue, task, payload, priority, max_attempts
+), enqueued AS (
+    SELECT e.id
+    FROM advanced a, cardinality(%(slots)s::timestamptz[]) AS n,
+         queueworker.enqueue_tasks(array_fill(a.queue, ARRAY[n]), array_fill(a.task, ARRAY[n]),
+                                   array_fill(a.payload, ARRAY[n]), array_fill(a.priority, ARRAY[n]),
+                                   %(slots)s::timestamptz[], array_fill(a.max_attempts, ARRAY[n]), '{}'::int[],
+                                   %(dedupe_keys)s::text[], '{}'::bool[], '{}'::bool[], '{}'::bigint[],
+                                   '{}'::bigint[], '{}'::bigint[], '{}'::int[]) AS e
+    WHERE n > 0
+)
+SELECT (SELECT count(*) FROM advanced) AS advanced, (SELECT count(id) FROM enqueued) AS enqueued
+"""
+
+_CRON_JOB_COLUMNS = """name, expression, timezone, task, payload::text AS payload_json, queue, priority, max_attempts,
+       catch_up, paused, source, next_slot, last_enqueued_slot, created_at, updated_at"""
+CRON_JOBS = "SELECT " + _CRON_JOB_COLUMNS + " FROM queueworker.cron_jobs ORDER BY name"
+# `cron resume` reads the schedule (locked: its next slot is computed from it) in its transaction.
+CRON_SCHEDULE_FOR_UPDATE = """
+SELECT expression, timezone, now() AS now FROM queueworker.cron_jobs WHERE name = %(name)s FOR UPDATE
+"""
+
+
+class CronJobRow(NamedTuple):
+    name: str
+    expression: str
+    timezone: str
+    task: str
+    payload_json: str
+    queue: str
+    priority: int
+    max_attempts: int
+    catch_up: str
+    paused: bool
+    source: str
+    next_slot: datetime
+    last_enqueued_slot: datetime | None
+    created_at: datetime
+    updated_at: datetime
+
+
+class CronScheduleRow(NamedTuple):
+    expression: str
+    timezone: str
+    now: datetime
+
+
+PAUSE_CRON_JOB = """
+UPDATE queueworker.cron_jobs SET paused = true, updated_at = now() WHERE name = %(name)s RETURNING name
+"""
+# Resuming starts from the first slot after now: slots of the pause are not caught up.
+RESUME_CRON_JOB = """
+UPDATE queueworker.cron_jobs SET paused = false, next_slot = %(next_slot)s, updated_at = now()
+WHERE name = %(name)s AND paused RETURNING name
+"""
+CRON_JOB_SOURCE = "SELECT source FROM queueworker.cron_jobs WHERE name = %(name)s"
+DELETE_CRON_JOB = "DELETE FROM queueworker.cron_jobs WHERE name = %(name)s RETURNING source"
 
 # -- operators -------------------------------------------------------------------------------
 

@@ -2,8 +2,8 @@
 
 The fetch loop claims pending tasks in batches sized by free slots and hands each attempt to
 its handler; the completer flushes outcomes in batches; the heartbeater keeps leases alive and
-fences attempts whose lease passed by its own clock; the rescuer, scheduler and cleaner run the
-queue's background duties; the listener wakes the fetch loop. Every duty runs under the same
+fences attempts whose lease passed by its own clock; the rescuer, scheduler, cron duty and cleaner
+run the queue's background duties; the listener wakes the fetch loop. Every duty runs under the same
 supervisor (worker/supervisor.py): no error ends it. On a stop request (SIGTERM/SIGINT when it
 owns the signals) the worker drains within one shutdown budget: stop claiming, let attempts finish
 until the drain deadline, cancel the rest and hand their leases back without consuming an attempt,
@@ -32,6 +32,7 @@ from .backoff import retry_delay
 from .builtin_tasks import register_builtin_tasks
 from .cleaner import Cleaner
 from .completer import Completer
+from .cron import CronDuty, Schedule, default_schedule
 from .db import DutyConnection
 from .events import DueTimer, wait_event
 from .flow import FlowControl
@@ -96,14 +97,19 @@ class Worker:
     is true, as in the CLI: then SIGTERM/SIGINT drain it, and the loop's handlers for them are
     removed again when it stops. `on_ready` is called once the worker is registered, has
     recovered expired leases and claims; `on_stopped` once it has drained and deregistered.
+    With the default registry (that `@task` fills) come the schedules that `periodic` and
+    `@task(cron=...)` declare; with a registry of its own, only those of `schedule`.
     """
 
     def __init__(self, dsn: str, settings: WorkerSettings | None = None, registry: Registry | None = None,
                  auto_migrate: bool = False, *, install_signal_handlers: bool = False,
-                 on_ready: ReadyHook | None = None, on_stopped: StoppedHook | None = None):
+                 on_ready: ReadyHook | None = None, on_stopped: StoppedHook | None = None,
+                 schedule: Schedule | None = None):
         dsn_text.validate(dsn)  # a malformed URL cannot heal: refuse it before anything starts
         settings = settings if settings is not None else WorkerSettings()
-        registry = registry if registry is not None else default_registry
+        registry = default_registry if registry is None else registry
+        if schedule is None and registry is default_registry:
+            schedule = default_schedule
         # Handlers may put the worker's own connection string in an error message: never store it.
         self._secrets = (dsn, dsn_text.parse(dsn).get("password"))
         self.settings = settings
@@ -153,6 +159,7 @@ class Worker:
         self.rescuer = Rescuer(self._duty_conn, settings.rescue_interval_seconds,
                                settings.deadline_grace_seconds, settings.worker_ttl_seconds)
         self.cleaner = Cleaner(self._duty_conn, settings.retention_seconds, settings.cleaner_interval_seconds)
+        self.cron = CronDuty(self._duty_conn, schedule or Schedule())
         self.listener = Listener(dsn, settings.queues, self._wake_at, str(self.identity.id), self._cancelled_task,
                                  self.flow.settings_changed, on_listening=self._catch_up)
 
@@ -243,6 +250,7 @@ class Worker:
             ("schedule", self.scheduler.step, {"wake": self.scheduler.poked}),
             ("complete", self.completer.step, {"wake": self.completer.pending, "first_delay": None}),
             ("flow", self.flow.step, {"wake": self.flow.wake}),
+            ("cron", self.cron.step, {"jitter": 0.2}),
         ]
         duties.append(("summary", self._summary_step, {"first_delay": self.settings.summary_interval_seconds}))
         if self.settings.retention_seconds:

@@ -1,0 +1,312 @@
+"""Periodic tasks (cron): schedules declared in code or at runtime, each slot enqueued exactly once.
+
+A schedule is a row of `queueworker.cron_jobs` (migration 011). Schedules declared in code
+(`periodic`, `@task(cron=...)`) are written there by every worker at start; `queueworker cron add`
+writes runtime ones, which need no deploy and survive restarts. Every worker runs the cron duty:
+it reads the schedules due within ENQUEUE_AHEAD_SECONDS, works out their slots here (croniter, in
+the schedule's time zone), and enqueues them in the statement that moves the schedule's
+`next_slot` on, only if `next_slot` still holds what it read. Of several workers that see the same
+slot, one moves it on and enqueues; the others change nothing. No leader, no lock held between
+statements. Each slot's task is enqueued as a delayed task due at the slot, before its time, so
+the controller's lookahead sees it coming and the scheduler duty admits it on time.
+
+Time zones and daylight saving time follow croniter: a slot in a gap (02:30 on the night clocks go
+forward) runs at the first time that exists after it (03:00); a slot in an overlap (02:30 on the
+night clocks go back) runs twice, once per offset. docs/cron.md has the whole story.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import zoneinfo
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any, Literal
+
+from croniter import CroniterError, croniter
+from pydantic import TypeAdapter, ValidationError
+
+from . import metrics, sql
+from .db import DutyConnection
+from .producer import TaskName, TaskSpec
+
+log = logging.getLogger("queueworker.cron")
+
+# A slot's task is enqueued this long before the slot (a delayed task due at the slot): the
+# controller's lookahead counts it, and the scheduler admits it on time. Pausing or deleting a
+# schedule leaves the tasks already enqueued for the next minute.
+ENQUEUE_AHEAD_SECONDS = 60.0
+# A slot the duty first sees more than this long after it was due was missed (the fleet was down,
+# or at zero replicas with nothing awake): the schedule's catch_up decides whether it runs.
+LATE_AFTER_SECONDS = 60.0
+# catch_up="all" enqueues at most this many missed slots of one schedule (the latest ones).
+MAX_CATCH_UP_SLOTS = 100
+# Slots of one schedule enqueued by one statement; a schedule with more due goes on at once.
+MAX_SLOTS_PER_STATEMENT = 1000
+# How often a worker looks for schedules added or resumed at runtime, at most.
+POLL_SECONDS = 10.0
+MIN_SLEEP = 0.01
+DUE_BATCH = 100
+
+CatchUp = Literal["none", "latest", "all"]
+CATCH_UP: tuple[CatchUp, ...] = ("none", "latest", "all")
+MAX_EXPRESSION_LENGTH = 200
+_JOB_NAME = TypeAdapter(TaskName)
+_CATCH_UP = TypeAdapter(CatchUp)
+
+
+class CronError(ValueError):
+    """A schedule that cannot be: a bad expression, time zone, name or catch-up (one line)."""
+
+
+@functools.lru_cache(maxsize=1)
+def _zone_names() -> frozenset[str]:
+    return frozenset(zoneinfo.available_timezones() | {"UTC"})
+
+
+def zone(name: str) -> zoneinfo.ZoneInfo:
+    """The IANA time zone `name` (Europe/Berlin, UTC). Only names of the time zone database are
+    accepted: ZoneInfo alone would also try paths and files it happens to find."""
+    if not isinstance(name, str) or name not in _zone_names():
+        raise CronError(f"unknown time zone {str(name)[:100]!r} (an IANA name, e.g. Europe/Berlin or UTC)")
+    return zoneinfo.ZoneInfo(name)
+
+
+def _slots(expression: str, tz: zoneinfo.ZoneInfo, start: datetime, backwards: bool = False) -> Iterator[datetime]:
+    """The expression's slots strictly after (or before) `start`, in order, as UTC times."""
+    times = croniter(expression, start.astimezone(tz))
+    step = times.get_prev if backwards else times.get_next
+    while True:
+        yield step(datetime).astimezone(timezone.utc)
+
+
+def first_slot_after(expression: str, timezone_name: str, after: datetime) -> datetime:
+    """The first slot strictly after `after`; CronError for an expression that is malformed or
+    never matches (30 February)."""
+    if not isinstance(expression, str) or not 1 <= len(expression) <= MAX_EXPRESSION_LENGTH \
+            or not expression.isprintable():
+        raise CronError(f"invalid cron expression {str(expression)[:60]!r}: printable text of 1 to "
+                        f"{MAX_EXPRESSION_LENGTH} characters")
+    tz = zone(timezone_name)
+    try:
+        # Five or six fields, or an alias: never croniter's seventh (a year), whose schedules end.
+        if not croniter.is_valid(expression) or not (expression.startswith("@") or len(expression.split()) in (5, 6)):
+            raise CronError(f"invalid cron expression {expression!r} (five fields: minute hour day month weekday; "
+                            "an optional sixth: seconds)")
+        return next(_slots(expression, tz, after))
+    except CroniterError as exc:
+        raise CronError(f"invalid cron expression {expression!r}: {str(exc).splitlines()[0][:200]}") from None
+
+
+@dataclass(frozen=True)
+class SlotPlan:
+    """What one pass does for one schedule: the slots to enqueue now (missed ones first, then those
+    due within ENQUEUE_AHEAD_SECONDS), the schedule's next slot after them, and what catch-up left
+    out."""
+
+    slots: list[datetime]
+    next_slot: datetime
+    missed_from: datetime | None  # the missed slots left out lie from here...
+    missed_until: datetime | None  # ...to here (None: none left out)
+    cut: bool  # catch_up="all" met more than MAX_CATCH_UP_SLOTS missed slots
+
+
+def plan_slots(expression: str, timezone_name: str, catch_up: str, next_slot: datetime, now: datetime) -> SlotPlan:
+    """The slots from `next_slot` (a slot not yet handled) up to `now` + ENQUEUE_AHEAD_SECONDS.
+
+    Slots older than LATE_AFTER_SECONDS were missed: "none" enqueues none of them, "latest" the most
+    recent one, "all" up to MAX_CATCH_UP_SLOTS of the most recent ones. Missed slots are found
+    walking back from the late mark, so a schedule that stood still for years costs no more than
+    one that missed a minute."""
+    tz = zone(timezone_name)
+    late_mark = now - timedelta(seconds=LATE_AFTER_SECONDS)
+    horizon = now + timedelta(seconds=ENQUEUE_AHEAD_SECONDS)
+    missed: list[datetime] = []
+    missed_from = missed_until = None
+    cut = False
+    if next_slot < late_mark:
+        keep = {"none": 0, "latest": 1, "all": MAX_CATCH_UP_SLOTS}[catch_up]
+        back = _slots(expression, tz, late_mark, backwards=True)
+        latest_missed = next(back)
+        if latest_missed < next_slot:  # next_slot is no slot of the expression: start afresh
+            latest_missed = next_slot
+        missed.append(latest_missed)
+        while len(missed) <= keep:
+            earlier = next(back)
+            if earlier < next_slot:
+                break
+            missed.append(earlier)
+        if len(missed) > keep:  # some were left out: from next_slot (the first missed) on
+            missed_from, missed_until = next_slot, missed[keep]
+            cut = catch_up == "all"
+        missed = sorted(missed[:keep])
+        forward = _slots(expression, tz, latest_missed)
+    else:
+        forward = itertools.chain([next_slot], _slots(expression, tz, next_slot))
+    slots = missed
+    upcoming = next(forward)
+    while upcoming <= horizon and len(slots) < MAX_SLOTS_PER_STATEMENT:
+        slots.append(upcoming)
+        upcoming = next(forward)
+    return SlotPlan(slots, upcoming, missed_from, missed_until, cut)
+
+
+def dedupe_key(name: str, slot: datetime) -> str:
+    """The key of a slot's task: 'cron:NAME:2026-11-26T20:30:00Z'."""
+    return f"cron:{name}:{slot.astimezone(timezone.utc):%Y-%m-%dT%H:%M:%SZ}"
+
+
+@dataclass(frozen=True)
+class CronJob:
+    """One schedule: its name, cron expression, time zone, catch-up rule, and the task each slot
+    enqueues (a TaskSpec: task, payload, queue, priority, max_attempts)."""
+
+    name: str
+    expression: str
+    timezone: str
+    catch_up: CatchUp
+    spec: TaskSpec
+
+    def params(self, first_slot: datetime) -> dict[str, Any]:
+        """The parameters of sql.UPSERT_CODE_CRON_JOB and UPSERT_RUNTIME_CRON_JOB."""
+        return {"name": self.name, "expression": self.expression, "timezone": self.timezone,
+                "task": self.spec.task, "payload": self.spec.payload_json, "queue": self.spec.queue,
+                "priority": self.spec.priority, "max_attempts": self.spec.max_attempts,
+                "catch_up": self.catch_up, "first_slot": first_slot}
+
+
+def schedule_name(name: str) -> str:
+    """A schedule's name, checked: printable text of 1 to 200 characters, as a task's name."""
+    try:
+        return _JOB_NAME.validate_python(name)
+    except ValidationError as exc:
+        raise CronError(f"invalid schedule name {str(name)[:60]!r}: {exc.errors()[0]['msg']}") from None
+
+
+def cron_job(name: str, cron: str, task: str, payload: Any = None, *, queue: str | None = None,
+             timezone: str = "UTC", catch_up: str = "none", priority: int | None = None,
+             max_attempts: int | None = None) -> CronJob:
+    """A checked schedule. CronError (a ValueError) for the schedule itself, pydantic's
+    ValidationError for the task (as TaskSpec checks it)."""
+    name = schedule_name(name)
+    try:
+        catch_up = _CATCH_UP.validate_python(catch_up)
+    except ValidationError:
+        raise CronError(f"catch_up must be one of {', '.join(CATCH_UP)}, not {str(catch_up)[:40]!r}") from None
+    first_slot_after(cron, timezone, datetime.now().astimezone())  # checks both, says why
+    given = {"queue": queue, "priority": priority, "max_attempts": max_attempts}
+    spec = TaskSpec(task=task, payload={} if payload is None else payload,
+                    **{k: v for k, v in given.items() if v is not None})
+    return CronJob(name, cron, timezone, catch_up, spec)
+
+
+class Schedule:
+    """The schedules declared in code, by name; every worker writes them to the database at start."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, CronJob] = {}
+
+    def add(self, job: CronJob) -> CronJob:
+        existing = self._jobs.get(job.name)
+        if existing is not None and existing != job:
+            raise ValueError(f"schedule {job.name!r} is already declared differently: {existing}")
+        self._jobs[job.name] = job
+        return job
+
+    def jobs(self) -> list[CronJob]:
+        return [self._jobs[name] for name in sorted(self._jobs)]
+
+
+default_schedule = Schedule()
+
+
+def periodic(name: str, cron: str, task: str, payload: Any = None, *, queue: str | None = None,
+             timezone: str = "UTC", catch_up: str = "none", priority: int | None = None,
+             max_attempts: int | None = None) -> CronJob:
+    """Declares a schedule in code: task `task` with `payload` on `queue`, at every slot of the cron
+    expression `cron` (five fields, or six with seconds last) in the IANA `timezone`. `catch_up`
+    says what happens to slots missed while no worker ran: "none" (skipped), "latest" (the most
+    recent one runs) or "all" (each runs, at most MAX_CATCH_UP_SLOTS). Every worker that imports the
+    declaration writes it to the database at start; a schedule of the same name added at runtime
+    (`queueworker cron add`) wins over it."""
+    return default_schedule.add(cron_job(name, cron, task, payload, queue=queue, timezone=timezone,
+                                         catch_up=catch_up, priority=priority, max_attempts=max_attempts))
+
+
+class CronDuty:
+    """The worker's cron duty: writes the code's schedules at its first pass, then enqueues due slots."""
+
+    def __init__(self, conn: DutyConnection, schedule: Schedule):
+        self._conn = conn
+        self._schedule = schedule
+        self._declared = False
+
+    async def declare(self) -> None:
+        """Writes the schedules declared in code. One already added at runtime under the same name is
+        left alone (runtime wins, say so); a code schedule whose expression or time zone changed
+        starts from its next slot."""
+        jobs = self._schedule.jobs()
+        if not jobs:
+            return
+        (now,), = await self._conn.fetch(sql.DATABASE_NOW)
+        for job in jobs:
+            first_slot = first_slot_after(job.expression, job.timezone, now)
+            await self._conn.fetch(sql.UPSERT_CODE_CRON_JOB, job.params(first_slot))
+        for (name,) in await self._conn.fetch(sql.RUNTIME_CRON_JOBS_AMONG, {"names": [job.name for job in jobs]}):
+            log.warning("schedule %s was added at runtime: its declaration in code is ignored (`queueworker cron "
+                        "delete %s` hands it back to the code)", name, name, extra={"cron_job": name})
+
+    async def enqueue_due(self) -> float:
+        """Enqueues the slots of every schedule due within ENQUEUE_AHEAD_SECONDS; returns how long
+        to wait until the next one is, at most POLL_SECONDS."""
+        due = await self._conn.fetch(sql.DUE_CRON_JOBS, {"ahead": ENQUEUE_AHEAD_SECONDS, "limit": DUE_BATCH},
+                                     row=sql.DueCronJobRow)
+        if not due:
+            (next_in,), = await self._conn.fetch(sql.NEXT_CRON_SLOT_IN)
+            if next_in is None:
+                return POLL_SECONDS
+            return min(POLL_SECONDS, max(MIN_SLEEP, next_in - ENQUEUE_AHEAD_SECONDS))
+        planned = False
+        for job in due:
+            try:
+                plan = plan_slots(job.expression, job.timezone, job.catch_up, job.next_slot, job.now)
+            except (CronError, CroniterError) as exc:  # written by hand into the table: the others go on
+                log.error("schedule %s cannot be computed, skipped until fixed: %s", job.name, exc,
+                          extra={"cron_job": job.name})
+                continue
+            await self._enqueue(job, plan)
+            planned = True
+        # Look again at once after any progress: the next pass finds what is left, or how long to
+        # wait. A schedule that cannot be computed is looked at again only every POLL_SECONDS.
+        return MIN_SLEEP if planned else POLL_SECONDS
+
+    async def _enqueue(self, job: sql.DueCronJobRow, plan: SlotPlan) -> None:
+        (advanced, enqueued), = await self._conn.fetch(sql.ENQUEUE_CRON_SLOTS, {
+            "name": job.name, "seen": job.next_slot, "expression": job.expression, "timezone": job.timezone,
+            "next_slot": plan.next_slot, "last_slot": plan.slots[-1] if plan.slots else None,
+            "slots": plan.slots, "dedupe_keys": [dedupe_key(job.name, slot) for slot in plan.slots]})
+        if not advanced:
+            return  # another worker handled these slots first, or the schedule changed meanwhile
+        if enqueued:
+            metrics.CRON_SLOTS_ENQUEUED.labels(job.name).inc(enqueued)
+        for slot in plan.slots:
+            log.debug("enqueued slot %s of schedule %s", slot.isoformat(), job.name,
+                      extra={"cron_job": job.name, "slot": slot.isoformat()})
+        if plan.cut:
+            log.warning("schedule %s missed more than %d slots: enqueued the latest %d, skipped those from %s to %s",
+                        job.name, MAX_CATCH_UP_SLOTS, MAX_CATCH_UP_SLOTS, plan.missed_from.isoformat(),
+                        plan.missed_until.isoformat(), extra={"cron_job": job.name})
+        elif plan.missed_from is not None:
+            log.info("schedule %s skipped the slots it missed from %s to %s (catch_up %s)", job.name,
+                     plan.missed_from.isoformat(), plan.missed_until.isoformat(), job.catch_up,
+                     extra={"cron_job": job.name})
+
+    async def step(self) -> float:
+        """One pass of the duty."""
+        if not self._declared:
+            await self.declare()
+            self._declared = True
+        return await self.enqueue_due()
