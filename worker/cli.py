@@ -314,8 +314,8 @@ def cmd_cron(args: argparse.Namespace) -> int:
             Column = status.Column
             print("\n".join(status.table(
                 [Column("NAME", flexible=True), Column("SCHEDULE"), Column("TIMEZONE"), Column("TASK", flexible=True),
-                 Column("QUEUE"), Column("SOURCE"), Column("STATE"), Column("NEXT SLOT (UTC)")],
-                [[row.name, row.expression, row.timezone, row.task, row.queue, row.source,
+                 Column("SOURCE"), Column("STATE"), Column("NEXT (UTC)")],  # queues and payloads: --json
+                [[row.name, row.expression, row.timezone, row.task, row.source,
                   "paused" if row.paused else "active", f"{row.next_slot.astimezone(UTC):%m-%d %H:%M:%S}"]
                  for row in rows])) if rows else "(no schedules)")
             return 0

@@ -88,14 +88,18 @@ class Column:
 
 
 def table(columns: Sequence[Column], rows: Sequence[Sequence[Any]], width: int = TERMINAL_WIDTH) -> list[str]:
-    """Rows under their headers, each column as wide as its widest cell; the flexible column
-    gives up what the line needs to fit `width` (never below its header)."""
+    """Rows under their headers, each column as wide as its widest cell; the flexible columns give
+    up what the line needs to fit `width`, the widest first (never below their headers)."""
     cells = [[str(value) for value in row] for row in rows]
     widths = [max([len(column.header)] + [len(row[i]) for row in cells]) for i, column in enumerate(columns)]
     excess = sum(widths) + len(COLUMN_GAP) * (len(columns) - 1) - width
-    for i, column in enumerate(columns):
-        if column.flexible and excess > 0:
-            widths[i] = max(len(column.header), widths[i] - excess)
+    flexible = [i for i, column in enumerate(columns) if column.flexible]
+    while excess > 0 and flexible:  # one character at a time from the widest flexible column
+        widest = max(flexible, key=lambda i: widths[i] - len(columns[i].header))
+        if widths[widest] <= len(columns[widest].header):
+            break
+        widths[widest] -= 1
+        excess -= 1
 
     def line(values: Sequence[str]) -> str:
         fitted = [_fit(value, widths[i], column.right) for i, (value, column) in enumerate(zip(values, columns))]
