@@ -1,7 +1,10 @@
 """Applies the SQL files in `migrations/` in order, once each, under an advisory lock.
 
 Two migrators started at once are safe: the second waits for the lock, then finds
-nothing left to apply.
+nothing left to apply. The lock is transaction-scoped, held for the whole run by a transaction of
+its own on a second connection while the migrations commit one by one on the first: a PgBouncer
+in transaction pooling mode keeps a transaction on one server connection, but a session-level
+lock would stay behind on a server connection other clients share.
 
 A migration never waits long for a table lock. A statement waiting for an ACCESS EXCLUSIVE lock
 (an ALTER TABLE behind a long application transaction, say) blocks every later statement on that
@@ -30,6 +33,7 @@ from psycopg.rows import class_row
 from pydantic import BaseModel, ConfigDict, Field
 
 from . import sql
+from .db import NEVER_PREPARE
 
 log = logging.getLogger("queueworker.migrate")
 
@@ -130,11 +134,12 @@ def migrate(dsn: str, policy: LockPolicy | None = None) -> list[Migration]:
     when one cannot get its locks within the policy's budget (default: from the environment)."""
     policy = policy or LockPolicy.from_environment()
     applied_now = []
-    with psycopg.connect(dsn, autocommit=True, application_name="queueworker-migrate") as conn:
-        conn.execute(sql.LOCK_MIGRATIONS, {"key": sql.MIGRATION_LOCK_KEY})
-        try:
+    with psycopg.connect(dsn, autocommit=True, application_name="queueworker-migrate-lock",
+                         **NEVER_PREPARE) as holder, holder.transaction():
+        holder.execute(sql.LOCK_MIGRATIONS, {"key": sql.MIGRATION_LOCK_KEY})
+        with psycopg.connect(dsn, autocommit=True, application_name="queueworker-migrate", **NEVER_PREPARE) as conn:
             _with_lock_retries(conn, policy, "creating the migrations table",
-                             lambda: conn.execute(sql.CREATE_MIGRATIONS_TABLE))
+                               lambda: conn.execute(sql.CREATE_MIGRATIONS_TABLE))
             done = {row[0]: row for row in conn.execute(sql.APPLIED_MIGRATIONS)}
             for migration in available_migrations():
                 if migration.version in done:
@@ -144,8 +149,6 @@ def migrate(dsn: str, policy: LockPolicy | None = None) -> list[Migration]:
                 _with_lock_retries(conn, policy, f"migration {migration.label}", partial(_apply, conn, migration))
                 log.info("applied migration %s", migration.label)
                 applied_now.append(migration)
-        finally:
-            conn.execute(sql.UNLOCK_MIGRATIONS, {"key": sql.MIGRATION_LOCK_KEY})
     return applied_now
 
 
@@ -157,7 +160,7 @@ def _apply(conn: psycopg.Connection, migration: Migration) -> None:
 
 def _with_lock_retries(conn: psycopg.Connection, policy: LockPolicy, what: str, step: Callable[[], object]) -> None:
     """Runs `step` in one transaction under the policy's lock_timeout, retrying it after lock
-    timeouts until the budget is spent. The session's advisory lock is kept throughout."""
+    timeouts until the budget is spent. The run's advisory lock is kept throughout."""
     started = time.monotonic()
     for attempt in itertools.count(1):
         try:

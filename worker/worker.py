@@ -121,8 +121,10 @@ class Worker:
         self.rescuer = Rescuer(self._duty_conn, settings.rescue_interval_seconds,
                                settings.deadline_grace_seconds, settings.worker_ttl_seconds)
         self.cleaner = Cleaner(self._duty_conn, settings.retention_seconds, settings.cleaner_interval_seconds)
-        self.listener = Listener(dsn, settings.queues, self._wake_at, str(self.identity.id), self._cancelled_task,
-                                 self.flow.settings_changed, on_listening=self._catch_up)
+        self.listener = Listener(dsn, self._duty_conn, settings.queues, self._wake_at, str(self.identity.id),
+                                 self._cancelled_task, self.flow.settings_changed, catch_up=self._catch_up,
+                                 poll_cancelled=self._poll_cancelled, listen=settings.listen,
+                                 poll_interval=settings.poll_interval_seconds)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -451,6 +453,17 @@ class Worker:
         if attempt is not None and not attempt.reporting and not attempt.abandoned:
             self._leases_lost([attempt], "the task was cancelled", CANCELLED)
 
+    async def _poll_cancelled(self) -> None:
+        """The listener polls instead of hearing cancellations: stop the handlers of running tasks
+        that were cancelled."""
+        running = [a for a in self._inflight.values() if not a.reporting and not a.abandoned]
+        if running:
+            cancelled = {row[0] for row in await self._duty_conn.fetch(sql.CANCELLED_AMONG, {
+                "ids": [attempt.id for attempt in running]})}
+            for attempt in running:
+                if attempt.id in cancelled:
+                    self._cancelled_task(*attempt.key)
+
     @staticmethod
     def _abandon(attempt: Attempt, reason: str) -> None:
         attempt.abandoned = True
@@ -480,8 +493,9 @@ class Worker:
         self._due_timer.at(due_epoch)
 
     def _catch_up(self) -> None:
-        """The listener (re)started listening: what it missed may be tasks due now (claim), tasks
-        due later (a scheduler pass finds the earliest and sleeps until then) or new settings."""
+        """The listener (re)started listening, or polls: what it missed may be tasks due now
+        (claim), tasks due later (a scheduler pass finds the earliest and sleeps until then) or
+        new settings."""
         self._wake_at(0.0)
         self.scheduler.poke()
         self.flow.settings_changed()
