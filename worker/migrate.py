@@ -4,7 +4,8 @@ Two migrators started at once are safe: the second waits for the lock, then find
 nothing left to apply. The lock is transaction-scoped, held for the whole run by a transaction of
 its own on a second connection while the migrations commit one by one on the first: a PgBouncer
 in transaction pooling mode keeps a transaction on one server connection, but a session-level
-lock would stay behind on a server connection other clients share.
+lock would stay behind on a server connection other clients share. A running migrator thus uses
+two server connections; one waiting for it, none.
 
 A migration never waits long for a table lock. A statement waiting for an ACCESS EXCLUSIVE lock
 (an ALTER TABLE behind a long application transaction, say) blocks every later statement on that
@@ -16,6 +17,7 @@ a total budget, then fails naming the sessions that held the locks.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import logging
@@ -23,7 +25,7 @@ import os
 import random
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
 from importlib import resources
@@ -41,6 +43,8 @@ _FILE_NAME = re.compile(r"^(\d{3})_([a-z0-9_]+)\.sql$")
 # Between two attempts a migrator waits at least half as long as its last attempt may have
 # blocked others, doubling per attempt up to this cap.
 MAX_RETRY_WAIT_SECONDS = 30.0
+# How often a migrator waiting for another one tries the migration lock again.
+LOCK_POLL_SECONDS = 0.5
 # How many lock-holding sessions a failure message names.
 HOLDERS_NAMED = 3
 
@@ -134,9 +138,7 @@ def migrate(dsn: str, policy: LockPolicy | None = None) -> list[Migration]:
     when one cannot get its locks within the policy's budget (default: from the environment)."""
     policy = policy or LockPolicy.from_environment()
     applied_now = []
-    with psycopg.connect(dsn, autocommit=True, application_name="queueworker-migrate-lock",
-                         **NEVER_PREPARE) as holder, holder.transaction():
-        holder.execute(sql.LOCK_MIGRATIONS, {"key": sql.MIGRATION_LOCK_KEY})
+    with _migration_lock(dsn):
         with psycopg.connect(dsn, autocommit=True, application_name="queueworker-migrate", **NEVER_PREPARE) as conn:
             _with_lock_retries(conn, policy, "creating the migrations table",
                                lambda: conn.execute(sql.CREATE_MIGRATIONS_TABLE))
@@ -150,6 +152,21 @@ def migrate(dsn: str, policy: LockPolicy | None = None) -> list[Migration]:
                 log.info("applied migration %s", migration.label)
                 applied_now.append(migration)
     return applied_now
+
+
+@contextlib.contextmanager
+def _migration_lock(dsn: str) -> Iterator[None]:
+    """Holds the migration lock, in a transaction on a connection of its own, for the `with` block.
+    Waits for it by trying again every LOCK_POLL_SECONDS, outside any transaction: a migrator
+    waiting behind another holds no connection a transaction pooler could give the other one."""
+    with psycopg.connect(dsn, autocommit=True, application_name="queueworker-migrate-lock", **NEVER_PREPARE) as holder:
+        while True:
+            with holder.transaction():
+                (locked, _), = holder.execute(sql.TRY_LOCK_MIGRATIONS, {"key": sql.MIGRATION_LOCK_KEY}).fetchall()
+                if locked:
+                    yield
+                    return
+            time.sleep(LOCK_POLL_SECONDS)
 
 
 def _apply(conn: psycopg.Connection, migration: Migration) -> None:

@@ -39,10 +39,11 @@ CREATE TABLE IF NOT EXISTS queueworker.schema_migrations (
 )
 """
 
-# Held by a transaction of its own for a whole migrate run (ended by its commit or rollback, so
-# a transaction pooler never keeps it behind): idle between statements, and not to be ended for it.
-LOCK_MIGRATIONS = """
-SELECT set_config('idle_in_transaction_session_timeout', '0', true), pg_advisory_xact_lock(%(key)s)
+# Taken, if free, by a transaction of its own that holds it for a whole migrate run (its commit or
+# rollback ends it, so a transaction pooler never keeps it behind): idle between statements, and
+# not to be ended for it.
+TRY_LOCK_MIGRATIONS = """
+SELECT pg_try_advisory_xact_lock(%(key)s), set_config('idle_in_transaction_session_timeout', '0', true)
 """
 # SET LOCAL, with a parameter: how long a migration's statements wait for a lock before giving up.
 SET_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', %(lock_timeout)s, true)"
