@@ -3,10 +3,11 @@
 The fetch loop claims pending tasks in batches sized by free slots and hands each attempt to
 its handler; the completer flushes outcomes in batches; the heartbeater keeps leases alive and
 fences attempts whose lease passed by its own clock; the rescuer, scheduler and cleaner run the
-queue's background duties; the listener wakes the fetch loop. Every duty runs under the same
-supervisor (worker/supervisor.py): no error ends it. On SIGTERM/SIGINT the worker drains within
-one shutdown budget: stop claiming, let attempts finish until the drain deadline, cancel the rest
-and hand their leases back without consuming an attempt, flush every outcome, deregister.
+queue's background duties; the listener wakes the fetch loop (or polls, where LISTEN does not
+work). Every duty runs under the same supervisor (worker/supervisor.py): no error ends it. On
+SIGTERM/SIGINT the worker drains within one shutdown budget: stop claiming, let attempts finish
+until the drain deadline, cancel the rest and hand their leases back without consuming an
+attempt, flush every outcome, deregister.
 """
 
 from __future__ import annotations
