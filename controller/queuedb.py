@@ -31,9 +31,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+from queueworker import db
 from queueworker import dsn as dsn_text
 from queueworker import sql
 from queueworker.events import parse_announcement
+from queueworker.listener import LISTEN_CHECK_SECONDS, notifications_arrive
 
 from .policy import QueueDepth
 
@@ -52,10 +54,15 @@ LISTEN_RETRY_MAX_SECONDS = 30
 CONNECTION_PARAMETERS: dict[str, Any] = {
     "autocommit": True,
     "connect_timeout": CONNECT_TIMEOUT_SECONDS,
-    "options": f"-c statement_timeout={STATEMENT_TIMEOUT_MS} -c idle_in_transaction_session_timeout=10000",
     "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3,
     "tcp_user_timeout": 15000,  # ms: unacknowledged data this long means the peer is gone
 }
+SESSION_SETTINGS = f"-c statement_timeout={STATEMENT_TIMEOUT_MS} -c idle_in_transaction_session_timeout=10000"
+
+
+async def _connect(dsn: str, application_name: str) -> psycopg.AsyncConnection[Any]:
+    return await db.connect_with_options(dsn, SESSION_SETTINGS, **CONNECTION_PARAMETERS,
+                                         application_name=application_name)
 
 
 class StatementTimeout(psycopg.OperationalError):
@@ -183,17 +190,26 @@ class Database:
         return await batch.add(queue, cap, lookahead_seconds, throughput)
 
     async def fetch(self, statement: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-        """Runs one statement on a pooled connection under the client-side deadline."""
+        """Reads: one statement on a pooled connection under the client-side deadline."""
+        return await self._run(statement, params)
+
+    async def _run(self, statement: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         async with self._pool.connection() as conn:
             return await _within_deadline(conn, _execute(conn, statement, params))
 
     async def _listen(self) -> None:
-        """Supervised for the database's lifetime: any failure is logged and retried with backoff."""
+        """Supervised for the database's lifetime: any failure is logged and retried with backoff.
+        Ends for good where notifications do not arrive at all: `listening` stays false."""
         failures = 0
         while True:
             try:
-                async with await psycopg.AsyncConnection.connect(
-                        self._dsn, **CONNECTION_PARAMETERS, application_name="queueworker-controller-listen") as conn:
+                async with await _connect(self._dsn, "queueworker-controller-listen") as conn:
+                    if not await _within_deadline(conn, notifications_arrive(conn, self._run),
+                                                  LISTEN_CHECK_SECONDS + STATEMENT_DEADLINE_SECONDS):
+                        log.warning("notifications do not reach the controller from %s (a PgBouncer in transaction "
+                                    "pooling mode?): its QueueWorkers poll at their pollingIntervalSeconds",
+                                    self._where)
+                        return
                     await _within_deadline(conn, conn.execute(f"LISTEN {sql.NOTIFY_CHANNEL}"))
                     failures = 0
                     self.listening = True
@@ -230,8 +246,7 @@ class _Pool:
         async with self._slots:
             conn = self._idle.pop() if self._idle else None
             if conn is None or conn.closed:
-                conn = await psycopg.AsyncConnection.connect(self._dsn, **CONNECTION_PARAMETERS,
-                                                             application_name="queueworker-controller")
+                conn = await _connect(self._dsn, "queueworker-controller")
             try:
                 yield conn
             except BaseException:
@@ -256,12 +271,13 @@ async def _execute(conn: psycopg.AsyncConnection[Any], statement: str, params: d
     return await cursor.fetchall() if cursor.description else []
 
 
-async def _within_deadline(conn: psycopg.AsyncConnection[Any], work: Any) -> Any:
-    """Awaits `work` (a statement on `conn`) for at most STATEMENT_DEADLINE_SECONDS; past that, shuts
-    the connection's socket down so the statement fails at once, and raises StatementTimeout."""
+async def _within_deadline(conn: psycopg.AsyncConnection[Any], work: Any,
+                           seconds: float = STATEMENT_DEADLINE_SECONDS) -> Any:
+    """Awaits `work` (a statement on `conn`) for at most `seconds`; past that, shuts the
+    connection's socket down so the statement fails at once, and raises StatementTimeout."""
     task = asyncio.ensure_future(work)
     try:
-        done, _ = await asyncio.wait({task}, timeout=STATEMENT_DEADLINE_SECONDS)
+        done, _ = await asyncio.wait({task}, timeout=seconds)
     except asyncio.CancelledError:
         _abandon(conn, task)
         raise
@@ -269,7 +285,7 @@ async def _within_deadline(conn: psycopg.AsyncConnection[Any], work: Any) -> Any
         return task.result()
     _abandon(conn, task)
     await asyncio.wait({task}, timeout=ABANDON_SECONDS)
-    raise StatementTimeout(f"no answer within {STATEMENT_DEADLINE_SECONDS:g}s: timed out")
+    raise StatementTimeout(f"no answer within {seconds:g}s: timed out")
 
 
 def _abandon(conn: psycopg.AsyncConnection[Any], task: asyncio.Future[Any]) -> None:

@@ -15,6 +15,7 @@ from tests.cluster.fixtures import (  # noqa: F401
     cluster_namespace, control_plane, crd, node_postgres, real_node, real_node_namespace,
 )
 from tests.containers.fixtures import container_engine, images  # noqa: F401
+from tests.pgbouncer import pgbouncer, pgbouncer_blank_dsn, pgbouncer_dsn  # noqa: F401
 
 
 @pytest.fixture(scope="session")

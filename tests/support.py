@@ -77,6 +77,16 @@ def state_counts(dsn: str) -> dict[str, int]:
     return dict(query(dsn, "SELECT state::text, count(*) FROM queueworker.tasks GROUP BY state"))
 
 
+def assert_each_succeeded_once(dsn: str, ids: list[int]) -> None:
+    rows = query(dsn, """
+        SELECT t.id, t.state::text,
+               (SELECT count(*) FROM queueworker.task_events e WHERE e.task_id = t.id AND e.to_state = 'succeeded')
+        FROM queueworker.tasks t WHERE t.id = ANY(%s)""", (ids,))
+    assert len(rows) == len(ids)
+    bad = [r for r in rows if r[1] != "succeeded" or r[2] != 1]
+    assert not bad, f"{len(bad)} tasks not succeeded exactly once, e.g. {bad[:5]}"
+
+
 def worker_id_of(dsn: str, pid: int) -> str | None:
     rows = query(dsn, "SELECT id::text FROM queueworker.workers WHERE pid = %s", (pid,))
     return rows[0][0] if rows else None

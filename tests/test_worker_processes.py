@@ -10,7 +10,8 @@ import psycopg
 import pytest
 
 from queueworker.producer import enqueue_many
-from tests.support import FAST_LEASES, WorkerProcess, query, scalar, state_counts, wait_until, worker_id_of
+from tests.support import (FAST_LEASES, WorkerProcess, assert_each_succeeded_once, query, scalar, state_counts,
+                           wait_until, worker_id_of)
 
 pytestmark = pytest.mark.integration
 
@@ -35,21 +36,11 @@ def workers():
         proc.stop()
 
 
-def _assert_each_succeeded_once(dsn: str, ids: list[int]) -> None:
-    rows = query(dsn, """
-        SELECT t.id, t.state::text,
-               (SELECT count(*) FROM queueworker.task_events e WHERE e.task_id = t.id AND e.to_state = 'succeeded')
-        FROM queueworker.tasks t WHERE t.id = ANY(%s)""", (ids,))
-    assert len(rows) == len(ids)
-    bad = [r for r in rows if r[1] != "succeeded" or r[2] != 1]
-    assert not bad, f"{len(bad)} tasks not succeeded exactly once, e.g. {bad[:5]}"
-
-
 def test_four_workers_drain_5000_tasks_each_exactly_once(dsn, workers):
     ids = _enqueue(dsn, "qw.noop", 5000)
     procs = [workers(dsn, "--concurrency", "20") for _ in range(4)]
     wait_until(lambda: state_counts(dsn).get("succeeded") == 5000, timeout=120, message="5000 succeeded")
-    _assert_each_succeeded_once(dsn, ids)
+    assert_each_succeeded_once(dsn, ids)
     assert scalar(dsn, "SELECT count(*) FROM queueworker.tasks WHERE state = 'running'") == 0
     claimers = scalar(dsn, """SELECT count(DISTINCT worker) FROM queueworker.task_events
                               WHERE to_state = 'running'""")
@@ -72,7 +63,7 @@ def test_sigkilled_worker_leases_are_recovered_and_finished_by_others(dsn, worke
     others = [workers(dsn, "--concurrency", "2", *FAST_LEASES) for _ in range(2)]
     wait_until(lambda: state_counts(dsn).get("succeeded") == 4, timeout=60, message="all 4 succeeded")
     recovered_after = time.monotonic() - killed_at
-    _assert_each_succeeded_once(dsn, ids)
+    assert_each_succeeded_once(dsn, ids)
     rows = query(dsn, "SELECT rescues, attempts, error->>'type' FROM queueworker.tasks WHERE id = ANY(%s)", (ids,))
     assert all(r[0] == 1 and r[1] == 2 for r in rows), rows
     finishers = {r[0] for r in query(dsn, """SELECT worker::text FROM queueworker.task_events
@@ -123,7 +114,7 @@ def test_sigterm_releases_leases_without_consuming_attempts(dsn, workers):
     assert worker_id_of(dsn, first.pid) is None, "the worker row should be removed on exit"
     workers(dsn, "--concurrency", "3")
     wait_until(lambda: state_counts(dsn).get("succeeded") == 3, timeout=30, message="finished elsewhere")
-    _assert_each_succeeded_once(dsn, ids)
+    assert_each_succeeded_once(dsn, ids)
     assert all(r[0] == 1 for r in query(dsn, "SELECT attempts FROM queueworker.tasks WHERE id = ANY(%s)", (ids,)))
     released = query(dsn, """SELECT count(*) FROM queueworker.task_events
                              WHERE from_state = 'running' AND to_state = 'pending' AND worker = %s""", (first_id,))
@@ -148,7 +139,7 @@ def test_workers_survive_a_postgres_restart(dsn, local_postgres, workers):
     wait_until(lambda: state_counts(dsn).get("succeeded", 0) >= 50, timeout=60, message="progress before restart")
     local_postgres.restart()
     wait_until(lambda: state_counts(dsn).get("succeeded") == 600, timeout=120, message="all succeeded after restart")
-    _assert_each_succeeded_once(dsn, ids)
+    assert_each_succeeded_once(dsn, ids)
 
 
 def test_retry_then_success_permanent_failure_exhaustion_and_unknown_task(dsn, workers):
@@ -266,6 +257,6 @@ def test_default_settings_recover_a_sigkilled_workers_tasks_within_40_seconds(ds
     victim.signal(signal.SIGKILL)
     workers(dsn, "--concurrency", "2")
     wait_until(lambda: state_counts(dsn).get("succeeded") == 2, timeout=60, message="recovered and finished")
-    _assert_each_succeeded_once(dsn, ids)
+    assert_each_succeeded_once(dsn, ids)
     recovered_after = time.monotonic() - stopped_at
     assert recovered_after <= 40 + 5, f"took {recovered_after:.1f}s after the last heartbeat"

@@ -149,8 +149,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="(default: text on a terminal, json otherwise; $QUEUEWORKER_LOG_FORMAT)")
     settings = wrk.add_argument_group("settings")
     for option in SETTING_OPTIONS:
-        settings.add_argument(option.flag, dest=option.field, metavar=_metavar(option), default=None,
-                              action="append" if option.is_list else "store", help=_setting_help(option))
+        if option.is_switch:
+            settings.add_argument(option.flag, dest=option.field, action="store_const", const="false", default=None,
+                                  help=_setting_help(option))
+        else:
+            settings.add_argument(option.flag, dest=option.field, metavar=_metavar(option), default=None,
+                                  action="append" if option.is_list else "store", help=_setting_help(option))
 
     st = _command(sub, "status", parents=[common], help="counts per queue and state, live workers")
     st.add_argument("--queue", default=None, help="only this queue (and the workers that work it)")
@@ -409,7 +413,9 @@ def _secrets(url: str | None) -> list[str]:
 
 
 def _connect(url: str) -> psycopg.Connection:
-    return psycopg.connect(url, application_name="queueworker-cli", connect_timeout=CONNECT_TIMEOUT_SECONDS)
+    from .db import NEVER_PREPARE
+    return psycopg.connect(url, application_name="queueworker-cli", connect_timeout=CONNECT_TIMEOUT_SECONDS,
+                           **NEVER_PREPARE)
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg.rows import RowMaker
 
+from . import dsn as dsn_text
 from . import metrics
 
 log = logging.getLogger("queueworker.db")
@@ -40,11 +41,40 @@ def met_moved_row(exc: BaseException) -> bool:
     return isinstance(exc, psycopg.errors.SerializationFailure)
 
 
+# Statements are never prepared on queueworker's connections: through a PgBouncer in transaction
+# pooling mode, each transaction may run on another server connection, where a statement prepared
+# by another client exists under the same name or ours does not. Every hot statement is batched,
+# so planning it each time costs little.
+NEVER_PREPARE: dict[str, Any] = {"prepare_threshold": None}
+# Databases (connection URLs) whose server refused the `options` startup parameter.
+_OPTIONS_REFUSED: set[str] = set()
+
+
 async def connect(dsn: str, application_name: str) -> psycopg.AsyncConnection:
-    return await psycopg.AsyncConnection.connect(
-        dsn, autocommit=True, application_name=application_name, options=SESSION_SETTINGS,
+    return await connect_with_options(
+        dsn, SESSION_SETTINGS, autocommit=True, application_name=application_name,
         connect_timeout=CONNECT_TIMEOUT, keepalives=1, keepalives_idle=10, keepalives_interval=5,
         keepalives_count=3, tcp_user_timeout=CLIENT_TIMEOUT_SECONDS * 1000)
+
+
+async def connect_with_options(dsn: str, options: str, **parameters: Any) -> psycopg.AsyncConnection:
+    """An AsyncConnection with the session settings in `options` (`-c name=value ...`), or without
+    them where the server refuses that startup parameter: PgBouncer (1.18 at least) forwards only
+    application_name, client_encoding, DateStyle, TimeZone and standard_conforming_strings, and
+    turns a connection asking for more away. There the timeouts must come from the database role
+    or from PgBouncer itself (docs/deploying.md, "PgBouncer"); the client-side deadlines of every
+    statement still hold. Said once per database; later connections skip the refused attempt."""
+    if dsn not in _OPTIONS_REFUSED:
+        try:
+            return await psycopg.AsyncConnection.connect(dsn, options=options, **NEVER_PREPARE, **parameters)
+        except psycopg.OperationalError as exc:
+            if "unsupported startup parameter: options" not in str(exc):
+                raise
+        _OPTIONS_REFUSED.add(dsn)
+        log.warning("the server at %s refuses startup options (a PgBouncer?): connecting without them, so "
+                    "statement_timeout and idle_in_transaction_session_timeout come from the database role or "
+                    "the pooler", dsn_text.describe(dsn))
+    return await psycopg.AsyncConnection.connect(dsn, **NEVER_PREPARE, **parameters)
 
 
 Row = TypeVar("Row")

@@ -1,4 +1,5 @@
-"""LISTEN/NOTIFY wake-ups for idle workers, and cancellations of running tasks.
+"""LISTEN/NOTIFY wake-ups for idle workers, and cancellations of running tasks; polling where
+notifications do not arrive.
 
 Producers send one notification per queue per statement: `queue` when tasks are due now,
 `queue <epoch>` when the batch is only due later. The listener turns those into a wake-up
@@ -6,12 +7,20 @@ now or a timed wake-up, and asks for one poll, one scheduler pass and one look a
 after every (re)connect, since notifications sent while it was not listening are lost. A
 cancellation of a running task names the worker that holds it; that worker stops the handler at
 once.
+
+Through a PgBouncer in transaction pooling mode a LISTEN stays behind on a server connection the
+worker held for that one statement, and no notification ever reaches the worker. So the listener
+first checks that a notification it sends itself arrives; when it does not (or with --no-listen)
+it polls instead: every poll interval, the same look at everything a notification could have
+announced, and a look at whether a task the worker runs was cancelled.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import psycopg
 
@@ -21,32 +30,68 @@ from . import dsn as dsn_text
 
 log = logging.getLogger("queueworker.listener")
 
+# How long a notification a listener sends itself may take to arrive before LISTEN is judged not
+# to work: milliseconds on a direct connection, never through a transaction pooler.
+LISTEN_CHECK_SECONDS = 5.0
+
+Send = Callable[[str, dict[str, Any]], Awaitable[Any]]
+
+
+async def notifications_arrive(conn: psycopg.AsyncConnection, send: Send) -> bool:
+    """Whether NOTIFYs reach `conn` (autocommit, not listening to anything yet): it listens on a
+    channel of its own, to which `send` (another connection's statement runner) notifies once."""
+    channel = f"queueworker_check_{uuid.uuid4().hex}"
+    await conn.execute(f"LISTEN {channel}")
+    await send(sql.NOTIFY_CHECK, {"channel": channel})
+    arrived = False
+    async for notify in conn.notifies(timeout=LISTEN_CHECK_SECONDS):
+        if notify.channel == channel:
+            arrived = True
+            break  # the generator holds the connection until the loop has ended
+    if arrived:
+        await conn.execute(f"UNLISTEN {channel}")
+    return arrived
+
 
 class Listener:
-    def __init__(self, dsn: str, queues: tuple[str, ...], wake: Callable[[float], None], worker_id: str,
-                 on_cancel: Callable[[int, int], None], on_settings: Callable[[], None],
-                 on_listening: Callable[[], None]):
+    def __init__(self, dsn: str, conn: db.DutyConnection, queues: tuple[str, ...], wake: Callable[[float], None],
+                 worker_id: str, on_cancel: Callable[[int, int], None], on_settings: Callable[[], None],
+                 catch_up: Callable[[], None], poll_cancelled: Callable[[], Awaitable[None]],
+                 listen: bool = True, poll_interval: float = 1.0):
         self._dsn = dsn
+        self._conn = conn  # sends the check's notification
         self._queues = set(queues)
         self._wake = wake  # called with the epoch time at which work is due (<= now: at once)
         self._worker_id = worker_id
         self._on_cancel = on_cancel  # called with (task id, lease token) of a task of ours cancelled
         self._on_settings = on_settings  # a queue's flow-control settings changed
-        # Listening (again): whatever was announced before is lost, so look again at everything
-        # a notification could have said (tasks due now or later, settings).
-        self._on_listening = on_listening
+        # Listening (again), or polling: whatever was announced before is lost, so look again at
+        # everything a notification could have said (tasks due now or later, settings).
+        self._catch_up = catch_up
+        self._poll_cancelled = poll_cancelled  # stops the handlers of running tasks found cancelled
+        self.polling = not listen
+        self._poll_interval = poll_interval
 
     async def step(self) -> float:
         """Listens until the connection is lost, then returns to reconnect at once: a listener that
         has been listening is healthy, and its next connection failure starts a fresh ErrorWait.
         Failing to connect or to LISTEN raises (the supervisor waits and retries). Notifications
-        for queues this worker does not work are ignored."""
+        for queues this worker does not work are ignored. Polling instead, one look per pass."""
+        if self.polling:
+            self._catch_up()
+            await self._poll_cancelled()
+            return self._poll_interval
         conn = await db.connect(self._dsn, "queueworker-listen")
         try:
+            if not await notifications_arrive(conn, self._conn.fetch):
+                log.warning("notifications do not reach this worker (a PgBouncer in transaction pooling mode?): "
+                            "polling every %g s instead of listening", self._poll_interval)
+                self.polling = True
+                return 0.0
             await conn.execute(f"LISTEN {sql.NOTIFY_CHANNEL}")
             await conn.execute(f"LISTEN {sql.CANCEL_CHANNEL}")
             await conn.execute(f"LISTEN {sql.QUEUES_CHANNEL}")
-            self._on_listening()
+            self._catch_up()
             try:
                 async for notify in conn.notifies():
                     if notify.channel == sql.CANCEL_CHANNEL:

@@ -1,7 +1,11 @@
 """Applies the SQL files in `migrations/` in order, once each, under an advisory lock.
 
 Two migrators started at once are safe: the second waits for the lock, then finds
-nothing left to apply.
+nothing left to apply. The lock is transaction-scoped, held for the whole run by a transaction of
+its own on a second connection while the migrations commit one by one on the first: a PgBouncer
+in transaction pooling mode keeps a transaction on one server connection, but a session-level
+lock would stay behind on a server connection other clients share. A running migrator thus uses
+two server connections; one waiting for it, none.
 
 A migration never waits long for a table lock. A statement waiting for an ACCESS EXCLUSIVE lock
 (an ALTER TABLE behind a long application transaction, say) blocks every later statement on that
@@ -13,6 +17,7 @@ a total budget, then fails naming the sessions that held the locks.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import logging
@@ -20,7 +25,7 @@ import os
 import random
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
 from importlib import resources
@@ -30,6 +35,7 @@ from psycopg.rows import class_row
 from pydantic import BaseModel, ConfigDict, Field
 
 from . import sql
+from .db import NEVER_PREPARE
 
 log = logging.getLogger("queueworker.migrate")
 
@@ -37,6 +43,8 @@ _FILE_NAME = re.compile(r"^(\d{3})_([a-z0-9_]+)\.sql$")
 # Between two attempts a migrator waits at least half as long as its last attempt may have
 # blocked others, doubling per attempt up to this cap.
 MAX_RETRY_WAIT_SECONDS = 30.0
+# How often a migrator waiting for another one tries the migration lock again.
+LOCK_POLL_SECONDS = 0.5
 # How many lock-holding sessions a failure message names.
 HOLDERS_NAMED = 3
 
@@ -130,11 +138,10 @@ def migrate(dsn: str, policy: LockPolicy | None = None) -> list[Migration]:
     when one cannot get its locks within the policy's budget (default: from the environment)."""
     policy = policy or LockPolicy.from_environment()
     applied_now = []
-    with psycopg.connect(dsn, autocommit=True, application_name="queueworker-migrate") as conn:
-        conn.execute(sql.LOCK_MIGRATIONS, {"key": sql.MIGRATION_LOCK_KEY})
-        try:
+    with _migration_lock(dsn):
+        with psycopg.connect(dsn, autocommit=True, application_name="queueworker-migrate", **NEVER_PREPARE) as conn:
             _with_lock_retries(conn, policy, "creating the migrations table",
-                             lambda: conn.execute(sql.CREATE_MIGRATIONS_TABLE))
+                               lambda: conn.execute(sql.CREATE_MIGRATIONS_TABLE))
             done = {row[0]: row for row in conn.execute(sql.APPLIED_MIGRATIONS)}
             for migration in available_migrations():
                 if migration.version in done:
@@ -144,9 +151,22 @@ def migrate(dsn: str, policy: LockPolicy | None = None) -> list[Migration]:
                 _with_lock_retries(conn, policy, f"migration {migration.label}", partial(_apply, conn, migration))
                 log.info("applied migration %s", migration.label)
                 applied_now.append(migration)
-        finally:
-            conn.execute(sql.UNLOCK_MIGRATIONS, {"key": sql.MIGRATION_LOCK_KEY})
     return applied_now
+
+
+@contextlib.contextmanager
+def _migration_lock(dsn: str) -> Iterator[None]:
+    """Holds the migration lock, in a transaction on a connection of its own, for the `with` block.
+    Waits for it by trying again every LOCK_POLL_SECONDS, outside any transaction: a migrator
+    waiting behind another holds no connection a transaction pooler could give the other one."""
+    with psycopg.connect(dsn, autocommit=True, application_name="queueworker-migrate-lock", **NEVER_PREPARE) as holder:
+        while True:
+            with holder.transaction():
+                (locked, _), = holder.execute(sql.TRY_LOCK_MIGRATIONS, {"key": sql.MIGRATION_LOCK_KEY}).fetchall()
+                if locked:
+                    yield
+                    return
+            time.sleep(LOCK_POLL_SECONDS)
 
 
 def _apply(conn: psycopg.Connection, migration: Migration) -> None:
@@ -157,7 +177,7 @@ def _apply(conn: psycopg.Connection, migration: Migration) -> None:
 
 def _with_lock_retries(conn: psycopg.Connection, policy: LockPolicy, what: str, step: Callable[[], object]) -> None:
     """Runs `step` in one transaction under the policy's lock_timeout, retrying it after lock
-    timeouts until the budget is spent. The session's advisory lock is kept throughout."""
+    timeouts until the budget is spent. The run's advisory lock is kept throughout."""
     started = time.monotonic()
     for attempt in itertools.count(1):
         try:

@@ -51,7 +51,7 @@ def cancel_many(conn: psycopg.Connection, *, ids: Iterable[int] | None = None, q
     while True:
         try:
             with conn.transaction(), conn.cursor(row_factory=typed_rows(sql.CancelledRow)) as cursor:
-                return cursor.execute(sql.CANCEL_TASKS, params).fetchall()
+                return cursor.execute(sql.CANCEL_TASKS, params, prepare=False).fetchall()
         except psycopg.Error as exc:
             if not met_moved_row(exc) or attempt >= MOVED_ROW_ATTEMPTS:
                 raise
@@ -143,10 +143,10 @@ def set_breaker(conn: psycopg.Connection, queue: str, *, failures: int | None,
 
 def queue_settings(conn: psycopg.Connection, queue: str | None = None) -> list[sql.QueueRow]:
     with conn.cursor(row_factory=typed_rows(sql.QueueRow)) as cursor:
-        return cursor.execute(sql.QUEUE_SETTINGS, {"queue": queue}).fetchall()
+        return cursor.execute(sql.QUEUE_SETTINGS, {"queue": queue}, prepare=False).fetchall()
 
 
 def _change(conn: psycopg.Connection, statement: str, queue: str, **params: object) -> sql.QueueRow | None:
     queue = _QUEUE_NAME.validate_python(queue)
     with conn.transaction(), conn.cursor(row_factory=typed_rows(sql.QueueRow)) as cursor:
-        return cursor.execute(statement, {"queue": queue, **params}).fetchone()
+        return cursor.execute(statement, {"queue": queue, **params}, prepare=False).fetchone()

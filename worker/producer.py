@@ -238,7 +238,7 @@ def _run(conn: psycopg.Connection, plan: Plan) -> Enqueued:
         while True:
             statement, params, row_type = plan.send(rows)
             with conn.cursor(row_factory=typed_rows(row_type)) as cursor:
-                rows = cursor.execute(statement, params).fetchall()
+                rows = cursor.execute(statement, params, prepare=False).fetchall()
     except StopIteration as done:
         return done.value
 
@@ -249,7 +249,7 @@ async def _run_async(conn: psycopg.AsyncConnection, plan: Plan) -> Enqueued:
         while True:
             statement, params, row_type = plan.send(rows)
             async with conn.cursor(row_factory=typed_rows(row_type)) as cursor:
-                await cursor.execute(statement, params)
+                await cursor.execute(statement, params, prepare=False)
                 rows = await cursor.fetchall()
     except StopIteration as done:
         return done.value
@@ -318,7 +318,7 @@ def start_run(conn: psycopg.Connection, name: str, partitions: Iterable[TaskSpec
     params = {"name": name, "expected": len(specs), "on_success": _run_task_spec(on_success),
               "on_failure": _run_task_spec(on_failure), "watermark": watermark}
     with conn.cursor(row_factory=typed_rows(sql.StartedRunRow)) as cursor:
-        run_id = cursor.execute(sql.START_RUN, params).fetchone().id
+        run_id = cursor.execute(sql.START_RUN, params, prepare=False).fetchone().id
     for first in range(0, len(specs), BATCH_SIZE):
         _run(conn, _plan(specs[first:first + BATCH_SIZE], (run_id, first)))
     return run_id

@@ -48,7 +48,7 @@ class TaskInfo:
 def get_task(conn: psycopg.Connection, task_id: int) -> TaskInfo | None:
     """The task with this id, or None (never enqueued, or deleted after the retention period)."""
     with conn.cursor(row_factory=typed_rows(sql.TaskRow)) as cursor:
-        row = cursor.execute(sql.TASK, {"id": task_id}).fetchone()
+        row = cursor.execute(sql.TASK, {"id": task_id}, prepare=False).fetchone()
     return None if row is None else task_info(row)
 
 
@@ -67,19 +67,21 @@ def task_info(row: sql.TaskRow) -> TaskInfo:
 
 
 # How often wait_for looks at the task when no notification comes (a task enqueued without
-# notify_on_finish, a connection inside a transaction, a notification lost).
+# notify_on_finish, a connection inside a transaction, listen=False, a notification lost).
 WAIT_POLL_SECONDS = 1.0
 
 
-def wait_for(conn: psycopg.Connection, task_id: int, timeout: float) -> TaskInfo:
+def wait_for(conn: psycopg.Connection, task_id: int, timeout: float, listen: bool = True) -> TaskInfo:
     """Blocks until the task has finished (succeeded, failed or cancelled) and returns it; raises
     TimeoutError after `timeout` seconds, LookupError for a task that does not exist. A task
     enqueued with `notify_on_finish=True` is noticed the moment it finishes when `conn` is in
-    autocommit mode (it LISTENs); otherwise the task is looked at every second."""
+    autocommit mode (it LISTENs); otherwise the task is looked at every second. Through a
+    PgBouncer in transaction pooling mode pass `listen=False`: a LISTEN would stay behind on a
+    server connection other clients share, and hear nothing."""
     if not timeout > 0:
         raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
     deadline = time.monotonic() + timeout
-    listening = conn.autocommit
+    listening = listen and conn.autocommit
     if listening:
         conn.execute(f"LISTEN {sql.FINISHED_CHANNEL}")
     try:

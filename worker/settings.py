@@ -77,6 +77,13 @@ class WorkerSettings(BaseModel):
     poll_min_seconds: PositiveSeconds = Field(
         default=0.2, description="first idle poll behind LISTEN/NOTIFY; doubles while nothing is found")
     poll_max_seconds: PositiveSeconds = Field(default=30.0, description="longest idle poll")
+    # A PgBouncer in transaction pooling mode delivers no notification: the worker finds that out
+    # by itself at start (a notification to itself that never arrives) and polls.
+    listen: bool = Field(default=True, description="hear of new tasks, cancellations and queue settings by LISTEN; "
+                                                   "when off, or when notifications do not arrive, poll instead")
+    poll_interval_seconds: PositiveSeconds = Field(
+        default=1.0, description="without LISTEN, how often to look for tasks, due retries, cancellations "
+                                 "and queue settings")
     flush_interval_seconds: Seconds = Field(
         default=0.002, description="outcomes are written after this long or at --flush-max-batch, "
                                    "whichever comes first")
@@ -133,11 +140,18 @@ class SettingOption:
         return isinstance(WorkerSettings.model_fields[self.field].default, tuple)
 
     @property
+    def is_switch(self) -> bool:
+        """A field on by default: its flag (`--no-...`) turns it off, its variable takes true or false."""
+        return WorkerSettings.model_fields[self.field].default is True
+
+    @property
     def default_text(self) -> str | None:
         """The model's default in this option's unit, for --help; None when derived or off."""
         default = WorkerSettings.model_fields[self.field].default
         if default is None:
             return None
+        if isinstance(default, bool):
+            return str(default).lower()
         if isinstance(default, tuple):
             return ",".join(default) or "none"
         if isinstance(default, float):
@@ -165,13 +179,15 @@ _NAMED_OPTIONS = {
 
 
 def _derived_option(field: str) -> SettingOption:
-    return SettingOption(field, "--" + field.replace("_", "-"), ENV_PREFIX + field.upper())
+    negation = "no-" if WorkerSettings.model_fields[field].default is True else ""
+    return SettingOption(field, "--" + negation + field.replace("_", "-"), ENV_PREFIX + field.upper())
 
 
 SETTING_OPTIONS: tuple[SettingOption, ...] = tuple(
     _NAMED_OPTIONS.get(field) or _derived_option(field) for field in WorkerSettings.model_fields)
-"""One option per WorkerSettings field, in field order: flag `--field-name`, variable
-QUEUEWORKER_FIELD_NAME (the variable follows the flag where an older flag name is kept)."""
+"""One option per WorkerSettings field, in field order: flag `--field-name` (`--no-field-name` for
+a switch, on by default), variable QUEUEWORKER_FIELD_NAME (the variable follows the flag where an
+older flag name is kept)."""
 
 
 class SettingsError(ValueError):

@@ -10,6 +10,8 @@ from datetime import datetime
 from typing import Any, NamedTuple
 
 NOTIFY_CHANNEL = "queueworker"
+# A listener's check that notifications reach it at all (worker/listener.py): to its own channel.
+NOTIFY_CHECK = "SELECT pg_notify(%(channel)s, '')"
 
 # Advisory lock keys (arbitrary constants inside our own namespace of keys).
 MIGRATION_LOCK_KEY = 0x71770001
@@ -38,8 +40,12 @@ CREATE TABLE IF NOT EXISTS queueworker.schema_migrations (
 )
 """
 
-LOCK_MIGRATIONS = "SELECT pg_advisory_lock(%(key)s)"
-UNLOCK_MIGRATIONS = "SELECT pg_advisory_unlock(%(key)s)"
+# Taken, if free, by a transaction of its own that holds it for a whole migrate run (its commit or
+# rollback ends it, so a transaction pooler never keeps it behind): idle between statements, and
+# not to be ended for it.
+TRY_LOCK_MIGRATIONS = """
+SELECT pg_try_advisory_xact_lock(%(key)s), set_config('idle_in_transaction_session_timeout', '0', true)
+"""
 # SET LOCAL, with a parameter: how long a migration's statements wait for a lock before giving up.
 SET_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', %(lock_timeout)s, true)"
 # Other sessions holding locks on queueworker's tables, oldest transaction first: who a migration

@@ -3,9 +3,9 @@
 The fetch loop claims pending tasks in batches sized by free slots and hands each attempt to
 its handler; the completer flushes outcomes in batches; the heartbeater keeps leases alive and
 fences attempts whose lease passed by its own clock; the rescuer, scheduler, cron duty and cleaner
-run the queue's background duties; the listener wakes the fetch loop. Every duty runs under the same
-supervisor (worker/supervisor.py): no error ends it. On a stop request (SIGTERM/SIGINT when it
-owns the signals) the worker drains within one shutdown budget: stop claiming, let attempts finish
+run the queue's background duties; the listener wakes the fetch loop (or polls, where LISTEN does
+not work). Every duty runs under the same supervisor (worker/supervisor.py): no error ends it. On a
+stop request (SIGTERM/SIGINT when it owns the signals) the worker drains within one shutdown budget: stop claiming, let attempts finish
 until the drain deadline, cancel the rest and hand their leases back without consuming an attempt,
 flush every outcome, deregister.
 
@@ -160,8 +160,10 @@ class Worker:
                                settings.deadline_grace_seconds, settings.worker_ttl_seconds)
         self.cleaner = Cleaner(self._duty_conn, settings.retention_seconds, settings.cleaner_interval_seconds)
         self.cron = CronDuty(self._duty_conn, schedule or Schedule())
-        self.listener = Listener(dsn, settings.queues, self._wake_at, str(self.identity.id), self._cancelled_task,
-                                 self.flow.settings_changed, on_listening=self._catch_up)
+        self.listener = Listener(dsn, self._duty_conn, settings.queues, self._wake_at, str(self.identity.id),
+                                 self._cancelled_task, self.flow.settings_changed, catch_up=self._catch_up,
+                                 poll_cancelled=self._poll_cancelled, listen=settings.listen,
+                                 poll_interval=settings.poll_interval_seconds)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -546,6 +548,17 @@ class Worker:
         if attempt is not None and not attempt.reporting and not attempt.abandoned:
             self._leases_lost([attempt], "the task was cancelled", CANCELLED)
 
+    async def _poll_cancelled(self) -> None:
+        """The listener polls instead of hearing cancellations: stop the handlers of running tasks
+        that were cancelled."""
+        running = [a for a in self._inflight.values() if not a.reporting and not a.abandoned]
+        if running:
+            cancelled = {row[0] for row in await self._duty_conn.fetch(sql.CANCELLED_AMONG, {
+                "ids": [attempt.id for attempt in running]})}
+            for attempt in running:
+                if attempt.id in cancelled:
+                    self._cancelled_task(*attempt.key)
+
     @staticmethod
     def _abandon(attempt: Attempt, reason: str) -> None:
         attempt.abandoned = True
@@ -575,8 +588,9 @@ class Worker:
         self._due_timer.at(due_epoch)
 
     def _catch_up(self) -> None:
-        """The listener (re)started listening: what it missed may be tasks due now (claim), tasks
-        due later (a scheduler pass finds the earliest and sleeps until then) or new settings."""
+        """The listener (re)started listening, or polls: what it missed may be tasks due now
+        (claim), tasks due later (a scheduler pass finds the earliest and sleeps until then) or
+        new settings."""
         self._wake_at(0.0)
         self.scheduler.poke()
         self.flow.settings_changed()
