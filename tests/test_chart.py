@@ -21,6 +21,7 @@ import yaml
 from kubernetes import client, dynamic
 from prometheus_client import REGISTRY
 
+from queueworker._version import __version__
 from queueworker.migrate import migrate
 
 import queueworker.metrics  # noqa: F401 - registers the worker's metrics
@@ -343,7 +344,7 @@ def test_migrations_run_as_a_restricted_pre_install_and_pre_upgrade_hook(helm, t
     assert annotations["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
     pod = job["spec"]["template"]["spec"]
     (container,) = pod["containers"]
-    assert container["image"] == "queueworker:0.1.0" and container["args"] == ["migrate"]
+    assert container["image"] == f"queueworker:{__version__}" and container["args"] == ["migrate"]
     assert "command" not in container, "the worker image's entrypoint (tini -- queueworker) stays PID 1"
     assert container["env"] == [{"name": "DATABASE_URL", "valueFrom": {"secretKeyRef": {"name": "mig", "key": "url"}}}]
     assert pod["restartPolicy"] == "Never" and pod["automountServiceAccountToken"] is False
