@@ -28,7 +28,7 @@ import queueworker.metrics  # noqa: F401 - registers the worker's metrics
 import queueworker_controller.metrics  # noqa: F401 - and the controller's
 
 from tests.cluster.binaries import BinariesUnavailable
-from tests.cluster.fixtures import REQUIRE_ENV
+from tests.cluster.fixtures import unavailable
 from tests.go_tools import HELM, ensure
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,8 +86,7 @@ def helm() -> Path:
     try:
         return ensure(HELM)
     except BinariesUnavailable as exc:
-        reason = f"helm unavailable: {exc}"
-        pytest.fail(reason, pytrace=False) if os.environ.get(REQUIRE_ENV) == "1" else pytest.skip(reason)
+        unavailable(f"helm unavailable: {exc}")
 
 
 def run_helm(helm: Path, *args: str, values: dict | None = None, tmp_path: Path | None = None

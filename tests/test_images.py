@@ -28,9 +28,9 @@ from queueworker.producer import enqueue_many
 from queueworker_controller.spec import GROUP, PLURAL, VERSION
 from tests.cluster.binaries import cache_root
 from tests.containers.engine import Engine
-from tests.cluster.fixtures import REQUIRE_ENV
+from tests.cluster.fixtures import REQUIRE_ENV, required
 from tests.containers import ContainersUnavailable, debian
-from tests.containers.fixtures import require, required
+from tests.containers.fixtures import require
 from tests.containers.images import context_files, image_tag
 from tests.support import query, scalar, state_counts, wait_until
 

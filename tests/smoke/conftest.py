@@ -3,7 +3,7 @@ real `node`), both images built and loaded, the chart installed with its demo Po
 
 Where the provider cannot run (kind: no Docker engine, no kind, or kind's node image neither present
 nor pullable; node: not root, or the node's packages or images cannot be had) the tests skip with the
-reason; with QUEUEWORKER_REQUIRE_CLUSTER=1 (which `.ci/run` sets when CI=true) they fail instead.
+reason; in CI (CI=true, or QUEUEWORKER_REQUIRE_CLUSTER=1, which `.ci/run` sets there) they fail.
 With kind, QUEUEWORKER_SMOKE_CLUSTER=NAME reuses (and keeps) an existing cluster of that name;
 otherwise a fresh one is created and deleted at the end.
 """

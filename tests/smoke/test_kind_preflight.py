@@ -87,10 +87,12 @@ def test_kind_creates_a_cluster_only_when_its_node_image_can_be_had(tmp_path: Pa
         assert not any(call.startswith("create") for call in calls(kind))
 
 
-def test_an_unavailable_provider_skips_and_fails_when_a_cluster_is_required(monkeypatch) -> None:
-    monkeypatch.delenv(REQUIRE_ENV, raising=False)
-    with pytest.raises(pytest.skip.Exception, match="node image"):
-        unavailable("smoke tier unavailable (kind provider): kind's node image ... cannot be pulled")
-    monkeypatch.setenv(REQUIRE_ENV, "1")
-    with pytest.raises(pytest.fail.Exception, match="node image"):
+@pytest.mark.parametrize("required", [{}, {REQUIRE_ENV: "1"}, {"CI": "true"}])
+def test_an_unavailable_provider_skips_and_fails_when_a_cluster_is_required(monkeypatch, required) -> None:
+    for name in (REQUIRE_ENV, "CI"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in required.items():
+        monkeypatch.setenv(name, value)
+    outcome = pytest.fail.Exception if required else pytest.skip.Exception
+    with pytest.raises(outcome, match="node image"):
         unavailable("smoke tier unavailable (kind provider): kind's node image ... cannot be pulled")
