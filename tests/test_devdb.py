@@ -18,6 +18,15 @@ from queueworker.devdb import EXIT_NOT_RUNNING, STATE_FILE, add_dev_db_parser, r
 from queueworker.localpg import PostgresNotFound, find_bin_dir
 
 
+# `queueworker dev-db ...` in a process of its own, through the functions the CLI wires in.
+DEV_DB_COMMAND = """import argparse, sys
+from queueworker.devdb import add_dev_db_parser, run_dev_db
+parser = argparse.ArgumentParser(prog="queueworker")
+add_dev_db_parser(parser.add_subparsers(dest="subcommand", required=True))
+sys.exit(run_dev_db(parser.parse_args()))
+"""
+
+
 def dev_db(directory: Path, action: str, capsys) -> tuple[int, str, str]:
     """`queueworker dev-db ACTION --dir DIRECTORY` through its own parser: (exit code, stdout, stderr)."""
     parser = argparse.ArgumentParser(prog="queueworker")
@@ -49,10 +58,8 @@ def test_dev_db_outlives_its_command_keeps_its_data_and_stops(dev_db_dir: Path, 
     assert dev_db(dev_db_dir, "url", capsys)[0] == 1
 
     # started by a process of its own that exits: the server must keep running
-    started = subprocess.run(
-        [sys.executable, "-c", "import sys; from queueworker.devdb import *; sys.exit(run_dev_db("
-         f"__import__('argparse').Namespace(dev_db_action='start', dir=__import__('pathlib').Path({str(dev_db_dir)!r}))))"],
-        capture_output=True, text=True, timeout=180)
+    started = subprocess.run([sys.executable, "-c", DEV_DB_COMMAND, "dev-db", "start", "--dir", str(dev_db_dir)],
+                             capture_output=True, text=True, timeout=180)
     assert started.returncode == 0, started.stderr
     assert "started" in started.stderr
     assert oct((dev_db_dir / STATE_FILE).stat().st_mode & 0o777) == "0o600"

@@ -51,7 +51,8 @@ def find_bin_dir() -> Path:
             return candidate
     raise PostgresNotFound(
         "no Postgres server binaries found (tried $QUEUEWORKER_PG_BIN, /usr/lib/postgresql/*/bin, "
-        "pg_config --bindir, the pgserver package): install postgresql or `pip install queueworker[embedded]`")
+        "pg_config --bindir, the pgserver package): install postgresql, or the `embedded` extra "
+        "(in a checkout: `pip install -e '.[embedded]'`)")
 
 
 def embedded_bin_dir() -> Path | None:

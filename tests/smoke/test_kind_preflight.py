@@ -14,6 +14,8 @@ from tests.cluster.fixtures import REQUIRE_ENV, unavailable
 from .harness import KIND_NODE_IMAGE_ENV, KindCluster, SmokeUnavailable, kind_node_image, require_node_image
 
 NODE_IMAGE = "kindest/node:v1.35.0@sha256:" + "ab" * 32
+PULL_ERROR = ("Error response from daemon: Get https://registry-1.docker.io/v2/: "
+              "dial tcp: lookup registry-1.docker.io: no such host")
 
 
 def fake_command(directory: Path, name: str, script: str) -> Path:
@@ -32,7 +34,7 @@ def calls(command: Path) -> list[str]:
 def fake_docker(tmp_path: Path, inspect_rc: int, pull_rc: int) -> Path:
     return fake_command(tmp_path, "docker", f'''case "$1" in
   image) exit {inspect_rc} ;;
-  pull) [ {pull_rc} = 0 ] || echo "Error response from daemon: Get \\"https://registry-1.docker.io/v2/\\": dial tcp: lookup registry-1.docker.io: no such host" >&2; exit {pull_rc} ;;
+  pull) [ {pull_rc} = 0 ] || echo "{PULL_ERROR}" >&2; exit {pull_rc} ;;
 esac
 exit 99''')
 
