@@ -1,4 +1,6 @@
-# Developer entry points. CI runs `bash .ci/run` (every tier, smoke included).
+# Developer entry points. `make test` is `bash .ci/run`, what CI runs: every tier, each of which
+# skips with the reason where this machine cannot run it, and fails instead in CI (CI=true or
+# QUEUEWORKER_REQUIRE_CLUSTER=1). Where each tier runs: .ci/run's header and docs/testing.md.
 VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 
@@ -11,10 +13,11 @@ $(PYTHON):
 test:
 	bash .ci/run
 
-# The chart end to end: on the local real node as root (tests/cluster; images built on the local
-# Debian base), else on kind (a running Docker engine; kind and helm are built from the Go module
-# proxy if missing). QUEUEWORKER_SMOKE_PROVIDER=kind|node chooses. Skips, with the reason, where
-# the provider cannot run.
+# The chart end to end: as root on Linux on the local real node (tests/cluster; images built on the
+# local Debian base), elsewhere on kind, which needs a running Docker engine and kind's node image,
+# present or pullable (kind and helm are built from the Go module proxy if missing).
+# QUEUEWORKER_SMOKE_PROVIDER=kind|node chooses. Skips with the reason where the provider cannot run;
+# fails instead in CI (CI=true or QUEUEWORKER_REQUIRE_CLUSTER=1).
 smoke: $(PYTHON)
 	$(PYTHON) -m pytest -m smoke tests/smoke -ra -p no:cacheprovider
 

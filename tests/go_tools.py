@@ -83,6 +83,8 @@ def ensure(tool: GoTool) -> Path:
                "GOBIN": str(staging)}
         cmd = [go, "install", "-ldflags", tool.ldflags, f"{tool.package}@{tool.version}"]
         log = directory / "build.log"
+        print(f"building {tool.name} {tool.version} with `go install` into {directory} (a few minutes cold; "
+              f"log {log})", file=sys.stderr, flush=True)
         started = time.monotonic()
         with log.open("a") as out:
             out.write(f"$ {' '.join(cmd)}\n")

@@ -21,13 +21,14 @@ import yaml
 from kubernetes import client, dynamic
 from prometheus_client import REGISTRY
 
+from queueworker._version import __version__
 from queueworker.migrate import migrate
 
 import queueworker.metrics  # noqa: F401 - registers the worker's metrics
 import queueworker_controller.metrics  # noqa: F401 - and the controller's
 
 from tests.cluster.binaries import BinariesUnavailable
-from tests.cluster.fixtures import REQUIRE_ENV
+from tests.cluster.fixtures import unavailable
 from tests.go_tools import HELM, ensure
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -85,8 +86,7 @@ def helm() -> Path:
     try:
         return ensure(HELM)
     except BinariesUnavailable as exc:
-        reason = f"helm unavailable: {exc}"
-        pytest.fail(reason, pytrace=False) if os.environ.get(REQUIRE_ENV) == "1" else pytest.skip(reason)
+        unavailable(f"helm unavailable: {exc}")
 
 
 def run_helm(helm: Path, *args: str, values: dict | None = None, tmp_path: Path | None = None
@@ -343,7 +343,7 @@ def test_migrations_run_as_a_restricted_pre_install_and_pre_upgrade_hook(helm, t
     assert annotations["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
     pod = job["spec"]["template"]["spec"]
     (container,) = pod["containers"]
-    assert container["image"] == "queueworker:0.1.0" and container["args"] == ["migrate"]
+    assert container["image"] == f"queueworker:{__version__}" and container["args"] == ["migrate"]
     assert "command" not in container, "the worker image's entrypoint (tini -- queueworker) stays PID 1"
     assert container["env"] == [{"name": "DATABASE_URL", "valueFrom": {"secretKeyRef": {"name": "mig", "key": "url"}}}]
     assert pod["restartPolicy"] == "Never" and pod["automountServiceAccountToken"] is False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -95,3 +96,64 @@ def test_the_pod_security_rules_are_the_forbidding_ones_and_guard_only_the_templ
     assert len(forbidding) >= 15
     assert all(path.startswith("spec.template.") and rule.get("message") for path, rule in forbidding)
     assert all(rule.get("reason") == "FieldValueForbidden" for path, rule in every if path.startswith("spec.template"))
+
+
+EXAMPLES = CRD_PATH.parent.parent / "examples"
+
+
+def schema_errors(value: Any, schema: dict, path: str = "") -> list[str]:
+    """What the API server's structural checks would refuse in `value`: types, required fields,
+    unknown fields (refused by `kubectl apply`'s strict field validation), enums and bounds. The CEL
+    rules are left to the cluster tier, where a real API server evaluates them."""
+    if schema.get("x-kubernetes-int-or-string"):
+        return [] if isinstance(value, int | str) and not isinstance(value, bool) else [f"{path}: not int or string"]
+    kind = schema.get("type")
+    python = {"object": dict, "array": list, "string": str, "boolean": bool, "integer": int, "number": int | float}
+    if kind and (not isinstance(value, python[kind]) or (kind in ("integer", "number") and isinstance(value, bool))):
+        return [f"{path}: {value!r} is not {kind}"]
+    errors = []
+    if "enum" in schema and value not in schema["enum"]:
+        errors.append(f"{path}: {value!r} not in {schema['enum']}")
+    if "minimum" in schema and value < schema["minimum"]:
+        errors.append(f"{path}: {value!r} below {schema['minimum']}")
+    if "maximum" in schema and value > schema["maximum"]:
+        errors.append(f"{path}: {value!r} above {schema['maximum']}")
+    if kind == "object":
+        properties = schema.get("properties", {})
+        errors += [f"{path}.{name}: required" for name in schema.get("required", []) if name not in value]
+        for name, item in value.items():
+            if name in properties:
+                errors += schema_errors(item, properties[name], f"{path}.{name}")
+            elif "additionalProperties" in schema:
+                errors += schema_errors(item, schema["additionalProperties"], f"{path}.{name}")
+            elif not schema.get("x-kubernetes-preserve-unknown-fields"):
+                errors.append(f"{path}.{name}: unknown field")
+    if kind == "array":
+        for index, item in enumerate(value):
+            errors += schema_errors(item, schema.get("items", {}), f"{path}[{index}]")
+    return errors
+
+
+def test_the_example_queueworker_conforms_to_the_crd_and_names_the_example_secret():
+    queueworker = yaml.safe_load((EXAMPLES / "queueworker.yaml").read_text())
+    secret = yaml.safe_load((EXAMPLES / "database-secret.yaml").read_text())
+    assert (queueworker["apiVersion"], queueworker["kind"]) == (f"queueworker.dev/{version()['name']}", "QueueWorker")
+    assert schema_errors(queueworker["spec"], spec_schema(), "spec") == []
+    spec = QueueWorkerSpec.from_dict(queueworker["spec"])  # what the controller makes of it
+    assert (spec.queue, spec.scaling.max_replicas) == ("emails", 20)
+    assert (secret["apiVersion"], secret["kind"]) == ("v1", "Secret")
+    assert secret["metadata"]["name"] == queueworker["spec"]["database"]["secretRef"]["name"]
+    url = secret["stringData"][queueworker["spec"]["database"]["secretRef"]["key"]]
+    assert url.startswith("postgresql://REPLACE-USER:REPLACE-PASSWORD@") and ".invalid:" in url
+
+
+def test_the_schema_check_refuses_what_the_api_server_refuses():
+    """The check above can fail: an unknown field, a wrong type, a missing required field."""
+    schema = spec_schema()
+    good = yaml.safe_load((EXAMPLES / "queueworker.yaml").read_text())["spec"]
+    assert schema_errors({**good, "replicas": 3}, schema, "spec") == ["spec.replicas: unknown field"]
+    assert schema_errors({**good, "concurrency": "10"}, schema, "spec") == ["spec.concurrency: '10' is not integer"]
+    assert schema_errors({**good, "scaling": {"maxReplicas": True}}, schema, "spec") == \
+        ["spec.scaling.maxReplicas: True is not integer"]
+    assert schema_errors({**good, "concurrency": 0}, schema, "spec") == ["spec.concurrency: 0 below 1"]
+    assert "spec.queue: required" in schema_errors({k: v for k, v in good.items() if k != "queue"}, schema, "spec")

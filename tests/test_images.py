@@ -23,13 +23,14 @@ import psycopg
 import pytest
 from kubernetes import client
 
+from queueworker._version import __version__
 from queueworker.producer import enqueue_many
 from queueworker_controller.spec import GROUP, PLURAL, VERSION
 from tests.cluster.binaries import cache_root
 from tests.containers.engine import Engine
-from tests.cluster.fixtures import REQUIRE_ENV
+from tests.cluster.fixtures import REQUIRE_ENV, required
 from tests.containers import ContainersUnavailable, debian
-from tests.containers.fixtures import require, required
+from tests.containers.fixtures import require
 from tests.containers.images import context_files, image_tag
 from tests.support import query, scalar, state_counts, wait_until
 
@@ -243,7 +244,7 @@ def test_the_images_run_as_uid_10001_under_tini_with_their_cli_as_entrypoint(ima
                                   (images.controller, "queueworker-controller", ["--all-namespaces"])):
         config = json.loads(container_engine.run("image", "inspect", "--format", "{{json .Config}}", tag).stdout)
         assert (config["User"], config["Entrypoint"], config["Cmd"]) == (UID, [*TINI, program], command), tag
-        assert config["Labels"]["org.opencontainers.image.version"] == "0.1.0"
+        assert config["Labels"]["org.opencontainers.image.version"] == __version__
 
 
 @pytest.mark.image
@@ -254,7 +255,7 @@ def test_the_worker_image_has_the_worker_and_not_the_controller_dependencies(ima
     containers.engine.run("run", "--rm", *python, images.worker, "-c",
                           "import queueworker_controller.policy")  # the demo's scaling policy
     version = containers.engine.run("run", "--rm", images.worker, "--version")
-    assert version.stdout.startswith("queueworker 0.1.0")
+    assert version.stdout.startswith(f"queueworker {__version__}")
 
 
 @pytest.mark.image

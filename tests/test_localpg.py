@@ -12,7 +12,7 @@ from queueworker.migrate import migrate
 def test_embedded_postgres_from_pypi_starts_and_migrates():
     bin_dir = embedded_bin_dir()
     if bin_dir is None:
-        pytest.skip("the pgserver wheel is not installed (pip install queueworker[test])")
+        pytest.skip("the pgserver wheel is not installed (pip install -e '.[test]')")
     server = LocalPostgres(bin_dir=bin_dir)
     try:
         dsn = server.start()

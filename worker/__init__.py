@@ -27,7 +27,7 @@ What applications import:
   (docs/embedding.md). Imported on first use, so producers do not load the worker.
 """
 
-__version__ = "0.1.0"
+from ._version import __version__  # noqa: E402
 
 from .handlers import Continue, PermanentError, Registry, RetryAfter, RunInfo, Snooze, TaskContext, task  # noqa: E402
 from .cron import periodic  # noqa: E402
@@ -37,7 +37,7 @@ from .operations import cancel, cancel_many  # noqa: E402
 from .results import TaskInfo, get_task, wait_for  # noqa: E402
 from .settings import SettingsError, WorkerSettings  # noqa: E402
 
-__all__ = ["Continue", "PermanentError", "Registry", "RetryAfter", "RunInfo", "SettingsError", "Snooze", "TaskContext",
+__all__ = ["__version__", "Continue", "PermanentError", "Registry", "RetryAfter", "RunInfo", "SettingsError", "Snooze", "TaskContext",
            "TaskInfo", "TaskSpec", "WorkerSettings", "cancel", "cancel_many", "enqueue", "enqueue_async",
            "enqueue_chain", "enqueue_chain_async", "enqueue_many", "enqueue_many_async", "get_task", "periodic", "start_run",
            "task", "wait_for", "Worker", "run_worker", "run_worker_async"]

@@ -23,6 +23,7 @@ import psycopg
 from pydantic import ValidationError
 
 from . import __version__, dsn as dsns, jsonvalue, status
+from .devdb import add_dev_db_parser, run_dev_db
 from .status import STATES
 from .logs import LEVELS, configure_logging, default_format
 from .operations import CANCELLABLE
@@ -256,6 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--timeout", type=float, default=None, help="give up (exit 1) after this many seconds")
     demo.add_argument("--dsn", default=None, help="use this Postgres instead of a throwaway one")
     demo.add_argument("--no-tty", action="store_true", help="one line per tick instead of a live view")
+    add_dev_db_parser(sub)
     return parser
 
 
@@ -834,7 +836,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 COMMANDS = {"migrate": cmd_migrate, "enqueue": cmd_enqueue, "worker": cmd_worker, "status": cmd_status,
             "retry": cmd_retry, "cancel": cmd_cancel, "show": cmd_show, "demo": cmd_demo, "runs": cmd_runs,
-            "run": cmd_run, "cron": cmd_cron, "list": cmd_list, "pause": cmd_flow, "resume": cmd_flow, "limit": cmd_flow, "breaker": cmd_flow}
+            "run": cmd_run, "cron": cmd_cron, "list": cmd_list, "pause": cmd_flow, "resume": cmd_flow,
+            "limit": cmd_flow, "breaker": cmd_flow, "dev-db": run_dev_db}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -842,7 +845,8 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = list(sys.argv[1:] if argv is None else argv)  # what `worker --processes` starts its workers with
     url: str | None = None
     try:
-        if args.subcommand != "demo" or args.dsn is not None:  # the demo starts its own database
+        # The demo starts its own database; dev-db is one.
+        if args.subcommand not in ("demo", "dev-db") or getattr(args, "dsn", None) is not None:
             args.dsn = url = _database_url(args)
         return COMMANDS[args.subcommand](args)
     except (CliError, SettingsError) as exc:

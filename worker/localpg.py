@@ -51,7 +51,8 @@ def find_bin_dir() -> Path:
             return candidate
     raise PostgresNotFound(
         "no Postgres server binaries found (tried $QUEUEWORKER_PG_BIN, /usr/lib/postgresql/*/bin, "
-        "pg_config --bindir, the pgserver package): install postgresql or `pip install queueworker[embedded]`")
+        "pg_config --bindir, the pgserver package): install postgresql, or the `embedded` extra "
+        "(in a checkout: `pip install -e '.[embedded]'`)")
 
 
 def embedded_bin_dir() -> Path | None:
@@ -87,16 +88,24 @@ class LocalPostgres:
     """initdb + pg_ctl in a temporary directory, on a free loopback port, password auth."""
 
     def __init__(self, bin_dir: Path | None = None, port: int | None = None, durable: bool = False,
-                 extra_settings: dict[str, str] | None = None):
+                 extra_settings: dict[str, str] | None = None, base_dir: Path | None = None,
+                 password: str | None = None, detached: bool = False):
+        """`base_dir` and `password` reuse a server made before (its data directory is kept and started
+        again); `detached` starts the server in a session of its own, so it outlives the process that
+        started it and a Ctrl-C in that process's terminal."""
         self.bin_dir = bin_dir or find_bin_dir()
         self.port = port or free_port()
         self.durable = durable
         self.extra_settings = extra_settings or {}
-        self.base_dir = Path(tempfile.mkdtemp(prefix="queueworker-pg-"))
+        self.base_dir = base_dir or Path(tempfile.mkdtemp(prefix="queueworker-pg-"))
+        self.base_dir.mkdir(parents=True, exist_ok=True)
         self.data_dir = self.base_dir / "data"
         self.log_file = self.base_dir / "postgres.log"
+        self.detached = detached
         self._user = _server_user()
-        self.password = secrets.token_urlsafe(24)  # URL-safe: goes into the DSN as it is
+        self.password = password or secrets.token_urlsafe(24)  # URL-safe: goes into the DSN as it is
+        if self._user is not None and self.data_dir.exists():
+            self._make_binaries_reachable()
 
     @property
     def dsn(self) -> str:
@@ -108,6 +117,10 @@ class LocalPostgres:
             self._initdb()
         self._pg_ctl("start", "-w", "-t", "60", "-l", str(self.log_file))
         return self.dsn
+
+    def is_running(self) -> bool:
+        """Whether a server runs on the data directory (`pg_ctl status`)."""
+        return self._run([str(self.bin_dir / "pg_ctl"), "-D", str(self.data_dir), "status"], check=False) == 0
 
     def stop(self, mode: str = "fast") -> None:
         self._pg_ctl("stop", "-w", "-t", "60", "-m", mode)
@@ -173,6 +186,9 @@ class LocalPostgres:
         install = self.bin_dir.parent    # site-packages/pgserver/pginstall
         package = install.parent
         copy = self.base_dir / "embedded" / package.name / install.name
+        if copy.is_dir():  # made when this server's data directory was
+            self.bin_dir = copy / self.bin_dir.name
+            return
         shutil.copytree(install, copy, symlinks=True)
         # The wheel's vendored libraries, which its binaries find by RPATH $ORIGIN/../../../pgserver.libs.
         libs = package.parent / f"{package.name}.libs"
@@ -183,13 +199,15 @@ class LocalPostgres:
     def _pg_ctl(self, *args: str) -> None:
         self._run([str(self.bin_dir / "pg_ctl"), "-D", str(self.data_dir), *args])
 
-    def _run(self, cmd: list[str]) -> None:
+    def _run(self, cmd: list[str], check: bool = True) -> int:
         result = subprocess.run(cmd, capture_output=True, text=True,
                                 user=self._user.pw_uid if self._user else None,
-                                group=self._user.pw_gid if self._user else None, cwd=self.base_dir)
-        if result.returncode != 0:
+                                group=self._user.pw_gid if self._user else None, cwd=self.base_dir,
+                                start_new_session=self.detached)
+        if result.returncode != 0 and check:
             raise RuntimeError(f"{Path(cmd[0]).name} {cmd[1:3]} failed ({result.returncode}): "
                                f"{result.stderr.strip() or result.stdout.strip()}\n{self.log_tail()}")
+        return result.returncode
 
 
 def _server_user() -> pwd.struct_passwd | None:

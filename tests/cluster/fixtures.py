@@ -30,16 +30,22 @@ REQUIRE_ENV = "QUEUEWORKER_REQUIRE_CLUSTER"
 CRD_FILE = Path(__file__).resolve().parents[2] / "crds" / "queueworker.dev_queueworkers.yaml"
 
 
+def required() -> bool:
+    """Whether a tier that cannot run is a failure here rather than a skip: in CI (CI=true) or with
+    QUEUEWORKER_REQUIRE_CLUSTER=1 (which `.ci/run` sets in CI)."""
+    return os.environ.get(REQUIRE_ENV) == "1" or os.environ.get("CI") == "true"
+
+
 def unavailable(reason: str) -> None:
-    """Skip the test, or fail it when QUEUEWORKER_REQUIRE_CLUSTER=1 (CI)."""
-    if os.environ.get(REQUIRE_ENV) == "1":
+    """Skip the test with `reason`, or fail it when a tier that cannot run must fail (`required`)."""
+    if required():
         pytest.fail(reason, pytrace=False)
     pytest.skip(reason)
 
 
 def require_binaries(binaries: tuple[Binary, ...] = CONTROL_PLANE_BINARIES) -> Path:
     """The binaries' directory, built if needed. Skips the test where they can't be built, fails it
-    instead when QUEUEWORKER_REQUIRE_CLUSTER=1 (CI). A cold build takes minutes: prebuild with
+    instead in CI (`required`). A cold build takes minutes: prebuild with
     `python -m tests.cluster build` so it does not count against the first test's timeout."""
     try:
         return ensure_binaries(binaries)

@@ -11,13 +11,12 @@ run `python -m tests.containers build` first.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import TypeVar
 
 import pytest
 
-from tests.cluster.fixtures import REQUIRE_ENV
+from tests.cluster.fixtures import unavailable
 
 from . import ContainersUnavailable
 from .engine import Engine, ensure_engine
@@ -26,19 +25,11 @@ from .images import Images, ensure_images
 T = TypeVar("T")
 
 
-def required() -> bool:
-    """Whether a tier that cannot run is a failure here (CI) rather than a skip."""
-    return os.environ.get(REQUIRE_ENV) == "1" or os.environ.get("CI") == "true"
-
-
 def require(get: Callable[[], T]) -> T:
     try:
         return get()
     except ContainersUnavailable as exc:
-        reason = f"container engine unavailable: {exc}"
-        if required():
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
+        unavailable(f"container engine unavailable: {exc}")
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,9 @@
 """The smoke tier's package: one cluster from the chosen provider (harness.py: `kind` or the local
 real `node`), both images built and loaded, the chart installed with its demo Postgres.
 
-Where the provider cannot run (no Docker or kind; not root, or the node's packages or images cannot be
-had) the tests skip with the reason; in CI (CI=true or QUEUEWORKER_REQUIRE_CLUSTER=1) they fail.
+Where the provider cannot run (kind: no Docker engine, no kind, or kind's node image neither present
+nor pullable; node: not root, or the node's packages or images cannot be had) the tests skip with the
+reason; in CI (CI=true, or QUEUEWORKER_REQUIRE_CLUSTER=1, which `.ci/run` sets there) they fail.
 With kind, QUEUEWORKER_SMOKE_CLUSTER=NAME reuses (and keeps) an existing cluster of that name;
 otherwise a fresh one is created and deleted at the end.
 """
@@ -45,8 +46,8 @@ def smoke_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SmokeClu
     try:
         try:
             cluster.create()
-        except NodeUnavailable as exc:
-            unavailable(f"smoke tier unavailable (node provider): {exc}")
+        except (NodeUnavailable, SmokeUnavailable) as exc:
+            unavailable(f"smoke tier unavailable ({chosen_provider()} provider): {exc}")
         cluster.load_images()
         cluster.install()
         yield cluster

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -71,6 +72,35 @@ def require_docker() -> str:
         lines = (info.stderr or info.stdout).strip().splitlines()
         raise SmokeUnavailable(f"`docker info` failed (no running container engine): {lines[-1] if lines else ''}")
     return docker
+
+
+# How kind names its default node image inside its binary: `kindest/node:vX.Y.Z@sha256:<digest>`.
+KIND_NODE_IMAGE_PATTERN = re.compile(rb"kindest/node:v[0-9][0-9.]*@sha256:[0-9a-f]{64}")
+KIND_NODE_IMAGE_ENV = "QUEUEWORKER_KIND_NODE_IMAGE"
+
+
+def kind_node_image(kind: Path) -> str:
+    """The node image `kind create cluster` would run: $QUEUEWORKER_KIND_NODE_IMAGE, else the default
+    compiled into the kind binary (kind has no command that prints it)."""
+    if os.environ.get(KIND_NODE_IMAGE_ENV):
+        return os.environ[KIND_NODE_IMAGE_ENV]
+    found = KIND_NODE_IMAGE_PATTERN.search(Path(kind).read_bytes())
+    if found is None:
+        raise SmokeUnavailable(f"cannot find kind's default node image in {kind}: set {KIND_NODE_IMAGE_ENV}")
+    return found.group().decode()
+
+
+def require_node_image(docker: str, image: str) -> None:
+    """Checks, before any cluster is created, that the engine has kind's node image or can pull it, so
+    a machine with Docker but no registry skips the tier with the reason instead of failing in
+    `kind create cluster`."""
+    if subprocess.run([docker, "image", "inspect", image], capture_output=True, timeout=60).returncode == 0:
+        return
+    pull = subprocess.run([docker, "pull", image], capture_output=True, text=True, timeout=900)
+    if pull.returncode != 0:
+        lines = (pull.stderr or pull.stdout).strip().splitlines()
+        raise SmokeUnavailable(f"kind's node image {image} is not present and cannot be pulled: "
+                               f"{lines[-1] if lines else f'`docker pull` exited {pull.returncode}'}")
 
 
 def run(*cmd: str | Path, timeout: float = 900, **kwargs: Any) -> subprocess.CompletedProcess:
@@ -141,8 +171,10 @@ class KindCluster(SmokeCluster):
     def create(self) -> None:
         existing = run(self.kind, "get", "clusters").stdout.split()
         if self.name not in existing:
-            run(self.kind, "create", "cluster", "--name", self.name, "--kubeconfig", self.kubeconfig,
-                "--wait", "180s", timeout=600)
+            image = kind_node_image(self.kind)
+            require_node_image(self.docker, image)
+            run(self.kind, "create", "cluster", "--name", self.name, "--image", image,
+                "--kubeconfig", self.kubeconfig, "--wait", "180s", timeout=600)
         self.kubeconfig.write_text(run(self.kind, "get", "kubeconfig", "--name", self.name).stdout)
 
     def delete(self) -> None:
