@@ -22,6 +22,7 @@ class Attempt:
     lease_expires: float  # event-loop time the lease runs out unless a heartbeat extends it
     run_json: str | None = None  # RunInfo as JSON, decoded by the attempt like its payload
     checkpoint_json: str | None = None  # what an earlier attempt saved, decoded likewise
+    headers_json: str | None = None  # the producer's headers: its trace context (queueworker.tracing)
     runner: asyncio.Task | None = None
     reporting: bool = False   # handler finished; outcome waits in the completer
     failed: bool = False      # ... and that outcome is a failure (a circuit breaker counts it)

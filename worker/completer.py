@@ -56,6 +56,7 @@ class Continued:
     result_json: str | None
     next_payload_json: str
     delay_seconds: float
+    next_headers_json: str | None  # the attempt's trace context; None: the page keeps the task's headers
 
 
 @dataclass(slots=True)
@@ -97,8 +98,8 @@ class Completer:
         self._add(Failure(attempt, retryable, backoff_seconds, error))
 
     def continue_with(self, attempt: Attempt, result_json: str | None, next_payload_json: str,
-                      delay_seconds: float) -> None:
-        self._add(Continued(attempt, result_json, next_payload_json, delay_seconds))
+                      delay_seconds: float, next_headers_json: str | None = None) -> None:
+        self._add(Continued(attempt, result_json, next_payload_json, delay_seconds, next_headers_json))
 
     def snooze(self, attempt: Attempt, delay_seconds: float, error: dict[str, Any]) -> None:
         self._add(HandBack(attempt, delay_seconds, error, None))
@@ -223,7 +224,8 @@ class Completer:
         rows = await self._conn.fetch(sql.COMPLETE_CONTINUED, {
             "ids": [c.attempt.id for c in batch], "tokens": [c.attempt.token for c in batch],
             "results": [c.result_json for c in batch], "next_payloads": [c.next_payload_json for c in batch],
-            "next_delays": [c.delay_seconds for c in batch]}, row=sql.FencedRow, timeout=timeout)
+            "next_delays": [c.delay_seconds for c in batch],
+            "next_headers": [c.next_headers_json for c in batch]}, row=sql.FencedRow, timeout=timeout)
         if any(c.delay_seconds for c in batch):
             self._on_waiting()
         return self._count_succeeded(batch, rows, "continued")
