@@ -61,13 +61,15 @@ def _registry() -> Registry:
         return Continue({"page": 1}) if payload["page"] == 0 else "last page"
 
     for name, fn in [("t.sync", sync_inner), ("t.async", async_inner), ("t.flaky", flaky),
-                     ("t.permanent", permanent), ("t.paged", paged)]:
+                     ("t.permanent", permanent), ("t.paged", paged), ("t.untraced", permanent)]:
         registry.register(fn, name)
     return registry
 
 
 @pytest.mark.integration
 def test_attempts_continue_the_producers_trace_with_their_outcomes(dsn, finished_spans):  # noqa: F811
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        untraced = enqueue(conn, "t.untraced")
     with psycopg.connect(dsn, autocommit=True) as conn, TRACER.start_as_current_span("request") as request:
         ids = dict(zip(["t.sync", "t.async", "t.flaky", "t.permanent", "t.paged"], enqueue_many(conn, [
             {"task": "t.sync"}, {"task": "t.async"}, {"task": "t.flaky", "max_attempts": 2},
@@ -76,12 +78,16 @@ def test_attempts_continue_the_producers_trace_with_their_outcomes(dsn, finished
     pages = lambda: [row[0] for row in query(dsn, "SELECT id FROM queueworker.tasks WHERE task = 't.paged'")]  # noqa: E731
 
     assert asyncio.run(run_worker_until(Worker(dsn, FAST, _registry()),
-                                        lambda: len(pages()) == 2 and _finished(dsn, list({*ids.values(), *pages()})))) == 0
+                                        lambda: len(pages()) == 2 and _finished(dsn, list({untraced, *ids.values(), *pages()})))) == 0
 
     attempts = finished_spans("queueworker.run ")
     by_task: dict[str, list] = {}
     for span in sorted(attempts, key=lambda s: s.attributes["queueworker.task.attempt"]):
         by_task.setdefault(span.attributes["queueworker.task.name"], []).append(span)
+    (root,) = by_task.pop("t.untraced")  # no headers: a trace of its own
+    assert root.parent is None and root.context.trace_id != producer.trace_id
+    assert root.attributes["queueworker.task.outcome"] == "failed"
+    attempts.remove(root)
     for span in attempts:
         assert span.kind is SpanKind.CONSUMER
         assert span.context.trace_id == producer.trace_id, span.name

@@ -19,13 +19,16 @@ from typing import TYPE_CHECKING, Any
 
 try:
     from opentelemetry import propagate, trace
+    from opentelemetry.context import Context
 except ImportError:  # the `otel` extra is not installed
-    propagate = trace = None
+    propagate = trace = Context = None
 
 if TYPE_CHECKING:
     from .attempt import Attempt
 
 TRACER: Any = None if trace is None else trace.get_tracer("queueworker")
+# The parent of an attempt whose task carries no headers: none (a root span).
+ROOT: Any = None if Context is None else Context()
 # The value of `messaging.system` on every span.
 SYSTEM = "queueworker"
 
@@ -58,15 +61,16 @@ def _stored_headers(headers_json: str | None) -> dict[str, str]:
 def attempt_span(attempt: Attempt) -> Iterator[Any]:
     """The span of one attempt, current while the handler runs: a child of the producer's span
     (from the task's headers), or a root span when the task carries no trace context."""
-    parent = propagate.extract(_stored_headers(attempt.headers_json))
-    with TRACER.start_as_current_span(
-            f"queueworker.run {attempt.task}", context=parent, kind=trace.SpanKind.CONSUMER,
-            record_exception=False, set_status_on_exception=False,
-            attributes={"messaging.system": SYSTEM, "messaging.operation.type": "process",
-                        "messaging.destination.name": attempt.queue, "messaging.message.id": str(attempt.id),
-                        "queueworker.task.id": attempt.id, "queueworker.task.name": attempt.task,
-                        "queueworker.task.attempt": attempt.attempt,
-                        "queueworker.task.max_attempts": attempt.max_attempts}) as span:
+    parent = ROOT if attempt.headers_json is None else propagate.extract(_stored_headers(attempt.headers_json))
+    with TRACER.start_as_current_span(f"queueworker.run {attempt.task}", context=parent,
+                                      kind=trace.SpanKind.CONSUMER, record_exception=False,
+                                      set_status_on_exception=False) as span:
+        if span.is_recording():  # not with the API alone (no SDK), nor when the trace is not sampled
+            span.set_attributes({
+                "messaging.system": SYSTEM, "messaging.operation.type": "process",
+                "messaging.destination.name": attempt.queue, "messaging.message.id": str(attempt.id),
+                "queueworker.task.id": attempt.id, "queueworker.task.name": attempt.task,
+                "queueworker.task.attempt": attempt.attempt, "queueworker.task.max_attempts": attempt.max_attempts})
         yield span
 
 
@@ -75,6 +79,8 @@ def record_outcome(span: Any, outcome: str, error_type: str | None = None) -> No
     cancelled, lease_lost, shutdown) and, for a failure, its error type and an ERROR status. The
     error's message is not recorded: it may quote what the handler was given (the worker scrubs
     it before storing it in the task row, where it can be read)."""
+    if not span.is_recording():
+        return
     span.set_attribute("queueworker.task.outcome", outcome)
     if error_type is not None:
         span.set_attribute("error.type", error_type)
