@@ -321,7 +321,8 @@ class Worker:
                               checkpoint_json=row.checkpoint_json, headers_json=row.headers_json, started=now)
             ctx.attach(self._checkpoint_saver, loop, attempt.key)
             self._inflight[attempt.key] = attempt
-            attempt.runner = asyncio.create_task(self._process(attempt))
+            attempt.runner = asyncio.create_task(self._attempt(attempt) if tracing.TRACER is None
+                                                 else self._traced_attempt(attempt))
         if rows:
             metrics.TASKS_CLAIMED.labels(queue).inc(len(rows))
             metrics.IN_FLIGHT.set(len(self._inflight))
@@ -332,11 +333,8 @@ class Worker:
 
     # -- processing -----------------------------------------------------------------------
 
-    async def _process(self, attempt: Attempt) -> None:
-        """The attempt, in a span of its own when tracing is installed (queueworker.tracing)."""
-        if tracing.TRACER is None:
-            await self._attempt(attempt)
-            return
+    async def _traced_attempt(self, attempt: Attempt) -> None:
+        """The attempt in a span of its own, when tracing is installed (queueworker.tracing)."""
         with tracing.attempt_span(attempt) as span:
             tracing.record_outcome(span, *await self._attempt(attempt))
 
