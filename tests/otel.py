@@ -3,7 +3,8 @@ tracer provider can be set only once), for tests that read the spans queueworker
 
 from __future__ import annotations
 
-import pytest
+from collections.abc import Callable, Iterator
+
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -19,9 +20,9 @@ def _install() -> None:
         trace.set_tracer_provider(provider)
 
 
-@pytest.fixture
-def finished_spans():
-    """A function returning the spans finished since the test started (the SDK is installed)."""
+def recording() -> Iterator[Callable[..., list[ReadableSpan]]]:
+    """For a fixture: installs the SDK, then yields a function returning the spans finished since
+    (those whose name starts with the prefix given)."""
     _install()
     EXPORTER.clear()
 

@@ -22,12 +22,17 @@ from queueworker.handlers import Continue, PermanentError, Registry
 from queueworker.producer import MAX_HEADERS, MAX_HEADERS_BYTES, TaskSpec, enqueue_chain, start_run
 from queueworker.settings import WorkerSettings
 from queueworker.worker import Worker
-from tests.otel import finished_spans  # noqa: F401 - a fixture, used by name
+from tests import otel
 from tests.support import query, run_worker_until, scalar
 
 FAST = WorkerSettings(concurrency=4, lease_seconds=3, heartbeat_seconds=1, drain_seconds=1,
                       scheduler_max_interval_seconds=0.5, retry_base_seconds=0.1, retry_max_seconds=0.2)
 TRACER = trace.get_tracer("tests")
+
+
+@pytest.fixture
+def finished_spans():
+    yield from otel.recording()
 
 
 def _finished(dsn: str, ids: list[int]) -> bool:
@@ -67,7 +72,7 @@ def _registry() -> Registry:
 
 
 @pytest.mark.integration
-def test_attempts_continue_the_producers_trace_with_their_outcomes(dsn, finished_spans):  # noqa: F811
+def test_attempts_continue_the_producers_trace_with_their_outcomes(dsn, finished_spans):
     with psycopg.connect(dsn, autocommit=True) as conn:
         untraced = enqueue(conn, "t.untraced")
     with psycopg.connect(dsn, autocommit=True) as conn, TRACER.start_as_current_span("request") as request:
@@ -75,7 +80,9 @@ def test_attempts_continue_the_producers_trace_with_their_outcomes(dsn, finished
             {"task": "t.sync"}, {"task": "t.async"}, {"task": "t.flaky", "max_attempts": 2},
             {"task": "t.permanent"}, {"task": "t.paged", "payload": {"page": 0}}])))
     producer = request.get_span_context()
-    pages = lambda: [row[0] for row in query(dsn, "SELECT id FROM queueworker.tasks WHERE task = 't.paged'")]  # noqa: E731
+
+    def pages() -> list[int]:
+        return [row[0] for row in query(dsn, "SELECT id FROM queueworker.tasks WHERE task = 't.paged'")]
 
     assert asyncio.run(run_worker_until(Worker(dsn, FAST, _registry()),
                                         lambda: len(pages()) == 2 and _finished(dsn, list({untraced, *ids.values(), *pages()})))) == 0
@@ -130,7 +137,7 @@ def test_attempts_continue_the_producers_trace_with_their_outcomes(dsn, finished
 
 
 @pytest.mark.integration
-def test_every_enqueue_path_stores_the_trace_context_and_explicit_headers_win(dsn, finished_spans):  # noqa: F811
+def test_every_enqueue_path_stores_the_trace_context_and_explicit_headers_win(dsn, finished_spans):
     with psycopg.connect(dsn, autocommit=True) as conn:
         untraced = enqueue(conn, "t.sync")
         with TRACER.start_as_current_span("request") as request:
@@ -179,7 +186,7 @@ def test_bad_headers_are_refused_with_the_rule(headers, message):
     assert refused.value.errors()[0]["loc"][0] == "headers"
 
 
-def test_a_tick_of_the_controller_is_a_span_with_its_decision(finished_spans):  # noqa: F811
+def test_a_tick_of_the_controller_is_a_span_with_its_decision(finished_spans):
     from queueworker_controller.policy import QueueDepth
     from tests.test_controller_reconcile import FakeKube, tick
 
@@ -198,23 +205,33 @@ def test_a_tick_of_the_controller_is_a_span_with_its_decision(finished_spans):  
     assert not any("hunter2" in str(value) for s in finished_spans() for value in s.attributes.values())
 
 
+BLOCK_OPENTELEMETRY = """
+class NoOpenTelemetry:
+    def find_spec(self, name, path=None, target=None):
+        if name == "opentelemetry" or name.startswith("opentelemetry."):
+            raise ImportError(f"blocked: {name}")
+sys.meta_path.insert(0, NoOpenTelemetry())
+"""
+
+
 @pytest.mark.integration
-def test_without_opentelemetry_tasks_run_and_carry_no_headers(dsn):
-    """The extra not installed: opentelemetry cannot be imported at all, in a process of its own."""
-    program = textwrap.dedent("""
-        import asyncio, sys
-        class NoOpenTelemetry:
-            def find_spec(self, name, path=None, target=None):
-                if name == "opentelemetry" or name.startswith("opentelemetry."):
-                    raise ImportError(f"blocked: {name}")
-        sys.meta_path.insert(0, NoOpenTelemetry())
+@pytest.mark.parametrize(("setup", "check"), [
+    (BLOCK_OPENTELEMETRY, 'tracing.TRACER is None and "opentelemetry" not in sys.modules'),
+    ("", 'tracing.TRACER is not None and not tracing.sdk_configured()'),
+], ids=["not-installed", "api-without-sdk"])
+def test_without_opentelemetry_or_an_sdk_tasks_run_and_keep_their_headers(dsn, setup, check):
+    """In a process of its own: the extra not installed (opentelemetry cannot be imported at all), or
+    the API installed and no SDK set up. The worker starts no span, and a next page keeps the task's
+    headers."""
+    program = "import sys\n" + setup + textwrap.dedent("""
+        import asyncio
         import psycopg
         from queueworker import enqueue, tracing
         from queueworker.handlers import Continue, Registry
         from queueworker.worker import Worker
         from tests.support import run_worker_until, scalar
         from queueworker.settings import WorkerSettings
-        assert tracing.TRACER is None and "opentelemetry" not in sys.modules
+        assert eval(sys.argv[2])
         dsn = sys.argv[1]
         registry = Registry()
         registry.register(lambda payload: Continue({"n": 1}) if payload.get("n") is None else payload, "t.paged")
@@ -224,9 +241,9 @@ def test_without_opentelemetry_tasks_run_and_carry_no_headers(dsn):
         fast = WorkerSettings(lease_seconds=3, heartbeat_seconds=1, drain_seconds=1)
         assert asyncio.run(run_worker_until(Worker(dsn, fast, registry), done)) == 0
         print(scalar(dsn, "SELECT json_agg(headers ORDER BY id)::text FROM queueworker.tasks"))
-        assert "opentelemetry" not in sys.modules
+        assert eval(sys.argv[2])
     """)
-    result = subprocess.run([sys.executable, "-c", program, dsn], capture_output=True, text=True, timeout=120,
+    result = subprocess.run([sys.executable, "-c", program, dsn, check], capture_output=True, text=True, timeout=120,
                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == [{"tenant": "a"}, {"tenant": "a"}], "the next page kept the task's headers"

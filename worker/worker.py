@@ -321,8 +321,8 @@ class Worker:
                               checkpoint_json=row.checkpoint_json, headers_json=row.headers_json, started=now)
             ctx.attach(self._checkpoint_saver, loop, attempt.key)
             self._inflight[attempt.key] = attempt
-            attempt.runner = asyncio.create_task(self._attempt(attempt) if tracing.TRACER is None
-                                                 else self._traced_attempt(attempt))
+            attempt.runner = asyncio.create_task(self._traced_attempt(attempt) if tracing.sdk_configured()
+                                                 else self._attempt(attempt))
         if rows:
             metrics.TASKS_CLAIMED.labels(queue).inc(len(rows))
             metrics.IN_FLIGHT.set(len(self._inflight))
@@ -334,7 +334,7 @@ class Worker:
     # -- processing -----------------------------------------------------------------------
 
     async def _traced_attempt(self, attempt: Attempt) -> None:
-        """The attempt in a span of its own, when tracing is installed (queueworker.tracing)."""
+        """The attempt in a span of its own, when tracing is set up (queueworker.tracing)."""
         with tracing.attempt_span(attempt) as span:
             tracing.record_outcome(span, *await self._attempt(attempt))
 
