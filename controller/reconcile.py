@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 import psycopg
 from kubernetes.client.rest import ApiException
 from queueworker import dsn as dsn_text
+from queueworker import tracing
 from queueworker.events import DueTimer, wait_event
 
 from . import conditions, metrics, podsecurity
@@ -263,7 +264,12 @@ class Reconciler:
             await self._kube(self.kube.patch_status, obj.namespace, obj.name, status)
 
     async def tick(self, obj: QueueWorkerObject, memory: ObjectMemory) -> TickResult:
-        """One tick; never raises (but for cancellation)."""
+        """One tick, in a span of its own when tracing is installed (queueworker.tracing); never
+        raises (but for cancellation)."""
+        with tracing.controller_tick_span(obj.namespace, obj.name):
+            return await self._guarded_tick(obj, memory)
+
+    async def _guarded_tick(self, obj: QueueWorkerObject, memory: ObjectMemory) -> TickResult:
         started = self.monotonic()
         memory.generation = obj.generation
         memory.next_poll = started + UNPARSABLE_SPEC_RETRY_SECONDS
@@ -325,6 +331,9 @@ class Reconciler:
             _epoch(previous.get("lastActiveTime")), error))
         events: list[Event] = []
         desired = current_replicas if spec.scaling.paused else decision.desired_replicas
+        tracing.annotate_current({"queueworker.decision": "Paused" if spec.scaling.paused else decision.reason,
+                                  "queueworker.replicas.current": current_replicas,
+                                  "queueworker.replicas.desired": desired})
         replicas, last_scale = current_replicas, previous.get("lastScaleTime")
         if desired != current_replicas and not spec.scaling.paused and not spec.scaling.dry_run:
             try:
@@ -537,6 +546,7 @@ class Reconciler:
         change of reason, not once per tick."""
         message = message[:MESSAGE_LIMIT]
         metrics.errors.labels(obj.namespace, obj.name, reason).inc()
+        tracing.annotate_current({"queueworker.decision": reason})
         now = _iso(self.wall_clock())
         previous = [c for c in obj.status.get("conditions") or [] if c.get("type") != "Ready"]
         ready = Condition("Ready", "False", reason, message)

@@ -1,4 +1,4 @@
--- Least-privilege database roles for queueworker, schema version 11. Why each grant exists, and
+-- Least-privilege database roles for queueworker, schema version 12. Why each grant exists, and
 -- what the roles still can do: docs/security.md.
 --
 -- Run it as a superuser, in the application's database:
@@ -91,7 +91,7 @@ ALTER DEFAULT PRIVILEGES FOR ROLE queueworker_migrator REVOKE EXECUTE ON FUNCTIO
 ALTER DEFAULT PRIVILEGES FOR ROLE queueworker_migrator IN SCHEMA queueworker
     GRANT SELECT ON TABLES TO queueworker_operator;
 
--- 5. The grants, for schema version 11.
+-- 5. The grants, for schema version 12.
 DO $$
 DECLARE
     applied_version integer;
@@ -99,14 +99,14 @@ BEGIN
     IF to_regclass('queueworker.schema_migrations') IS NOT NULL THEN
         SELECT max(m.version) INTO applied_version FROM queueworker.schema_migrations m;
     END IF;
-    IF coalesce(applied_version, 0) < 11 THEN
-        RAISE NOTICE 'queueworker is at schema version %, these grants are for version 11: run `queueworker '
+    IF coalesce(applied_version, 0) < 12 THEN
+        RAISE NOTICE 'queueworker is at schema version %, these grants are for version 12: run `queueworker '
                      'migrate` as a member of queueworker_migrator, then run this script again',
                      coalesce(applied_version, 0);
         RETURN;
     END IF;
-    IF applied_version > 11 THEN
-        RAISE EXCEPTION 'these grants are for queueworker schema version 11, the database is at version %: '
+    IF applied_version > 12 THEN
+        RAISE EXCEPTION 'these grants are for queueworker schema version 12, the database is at version %: '
                         'run the database-roles.sql of the queueworker release that migrated it', applied_version;
     END IF;
 
@@ -136,7 +136,7 @@ BEGIN
     -- (ENQUEUE_TASKS, ENQUEUE_REPLACE: nothing but inserting such tasks with their edges, and
     -- changing pending ones that have a key); ENQUEUE_EXISTING reads which task holds a key. The trigger queueworker.fill_spec_hash
     -- runs queueworker.spec_hash as the role that inserts a task or moves one back (a retry).
-    GRANT INSERT (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds),
+    GRANT INSERT (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds, headers),
           SELECT (id, queue, state, run_after, dedupe_key)
         ON queueworker.tasks TO queueworker_producer;
     -- NOTIFY_ON_FINISH marks the tasks just enqueued with notify_on_finish (wait_for); the trigger
@@ -145,6 +145,8 @@ BEGIN
     GRANT EXECUTE ON FUNCTION
             queueworker.enqueue_tasks(text[], text[], jsonb[], integer[], timestamptz[], integer[], integer[],
                                       text[], boolean[], boolean[], bigint[], bigint[], bigint[], integer[]),
+            queueworker.enqueue_tasks(text[], text[], jsonb[], integer[], timestamptz[], integer[], integer[],
+                                      text[], boolean[], boolean[], bigint[], bigint[], bigint[], integer[], jsonb[]),
             queueworker.start_run(text, integer, jsonb, jsonb, text),
             queueworker.replace_pending(bigint[], jsonb[], integer[], timestamptz[])
         TO queueworker_producer;
@@ -166,7 +168,7 @@ BEGIN
     -- NOTIFY that wakes workers for it through queueworker.wake_queue. SAVE_CHECKPOINT updates
     -- tasks_active (granted above).
     GRANT INSERT (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds, run_id,
-                  run_partition, continued_from)
+                  run_partition, continued_from, headers)
         ON queueworker.tasks TO queueworker_worker;
     GRANT EXECUTE ON FUNCTION queueworker.wake_queue(text, timestamptz) TO queueworker_worker;
     -- Flow control: CLAIM reads whether a queue is limited; CLAIM_LIMITED locks the queue's row and

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -50,6 +51,19 @@ class WorkerProcess:
             self.proc.kill()
             self.proc.wait(10)
         self._log.close()
+
+
+async def run_worker_until(worker: Any, done: Callable[[], bool], timeout: float = 30.0) -> int:
+    """Runs an in-process queueworker.worker.Worker until `done()` (checked in a thread) holds, then
+    stops it; its exit code."""
+    running = asyncio.create_task(worker.run())
+    deadline = time.monotonic() + timeout
+    while not running.done() and not await asyncio.to_thread(done):
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.1)
+    if not running.done():
+        worker.request_stop()
+    return await running
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, interval: float = 0.1,

@@ -119,7 +119,8 @@ def test_each_role_runs_its_flows_with_only_its_grants(installation):
 
     # Producer: the library, in one transaction of the application's, and the CLI.
     with psycopg.connect(login["producer"]) as conn:
-        noop = enqueue(conn, "qw.noop", queue=QUEUE)
+        headers = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
+        noop = enqueue(conn, "qw.noop", queue=QUEUE, headers=headers)
         flaky, broken, delayed = enqueue_many(conn, [
             {"task": "qw.fail", "payload": {"retryable": True, "message": "flaky"}, "queue": QUEUE, "max_attempts": 2},
             {"task": "qw.fail", "payload": {"retryable": False, "message": "broken"}, "queue": QUEUE},
@@ -131,7 +132,7 @@ def test_each_role_runs_its_flows_with_only_its_grants(installation):
                        on_conflict="replace") == unique
         assert enqueue(conn, "qw.noop", {"v": 3}, queue=QUEUE, dedupe_key="roles-unique") == unique
         # A pipeline: the second stage waits, blocked, until the worker's success of the first.
-        stage_one, stage_two = enqueue_chain(conn, [{"task": "qw.noop", "queue": QUEUE}] * 2)
+        stage_one, stage_two = enqueue_chain(conn, [{"task": "qw.noop", "queue": QUEUE, "headers": headers}] * 2)
         # A run of two partitions with a consolidation and a watermark.
         run_id = start_run(conn, "roles-run", [{"task": "qw.noop", "queue": QUEUE}] * 2,
                            on_success={"task": "qw.noop", "queue": QUEUE}, watermark="roles")
@@ -154,6 +155,8 @@ def test_each_role_runs_its_flows_with_only_its_grants(installation):
                     stage_two: "succeeded"}
         wait_until(lambda: states(admin, list(expected)) == expected, timeout=60,
                    message="the worker to finish every task")
+        assert dict(query(admin, "SELECT id, headers FROM queueworker.tasks WHERE headers IS NOT NULL")) == \
+            dict.fromkeys([noop, stage_one, stage_two], headers), "headers stored, and moved with the rows"
         wait_until(lambda: scalar(admin, "SELECT state::text FROM queueworker.runs WHERE id = %s", (run_id,))
                    == "succeeded", timeout=60, message="the run to succeed")
         # The cron duty, as the worker role: declared the code's schedules, enqueued the operator's.

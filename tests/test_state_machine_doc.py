@@ -194,7 +194,7 @@ def test_documented_task_transitions_are_exactly_the_ones_the_sql_makes(dsn):
         paged = enqueue(conn, "qw.noop")                                    # running -> succeeded, (none) -> pending
         conn.execute(sql.COMPLETE_CONTINUED, {"ids": [paged], "tokens": [claimed_token(conn, paged)],
                                               "results": [None], "next_payloads": [Jsonb({"page": 2})],
-                                              "next_delays": [0.0]})
+                                              "next_delays": [0.0], "next_headers": [None]})
 
         rescued = enqueue(conn, "qw.noop", max_attempts=2)
         claimed_token(conn, rescued)

@@ -27,7 +27,7 @@ from queueworker.rescuer import Rescuer
 from queueworker.scheduler import Scheduler
 from queueworker.settings import WorkerSettings
 from queueworker.worker import CLAIM_FAILURES_BEFORE_EXIT, Worker
-from tests.support import FreezableProxy, WorkerProcess, scalar, state_counts, wait_until
+from tests.support import FreezableProxy, WorkerProcess, run_worker_until, scalar, state_counts, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -68,18 +68,6 @@ def flaky(original, failing_calls: set[int] | None = None, spy: list | None = No
     return wrapper
 
 
-async def _run_until(worker: Worker, done, timeout: float = 30.0) -> int:
-    """Runs the worker until `done()` (checked in a thread) holds, then stops it; its exit code."""
-    running = asyncio.create_task(worker.run())
-    deadline = time.monotonic() + timeout
-    while not running.done() and not await asyncio.to_thread(done):
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.1)
-    if not running.done():
-        worker.request_stop()
-    return await running
-
-
 def _traceback_text(record: logging.LogRecord) -> str:
     if record.exc_info:
         return logging.Formatter().formatException(record.exc_info)
@@ -114,7 +102,7 @@ def test_an_unexpected_error_in_any_duty_is_logged_counted_and_survived(dsn, mon
         return state_counts(dsn).get("pending", 0) == 0 and state_counts(dsn).get("running", 0) == 0
 
     caplog.set_level(logging.ERROR, logger="queueworker")
-    code = asyncio.run(_run_until(Worker(dsn, FAST, Registry()), progressed))
+    code = asyncio.run(run_worker_until(Worker(dsn, FAST, Registry()), progressed))
     assert code == 0
     assert metrics.UNEXPECTED_ERRORS.labels(duty)._value.get() - before == 2
     tracebacks = [r for r in caplog.records if "Traceback" in _traceback_text(r)
@@ -132,7 +120,7 @@ def test_a_worker_that_cannot_claim_stops_heartbeating_and_exits_non_zero(dsn, m
     monkeypatch.setattr(Heartbeater, "beat", flaky(Heartbeater.beat, set(), spy=beats))
     _enqueue(dsn, 3)
     started = time.monotonic()
-    code = asyncio.run(_run_until(Worker(dsn, FAST, Registry()), lambda: False))
+    code = asyncio.run(run_worker_until(Worker(dsn, FAST, Registry()), lambda: False))
     assert code == 1
     assert len(claims) == CLAIM_FAILURES_BEFORE_EXIT
     assert not [t for t in beats if t > claims[0]], "heartbeats went on while the worker could not claim"

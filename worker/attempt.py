@@ -22,11 +22,12 @@ class Attempt:
     lease_expires: float  # event-loop time the lease runs out unless a heartbeat extends it
     run_json: str | None = None  # RunInfo as JSON, decoded by the attempt like its payload
     checkpoint_json: str | None = None  # what an earlier attempt saved, decoded likewise
+    headers_json: str | None = None  # the producer's headers: its trace context (queueworker.tracing)
     runner: asyncio.Task | None = None
     reporting: bool = False   # handler finished; outcome waits in the completer
     failed: bool = False      # ... and that outcome is a failure (a circuit breaker counts it)
     abandoned: bool = False   # lease lost, fenced or released: any outcome is discarded
-    outcome: str = ""         # the outcome's label once reported: succeeded, retrying, failed, ...
+    outcome: str = ""         # once reported, the outcome's label (logs, the summary line, the span)
     started: float = field(default=0.0)
     # (task id, lease token): a task id alone repeats when a task comes back to this worker
     # (retried, rescued), and a late outcome of the old attempt must not touch the new one.

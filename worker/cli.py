@@ -44,7 +44,7 @@ SCHEMA_MISSING = (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaNam
 ENQUEUE_LABELS = {"task": "TASK", "queue": "--queue", "priority": "--priority",
                   "delay": "--delay", "max_attempts": "--max-attempts", "timeout_seconds": "--timeout",
                   "dedupe_key": "--dedupe-key", "dedupe": "--dedupe-spec", "on_conflict": "--on-conflict",
-                  "depends_on": "--after", "on_dependency_failure": "--on-dependency-failure"}
+                  "depends_on": "--after", "on_dependency_failure": "--on-dependency-failure", "headers": "--header"}
 
 
 class CliError(Exception):
@@ -84,6 +84,14 @@ def _bounded_int(low: int, high: int) -> Any:
         return value
 
     return parse
+
+
+def _header(text: str) -> tuple[str, str]:
+    """KEY=VALUE of --header; the value may contain `=` (TaskSpec checks both)."""
+    name, equals, value = text.partition("=")
+    if not equals:
+        raise argparse.ArgumentTypeError(f"not KEY=VALUE: {text[:40]!r}")
+    return name, value
 
 
 def _default(model: Any, field: str) -> Any:
@@ -127,6 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="run only once task ID has succeeded (repeatable); the task waits as `blocked`")
     enq.add_argument("--on-dependency-failure", choices=("cancel", "run"),
                      help="when a task of --after ends failed or cancelled: cancel this one (default) or run it")
+    enq.add_argument("--header", action="append", type=_header, default=[], metavar="KEY=VALUE",
+                     help="a header stored with the task (repeatable), e.g. traceparent=00-...-01 to continue "
+                          "a trace (docs/observability.md)")
     enq.add_argument("--notify-on-finish", action="store_true",
                      help="notify when the task ends, so queueworker.wait_for hears of it at once")
     enq.add_argument("--on-conflict", choices=("ignore", "replace"),
@@ -466,7 +477,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
              "max_attempts": args.max_attempts, "timeout_seconds": args.timeout, "dedupe_key": args.dedupe_key,
              "dedupe": "spec" if args.dedupe_spec else None, "on_conflict": args.on_conflict,
              "depends_on": args.after or None, "on_dependency_failure": args.on_dependency_failure,
-             "notify_on_finish": args.notify_on_finish or None}
+             "notify_on_finish": args.notify_on_finish or None, "headers": dict(args.header) or None}
     try:
         spec = TaskSpec(**{k: v for k, v in given.items() if v is not None}, **_payload(args))
     except ValidationError as exc:

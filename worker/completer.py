@@ -53,7 +53,7 @@ class Failure:
 
     @property
     def label(self) -> str:
-        attempt = self.attempt
+        attempt = self.attempt  # as COMPLETE_FAILED decides
         return "retrying" if self.retryable and attempt.attempt < attempt.max_attempts else "failed"
 
 
@@ -63,6 +63,7 @@ class Continued:
     result_json: str | None
     next_payload_json: str
     delay_seconds: float
+    next_headers_json: str | None  # the attempt's trace context; None: the page keeps the task's headers
 
     label = "continued"
 
@@ -79,7 +80,7 @@ class HandBack:
 
     @property
     def label(self) -> str:
-        return "snoozed" if self.grace_seconds is None else "deferred"
+        return "snoozed" if self.grace_seconds is None else "handed_back"
 
 
 Outcome = Success | Continued | Failure | HandBack
@@ -110,8 +111,8 @@ class Completer:
         self._add(Failure(attempt, retryable, backoff_seconds, error))
 
     def continue_with(self, attempt: Attempt, result_json: str | None, next_payload_json: str,
-                      delay_seconds: float) -> None:
-        self._add(Continued(attempt, result_json, next_payload_json, delay_seconds))
+                      delay_seconds: float, next_headers_json: str | None = None) -> None:
+        self._add(Continued(attempt, result_json, next_payload_json, delay_seconds, next_headers_json))
 
     def snooze(self, attempt: Attempt, delay_seconds: float, error: dict[str, Any]) -> None:
         self._add(HandBack(attempt, delay_seconds, error, None))
@@ -237,7 +238,8 @@ class Completer:
         rows = await self._conn.fetch(sql.COMPLETE_CONTINUED, {
             "ids": [c.attempt.id for c in batch], "tokens": [c.attempt.token for c in batch],
             "results": [c.result_json for c in batch], "next_payloads": [c.next_payload_json for c in batch],
-            "next_delays": [c.delay_seconds for c in batch]}, row=sql.FencedRow, timeout=timeout)
+            "next_delays": [c.delay_seconds for c in batch],
+            "next_headers": [c.next_headers_json for c in batch]}, row=sql.FencedRow, timeout=timeout)
         if any(c.delay_seconds for c in batch):
             self._on_waiting()
         return self._count_succeeded(batch, rows, "continued")

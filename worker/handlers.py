@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import importlib
 import inspect
 import logging
@@ -21,7 +22,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from . import jsonvalue, metrics
+from . import jsonvalue, metrics, tracing
 from .cron import periodic
 from .producer import MAX_SECONDS, TaskName
 
@@ -418,7 +419,10 @@ async def run_handler(handler: Handler, payload: Any, ctx: TaskContext, timeout:
             if handler.is_async:
                 return await handler.invoke(payload, ctx)
             ctx.cancelled  # made here, in the event loop's thread, before the handler's thread looks
-            future = threads.submit(handler.invoke, payload, ctx)
+            if tracing.TRACER is None:
+                future = threads.submit(handler.invoke, payload, ctx)
+            else:  # the handler's thread runs in this context: the attempt's span is current there too
+                future = threads.submit(contextvars.copy_context().run, handler.invoke, payload, ctx)
             return await asyncio.wrap_future(future)
     except BaseException as exc:
         deadline = isinstance(exc, TimeoutError) and scope.expired()

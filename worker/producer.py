@@ -16,6 +16,11 @@ Unique tasks: a spec with a `dedupe_key` (or `dedupe="spec"`, whose key is the t
 is not enqueued while an unfinished task (pending, retrying, running) of its queue holds that key;
 its id is that task's id. With `on_conflict="replace"`, a duplicate that is still pending takes the
 new payload, priority and schedule instead (audited as a `replaced` event).
+
+Headers: a task carries `headers` (a small JSON object of strings) from its producer to its
+attempts. When the `otel` extra is installed and a span is current, every enqueue here adds that
+span's W3C trace context (`traceparent`, `tracestate`); headers given explicitly win over it. See
+docs/observability.md.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from typing import Annotated, Any, Literal, NamedTuple
 import psycopg
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
-from . import jsonvalue, sql
+from . import jsonvalue, sql, tracing
 from .db import typed_rows
 
 QUEUE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
@@ -47,6 +52,12 @@ def _printable(name: str) -> str:
     return name
 
 
+def _printable_or_empty(value: str) -> str:
+    if not value.isprintable():
+        raise ValueError("must be printable text, without control characters")
+    return value
+
+
 QueueName = Annotated[str, StringConstraints(pattern=QUEUE_PATTERN)]
 """Letters, digits and `_.:-`, starting with a letter or digit, at most 128 characters."""
 
@@ -58,6 +69,24 @@ DedupeKey = Annotated[str, StringConstraints(min_length=1, max_length=512), Afte
 
 TaskId = Annotated[int, Field(ge=1, le=2**63 - 1)]
 MAX_PREREQUISITES = 1000
+
+HeaderName = Annotated[str, StringConstraints(min_length=1, max_length=128), AfterValidator(_printable)]
+"""Printable text up to 128 characters (W3C trace context needs `traceparent` and `tracestate`)."""
+HeaderValue = Annotated[str, StringConstraints(max_length=1024), AfterValidator(_printable_or_empty)]
+"""Printable text up to 1,024 characters (a `tracestate` may hold 512)."""
+MAX_HEADERS = 32
+# What all of a task's headers may take, encoded: headers travel with every claim of the task.
+MAX_HEADERS_BYTES = 8192
+
+
+def _bounded_headers(headers: dict[str, str] | None) -> dict[str, str] | None:
+    if headers is not None and len(jsonvalue.encode(headers)) > MAX_HEADERS_BYTES:
+        raise ValueError(f"headers take more than {MAX_HEADERS_BYTES} bytes as JSON")
+    return headers
+
+
+Headers = Annotated[dict[HeaderName, HeaderValue] | None, Field(max_length=MAX_HEADERS),
+                    AfterValidator(_bounded_headers)]
 
 
 class TaskSpec(BaseModel):
@@ -82,6 +111,7 @@ class TaskSpec(BaseModel):
     depends_on: Annotated[list[TaskId], Field(max_length=MAX_PREREQUISITES)] = Field(default_factory=list)
     on_dependency_failure: Literal["cancel", "run"] = "cancel"
     notify_on_finish: bool = False  # send a notification when it ends, for queueworker.wait_for
+    headers: Headers = None  # string -> string, stored with the task (trace context: queueworker.tracing)
     # A field rather than a private attribute: pydantic sets those up per instance, which costs
     # more than the encoding saved (this runs once per enqueued task).
     payload_json: str = Field(default="{}", exclude=True, repr=False)
@@ -116,7 +146,8 @@ class TaskSpec(BaseModel):
 
     @property
     def plain(self) -> bool:
-        """Neither unique nor dependent: enqueued by the plain INSERT (sql.ENQUEUE)."""
+        """Neither unique nor dependent: enqueued by the plain INSERT (sql.ENQUEUE, or
+        sql.ENQUEUE_WITH_HEADERS)."""
         return not self.unique and not self.depends_on
 
     @property
@@ -131,8 +162,16 @@ class TaskSpec(BaseModel):
         return self.run_after
 
 
+def _headers_json(spec: TaskSpec, trace_context: dict[str, str] | None) -> str | None:
+    """The headers stored with the task: the current trace context, then the spec's own over it."""
+    if trace_context is None:
+        return None if spec.headers is None else jsonvalue.encode(spec.headers)
+    return jsonvalue.encode(trace_context if spec.headers is None else {**trace_context, **spec.headers})
+
+
 def _params(specs: Sequence[TaskSpec]) -> dict[str, list]:
     now = datetime.now(timezone.utc)
+    trace_context = tracing.current_headers()
     return {
         "queues": [s.queue for s in specs],
         "tasks": [s.task for s in specs],
@@ -141,6 +180,7 @@ def _params(specs: Sequence[TaskSpec]) -> dict[str, list]:
         "run_afters": [s.due_at(now) for s in specs],
         "max_attempts": [s.max_attempts for s in specs],
         "timeouts": [s.timeout_seconds for s in specs],
+        "headers": [_headers_json(s, trace_context) for s in specs],  # text, cast to jsonb[] like payloads
     }
 
 
@@ -185,12 +225,19 @@ Plan = Generator[tuple[str, dict[str, Any], type], list, Enqueued]
 UNIQUE_ROUNDS = 3
 
 
+def _with_headers(params: dict[str, list], without: str, with_headers: str) -> str:
+    """The statement for a batch: the one that stores headers only when a spec has some, so a schema
+    from before headers (migration 012) still takes batches without them."""
+    return without if all(headers is None for headers in params["headers"]) else with_headers
+
+
 def _plan(batch: Sequence[TaskSpec], run: tuple[int, int] | None = None) -> Plan:
     """With `run` = (run id, number of the batch's first partition) every spec is a partition."""
     ids: list[int | None] = [None] * len(batch)
     plain = [i for i, spec in enumerate(batch) if spec.plain and run is None]
     if plain:
-        rows = yield sql.ENQUEUE, _params([batch[i] for i in plain]), sql.EnqueuedRow
+        params = _params([batch[i] for i in plain])
+        rows = yield _with_headers(params, sql.ENQUEUE, sql.ENQUEUE_WITH_HEADERS), params, sql.EnqueuedRow
         for i, row in zip(plain, rows):
             ids[i] = row.id
     pending = [i for i, spec in enumerate(batch) if not spec.plain or run is not None]
@@ -198,9 +245,10 @@ def _plan(batch: Sequence[TaskSpec], run: tuple[int, int] | None = None) -> Plan
     for _ in range(UNIQUE_ROUNDS):
         if not pending:
             break
-        rows = yield sql.ENQUEUE_TASKS, _special_params(
-            [batch[i] for i in pending], run[0] if run else None,
-            [run[1] + i for i in pending] if run else None), sql.TaskEnqueuedRow
+        params = _special_params([batch[i] for i in pending], run[0] if run else None,
+                                 [run[1] + i for i in pending] if run else None)
+        rows = yield _with_headers(params, sql.ENQUEUE_TASKS, sql.ENQUEUE_TASKS_WITH_HEADERS), params, \
+            sql.TaskEnqueuedRow
         missing = []
         for i, row in zip(pending, rows):
             if row.id is None:
@@ -293,7 +341,7 @@ def _run_task_spec(spec: TaskSpec | dict | None) -> str | None:
     if spec is None:
         return None
     spec = spec if isinstance(spec, TaskSpec) else TaskSpec(**spec)
-    if not spec.plain or spec.run_after or spec.delay or spec.notify_on_finish:
+    if not spec.plain or spec.run_after or spec.delay or spec.notify_on_finish or spec.headers:
         raise ValueError("a run's on_success/on_failure task takes task, payload, queue, priority, max_attempts "
                          "and timeout_seconds only")
     return json.dumps({"task": spec.task, "queue": spec.queue, "payload": json.loads(spec.payload_json),

@@ -80,15 +80,21 @@ SCHEMA_EXISTS = "SELECT to_regclass('queueworker.schema_migrations') IS NOT NULL
 # (delivered at commit, so it rides the caller's transaction); a batch that is only due later
 # carries its due time so listeners can schedule a precise wake-up instead of polling. The NOTIFY
 # is spelled out rather than calling queueworker.wake_queue (migration 004), so that plain enqueues
-# keep working against a schema not yet migrated that far.
-ENQUEUE = """
+# keep working against a schema not yet migrated that far; for the same reason a batch without
+# headers (migration 012) is inserted by ENQUEUE, one with them by ENQUEUE_WITH_HEADERS.
+def _enqueue(headers: bool) -> str:
+    column, values, array, name = (", headers", ", s.headers", ", %(headers)s::jsonb[]", " headers,") if headers \
+        else ("", "", "", "")
+    return """
 WITH inserted AS (
-    INSERT INTO queueworker.tasks (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds)
+    INSERT INTO queueworker.tasks (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds""" \
+        + column + """)
     SELECT s.queue, s.task, s.payload, s.priority, coalesce(s.run_after, now()), coalesce(s.run_after > now(), false),
-           s.max_attempts, s.timeout_seconds
+           s.max_attempts, s.timeout_seconds""" + values + """
     FROM unnest(%(queues)s::text[], %(tasks)s::text[], %(payloads)s::jsonb[], %(priorities)s::int[],
-                %(run_afters)s::timestamptz[], %(max_attempts)s::int[], %(timeouts)s::int[])
-         WITH ORDINALITY AS s(queue, task, payload, priority, run_after, max_attempts, timeout_seconds, ord)
+                %(run_afters)s::timestamptz[], %(max_attempts)s::int[], %(timeouts)s::int[]""" + array + """)
+         WITH ORDINALITY AS s(queue, task, payload, priority, run_after, max_attempts, timeout_seconds,""" + name \
+        + """ ord)
     ORDER BY s.ord
     RETURNING id, queue, run_after
 ), notified AS (
@@ -99,6 +105,10 @@ WITH inserted AS (
 )
 SELECT id, (SELECT count(*) FROM notified) AS notified FROM inserted ORDER BY id
 """
+
+
+ENQUEUE = _enqueue(headers=False)
+ENQUEUE_WITH_HEADERS = _enqueue(headers=True)
 
 
 class EnqueuedRow(NamedTuple):
@@ -124,6 +134,9 @@ FROM queueworker.enqueue_tasks(%(queues)s::text[], %(tasks)s::text[], %(payloads
                                %(prerequisite_ords)s::bigint[], %(prerequisite_ids)s::bigint[],
                                %(run_ids)s::bigint[], %(run_partitions)s::int[])
 """
+# The same with each spec's headers, for batches that have some (as ENQUEUE_WITH_HEADERS).
+ENQUEUE_TASKS_WITH_HEADERS = ENQUEUE_TASKS.replace("%(run_partitions)s::int[])",
+                                                   "%(run_partitions)s::int[], %(headers)s::jsonb[])")
 
 
 class TaskEnqueuedRow(NamedTuple):
@@ -207,14 +220,14 @@ def _claim(head: str, guard: str, chosen: str, tail: str) -> str:
                                             'watermark', r.watermark, 'watermark_before', r.watermark_before,
                                             'forced', r.forced)::text
                   FROM queueworker.runs r WHERE r.id = t.run_id) END AS run_json,
-              t.checkpoint::text AS checkpoint_json
+              t.checkpoint::text AS checkpoint_json, t.headers::text AS headers_json
 ), audited AS (
     INSERT INTO queueworker.task_events (task_id, from_state, to_state, worker, lease_token, detail)
     SELECT id, 'pending', 'running', %(worker)s, lease_token, jsonb_build_object('attempts', attempts)
     FROM claimed
 )""" + tail + """
 SELECT id, queue, task, payload_json, attempts, max_attempts, lease_token, seconds_to_deadline, run_json,
-       checkpoint_json
+       checkpoint_json, headers_json
 FROM claimed
 """
 
@@ -285,6 +298,7 @@ class ClaimedRow(NamedTuple):
     seconds_to_deadline: float
     run_json: str | None  # the run a partition, consolidation or alert belongs to (RunInfo); else None
     checkpoint_json: str | None  # what an earlier attempt saved with ctx.save_checkpoint
+    headers_json: str | None  # the producer's headers (trace context), read by queueworker.tracing
 
 # Extends the leases this worker still holds and refreshes its `workers` row, in one statement.
 # Leases past their hard deadline are not extended, but still reported as held: the attempt's own
@@ -351,18 +365,18 @@ WITH done AS (
     RETURNING t.id, t.queue, t.task, t.delayed, t.priority, t.run_after, t.attempts, t.max_attempts,
               t.rescues, t.timeout_seconds, t.payload, c.result, t.error, t.lease_owner, t.lease_token,
               t.created_at, t.started_at, t.spec_hash, t.dedupe_key, t.run_id, t.run_partition, t.progress,
-              t.continued_from, t.notify_on_finish""" + carried + """
+              t.continued_from, t.notify_on_finish, t.headers""" + carried + """
 ), moved AS (
     INSERT INTO queueworker.tasks_finished
         (id, queue, task, state, delayed, priority, run_after, attempts, max_attempts, rescues, timeout_seconds,
          payload, result, error, lease_owner, lease_token, leased_until, deadline_at, created_at, updated_at,
          started_at, finished_at, spec_hash, dedupe_key, run_id, run_partition, progress, continued_from,
-         notify_on_finish)
+         notify_on_finish, headers)
     OVERRIDING SYSTEM VALUE
     SELECT id, queue, task, 'succeeded', delayed, priority, run_after, attempts, max_attempts, rescues,
            timeout_seconds, payload, result, NULL, lease_owner, lease_token, NULL, NULL, created_at, now(),
            started_at, now(), spec_hash, dedupe_key, run_id, run_partition, progress, continued_from,
-           notify_on_finish
+           notify_on_finish, headers
     FROM done
     RETURNING id, lease_token
 ), audited AS (
@@ -386,15 +400,18 @@ SELECT id, lease_token FROM moved LEFT JOIN counted ON true, settled, (SELECT co
 
 # A handler returned Continue(payload, delay): the task succeeds and its next page is enqueued in
 # the same statement (same task, queue, priority, attempts allowed, timeout and run partition;
-# `continued_from` links them), so there is never one without the other. A page of a run's partition
+# `continued_from` links them; its headers are the attempt's trace context when tracing, else the
+# task's own), so there is never one without the other. A page of a run's partition
 # is not the partition's outcome: the last page's is, so this statement counts nothing.
 COMPLETE_CONTINUED = _complete_succeeded(""",
-                %(next_payloads)s::jsonb[], %(next_delays)s::float8[])
-         AS c(id, token, result, next_payload, next_delay)""", ", c.next_payload, c.next_delay", """, followed AS (
+                %(next_payloads)s::jsonb[], %(next_delays)s::float8[], %(next_headers)s::jsonb[])
+         AS c(id, token, result, next_payload, next_delay, next_headers)""",
+    ", c.next_payload, c.next_delay, c.next_headers", """, followed AS (
     INSERT INTO queueworker.tasks (queue, task, payload, priority, run_after, delayed, max_attempts,
-                                   timeout_seconds, run_id, run_partition, continued_from)
+                                   timeout_seconds, run_id, run_partition, continued_from, headers)
     SELECT d.queue, d.task, d.next_payload, d.priority, now() + make_interval(secs => d.next_delay),
-           d.next_delay > 0, d.max_attempts, d.timeout_seconds, d.run_id, d.run_partition, d.id
+           d.next_delay > 0, d.max_attempts, d.timeout_seconds, d.run_id, d.run_partition, d.id,
+           coalesce(d.next_headers, d.headers)
     FROM done d JOIN moved m ON m.id = d.id
     RETURNING id, queue, run_after
 ), woken AS (

@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from . import dsn as dsn_text
-from . import jsonvalue, metrics, sql
+from . import jsonvalue, metrics, sql, tracing
 from .attempt import Attempt
 from .backoff import retry_delay
 from .builtin_tasks import register_builtin_tasks
@@ -393,10 +393,11 @@ class Worker:
             attempt = Attempt(row.id, row.lease_token, row.queue, row.task, row.payload_json, row.attempts,
                               row.max_attempts, now + row.seconds_to_deadline, ctx,
                               lease_expires=sent_at + self.settings.lease_seconds, run_json=row.run_json,
-                              checkpoint_json=row.checkpoint_json, started=now)
+                              checkpoint_json=row.checkpoint_json, headers_json=row.headers_json, started=now)
             ctx.attach(self._checkpoint_saver, loop, attempt.key)
             self._inflight[attempt.key] = attempt
-            attempt.runner = asyncio.create_task(self._process(attempt))
+            attempt.runner = asyncio.create_task(self._traced_attempt(attempt) if tracing.sdk_configured()
+                                                 else self._attempt(attempt))
         if rows:
             metrics.TASKS_CLAIMED.labels(queue).inc(len(rows))
             metrics.IN_FLIGHT.set(len(self._inflight))
@@ -407,8 +408,14 @@ class Worker:
 
     # -- processing -----------------------------------------------------------------------
 
-    async def _process(self, attempt: Attempt) -> None:
-        """Processing, then ReportingSuccess or ReportingFailure (through the completer)."""
+    async def _traced_attempt(self, attempt: Attempt) -> None:
+        """The attempt in a span of its own, when tracing is set up (queueworker.tracing)."""
+        with tracing.attempt_span(attempt) as span:
+            tracing.record_outcome(span, *await self._attempt(attempt))
+
+    async def _attempt(self, attempt: Attempt) -> tuple[str, str | None]:
+        """Processing, then ReportingSuccess or ReportingFailure (through the completer). Returns the
+        outcome (tracing.record_outcome) and the error's type, if any."""
         loop = asyncio.get_running_loop()
         try:
             try:
@@ -443,20 +450,24 @@ class Worker:
                     raise PermanentError(f"the continuation's payload is not storable: {exc}") from None
         except asyncio.CancelledError:
             if not attempt.abandoned:  # nobody here cancelled it: the handler cancelled its own task
-                self._report_failure(attempt, CancelledByHandler("the handler cancelled its own task"))
+                return self._report_failure(attempt, CancelledByHandler("the handler cancelled its own task"))
         except BaseException as exc:  # noqa: BLE001 - every handler failure is reported, never lost
             if not attempt.abandoned:
-                self._report_failure(attempt, exc)
+                return self._report_failure(attempt, exc)
         else:
             if not attempt.abandoned:
                 if continuation is None:
                     self.completer.succeed(attempt, encoded)
                 else:
-                    self.completer.continue_with(attempt, encoded, next_payload, continuation.delay or 0.0)
+                    next_headers = tracing.current_headers()  # the next page's parent: this attempt
+                    self.completer.continue_with(attempt, encoded, next_payload, continuation.delay or 0.0,
+                                                 None if next_headers is None else jsonvalue.encode(next_headers))
                 self._slot_freed.set()
+                return attempt.outcome, None
         finally:
             metrics.task_duration(attempt.queue, attempt.task if attempt.task in self.registry
                                   else "unknown").observe(loop.time() - attempt.started)
+        return (attempt.ctx.cancel_reason or CANCELLED).replace(" ", "_"), None  # abandoned: its stop reason
 
     async def _save_checkpoint(self, key: tuple[int, int], checkpoint_json: str, progress_json: str | None) -> bool:
         """ctx.save_checkpoint's write: fenced by the attempt's lease. An attempt this worker has
@@ -472,12 +483,14 @@ class Worker:
         metrics.CHECKPOINT_WRITES.labels(attempt.queue, "saved" if saved else "refused").inc()
         return saved
 
-    def _report_failure(self, attempt: Attempt, exc: BaseException) -> None:
+    def _report_failure(self, attempt: Attempt, exc: BaseException) -> tuple[str, str | None]:
+        """Hands the failure to the completer; returns the outcome (as the completer labels it) and
+        the error's type."""
         if isinstance(exc, Snooze):
             self.completer.snooze(attempt, exc.seconds, {"type": "Snoozed", "message": str(exc), "retryable": True,
                                                           "attempt": attempt.attempt})
             self._slot_freed.set()
-            return
+            return attempt.outcome, None
         retryable = not isinstance(exc, PermanentError)
         error_type = "DeadlineExceeded" if isinstance(exc, DeadlineExceeded) else type(exc).__name__
         error: dict[str, Any] = {"type": error_type, "message": self._storable_text(_describe(exc), MESSAGE_LIMIT),
@@ -491,6 +504,7 @@ class Worker:
                        retry_delay(attempt.attempt, self.settings.retry_base_seconds, self.settings.retry_max_seconds))
             self.completer.fail(attempt, retryable, backoff, error)
         self._slot_freed.set()
+        return attempt.outcome, error_type
 
     def _storable_text(self, text: str, limit: int, keep_end: bool = False) -> str:
         return jsonvalue.safe_text(dsn_text.scrub(text, self._secrets), limit=limit, keep_end=keep_end)
