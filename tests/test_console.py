@@ -4,7 +4,12 @@ paging, lookups, authentication, the CSRF checks, the actions, secrets and hosti
 from __future__ import annotations
 
 import base64
+import os
 import re
+import subprocess
+import sys
+import urllib.error
+import urllib.request
 from urllib.parse import parse_qs, urlsplit
 
 import psycopg
@@ -15,8 +20,9 @@ from queueworker import cli, enqueue_many
 from queueworker.console import ConsoleConfig, CredentialsError, create_app, load_token
 from queueworker.console import data
 from queueworker.dsn import parse
+from queueworker.localpg import free_port
 from tests import console_data
-from tests.support import query, scalar
+from tests.support import query, scalar, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -255,3 +261,42 @@ def test_scaling_page_says_when_the_cluster_cannot_be_read(dsn, tmp_path):
     with client(dsn, kubeconfig=str(bad)) as c:
         page = c.get("/scaling").text
     assert "no cluster access" in page and str(bad) in page
+
+
+def test_the_cli_serves_the_console_and_logs_no_secret(dsn, demo, tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    port = free_port()
+    env = {**os.environ, "DATABASE_URL": dsn}
+    env.pop("QUEUEWORKER_CONSOLE_TOKEN", None)
+    log = tmp_path / "console.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen([sys.executable, "-m", "queueworker.cli", "console", "--port", str(port),
+                                    "--allow-actions", "--token-file", str(token_file)],
+                                   env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            def get(path: str, **headers: str) -> tuple[int, str]:
+                request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers)
+                try:
+                    with urllib.request.urlopen(request, timeout=10) as response:
+                        return response.status, response.read().decode()
+                except urllib.error.HTTPError as exc:
+                    return exc.code, exc.read().decode()
+
+            wait_until(lambda: _answers(get), timeout=60, message="the console answers")
+            assert get("/queues")[0] == 401
+            status, page = get(f"/tasks/{demo.failed[0]}", Authorization=f"Bearer {TOKEN}")
+            assert status == 200 and "550 mailbox unavailable" in page and 'name="csrf_token"' in page
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+    logged = log.read_text()
+    assert "GET /tasks/" in logged, "the access log is written"
+    assert parse(dsn)["password"] not in logged and TOKEN not in logged
+
+
+def _answers(get) -> bool:
+    try:
+        return get("/healthz")[0] == 200
+    except OSError:
+        return False
