@@ -660,3 +660,53 @@ def test_install_upgrade_uninstall_keeps_the_crd(helm, control_plane, cluster_na
         assert not [r for r in roles if r.metadata.name.startswith(release)]
         crd = extensions.read_custom_resource_definition(crd_name)
         assert crd.metadata.annotations["helm.sh/resource-policy"] == "keep"
+
+
+CONSOLE = {"console": {"enabled": True, "allowActions": True, "port": 8443,
+                       "database": {"secretName": "console-db", "key": "operator-url"},
+                       "auth": {"secretRef": {"name": "console-auth", "key": "token"}}}}
+
+
+def test_console_is_off_by_default_and_lints_when_on(helm, tmp_path):
+    assert not [o for o in render(helm, tmp_path).objects if o["metadata"]["name"].endswith("-console")]
+    result = run_helm(helm, "lint", "--strict", values=CONSOLE, tmp_path=tmp_path)
+    assert result.returncode == 0 and "0 chart(s) failed" in result.stdout, result.stdout + result.stderr
+
+
+def test_console_deployment_serves_with_the_mounted_token_and_reads_queueworkers(helm, tmp_path):
+    rendered = render(helm, tmp_path, CONSOLE)
+    deployment = rendered.one("Deployment", "-console")
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == "queueworker:0.1.0"
+    assert container["args"] == ["console", "--host=0.0.0.0", "--port=8443", "--allow-actions"]
+    assert container["env"] == [
+        {"name": "DATABASE_URL", "valueFrom": {"secretKeyRef": {"name": "console-db", "key": "operator-url"}}},
+        {"name": "QUEUEWORKER_CONSOLE_TOKEN_FILE", "value": "/var/run/queueworker-console/token"}]
+    (token,) = [v for v in pod["volumes"] if v["name"] == "token"]
+    assert token["secret"] == {"secretName": "console-auth", "items": [{"key": "token", "path": "token"}]}
+    assert {"name": "token", "mountPath": "/var/run/queueworker-console", "readOnly": True} in container["volumeMounts"]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True and pod["securityContext"]["runAsNonRoot"]
+    service = rendered.one("Service", "-console")
+    assert service["spec"]["type"] == "ClusterIP"
+    assert service["spec"]["ports"] == [{"name": "http", "port": 8443, "targetPort": "http", "protocol": "TCP"}]
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    assert rendered.one("ClusterRole", "-console")["rules"] == [
+        {"apiGroups": ["queueworker.dev"], "resources": ["queueworkers"], "verbs": ["get", "list"]}]
+    assert rendered.one("ClusterRoleBinding", "-console")["subjects"][0]["name"] == pod["serviceAccountName"]
+    read_only = render(helm, tmp_path, {"console": {"enabled": True, "database": {"secretName": "db", "key": "url"}}})
+    (container,) = read_only.one("Deployment", "-console")["spec"]["template"]["spec"]["containers"]
+    assert "--allow-actions" not in container["args"] and len(container["env"]) == 1
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"console": {"enabled": True, "allowActions": True, "database": {"secretName": "db", "key": "url"}}},
+     "at '/console/auth/secretRef/name': minLength: got 0, want 1"),
+    ({"console": {"enabled": True}}, "console.database.secretName is required when console.enabled is true"),
+    ({"console": {"port": 0}}, "at '/console/port': minimum: got 0, want 1"),
+    ({"console": {"auth": {"token": "inline"}}}, "at '/console/auth': additional properties 'token' not allowed"),
+], ids=["actions-without-auth", "no-database", "bad-port", "inline-token"])
+def test_console_values_are_refused_when_unsafe_or_incomplete(helm, tmp_path, values, message):
+    result = run_helm(helm, "template", "rel", values=values, tmp_path=tmp_path)
+    assert result.returncode != 0 and message in result.stderr, result.stderr

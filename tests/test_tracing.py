@@ -159,7 +159,7 @@ def test_every_enqueue_path_stores_the_trace_context_and_explicit_headers_win(ds
 
 @pytest.mark.integration
 def test_the_cli_takes_headers(dsn, capsys):
-    assert cli_main(["enqueue", "t.sync", "--dsn", dsn, "--header", "traceparent=00-abc", "--header",
+    assert cli_main(["enqueue", "-q", "t.sync", "--dsn", dsn, "--header", "traceparent=00-abc", "--header",
                      "tenant=a=b"]) == 0
     task_id = int(capsys.readouterr().out)
     assert scalar(dsn, "SELECT headers FROM queueworker.tasks WHERE id = %s", (task_id,)) == \

@@ -268,6 +268,16 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--timeout", type=float, default=None, help="give up (exit 1) after this many seconds")
     demo.add_argument("--dsn", default=None, help="use this Postgres instead of a throwaway one")
     demo.add_argument("--no-tty", action="store_true", help="one line per tick instead of a live view")
+
+    console = _command(sub, "console", parents=[common], help="serve the web console (docs/console.md)")
+    console.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    console.add_argument("--port", type=_bounded_int(1, 65535), default=8080, help="port")
+    console.add_argument("--allow-actions", action="store_true",
+                         help="offer retry, cancel, pause and resume (needs a token: $QUEUEWORKER_CONSOLE_TOKEN, "
+                              "$QUEUEWORKER_CONSOLE_TOKEN_FILE or --token-file)")
+    console.add_argument("--token-file", default=None, help="file holding the token (a mounted Secret)")
+    console.add_argument("--kubeconfig", default=None,
+                         help="read QueueWorkers with this kubeconfig (default: the in-cluster configuration)")
     add_dev_db_parser(sub)
     return parser
 
@@ -845,10 +855,30 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_console(args: argparse.Namespace) -> int:
+    """Serves the console until interrupted; refuses --allow-actions without a token."""
+    try:
+        import uvicorn
+
+        from .console import ConsoleConfig, CredentialsError, create_app, load_token
+    except ImportError as exc:
+        raise CliError(f"the console needs its extra: pip install 'queueworker[console]' ({exc})") from None
+    try:
+        config = ConsoleConfig(args.dsn, token=load_token(args.token_file), allow_actions=args.allow_actions,
+                               kubeconfig=args.kubeconfig)
+    except CredentialsError as exc:
+        raise CliError(str(exc)) from None
+    configure_logging("INFO", json_format=False, secrets=[*_secrets(args.dsn), config.token])
+    uvicorn.run(create_app(config), host=args.host, port=args.port, log_config=None, proxy_headers=False,
+                server_header=False)
+    return 0
+
+
 COMMANDS = {"migrate": cmd_migrate, "enqueue": cmd_enqueue, "worker": cmd_worker, "status": cmd_status,
             "retry": cmd_retry, "cancel": cmd_cancel, "show": cmd_show, "demo": cmd_demo, "runs": cmd_runs,
             "run": cmd_run, "cron": cmd_cron, "list": cmd_list, "pause": cmd_flow, "resume": cmd_flow,
-            "limit": cmd_flow, "breaker": cmd_flow, "dev-db": run_dev_db}
+            "limit": cmd_flow, "breaker": cmd_flow, "dev-db": run_dev_db,
+            "console": cmd_console}
 
 
 def main(argv: list[str] | None = None) -> int:

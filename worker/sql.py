@@ -1257,3 +1257,142 @@ CLEAN_FINISHED = """
 SELECT id FROM queueworker.clean_finished(%(lock_key)s::bigint, %(retention_seconds)s::float8, %(limit)s::integer)
     AS deleted(id)
 """
+
+# -- console ---------------------------------------------------------------------------------
+# `queueworker console` (worker/console): read-only pages over a history of any size. Each reads
+# through an index with a bounded number of rows: live work (`tasks_active`) is scanned freely,
+# finished history only through its primary key or `tasks_finished_at`, newest first, up to a budget.
+
+# Every queue worth a row: those with live work, settings or workers, and those that finished
+# tasks lately (the newest CONSOLE_FINISH_SAMPLE finished within the hour, through tasks_finished_at).
+CONSOLE_FINISH_SAMPLE = 20000
+CONSOLE_QUEUE_NAMES = """
+SELECT name FROM (
+    SELECT queue AS name FROM queueworker.tasks_active
+    UNION SELECT name FROM queueworker.queues
+    UNION SELECT unnest(queues) FROM queueworker.workers
+    UNION SELECT queue FROM (SELECT queue FROM queueworker.tasks
+                             WHERE state IN ('succeeded', 'failed', 'cancelled')
+                               AND finished_at > now() - interval '1 hour'
+                             ORDER BY finished_at DESC LIMIT """ + str(CONSOLE_FINISH_SAMPLE) + """) AS r
+) AS n
+ORDER BY name LIMIT %(limit)s
+"""
+
+
+class ConsoleQueueNameRow(NamedTuple):
+    name: str
+
+
+# Finished tasks per queue and outcome over the last %(window)s seconds: the newest
+# CONSOLE_FINISH_SAMPLE of them, and the seconds that sample covers (the whole window unless it filled).
+CONSOLE_FINISH_RATES = """
+WITH recent AS MATERIALIZED (
+    SELECT queue, state, finished_at FROM queueworker.tasks
+    WHERE state IN ('succeeded', 'failed', 'cancelled') AND finished_at > now() - make_interval(secs => %(window)s)
+    ORDER BY finished_at DESC LIMIT """ + str(CONSOLE_FINISH_SAMPLE) + """
+), covered AS (
+    SELECT CASE WHEN count(*) < """ + str(CONSOLE_FINISH_SAMPLE) + """ THEN %(window)s::float8
+                ELSE greatest(extract(epoch FROM now() - min(finished_at))::float8, 0.001) END AS seconds
+    FROM recent
+)
+SELECT queue, count(*) FILTER (WHERE state = 'succeeded') AS succeeded,
+       count(*) FILTER (WHERE state = 'failed') AS failed, count(*) FILTER (WHERE state = 'cancelled') AS cancelled,
+       (SELECT seconds FROM covered) AS seconds
+FROM recent GROUP BY queue
+"""
+
+
+class ConsoleFinishRateRow(NamedTuple):
+    queue: str
+    succeeded: int
+    failed: int
+    cancelled: int
+    seconds: float
+
+
+# A page of tasks, newest first, below id %(before)s: the newest %(scan)s tasks of the partitions
+# holding %(states)s are read through the primary key, and those matching the filters are returned
+# (at most %(limit)s). Every row also says how many tasks were read and the lowest id among them, so
+# a page with few matches continues below what was read; one row of NULL task columns when none match.
+CONSOLE_TASKS = """
+WITH scanned AS MATERIALIZED (
+    SELECT id, queue, task, state, attempts, max_attempts, progress, dedupe_key, lease_owner, created_at, updated_at
+    FROM queueworker.tasks
+    WHERE id < %(before)s AND state = ANY(%(partition_states)s::queueworker.task_state[])
+    ORDER BY id DESC LIMIT %(scan)s
+), matched AS (
+    SELECT * FROM scanned
+    WHERE (%(queue)s::text IS NULL OR queue = %(queue)s)
+      AND (%(state)s::text IS NULL OR state = %(state)s::queueworker.task_state)
+      AND (%(task)s::text IS NULL OR task = %(task)s)
+      AND (%(dedupe_key)s::text IS NULL OR dedupe_key = %(dedupe_key)s)
+    ORDER BY id DESC LIMIT %(limit)s
+)
+SELECT m.id, m.queue, m.task, m.state::text AS state, m.attempts, m.max_attempts, m.progress::text AS progress_json,
+       m.dedupe_key, m.lease_owner::text AS lease_owner, m.created_at, m.updated_at, s.scanned, s.lowest_scanned
+FROM (SELECT count(*) AS scanned, min(id) AS lowest_scanned FROM scanned) AS s
+LEFT JOIN matched m ON true
+ORDER BY m.id DESC
+"""
+
+
+class ConsoleTaskRow(NamedTuple):
+    id: int | None  # None: the row that only says what was scanned
+    queue: str | None
+    task: str | None
+    state: str | None
+    attempts: int | None
+    max_attempts: int | None
+    progress_json: str | None
+    dedupe_key: str | None
+    lease_owner: str | None
+    created_at: Any
+    updated_at: Any
+    scanned: int
+    lowest_scanned: int | None
+
+
+# The unfinished tasks holding a dedupe key, on any queue: one probe of tasks_dedupe per queue.
+CONSOLE_KEY_HOLDERS = """
+SELECT id, queue, state::text AS state FROM queueworker.tasks_active
+WHERE dedupe_key = %(dedupe_key)s ORDER BY id LIMIT 100
+"""
+
+
+class ConsoleKeyHolderRow(NamedTuple):
+    id: int
+    queue: str
+    state: str
+
+
+# Leases held right now, per worker, through tasks_running (bounded by the fleet's concurrency).
+CONSOLE_WORKER_LEASES = """
+SELECT lease_owner::text AS worker, count(*) AS leases, (array_agg(id ORDER BY id))[1:%(shown)s] AS task_ids
+FROM queueworker.tasks WHERE state = 'running' GROUP BY lease_owner
+"""
+
+
+class ConsoleWorkerLeasesRow(NamedTuple):
+    worker: str
+    leases: int
+    task_ids: list[int]
+
+
+# Bounded versions of the statements `queueworker show` and `queueworker run show` print in full.
+CONSOLE_TASK_EVENTS = TASK_EVENTS.rstrip() + " LIMIT %(limit)s\n"
+CONSOLE_RUN_TASKS = RUN_TASKS.rstrip() + " LIMIT %(limit)s\n"
+
+
+class ConsoleWorkerRow(NamedTuple):  # a row of LIVE_WORKERS
+    id: str
+    hostname: str
+    pod_name: str | None
+    pod_namespace: str | None
+    pid: int
+    queues: list[str]
+    concurrency: int
+    running: int
+    draining: bool
+    heartbeat_age: float
+    started_at: Any
