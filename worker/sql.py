@@ -1382,17 +1382,3 @@ class ConsoleWorkerLeasesRow(NamedTuple):
 # Bounded versions of the statements `queueworker show` and `queueworker run show` print in full.
 CONSOLE_TASK_EVENTS = TASK_EVENTS.rstrip() + " LIMIT %(limit)s\n"
 CONSOLE_RUN_TASKS = RUN_TASKS.rstrip() + " LIMIT %(limit)s\n"
-
-
-class ConsoleWorkerRow(NamedTuple):  # a row of LIVE_WORKERS
-    id: str
-    hostname: str
-    pod_name: str | None
-    pod_namespace: str | None
-    pid: int
-    queues: list[str]
-    concurrency: int
-    running: int
-    draining: bool
-    heartbeat_age: float
-    started_at: Any

@@ -159,8 +159,8 @@ class ConsoleDatabase:
             return None, []
         return found[0], self._rows(sql.CONSOLE_TASK_EVENTS, {"id": task_id, "limit": EVENTS_SHOWN}, sql.TaskEventRow)
 
-    def workers(self) -> tuple[list[sql.ConsoleWorkerRow], dict[str, sql.ConsoleWorkerLeasesRow]]:
-        workers = self._rows(sql.LIVE_WORKERS, {"queue": None}, sql.ConsoleWorkerRow)
+    def workers(self) -> tuple[list[sql.LiveWorkerRow], dict[str, sql.ConsoleWorkerLeasesRow]]:
+        workers = self._rows(sql.LIVE_WORKERS, {"queue": None}, sql.LiveWorkerRow)
         leases = {r.worker: r for r in self._rows(sql.CONSOLE_WORKER_LEASES, {"shown": LEASES_SHOWN},
                                                   sql.ConsoleWorkerLeasesRow)}
         return workers, leases
