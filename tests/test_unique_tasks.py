@@ -15,7 +15,8 @@ import psycopg
 import pytest
 from pydantic import ValidationError
 
-from queueworker import TaskSpec, cancel, enqueue, enqueue_async, enqueue_many, sql
+from queueworker import TaskSpec, cancel, enqueue, enqueue_async, enqueue_many, retry, sql
+from queueworker.operations import RetryRefused
 from tests.support import query
 
 pytestmark = pytest.mark.integration
@@ -198,3 +199,31 @@ def test_cli_enqueue_with_a_dedupe_key_and_a_retry_blocked_by_the_key(dsn):
     retried = cli(dsn, "retry", str(task_id))
     assert retried.returncode == 0, retried.stderr
     assert query(dsn, "SELECT state::text FROM queueworker.tasks WHERE id = %s", (task_id,))[0][0] == "pending"
+
+
+def test_retry_from_an_application_connection(dsn):
+    """`queueworker.retry` on the caller's connection: inside its transaction, refusing what the
+    CLI refuses with the reason, changing nothing when refused."""
+    with psycopg.connect(dsn) as conn:
+        done = enqueue(conn, "job", {"n": 1}, dedupe_key="k")
+        cancel(conn, done)
+        holder = enqueue(conn, "job", {"n": 2}, dedupe_key="k")  # the key is free again: taken
+        conn.commit()
+        with pytest.raises(RetryRefused, match=f"held by unfinished task {holder}"):
+            retry(conn, done)
+        with pytest.raises(RetryRefused, match=f"task {holder} is pending; only failed or cancelled"):
+            retry(conn, holder)
+        with pytest.raises(RetryRefused, match="no task with id 424242"):
+            retry(conn, 424242)
+        with pytest.raises(ValueError, match="not a task id"):
+            retry(conn, True)
+        with conn.transaction():  # the caller's transaction decides
+            cancel(conn, holder)
+            row = retry(conn, done)
+            assert (row.id, row.queue) == (done, "default")
+            raise psycopg.Rollback
+        assert query(dsn, "SELECT state::text FROM queueworker.tasks WHERE id = %s", (done,)) == [("cancelled",)]
+        with conn.transaction():
+            cancel(conn, holder)
+            retry(conn, done)
+    assert query(dsn, "SELECT state::text FROM queueworker.tasks WHERE id = %s", (done,)) == [("pending",)]

@@ -12,7 +12,8 @@ What applications import:
   input raises pydantic's `ValidationError` before the database is touched.
 - `get_task`, `TaskInfo`, `wait_for`: a task as stored now (state, progress, result or error), or
   once it has finished (`notify_on_finish=True` when enqueueing makes that immediate).
-- `cancel`, `cancel_many`: cancel unfinished tasks; a running one's handler is stopped at once.
+- `cancel`, `cancel_many`, `retry`: cancel unfinished tasks (a running one's handler is stopped at
+  once); put a failed or cancelled one back to pending.
   `queueworker.operations` also pauses and resumes queues, rate-limits them, caps their running
   tasks and sets their circuit breakers (docs/flow-control.md).
 - `start_run`: a partitioned run, counted as its partitions end, consolidated once if all succeed.
@@ -33,13 +34,14 @@ from .handlers import Continue, PermanentError, Registry, RetryAfter, RunInfo, S
 from .cron import periodic  # noqa: E402
 from .producer import (  # noqa: E402
     TaskSpec, enqueue, enqueue_async, enqueue_chain, enqueue_chain_async, enqueue_many, enqueue_many_async, start_run)
-from .operations import cancel, cancel_many  # noqa: E402
+from .operations import cancel, cancel_many, retry  # noqa: E402
 from .results import TaskInfo, get_task, wait_for  # noqa: E402
 from .settings import SettingsError, WorkerSettings  # noqa: E402
 
 __all__ = ["__version__", "Continue", "PermanentError", "Registry", "RetryAfter", "RunInfo", "SettingsError", "Snooze", "TaskContext",
            "TaskInfo", "TaskSpec", "WorkerSettings", "cancel", "cancel_many", "enqueue", "enqueue_async",
-           "enqueue_chain", "enqueue_chain_async", "enqueue_many", "enqueue_many_async", "get_task", "periodic", "start_run",
+           "enqueue_chain", "enqueue_chain_async", "enqueue_many", "enqueue_many_async", "get_task", "periodic",
+           "retry", "start_run",
            "task", "wait_for", "Worker", "run_worker", "run_worker_async"]
 
 _WORKER_NAMES = ("Worker", "run_worker", "run_worker_async")

@@ -10,7 +10,6 @@ logs and messages are scrubbed of the URL and its password.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import sys
@@ -602,10 +601,16 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_retry(args: argparse.Namespace) -> int:
-    from . import sql
+    from .operations import RetryRefused, retry
 
-    row = _change_task(args, sql.RETRY_TASK, "failed or cancelled", notify=True, check_key=True)
-    print(f"task {row[0]} is pending again on queue {row[1]} (attempts so far {row[2]}, max {row[3]})")
+    with _connect(args.dsn) as conn:
+        try:
+            row = retry(conn, args.id)
+        except RetryRefused as exc:
+            raise CliError(str(exc)) from None
+        conn.commit()
+    print(f"task {row.id} is pending again on queue {row.queue} (attempts so far {row.attempts}, "
+          f"max {row.max_attempts})")
     return 0
 
 
@@ -636,50 +641,6 @@ def cmd_cancel(args: argparse.Namespace) -> int:
                                      else f"no task with id {task_id}" for task_id in missed)
                            + f": only {', '.join(args.states or CANCELLABLE)} tasks can be cancelled")
     return 0
-
-
-def _change_task(args: argparse.Namespace, statement: str, allowed_states: str, notify: bool = False,
-                 check_key: bool = False) -> tuple:
-    """Runs an operator's state change on one task; explains why when it changes nothing. With
-    `check_key`, a task whose dedupe key another unfinished task holds is refused (a retry would
-    make two unfinished tasks with one key).
-
-    Through a DutyConnection, like the worker's statements: a change that meets a row moved
-    between partitions meanwhile is re-run there (db.met_moved_row)."""
-    from . import sql
-    from .db import DutyConnection
-
-    async def change() -> tuple:
-        conn = DutyConnection(args.dsn, "queueworker-cli")
-
-        async def refuse_if_key_held() -> None:
-            for holder in await conn.fetch(sql.DEDUPE_HOLDER, {"id": args.id}, row=sql.DedupeHolderRow):
-                raise CliError(f"task {args.id} cannot be retried: its dedupe key {holder.dedupe_key!r} on queue "
-                               f"{holder.queue} is held by unfinished task {holder.id} ({holder.state}); retry "
-                               f"it once that task has finished, or cancel that one first")
-
-        try:
-            if check_key:
-                await refuse_if_key_held()
-            try:
-                rows = await conn.fetch(statement, {"id": args.id})
-            except psycopg.errors.UniqueViolation:
-                if check_key:  # taken between the check and the change
-                    await refuse_if_key_held()
-                raise
-            if not rows:
-                current = await conn.fetch(sql.TASK_STATES, {"ids": [args.id]}, row=sql.TaskStateRow)
-                if not current:
-                    raise CliError(f"no task with id {args.id}")
-                raise CliError(f"task {args.id} is {current[0].state}; only {allowed_states} tasks can be changed "
-                               "this way")
-            if notify:
-                await conn.fetch(sql.NOTIFY_QUEUE, {"queue": rows[0][1]})
-            return rows[0]
-        finally:
-            await conn.close()
-
-    return asyncio.run(change())
 
 
 def cmd_flow(args: argparse.Namespace) -> int:

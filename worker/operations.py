@@ -1,5 +1,5 @@
-"""What operators and applications do to tasks and queues that exist: cancel tasks; pause, resume,
-rate-limit, cap and guard queues with a circuit breaker.
+"""What operators and applications do to tasks and queues that exist: cancel and retry tasks;
+pause, resume, rate-limit, cap and guard queues with a circuit breaker.
 
 Each call runs in the caller's transaction (inside a savepoint when one is open), like `enqueue`.
 """
@@ -52,6 +52,52 @@ def cancel_many(conn: psycopg.Connection, *, ids: Iterable[int] | None = None, q
         try:
             with conn.transaction(), conn.cursor(row_factory=typed_rows(sql.CancelledRow)) as cursor:
                 return cursor.execute(sql.CANCEL_TASKS, params, prepare=False).fetchall()
+        except psycopg.Error as exc:
+            if not met_moved_row(exc) or attempt >= MOVED_ROW_ATTEMPTS:
+                raise
+            attempt += 1
+
+
+class RetryRefused(ValueError):
+    """A retry that changed nothing, and why (the task is unfinished, unknown, or its dedupe key is
+    held by another unfinished task)."""
+
+
+def retry(conn: psycopg.Connection, task_id: int) -> sql.RetriedTaskRow:
+    """Puts a failed or cancelled task back to pending (with one more attempt if it had spent
+    them) and wakes its queue's workers. Raises RetryRefused when that is not possible, saying
+    why: a task whose dedupe key another unfinished task holds is refused, since a retry would
+    make two unfinished tasks with one key."""
+    params = {"id": _task_id(task_id)}
+
+    def refuse_if_key_held() -> None:
+        with conn.cursor(row_factory=typed_rows(sql.DedupeHolderRow)) as cursor:
+            for holder in cursor.execute(sql.DEDUPE_HOLDER, params, prepare=False):
+                raise RetryRefused(
+                    f"task {task_id} cannot be retried: its dedupe key {holder.dedupe_key!r} on queue {holder.queue} "
+                    f"is held by unfinished task {holder.id} ({holder.state}); retry it once that task has "
+                    "finished, or cancel that one first")
+
+    attempt = 1
+    while True:
+        try:
+            with conn.transaction():
+                refuse_if_key_held()
+                try:
+                    with conn.transaction(), conn.cursor(row_factory=typed_rows(sql.RetriedTaskRow)) as cursor:
+                        row = cursor.execute(sql.RETRY_TASK, params, prepare=False).fetchone()
+                except psycopg.errors.UniqueViolation:
+                    refuse_if_key_held()  # taken between the check and the change
+                    raise
+                if row is None:
+                    with conn.cursor(row_factory=typed_rows(sql.TaskStateRow)) as cursor:
+                        current = cursor.execute(sql.TASK_STATES, {"ids": [task_id]}, prepare=False).fetchone()
+                    if current is None:
+                        raise RetryRefused(f"no task with id {task_id}")
+                    raise RetryRefused(f"task {task_id} is {current.state}; only failed or cancelled tasks can be "
+                                       "retried")
+                conn.execute(sql.NOTIFY_QUEUE, {"queue": row.queue}, prepare=False)
+                return row
         except psycopg.Error as exc:
             if not met_moved_row(exc) or attempt >= MOVED_ROW_ATTEMPTS:
                 raise

@@ -702,6 +702,13 @@ WHERE id = %(id)s AND state IN ('failed', 'cancelled')
 RETURNING id, queue, attempts, max_attempts
 """
 
+
+class RetriedTaskRow(NamedTuple):
+    id: int
+    queue: str
+    attempts: int
+    max_attempts: int
+
 # `queueworker.cancel` / `cancel_many` / `queueworker cancel`: the tasks given by id, or every task of
 # a queue, in the given states. The error says who asked (the login) and why, so the audit row
 # does too. The worker holding a running one hears of it at once (CANCEL_CHANNEL: "worker id

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import re
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from starlette.responses import HTMLResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from .. import dsn as dsns, operations, sql
+from .. import dsn as dsns, operations
 from ..status import STATES
 from . import auth, data
 from .cluster import ClusterReader
@@ -181,13 +180,11 @@ class Console:
 
     def retry(self, task_id: int) -> None:
         """What `queueworker retry ID` does, refusals included."""
-        from ..cli import CliError, _change_task
-
-        try:
-            _change_task(argparse.Namespace(dsn=self.config.dsn, id=task_id), sql.RETRY_TASK, "failed or cancelled",
-                         notify=True, check_key=True)
-        except CliError as exc:
-            raise ActionRefused(str(exc)) from None
+        with psycopg.connect(self.config.dsn, application_name="queueworker-console", connect_timeout=10) as conn:
+            try:
+                operations.retry(conn, task_id)
+            except operations.RetryRefused as exc:
+                raise ActionRefused(str(exc)) from None
 
     def cancel(self, task_id: int) -> None:
         with psycopg.connect(self.config.dsn, application_name="queueworker-console", connect_timeout=10) as conn:
