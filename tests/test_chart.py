@@ -678,7 +678,8 @@ def test_console_deployment_serves_with_the_mounted_token_and_reads_queueworkers
     deployment = rendered.one("Deployment", "-console")
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
-    assert container["image"] == "queueworker:0.1.0"
+    assert container["image"] == f"queueworker-controller:{__version__}"  # the controller image has the console
+    assert container["command"] == ["/usr/bin/tini", "--", "queueworker"]
     assert container["args"] == ["console", "--host=0.0.0.0", "--port=8443", "--allow-actions"]
     assert container["env"] == [
         {"name": "DATABASE_URL", "valueFrom": {"secretKeyRef": {"name": "console-db", "key": "operator-url"}}},
@@ -698,6 +699,10 @@ def test_console_deployment_serves_with_the_mounted_token_and_reads_queueworkers
     read_only = render(helm, tmp_path, {"console": {"enabled": True, "database": {"secretName": "db", "key": "url"}}})
     (container,) = read_only.one("Deployment", "-console")["spec"]["template"]["spec"]["containers"]
     assert "--allow-actions" not in container["args"] and len(container["env"]) == 1
+    own_image = render(helm, tmp_path, {"console": {"enabled": True, "database": {"secretName": "db", "key": "url"},
+                                                    "image": {"repository": "registry.example/app", "tag": "2"}}})
+    (container,) = own_image.one("Deployment", "-console")["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == "registry.example/app:2"
 
 
 @pytest.mark.parametrize(("values", "message"), [

@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ import pytest
 from kubernetes import client
 
 from queueworker._version import __version__
+from queueworker.localpg import free_port
 from queueworker.producer import enqueue_many
 from queueworker_controller.spec import GROUP, PLURAL, VERSION
 from tests.cluster.binaries import cache_root
@@ -303,6 +305,29 @@ def test_the_controller_image_without_a_cluster_says_so_and_stops_cleanly(images
     wait_until(lambda: "No configuration found" in controller.logs(), timeout=60,
                message="the controller to report that it has no cluster")
     assert controller.stop(grace=20) == 0, controller.logs()[-3000:]
+
+
+@pytest.mark.image
+def test_the_controller_image_serves_the_console_as_the_chart_runs_it(images, containers, dsn):
+    """The chart's console Deployment: the controller image, hardened, entrypoint `tini --
+    queueworker`, `console --host=0.0.0.0 --port=P`; its pages read the database."""
+    task_id = sleeps(dsn, 1, 0)[0]
+    port = str(free_port())
+    # docker's --entrypoint takes one word: tini's `--` and the program lead the arguments.
+    console = containers.start(images.controller, "--", "queueworker", "console", "--host=0.0.0.0", f"--port={port}",
+                               dsn=dsn, options=(*HARDENED, "--entrypoint", "/usr/bin/tini"))
+
+    def page(path: str) -> str | None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+                return response.read().decode()
+        except OSError:
+            return None
+
+    wait_until(lambda: page("/healthz"), timeout=60, message="the console to answer")
+    assert f"/tasks/{task_id}" in page("/tasks") and "qw.sleep" in page(f"/tasks/{task_id}")
+    assert dsn not in console.logs()
+    assert console.stop(grace=20) == 0, console.logs()[-3000:]
 
 
 @pytest.mark.image
