@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import traceback
 from datetime import UTC
@@ -829,7 +830,10 @@ def cmd_console(args: argparse.Namespace) -> int:
                                kubeconfig=args.kubeconfig)
     except CredentialsError as exc:
         raise CliError(str(exc)) from None
-    configure_logging("INFO", json_format=False, secrets=[*_secrets(args.dsn), config.token])
+    configure_logging("INFO", json_format=default_format() == "json", secrets=[*_secrets(args.dsn), config.token])
+    # uvicorn shuts down gracefully on SIGTERM, then raises the signal again under the handler it
+    # found: a handler that does nothing makes that graceful stop exit 0, as a pod's stop should.
+    signal.signal(signal.SIGTERM, lambda *_: None)
     uvicorn.run(create_app(config), host=args.host, port=args.port, log_config=None, proxy_headers=False,
                 server_header=False)
     return 0

@@ -17,7 +17,9 @@ from typing import Any
 
 from .dsn import scrub
 
-_RESERVED = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+# Record attributes that are not `extra` fields: the logging module's own, and uvicorn's copy of
+# its message with terminal colours.
+_RESERVED = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "color_message"}
 LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
