@@ -530,7 +530,11 @@ def test_a_scale_target_of_the_users_own_is_scaled_and_otherwise_left_alone(clus
     enqueue_sleeps(dsn, 3, 3, 3)
     cluster.wait_for(lambda: cluster.apps.read_namespaced_deployment("mine", cluster.namespace).spec.replicas == 3,
                      timeout=30, message="the user's Deployment scaled to 3")
-    status = cluster.queueworker("theirs")["status"]
+    def reported() -> dict | None:  # the scale is written before the status that reports it
+        status = cluster.queueworker("theirs").get("status", {})
+        return status if status.get("scaleTarget") else None
+
+    status = cluster.wait_for(reported, timeout=30, message="the status reporting the scale")
     assert status["scaleTarget"] == "Deployment/mine" and "deployment" not in status
     assert {c["type"]: c["status"] for c in status["conditions"]}["DrainSafe"] == "True"
     assert not cluster.apps.list_namespaced_deployment(cluster.namespace, label_selector=f"{OWNER_LABEL}=theirs").items
