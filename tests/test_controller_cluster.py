@@ -321,8 +321,9 @@ def test_backlog_scales_up_in_one_step_drains_and_returns_to_min(cluster: Cluste
                      message="200 tasks succeeded")
     assert task_report(dsn)["succeeded_more_than_once"] == 0
     cluster.wait_for(lambda: cluster.replicas("sleepers") == 0, timeout=30, message="back to minReplicas=0")
-    reasons = {e.reason for e in cluster.events("Activated") + cluster.events("ScaledToZero")}
-    assert reasons == {"Activated", "ScaledToZero"}
+    # Each scale's Event is posted after the scale itself: wait for the last one.
+    cluster.wait_for(lambda: {e.reason for e in cluster.events("Activated") + cluster.events("ScaledToZero")}
+                     == {"Activated", "ScaledToZero"}, timeout=30, message="an Event for each scale")
     metrics = cluster.metrics()
     labels = f'name="sleepers",namespace="{cluster.namespace}"'  # the exposition sorts label names
     assert f'queueworker_controller_scale_total{{direction="up",{labels}}} 1.0' in metrics
@@ -350,7 +351,7 @@ def test_a_paused_queue_holds_its_deployment_and_a_rate_limited_one_scales_to_th
         seen.add(cluster.replicas("metered"))
         time.sleep(0.5)
     assert seen == {1}, f"one pod is all a 2/s limit keeps busy, not the 4 the backlog asks for: {seen}"
-    assert {e.reason for e in cluster.events("LimitedByRate")} == {"LimitedByRate"}
+    cluster.wait_for(lambda: cluster.events("LimitedByRate"), timeout=10, message="the LimitedByRate Event")
 
 
 def test_lookahead_starts_the_pods_of_a_scheduled_burst_before_it_is_due(cluster: Cluster, dsn: str):
