@@ -361,8 +361,10 @@ def test_lookahead_starts_the_pods_of_a_scheduled_burst_before_it_is_due(cluster
         enqueue_many(conn, [{"task": "qw.sleep", "payload": {"seconds": 0.1}, "queue": queue, "delay": 45}
                             for queue in ("jobs", "later") for _ in range(6)])
     cluster.wait_for(lambda: cluster.replicas("ahead") == 3, timeout=30, message="pods for the burst due in 45 s")
-    status = cluster.queueworker("ahead")["status"]
-    assert status["queueDepth"]["dueSoon"] == 6 and status["queueDepth"]["ready"] == 0
+    # The scale is written before the status that reports it.
+    depth = cluster.wait_for(lambda: cluster.queueworker("ahead").get("status", {}).get("queueDepth", {}).get(
+        "dueSoon") == 6 and cluster.queueworker("ahead")["status"]["queueDepth"], timeout=10, message="dueSoon 6")
+    assert depth["ready"] == 0
     (event,) = cluster.wait_for(lambda: cluster.events("DueSoon"), timeout=10, message="the DueSoon Event")
     assert "6 due within the lookahead" in event.message
     cluster.wait_for(lambda: cluster.queueworker("behind").get("status", {}).get("reason") == "Idle", timeout=10,
