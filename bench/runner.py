@@ -23,6 +23,7 @@ from pathlib import Path
 import psycopg
 
 from bench import history, report, runs, scenarios
+from bench.report import SWEEP_EXCLUDED
 from bench.systems import ALL, System
 
 
@@ -46,15 +47,20 @@ class Config:
     fanin_partitions: int = 10_000
     fanin_runs: int = 3
     flow_runs: int = 3
+    # The whole-drain sweep: the burn-down at these concurrencies (100 is the burn-down itself), for
+    # the systems fast enough to drain 100k tasks in seconds.
+    sweep_concurrency: tuple[int, ...] = (16, 32, 64, 200)
 
     @classmethod
     def quick(cls) -> Config:
         return cls(tasks=300, runs=1, burn_cap_seconds=10, idle_samples=10, load_rate=200, load_seconds=1.0,
                    idle_settle=2.0, idle_window=2.0, history_finished=3000, history_delayed=1000,
-                   history_tasks=300, history_runs=1, ceiling_runs=1, fanin_partitions=50, fanin_runs=1, flow_runs=1)
+                   history_tasks=300, history_runs=1, ceiling_runs=1, fanin_partitions=50, fanin_runs=1, flow_runs=1,
+                   sweep_concurrency=(16,))
 
 
-SCENARIOS = ("burn", "latency", "idle", "history", "ceiling", "fanin", "flow")
+SCENARIOS = ("burn", "sweep", "latency", "idle", "history", "ceiling", "fanin", "flow")
+
 HISTORY_AUTOVACUUM_NAPTIME = "5s"
 
 
@@ -64,7 +70,7 @@ class Runner:
         self.systems = systems
         self.scenarios = scenario_names
         self.log = log
-        self.results: dict = {"burn": {}, "latency": {}, "idle": {}, "history": {}, "ceiling": [], "fanin": [],
+        self.results: dict = {"burn": {}, "sweep": {}, "latency": {}, "idle": {}, "history": {}, "ceiling": [], "fanin": [],
                         "flow": [], "errors": []}
         self._db_seq = 0
 
@@ -89,7 +95,7 @@ class Runner:
                     "'shared_buffers', 'max_connections', 'wal_level', 'full_page_writes')").fetchall())
             self.results["load_before"] = os.getloadavg()
             started = time.monotonic()
-            for name in ("burn", "latency", "idle", "ceiling", "history", "fanin", "flow"):
+            for name in ("burn", "sweep", "latency", "idle", "ceiling", "history", "fanin", "flow"):
                 if name in self.scenarios:
                     self.log(f"== scenario {name}")
                     getattr(self, f"_{name}")()
@@ -122,17 +128,21 @@ class Runner:
         with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
-    def _alternating(self, scenario: str, runs: int, fn) -> None:
-        """Runs fn(system, dsn) `runs` times per system, rotating the order every round."""
+    def _alternating(self, scenario: str, runs: int, fn, systems: list[System] | None = None,
+                     store: dict | None = None) -> None:
+        """Runs fn(system, dsn) `runs` times per system, rotating the order every round; results go
+        to store[system name] (default: the scenario's results)."""
+        systems = self.systems if systems is None else systems
+        store = self.results[scenario] if store is None else store
         for round_no in range(runs):
-            shift = round_no % len(self.systems)
-            for system in self.systems[shift:] + self.systems[:shift]:
+            shift = round_no % len(systems)
+            for system in systems[shift:] + systems[:shift]:
                 dsn = None
                 try:
                     dsn = self._fresh_db(system)
                     result = fn(system, dsn)
                     self.log(f"   {scenario} {system.name} run {round_no + 1}: {_brief(result)}")
-                    self.results[scenario].setdefault(system.name, []).append(result)
+                    store.setdefault(system.name, []).append(result)
                 except Exception as exc:  # noqa: BLE001 - one peer failing must not end the run
                     self.log(f"   {scenario} {system.name} run {round_no + 1} FAILED: {exc}")
                     self.results["errors"].append({"scenario": scenario, "system": system.name,
@@ -148,6 +158,16 @@ class Runner:
         c = self.config
         self._alternating("burn", c.runs, lambda s, dsn: scenarios.burn_down(
             s, dsn, c.tasks, c.processes, c.concurrency, c.burn_cap_seconds))
+
+    def _sweep(self) -> None:
+        """The burn-down at other concurrencies (per worker process), same method."""
+        c = self.config
+        systems = [s for s in self.systems if s.name not in SWEEP_EXCLUDED]
+        for concurrency in c.sweep_concurrency:
+            self.log(f"   concurrency {concurrency}")
+            self._alternating(f"sweep {concurrency}", c.runs, lambda s, dsn: scenarios.burn_down(
+                s, dsn, c.tasks, c.processes, concurrency, c.burn_cap_seconds), systems,
+                self.results["sweep"].setdefault(str(concurrency), {}))
 
     def _latency(self) -> None:
         c = self.config
@@ -282,8 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=None, help="burn-down task count")
     parser.add_argument("--history-finished", type=int, default=None)
     parser.add_argument("--history-delayed", type=int, default=None)
-    parser.add_argument("--pgqueuer-batch-size", type=int, default=50,
-                        help="PGQueuer dequeue batch (its max_concurrent_tasks must be >= 2x this)")
+    parser.add_argument("--pgqueuer-batch-size", type=int, default=None,
+                        help="PGQueuer dequeue batch (default: half the concurrency, the most its "
+                        "max_concurrent_tasks allows)")
     parser.add_argument("--from-json", default=None, metavar="RESULTS.json",
                         help="only re-render the report from a previous run's raw results")
     args = parser.parse_args(argv)

@@ -109,6 +109,7 @@ def _crossing(samples: list[tuple[float, int]], level: float) -> float | None:
     return None
 
 
+TAIL_TICK = 0.02
 POSTMASTER_PID: int | None = None  # set by the runner: Postgres CPU time is read from its children
 
 
@@ -141,17 +142,21 @@ def _workers_cpu(workers: Workers) -> float:
 
 def burn_down(system: System, dsn: str, tasks: int, processes: int, concurrency: int,
               cap_seconds: float, timeout: float = 900) -> dict:
-    """Tasks/s draining `tasks` pre-enqueued no-op tasks; also the workers' peak RSS under load and
-    the CPU seconds per 1,000 tasks spent by the workers and by Postgres over the whole drain."""
+    """Draining `tasks` pre-enqueued no-op tasks: the whole drain (from starting the worker
+    processes to the last task finished: what a user waits for) and the steady rate between 5% and
+    95% drained; also the workers' peak RSS under load and the CPU per task spent by the workers and
+    by Postgres from the 5% mark on."""
     system.preload_noop(dsn, tasks)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CHECKPOINT")  # every run starts from a clean checkpoint (same full-page writes)
+    spawned = time.time()  # the database's clock_timestamp() reads the same clock
     workers = Workers.start(system, dsn, processes, concurrency)
     samples: list[tuple[float, int]] = []
     vacuum_samples = 0
     # Counting 100k unfinished rows costs Postgres ~30 ms, so big runs are sampled every 0.5 s
-    # (about 5% of one core, falling as the queue drains); the crossings are interpolated.
-    tick = 0.5 if tasks >= 20_000 else 0.1
+    # (about 5% of one core, falling as the queue drains); the crossings are interpolated. The last
+    # 5% are cheap to count and are sampled every 20 ms, so the end of the drain is read to ~20 ms.
+    coarse_tick = 0.5 if tasks >= 20_000 else 0.1
     cpu_mark: tuple[int, float, float] | None = None
     rss_peak = [0.0] * processes
     capped = False
@@ -178,7 +183,7 @@ def burn_down(system: System, dsn: str, tasks: int, processes: int, concurrency:
                 if time.monotonic() - started > timeout:
                     raise RuntimeError(f"{system.name}: burn-down did not finish in {timeout}s ({remaining} left)")
                 workers.check_alive()
-                time.sleep(tick)
+                time.sleep(TAIL_TICK if remaining <= tasks * 0.05 else coarse_tick)
             worker_cpu = _workers_cpu(workers)
     finally:
         pg_cpu_end = _postgres_cpu()
@@ -195,7 +200,11 @@ def burn_down(system: System, dsn: str, tasks: int, processes: int, concurrency:
         pg_cpu = pg_cpu_end - cpu_mark[2]
     else:
         done_all, pg_cpu = 0, float("nan")
+    drained = None if capped or samples[-1][1] else samples[-1][0] - spawned
     return {"tasks_per_s": rate, "capped": capped, "rss_load_mb": max(rss_peak),
+            "drain_seconds": float("nan") if drained is None else drained,
+            "drain_tasks_per_s": float("nan") if drained is None else tasks / drained,
+            "to_5pct_seconds": float("nan") if t_start is None else t_start - spawned,
             "vacuum_active": vacuum_samples / len(samples),
             "worker_cpu_us_per_task": worker_cpu * 1e6 / done_all if done_all else float("nan"),
             "pg_cpu_us_per_task": pg_cpu * 1e6 / done_all if done_all else float("nan")}
@@ -258,9 +267,23 @@ def latency(system: System, dsn: str, processes: int, concurrency: int, idle_sam
 
 
 def notify_floor(dsn: str, samples: int, interval: float = 0.05) -> dict:
-    """The machine's floor for the idle path, with no queue at all: one connection sends
-    `SELECT pg_notify(...)` (autocommit) every `interval`, another, idle in LISTEN, receives it.
-    An idle enqueue-to-start needs at least this plus one claim round trip."""
+    """The machine's floor for the idle path, with no queue at all: one connection sends a NOTIFY
+    (autocommit) every `interval`, another, idle in LISTEN, receives it. Twice: a bare
+    `SELECT pg_notify(...)` (a transaction that writes nothing commits without a WAL flush), and the
+    same NOTIFY from a statement that also inserts a row, whose commit waits for the disk as any
+    durable enqueue must. An idle enqueue-to-start needs at least the second plus one claim."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS bench_floor_rows (id bigserial PRIMARY KEY)")
+    bare = _notify_round_trips(dsn, samples, interval, "SELECT pg_notify('bench_floor', %s)")
+    durable = _notify_round_trips(dsn, samples, interval, "WITH row AS (INSERT INTO bench_floor_rows DEFAULT "
+                                  "VALUES RETURNING 1) SELECT pg_notify('bench_floor', %s) FROM row")
+    return {"notify_p50": percentile(bare[0], 50), "notify_p99": percentile(bare[0], 99),
+            "call_p50": percentile(bare[1], 50), "durable_p50": percentile(durable[0], 50),
+            "durable_p99": percentile(durable[0], 99), "durable_call_p50": percentile(durable[1], 50)}
+
+
+def _notify_round_trips(dsn: str, samples: int, interval: float, statement: str) -> tuple[list[float], list[float]]:
+    """(send → received ms, the sender's call ms) for `samples` notifications sent by `statement`."""
     received: list[float] = []
 
     def listen(ready: threading.Event) -> None:
@@ -280,13 +303,12 @@ def notify_floor(dsn: str, samples: int, interval: float = 0.05) -> dict:
     with psycopg.connect(dsn, autocommit=True) as conn:
         for _ in range(samples):
             sent = time.time()
-            conn.execute("SELECT pg_notify('bench_floor', %s)", (repr(sent),))
+            conn.execute(statement, (repr(sent),))
             calls.append((time.time() - sent) * 1000)
             time.sleep(interval)
         conn.execute("SELECT pg_notify('bench_floor', 'stop')")
     listener.join(15)
-    return {"notify_p50": percentile(received, 50), "notify_p99": percentile(received, 99),
-            "call_p50": percentile(calls, 50)}
+    return received, calls
 
 
 def idle_cost(system: System, dsn: str, admin_dsn: str, processes: int, concurrency: int,

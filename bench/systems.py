@@ -111,15 +111,20 @@ class PGQueuer(System):
     label = "PGQueuer"
     remaining_sql = "SELECT count(*) FROM pgqueuer"  # finished jobs leave the table (into pgqueuer_log)
 
-    def __init__(self, batch_size: int = 50):
-        self.batch_size = batch_size
+    def __init__(self, batch_size: int | None = None):
+        self.batch_size = batch_size  # None: half the concurrency, the most max_concurrent_tasks allows
+
+    def _batch(self, concurrency: int) -> int:
+        return self.batch_size or max(1, concurrency // 2)
 
     def unavailable(self) -> str | None:
         missing = [m for m in ("pgqueuer", "asyncpg") if importlib.util.find_spec(m) is None]
         return f"not installed: {', '.join(missing)} (pip install '.[bench]')" if missing else None
 
     def version(self) -> str:
-        return f"{_version('pgqueuer')} (asyncpg {_version('asyncpg')}, durable, batch_size={self.batch_size})"
+        batch = self.batch_size or "half the concurrency"
+        loop = f"uvloop {_version('uvloop')}" if importlib.util.find_spec("uvloop") else "asyncio loop"
+        return f"{_version('pgqueuer')} (asyncpg {_version('asyncpg')}, {loop}, durable, batch_size={batch})"
 
     def _run(self, coro_fn: Callable, dsn: str, *args) -> None:
         async def main() -> None:
@@ -148,7 +153,7 @@ class PGQueuer(System):
 
     def worker_cmd(self, dsn: str, concurrency: int) -> list[str]:
         return [sys.executable, "-m", "bench.peers.pgqueuer_worker", "--dsn", dsn,
-                "--concurrency", str(concurrency), "--batch-size", str(self.batch_size)]
+                "--concurrency", str(concurrency), "--batch-size", str(self._batch(concurrency))]
 
     @asynccontextmanager
     async def producer(self, dsn: str) -> AsyncIterator[Send]:

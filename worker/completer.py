@@ -31,6 +31,17 @@ UNKNOWN_TASK_RETRY_SECONDS = 10.0
 REFUSAL_TEXT_LIMIT = 500
 # Result bytes one completion statement carries at most (a single larger result goes alone).
 BATCH_RESULT_BYTES = 64 * 1024 * 1024
+# Result bytes waiting for a flush above which the worker keeps no more outcomes waiting than it
+# has slots (Worker._free_slots): small results may wait a whole batch deep, large ones may not.
+BACKLOG_RESULT_BYTES = 8 * 1024 * 1024
+
+
+def _result_bytes(outcome: Any) -> int:
+    if isinstance(outcome, Success):
+        return len(outcome.result_json or "")
+    if isinstance(outcome, Continued):
+        return len(outcome.result_json or "") + len(outcome.next_payload_json)
+    return 0
 
 
 @dataclass(slots=True)
@@ -103,6 +114,7 @@ class Completer:
             HandBack: self._write_hand_backs}
         self.pending = asyncio.Event()
         self._flush_lock = asyncio.Lock()
+        self.buffered_result_bytes = 0
 
     def succeed(self, attempt: Attempt, result_json: str | None) -> None:
         self._add(Success(attempt, result_json))
@@ -126,6 +138,7 @@ class Completer:
         outcome.attempt.reporting = True
         outcome.attempt.outcome = outcome.label
         self._buffers[type(outcome)].append(outcome)
+        self.buffered_result_bytes += _result_bytes(outcome)
         self.pending.set()
 
     @property
@@ -169,20 +182,20 @@ class Completer:
         one outcome): a statement carrying many large results could pass Postgres's 1 GiB limit."""
         buffer = self._buffers[kind]
         count = min(len(buffer), self._max_batch)
+        size = 0
         if kind in (Success, Continued):
-            size = 0
             for position, outcome in enumerate(buffer[:count]):
-                size += len(outcome.result_json or "")
-                if kind is Continued:
-                    size += len(outcome.next_payload_json)
-                if position and size > BATCH_RESULT_BYTES:
+                if position and size + _result_bytes(outcome) > BATCH_RESULT_BYTES:
                     count = position
                     break
+                size += _result_bytes(outcome)
         batch, self._buffers[kind] = buffer[:count], buffer[count:]
+        self.buffered_result_bytes -= size
         return batch
 
     def _put_back(self, kind: type, outcomes: list[Any]) -> None:
         self._buffers[kind][:0] = outcomes
+        self.buffered_result_bytes += sum(_result_bytes(outcome) for outcome in outcomes)
         self.pending.set()
 
     async def _write_batch(self, kind: type, batch: list[Any], timeout: float) -> list[Attempt]:

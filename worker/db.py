@@ -41,18 +41,28 @@ def met_moved_row(exc: BaseException) -> bool:
     return isinstance(exc, psycopg.errors.SerializationFailure)
 
 
-# Statements are never prepared on queueworker's connections: through a PgBouncer in transaction
-# pooling mode, each transaction may run on another server connection, where a statement prepared
-# by another client exists under the same name or ours does not. Every hot statement is batched,
-# so planning it each time costs little.
+# Statements are not prepared on connections that may go through a PgBouncer in transaction
+# pooling mode: there each transaction may run on another server connection, where a statement
+# prepared by another client exists under the same name or ours does not.
 NEVER_PREPARE: dict[str, Any] = {"prepare_threshold": None}
+# A worker's own connections prepare their statements on their second run (psycopg's
+# prepare_threshold counts earlier runs), when the server took the startup options: a PgBouncer
+# refuses those, so a connection through one never prepares. Parsing and planning the claim or a
+# completion costs the server ~0.6 ms each time; prepared, the plan is reused.
+PREPARE_AFTER_RUNS = 1
 # Databases (connection URLs) whose server refused the `options` startup parameter.
 _OPTIONS_REFUSED: set[str] = set()
 
 
-async def connect(dsn: str, application_name: str) -> psycopg.AsyncConnection:
+async def connect(dsn: str, application_name: str, durable_commits: bool = True,
+                  prepare: bool = False) -> psycopg.AsyncConnection:
+    """A worker connection. Without `durable_commits`, its commits return before their WAL reaches
+    the disk (synchronous_commit off): for statements whose loss in a crash harms nothing. With
+    `prepare`, repeated statements are prepared unless the server refused the startup options."""
+    options = SESSION_SETTINGS if durable_commits else SESSION_SETTINGS + " -c synchronous_commit=off"
     return await connect_with_options(
-        dsn, SESSION_SETTINGS, autocommit=True, application_name=application_name,
+        dsn, options, autocommit=True, **({"prepare_threshold": PREPARE_AFTER_RUNS} if prepare else {}),
+        application_name=application_name,
         connect_timeout=CONNECT_TIMEOUT, keepalives=1, keepalives_idle=10, keepalives_interval=5,
         keepalives_count=3, tcp_user_timeout=CLIENT_TIMEOUT_SECONDS * 1000)
 
@@ -63,10 +73,12 @@ async def connect_with_options(dsn: str, options: str, **parameters: Any) -> psy
     application_name, client_encoding, DateStyle, TimeZone and standard_conforming_strings, and
     turns a connection asking for more away. There the timeouts must come from the database role
     or from PgBouncer itself (docs/deploying.md, "PgBouncer"); the client-side deadlines of every
-    statement still hold. Said once per database; later connections skip the refused attempt."""
+    statement still hold, and statements are never prepared there (PgBouncer in transaction mode
+    would run them on server connections that do not have them). Said once per database; later
+    connections skip the refused attempt."""
     if dsn not in _OPTIONS_REFUSED:
         try:
-            return await psycopg.AsyncConnection.connect(dsn, options=options, **NEVER_PREPARE, **parameters)
+            return await psycopg.AsyncConnection.connect(dsn, options=options, **{**NEVER_PREPARE, **parameters})
         except psycopg.OperationalError as exc:
             if "unsupported startup parameter: options" not in str(exc):
                 raise
@@ -74,7 +86,7 @@ async def connect_with_options(dsn: str, options: str, **parameters: Any) -> psy
         log.warning("the server at %s refuses startup options (a PgBouncer?): connecting without them, so "
                     "statement_timeout and idle_in_transaction_session_timeout come from the database role or "
                     "the pooler", dsn_text.describe(dsn))
-    return await psycopg.AsyncConnection.connect(dsn, **NEVER_PREPARE, **parameters)
+    return await psycopg.AsyncConnection.connect(dsn, **{**parameters, **NEVER_PREPARE})
 
 
 Row = TypeVar("Row")
@@ -93,9 +105,11 @@ class DutyConnection:
     an answer a hung server never sends. `sever()` does the same on demand (shutdown, when the
     database is known to be unresponsive), so that cancelling the caller is quick too."""
 
-    def __init__(self, dsn: str, application_name: str):
+    def __init__(self, dsn: str, application_name: str, durable_commits: bool = True, prepare: bool = False):
         self._dsn = dsn
         self._application_name = application_name
+        self._durable_commits = durable_commits
+        self._prepare = prepare
         self._conn: psycopg.AsyncConnection | None = None
         self._lock = asyncio.Lock()
 
@@ -140,7 +154,8 @@ class DutyConnection:
         if self._conn is None or self._conn.closed:
             try:
                 async with asyncio.timeout_at(deadline):
-                    self._conn = await connect(self._dsn, self._application_name)
+                    self._conn = await connect(self._dsn, self._application_name, self._durable_commits,
+                                               self._prepare)
             except TimeoutError:
                 raise StatementTimedOut(f"{self._application_name}: could not connect within {timeout:.1f} s") from None
         return self._conn

@@ -84,6 +84,14 @@ class WorkerSettings(BaseModel):
     poll_interval_seconds: PositiveSeconds = Field(
         default=1.0, description="without LISTEN, how often to look for tasks, due retries, cancellations "
                                  "and queue settings")
+    async_claim_commit: bool = Field(
+        default=True, description="commit claims without waiting for the disk (synchronous_commit off for "
+                                  "them alone): a claim lost in a Postgres crash puts its task back, and the "
+                                  "holder cannot complete it (at-least-once either way; docs/failure-handling.md)")
+    prepare_statements: bool = Field(
+        default=True, description="prepare repeated statements on the worker's connections (never through a "
+                                  "PgBouncer, which the worker recognises; turn off behind another pooler "
+                                  "in transaction mode)")
     flush_interval_seconds: Seconds = Field(
         default=0.002, description="outcomes are written after this long or at --flush-max-batch, "
                                    "whichever comes first")

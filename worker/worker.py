@@ -31,7 +31,7 @@ from .attempt import Attempt
 from .backoff import retry_delay
 from .builtin_tasks import register_builtin_tasks
 from .cleaner import Cleaner
-from .completer import Completer
+from .completer import BACKLOG_RESULT_BYTES, Completer
 from .cron import CronDuty, Schedule, default_schedule
 from .db import DutyConnection
 from .events import DueTimer, wait_event
@@ -65,6 +65,7 @@ EXIT_UNCLEAN = 1
 # After severing connections, the moment their statements need to fail on their own (psycopg
 # notices within its 0.1 s wait interval), so that cancelling their callers is immediate.
 SEVERED_SETTLE_SECONDS = 0.2
+
 
 
 class State(enum.Enum):
@@ -118,11 +119,13 @@ class Worker:
         self.identity = WorkerIdentity.for_this_process(settings.queues, settings.concurrency)
         self._dsn = dsn
         self._auto_migrate = auto_migrate
-        self._claim_conn = DutyConnection(dsn, "queueworker-claim")
-        self._complete_conn = DutyConnection(dsn, "queueworker-complete")
-        self._heartbeat_conn = DutyConnection(dsn, "queueworker-heartbeat")
-        self._duty_conn = DutyConnection(dsn, "queueworker-duty")
-        self._checkpoint_conn = DutyConnection(dsn, "queueworker-checkpoint")  # opened by the first checkpoint
+        prepare = settings.prepare_statements
+        self._claim_conn = DutyConnection(dsn, "queueworker-claim", durable_commits=not settings.async_claim_commit,
+                                          prepare=prepare)
+        self._complete_conn = DutyConnection(dsn, "queueworker-complete", prepare=prepare)
+        self._heartbeat_conn = DutyConnection(dsn, "queueworker-heartbeat", prepare=prepare)
+        self._duty_conn = DutyConnection(dsn, "queueworker-duty", prepare=prepare)
+        self._checkpoint_conn = DutyConnection(dsn, "queueworker-checkpoint", prepare=prepare)  # opened by the first checkpoint
         self._checkpoint_saver = self._save_checkpoint  # one bound method for every attempt
         self._inflight: dict[tuple[int, int], Attempt] = {}
         self._threads = HandlerThreads()
@@ -365,10 +368,16 @@ class Worker:
 
     def _free_slots(self) -> int:
         """Handlers that may start now. A finished handler frees its slot at once, so the next
-        claim overlaps the flush of its outcome; outcomes waiting for a flush are bounded by
-        the concurrency too, so a slow database stops claims instead of piling them up."""
+        claim overlaps the flush of its outcome. Outcomes waiting for a flush are bounded too, so a
+        slow database stops claims instead of piling them up: by one full flush batch while their
+        results are small (short tasks at low concurrency then still complete in large batches,
+        not a few rows per statement), by the concurrency once they hold many result bytes."""
         running = sum(1 for attempt in self._inflight.values() if not attempt.reporting)
-        return min(self.settings.concurrency - running, 2 * self.settings.concurrency - len(self._inflight))
+        waiting = len(self._inflight) - running
+        backlog = self.settings.concurrency
+        if self.completer.buffered_result_bytes < BACKLOG_RESULT_BYTES:
+            backlog = max(backlog, self.settings.flush_max_batch)
+        return min(self.settings.concurrency - running, backlog - waiting)
 
     def _breaker_pending(self, queue: str) -> bool:
         """A failure of the queue is on its way to the queue's circuit breaker (being written, or
