@@ -119,7 +119,7 @@ def _watch_forever(list_call: Callable[..., Any], handle: Callable[[Any], None],
                     return
                 if event["type"] in ("ADDED", "MODIFIED") and not event["object"]["metadata"].get("deletionTimestamp"):
                     handle(event["object"])
-        except Exception:  # noqa: BLE001 - a broken stream is reopened; the cluster going away ends the loop
+        except Exception:  # noqa: BLE001 - a broken stream is reopened, until `stopping`
             time.sleep(0.5)
 
 
