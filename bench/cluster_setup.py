@@ -1,7 +1,7 @@
-"""What the controller benchmarks share: a local Postgres, the test control plane (tests/cluster)
-with the QueueWorker CRD, a namespace holding the database Secret `db`, and `queueworker-controller`
-run as a subprocess, as in production. Everything started here is stopped on the way out, also
-when the benchmark fails.
+"""What the controller benchmarks share: a local Postgres, the test control plane (tests/cluster, with
+the process kubelet or a real node) with the QueueWorker CRD, a namespace holding the database Secret
+`db`, and `queueworker-controller` run as a subprocess, as in production. Everything started here is
+stopped on the way out, also when the benchmark fails.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,8 +23,9 @@ from kubernetes import client
 from queueworker.localpg import LocalPostgres
 from queueworker.migrate import migrate
 from queueworker_controller.spec import GROUP, KIND, PLURAL, VERSION
-from tests.cluster.binaries import ensure_binaries
+from tests.cluster.binaries import BINARIES, CONTROL_PLANE_BINARIES, ensure_binaries
 from tests.cluster.controlplane import ControlPlane
+from tests.cluster.fixtures import postgres_for_pods
 
 REPO = Path(__file__).resolve().parent.parent
 CONTROLLER = Path(sys.executable).parent / "queueworker-controller"
@@ -52,14 +53,23 @@ class BenchCluster:
 
 
 @contextmanager
-def bench_cluster(namespace: str) -> Iterator[BenchCluster]:
-    """A migrated Postgres and a control plane serving QueueWorkers, with `namespace` and its Secret `db`."""
-    server = LocalPostgres()
-    server.start()
-    plane = ControlPlane(Path(tempfile.mkdtemp(prefix="qw-bench-plane-")))
-    try:
+def bench_cluster(namespace: str, node: bool = False) -> Iterator[BenchCluster]:
+    """A migrated Postgres and a control plane serving QueueWorkers, with `namespace` and its Secret `db`.
+    With `node`, pods run in containers on a real node (tests/cluster/node.py: root only): Postgres then
+    listens on the node's IP too, and the Secret holds the URL by which pods reach it."""
+    plane = ControlPlane(Path(tempfile.mkdtemp(prefix="qw-bench-plane-")), node=node)
+    with ExitStack() as stack:
+        stack.callback(plane.stop)
+        plane.start(ensure_binaries(BINARIES if node else CONTROL_PLANE_BINARIES))
+        if node:
+            postgres = stack.enter_context(postgres_for_pods(plane))
+            server, pods_dsn = postgres.server, postgres.pod_dsn
+        else:
+            server = LocalPostgres()
+            server.start()
+            stack.callback(server.destroy)
+            pods_dsn = server.dsn
         migrate(server.dsn)
-        plane.start(ensure_binaries())
         api = plane.api_client()
         client.ApiextensionsV1Api(api).create_custom_resource_definition(
             yaml.safe_load((REPO / "crds" / "queueworker.dev_queueworkers.yaml").read_text()))
@@ -67,12 +77,9 @@ def bench_cluster(namespace: str) -> Iterator[BenchCluster]:
                                client.CustomObjectsApi(api))
         cluster.core.create_namespace({"metadata": {"name": namespace}})
         plane.wait_for(lambda: cluster.core.read_namespaced_service_account("default", namespace))
-        cluster.create_secret("db", server.dsn)
+        cluster.create_secret("db", pods_dsn)
         plane.wait_for(lambda: cluster.queueworkers() is not None, timeout=60, message="the CRD served")
         yield cluster
-    finally:
-        plane.stop()
-        server.destroy()
 
 
 @contextmanager

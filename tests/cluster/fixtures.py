@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,22 +136,31 @@ class NodePostgres:
         return self.server.dsn
 
 
-@pytest.fixture(scope="session")
-def node_postgres(real_node: ControlPlane) -> Iterator[NodePostgres]:
+@contextmanager
+def postgres_for_pods(plane: ControlPlane) -> Iterator[NodePostgres]:
     """A throwaway Postgres that the real node's pods reach: it listens on the node's IP as well as on
     loopback (pods' 127.0.0.1 is their own), and pg_hba admits the pod subnet with a password, and the
-    node's IP itself: a process on this machine (a controller under test) can then use the pods' URL."""
-    try:
-        server = LocalPostgres(extra_settings={"listen_addresses": f"'127.0.0.1,{real_node.node_ip}'"})
-    except PostgresNotFound as e:
-        unavailable(str(e))
+    node's IP itself: a process on this machine (a controller under test) can then use the pods' URL.
+    Raises PostgresNotFound where no Postgres is installed."""
+    server = LocalPostgres(extra_settings={"listen_addresses": f"'127.0.0.1,{plane.node_ip}'"})
     server.start()
     try:
         with (server.data_dir / "pg_hba.conf").open("a") as hba:
-            hba.write(f"host all all {real_node.pod_subnet} scram-sha-256\n"
-                      f"host all all {real_node.node_ip}/32 scram-sha-256\n")
+            hba.write(f"host all all {plane.pod_subnet} scram-sha-256\n"
+                      f"host all all {plane.node_ip}/32 scram-sha-256\n")
         with psycopg.connect(server.dsn, autocommit=True) as conn:
             conn.execute("SELECT pg_reload_conf()")
-        yield NodePostgres(server, server.dsn.replace("@127.0.0.1:", f"@{real_node.node_ip}:"))
+        yield NodePostgres(server, server.dsn.replace("@127.0.0.1:", f"@{plane.node_ip}:"))
     finally:
         server.destroy()
+
+
+@pytest.fixture(scope="session")
+def node_postgres(real_node: ControlPlane) -> Iterator[NodePostgres]:
+    """`postgres_for_pods` of the real node, for the whole session."""
+    with ExitStack() as stack:
+        try:
+            postgres = stack.enter_context(postgres_for_pods(real_node))
+        except PostgresNotFound as e:
+            unavailable(str(e))
+        yield postgres
