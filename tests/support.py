@@ -187,3 +187,66 @@ class FreezableProxy:
                 sock.shutdown(2)
             except OSError:
                 pass
+
+
+class WatchedDuty:
+    """A background duty of an in-process Worker, watched (wrap it before the worker runs): the
+    delay each pass returned, and whether the duty sleeps, so a test can let it settle into a wait
+    and then see the pass that something (a notification) caused."""
+
+    def __init__(self, duty: Any, wake: asyncio.Event):
+        self._step = duty.step
+        self._wake = wake
+        duty.step = self._pass
+        self.started = 0
+        self.delays: list[float | None] = []
+        self._running = False
+
+    async def _pass(self) -> float | None:
+        self.started += 1
+        self._running = True
+        try:
+            delay = await self._step()
+        finally:
+            self._running = False
+        self.delays.append(delay)
+        return delay
+
+    async def asleep_after(self, started: int, timeout: float = 60.0) -> int:
+        """Waits until a pass begun after the first `started` ones has ended and nothing has woken
+        the duty since; returns how many passes have ended."""
+        await until(lambda: self.started > started and not self._running and not self._wake.is_set(), timeout,
+                     "the duty to settle into a wait")
+        return len(self.delays)
+
+    async def next_delay(self, ended: int, timeout: float = 60.0) -> float | None:
+        """The delay returned by the first pass to end after the first `ended` ones."""
+        await until(lambda: len(self.delays) > ended, timeout, "the duty's next pass")
+        return self.delays[ended]
+
+
+async def until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
+        await asyncio.sleep(0.02)
+
+
+async def start_listening(worker: Any, *watched: WatchedDuty) -> asyncio.Task:
+    """Runs an in-process Worker until its listener listens and each watched duty has settled into
+    a wait after the look that listening starts with (so that a later pass has another cause);
+    returns the task running it."""
+    marks: list[list[int]] = []
+    heard = worker.listener._on_schedules  # called once LISTEN is in place, after the catch-up
+
+    def on_schedules() -> None:
+        marks.append([duty.started for duty in watched])
+        heard()
+
+    worker.listener._on_schedules = on_schedules
+    running = asyncio.create_task(worker.run())
+    await until(lambda: bool(marks) or running.done(), 60, "the listener to listen")
+    assert not running.done() and not worker.listener.polling
+    for duty, started in zip(watched, marks[0]):
+        await duty.asleep_after(started)
+    return running

@@ -16,11 +16,14 @@ import pytest
 
 from prometheus_client import REGISTRY
 
-from queueworker import cli, sql
+from queueworker import cli, cron, sql
 from queueworker.cron import (ENQUEUE_AHEAD_SECONDS, MAX_CATCH_UP_SLOTS, POLL_SECONDS, CronDuty, CronError, Schedule, cron_job,
                               dedupe_key, first_slot_after, plan_slots)
 from queueworker.db import DutyConnection
-from tests.support import WorkerProcess, query, scalar, wait_until
+from queueworker.handlers import Registry
+from queueworker.settings import WorkerSettings
+from queueworker.worker import Worker
+from tests.support import WatchedDuty, WorkerProcess, query, scalar, start_listening, wait_until
 
 UTC = timezone.utc
 COUNTER = "queueworker_cron_slots_enqueued_total"
@@ -408,6 +411,43 @@ def test_cli_round_trip_and_bad_input(dsn, capsys):
     assert capsys.readouterr().out == "schedule nightly: replaced\n"
     assert _cli(dsn, "delete", "nightly") == 0
     assert scalar(dsn, "SELECT count(*) FROM queueworker.cron_jobs") == 0
+
+
+@pytest.mark.integration
+def test_runtime_changes_reach_a_running_workers_cron_duty_by_notification(dsn, monkeypatch):
+    """A running worker's cron duty with nothing to enqueue sleeps for its safety poll, ten years
+    here: only the notification that `cron add`, `pause`, `resume` and `delete` send can wake it.
+    Each change is followed by a pass that sees it: the sleep it plans is the yearly schedule's
+    (until a minute before its next slot) while that schedule is active, the safety poll while it
+    is not; a schedule added for every minute has its next slot enqueued."""
+    safety = 10 * 365 * 86400.0
+    monkeypatch.setattr(cron, "SAFETY_POLL_SECONDS", safety)
+
+    async def change(*args: str) -> None:
+        assert await asyncio.to_thread(_cli, dsn, *args) == 0, args
+
+    async def scenario() -> int:
+        worker = Worker(dsn, WorkerSettings(), Registry(), schedule=Schedule())
+        duty = WatchedDuty(worker.cron, worker.cron.wake)
+        running = await start_listening(worker, duty)
+        try:
+            assert duty.delays[-1] == safety  # no schedule yet
+            for args, active in ((("add", "yearly", "--cron", "0 0 1 1 *", "--task", "qw.noop"), True),
+                                 (("pause", "yearly"), False),
+                                 (("resume", "yearly"), True),
+                                 (("delete", "yearly"), False)):
+                ended = len(duty.delays)
+                await change(*args)
+                delay = await duty.next_delay(ended)
+                assert (delay < safety - 86400) if active else (delay == safety), (args, delay)
+            await change("add", "minutely", "--cron", "* * * * *", "--task", "qw.noop", "--queue", "cron-none")
+            await asyncio.to_thread(wait_until, lambda: _slot_tasks(dsn, "minutely"), 60,
+                                    message="the new schedule's next slot enqueued")
+        finally:
+            worker.request_stop()
+        return await running
+
+    assert asyncio.run(scenario()) == 0
 
 
 @pytest.mark.integration

@@ -12,10 +12,14 @@ import uuid
 import psycopg
 import pytest
 
-from queueworker import enqueue_many, operations, sql
+from queueworker import enqueue_many, flow, operations, sql
 from queueworker.db import DutyConnection
+from queueworker.flow import REFRESH_SECONDS
+from queueworker.handlers import Registry
 from queueworker.operations import parse_duration, parse_rate
-from tests.support import FAST_LEASES, WorkerProcess, query, scalar, wait_until
+from queueworker.settings import WorkerSettings
+from queueworker.worker import Worker
+from tests.support import FAST_LEASES, WatchedDuty, WorkerProcess, query, scalar, start_listening, until, wait_until
 
 HANDLERS = ("--handlers", "tests.flow_handlers")
 
@@ -165,6 +169,41 @@ def test_a_paused_queue_is_not_claimed_and_a_timed_pause_wakes_its_workers_when_
         worker.stop()
     first = claim_times(dsn, "held")[0]
     assert ends - 0.05 <= first < ends + 1.5, "woken when the pause ended, not at the 30 s poll"
+
+
+@pytest.mark.integration
+def test_a_limit_set_at_runtime_reaches_a_running_worker_by_notification(dsn, monkeypatch):
+    """A running worker whose queue has no flow control re-reads its settings on its own only every
+    SAFETY_REFRESH_SECONDS, ten years here: a rate limit set at runtime reaches it through the
+    notification of the statement that sets it. While the queue is limited the worker re-reads
+    every REFRESH_SECONDS; once the limit is removed, it waits for the safety refresh again."""
+    safety = 10 * 365 * 86400.0
+    monkeypatch.setattr(flow, "SAFETY_REFRESH_SECONDS", safety)
+
+    async def set_limits(**limits: float) -> None:
+        def change() -> None:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                operations.set_limits(conn, "notified", **limits)
+        await asyncio.to_thread(change)
+
+    async def scenario() -> int:
+        worker = Worker(dsn, WorkerSettings(queues=("notified",)), Registry())
+        duty = WatchedDuty(worker.flow, worker.flow.wake)
+        running = await start_listening(worker, duty)
+        try:
+            assert duty.delays[-1] > safety - 60 and not worker.flow.limited
+            ended = len(duty.delays)
+            await set_limits(rate_per_second=50)
+            assert await duty.next_delay(ended) <= REFRESH_SECONDS
+            assert worker.flow.token_interval("notified") == 1 / 50
+            await set_limits()
+            await until(lambda: not worker.flow.limited and duty.delays[-1] > safety - 60, 60,
+                        "the limit's removal to reach the worker")
+        finally:
+            worker.request_stop()
+        return await running
+
+    assert asyncio.run(scenario()) == 0
 
 
 @pytest.mark.integration

@@ -20,6 +20,7 @@ import psycopg
 import pytest
 
 from queueworker import db, sql, wait_for
+from queueworker.cron import POLL_SECONDS, SAFETY_POLL_SECONDS
 from queueworker.handlers import Registry
 from queueworker.listener import notifications_arrive
 from queueworker.migrate import available_migrations, migrate
@@ -179,6 +180,26 @@ def test_the_listen_check_fails_through_pgbouncer_and_passes_on_a_direct_connect
             await sender.close()
     assert asyncio.run(check(pgbouncer_dsn)) is False
     assert asyncio.run(check(dsn)) is True
+
+
+def test_a_worker_that_hears_of_no_schedule_change_has_its_cron_duty_poll(pgbouncer_dsn):
+    """The cron duty of a worker that expects to listen sleeps for its long safety poll; once the
+    listener has found that notifications do not arrive, it wakes the duty, which from then on looks
+    for schedule changes every POLL_SECONDS. With --no-listen it does so from the start."""
+    async def duty_waits(settings: WorkerSettings) -> list[float]:
+        worker = Worker(pgbouncer_dsn, settings, Registry())
+        try:
+            waits = [await worker.cron.step()]
+            if settings.listen:
+                await worker.listener.step()  # the check: nothing arrives
+                assert worker.listener.polling and worker.cron.wake.is_set()
+                waits.append(await worker.cron.step())
+            return waits
+        finally:
+            await worker._duty_conn.close()
+
+    assert asyncio.run(duty_waits(WorkerSettings())) == [SAFETY_POLL_SECONDS, POLL_SECONDS]
+    assert asyncio.run(duty_waits(WorkerSettings(listen=False))) == [POLL_SECONDS]
 
 
 def test_a_worker_on_a_direct_connection_keeps_listening(dsn, caplog):

@@ -1,6 +1,7 @@
 """Wake-ups cost constant memory: however many tasks are announced as due later, a worker keeps
 one timer, for the earliest of them (unit tier). A listener that starts listening looks again for
-what it may have missed (integration tier)."""
+what it may have missed, and an idle worker that listens costs the database little: notifications
+do the waking (integration tier)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ import time
 import psycopg
 import pytest
 
-from queueworker import enqueue_many
+from queueworker import enqueue_many, sql
+from queueworker.db import DutyConnection
 from queueworker.handlers import Registry
 from queueworker.settings import WorkerSettings
 from queueworker.worker import Worker
+from tests.support import run_worker_until
 
 DSN = "postgresql://app@127.0.0.1:1/app"  # never connected to
 
@@ -65,3 +68,31 @@ def test_a_listener_that_starts_listening_has_the_scheduler_look_for_what_it_mis
             await worker._duty_conn.close()
 
     assert 50 < asyncio.run(start_listening()) <= 60
+
+
+@pytest.mark.integration
+def test_an_idle_worker_makes_at_most_half_a_statement_a_second_and_polls_no_settings_or_schedules(dsn, monkeypatch):
+    """An idle worker with default settings, its statements counted over 30 s once started (its claim
+    poll then backs off towards 30 s) where all of them go through, DutyConnection.fetch: a few
+    heartbeats, rescues and claim polls and a scheduler pass or two (the listener's own LISTENs come
+    at start). Its queue has no flow control and there is no schedule, so neither is read again: a
+    change to either would notify. Timers only run late on a loaded machine, so the count can only
+    be lower there."""
+    settle, window = 5.0, 30.0
+    statements: list[tuple[float, str]] = []
+    fetch = DutyConnection.fetch
+
+    async def counted(self: DutyConnection, query: str, *args: object, **kwargs: object) -> list:
+        statements.append((time.monotonic(), query))
+        return await fetch(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(DutyConnection, "fetch", counted)
+    started = time.monotonic()
+    assert asyncio.run(run_worker_until(Worker(dsn, WorkerSettings(queues=("idle",)), Registry()),
+                                        lambda: time.monotonic() - started > settle + window,
+                                        timeout=settle + window + 30)) == 0
+    counted_window = [query for at, query in statements if started + settle <= at < started + settle + window]
+    polled = [query for query in counted_window
+              if query in (sql.LIMITED_QUEUES, sql.DUE_CRON_JOBS, sql.NEXT_CRON_SLOT_IN)]
+    assert polled == []
+    assert len(counted_window) <= 0.5 * window, counted_window

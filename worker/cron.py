@@ -10,6 +10,11 @@ slot, one moves it on and enqueues; the others change nothing. No leader, no loc
 statements. Each slot's task is enqueued as a delayed task due at the slot, before its time, so
 the controller's lookahead sees it coming and the scheduler duty admits it on time.
 
+Between passes the duty sleeps until the earliest next slot is due for enqueueing. Every statement
+that changes a schedule notifies (sql.CRON_CHANNEL), and the listener wakes the duty, so a
+schedule added or resumed at runtime is seen at once; a worker that listens looks on its own only
+every SAFETY_POLL_SECONDS, one that cannot listen every POLL_SECONDS.
+
 Time zones and daylight saving time follow croniter: a slot in a gap (02:30 on the night clocks go
 forward) runs at the first time that exists after it (03:00); a slot in an overlap (02:30 on the
 night clocks go back) runs twice, once per offset. docs/cron.md has the whole story.
@@ -17,11 +22,12 @@ night clocks go back) runs twice, once per offset. docs/cron.md has the whole st
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import itertools
 import logging
 import zoneinfo
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Literal
@@ -46,8 +52,14 @@ LATE_AFTER_SECONDS = 60.0
 MAX_CATCH_UP_SLOTS = 100
 # Slots of one schedule enqueued by one statement; a schedule with more due goes on at once.
 MAX_SLOTS_PER_STATEMENT = 1000
-# How often a worker looks for schedules added or resumed at runtime, at most.
+# How often a worker that cannot listen (--no-listen, a PgBouncer in transaction pooling mode)
+# looks for schedules added or resumed at runtime; also how soon a schedule that cannot be
+# computed is looked at again.
 POLL_SECONDS = 10.0
+# A worker that listens hears of every change at once: it looks on its own this seldom, for
+# schedules changed by hand in SQL (which tells no one), and should a listener connection die
+# without the worker noticing.
+SAFETY_POLL_SECONDS = 300.0
 MIN_SLEEP = 0.01
 DUE_BATCH = 100
 
@@ -237,12 +249,23 @@ def periodic(name: str, cron: str, task: str, payload: Any = None, *, queue: str
 
 
 class CronDuty:
-    """The worker's cron duty: writes the code's schedules at its first pass, then enqueues due slots."""
+    """The worker's cron duty: writes the code's schedules at its first pass, then enqueues due slots.
+    `listening` says whether the worker hears of schedule changes (its listener calls `changed`);
+    a duty that does not know looks for them every POLL_SECONDS."""
 
-    def __init__(self, conn: DutyConnection, schedule: Schedule):
+    def __init__(self, conn: DutyConnection, schedule: Schedule, listening: Callable[[], bool] = lambda: False):
         self._conn = conn
         self._schedule = schedule
         self._declared = False
+        self._listening = listening
+        self.wake = asyncio.Event()
+
+    def changed(self) -> None:
+        """A schedule changed (or may have, unheard): look again now."""
+        self.wake.set()
+
+    def _poll_seconds(self) -> float:
+        return SAFETY_POLL_SECONDS if self._listening() else POLL_SECONDS
 
     async def declare(self) -> None:
         """Writes the schedules declared in code. One already added at runtime under the same name is
@@ -261,14 +284,14 @@ class CronDuty:
 
     async def enqueue_due(self) -> float:
         """Enqueues the slots of every schedule due within ENQUEUE_AHEAD_SECONDS; returns how long
-        to wait until the next one is, at most POLL_SECONDS."""
+        to wait until the next one is, at most SAFETY_POLL_SECONDS (POLL_SECONDS when not listening)."""
         due = await self._conn.fetch(sql.DUE_CRON_JOBS, {"ahead": ENQUEUE_AHEAD_SECONDS, "limit": DUE_BATCH},
                                      row=sql.DueCronJobRow)
         if not due:
             (next_in,), = await self._conn.fetch(sql.NEXT_CRON_SLOT_IN)
             if next_in is None:
-                return POLL_SECONDS
-            return min(POLL_SECONDS, max(MIN_SLEEP, next_in - ENQUEUE_AHEAD_SECONDS))
+                return self._poll_seconds()
+            return min(self._poll_seconds(), max(MIN_SLEEP, next_in - ENQUEUE_AHEAD_SECONDS))
         planned = False
         for job in due:
             try:

@@ -21,9 +21,14 @@ from .db import DutyConnection
 
 log = logging.getLogger("queueworker.flow")
 
-# Settings are re-read this often even without a notification (one may be lost while the
-# listener reconnects), and breaker outcomes reported at least this often.
+# Every change of a queue's settings notifies (sql.QUEUES_CHANNEL), and a listener that (re)starts
+# listening, or polls, has them re-read. Besides, they are re-read this often while one of the
+# worker's queues has flow control (its breaker's state, which other workers' outcomes change
+# without a notification, is exported)...
 REFRESH_SECONDS = 5.0
+# ...and this seldom while none has: for settings changed by hand in SQL (which tells no one), and
+# should a listener connection die without the worker noticing.
+SAFETY_REFRESH_SECONDS = 300.0
 BREAKER_STATES = {"closed": 0, "half_open": 1, "open": 2}
 
 
@@ -67,7 +72,7 @@ class FlowControl:
 
     async def step(self) -> float:
         """One pass of the flow duty: report breaker outcomes, re-read settings when told to or when
-        REFRESH_SECONDS have passed. Reported failures wake the claims they held back."""
+        their refresh interval has passed. Reported failures wake the claims they held back."""
         outcomes, self._outcomes = self._outcomes, {}
         self._reporting = frozenset(queue for queue, (_, failures) in outcomes.items() if failures)
         try:
@@ -84,7 +89,7 @@ class FlowControl:
         loop = asyncio.get_running_loop()
         if loop.time() >= self._refresh_due:
             await self.refresh()
-            self._refresh_due = loop.time() + REFRESH_SECONDS
+            self._refresh_due = loop.time() + (REFRESH_SECONDS if self.limited else SAFETY_REFRESH_SECONDS)
         return max(0.0, self._refresh_due - loop.time())
 
     async def refresh(self) -> None:

@@ -3,16 +3,18 @@ notifications do not arrive.
 
 Producers send one notification per queue per statement: `queue` when tasks are due now,
 `queue <epoch>` when the batch is only due later. The listener turns those into a wake-up
-now or a timed wake-up, and asks for one poll, one scheduler pass and one look at the settings
-after every (re)connect, since notifications sent while it was not listening are lost. A
-cancellation of a running task names the worker that holds it; that worker stops the handler at
-once.
+now or a timed wake-up, and asks for one poll, one scheduler pass, one look at the settings and
+one at the cron schedules after every (re)connect, since notifications sent while it was not
+listening are lost. A cancellation of a running task names the worker that holds it; that worker
+stops the handler at once. A change of a queue's settings, or of a cron schedule, has the duty
+that depends on it look again.
 
 Through a PgBouncer in transaction pooling mode a LISTEN stays behind on a server connection the
 worker held for that one statement, and no notification ever reaches the worker. So the listener
 first checks that a notification it sends itself arrives; when it does not (or with --no-listen)
 it polls instead: every poll interval, the same look at everything a notification could have
-announced, and a look at whether a task the worker runs was cancelled.
+announced, and a look at whether a task the worker runs was cancelled. The cron duty, told once
+that notifications no longer reach it, polls at its own slower pace (worker/cron.py).
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ async def notifications_arrive(conn: psycopg.AsyncConnection, send: Send) -> boo
 class Listener:
     def __init__(self, dsn: str, conn: db.DutyConnection, queues: tuple[str, ...], wake: Callable[[float], None],
                  worker_id: str, on_cancel: Callable[[int, int], None], on_settings: Callable[[], None],
-                 catch_up: Callable[[], None], poll_cancelled: Callable[[], Awaitable[None]],
+                 on_schedules: Callable[[], None], catch_up: Callable[[], None],
+                 poll_cancelled: Callable[[], Awaitable[None]],
                  listen: bool = True, poll_interval: float = 1.0):
         self._dsn = dsn
         self._conn = conn  # sends the check's notification
@@ -65,6 +68,9 @@ class Listener:
         self._worker_id = worker_id
         self._on_cancel = on_cancel  # called with (task id, lease token) of a task of ours cancelled
         self._on_settings = on_settings  # a queue's flow-control settings changed
+        # A cron schedule changed, or changes may have gone unheard (listening again), or will no
+        # longer be heard of (polling from now on).
+        self._on_schedules = on_schedules
         # Listening (again), or polling: whatever was announced before is lost, so look again at
         # everything a notification could have said (tasks due now or later, settings).
         self._catch_up = catch_up
@@ -87,11 +93,14 @@ class Listener:
                 log.warning("notifications do not reach this worker (a PgBouncer in transaction pooling mode?): "
                             "polling every %g s instead of listening", self._poll_interval)
                 self.polling = True
+                self._on_schedules()
                 return 0.0
             await conn.execute(f"LISTEN {sql.NOTIFY_CHANNEL}")
             await conn.execute(f"LISTEN {sql.CANCEL_CHANNEL}")
             await conn.execute(f"LISTEN {sql.QUEUES_CHANNEL}")
+            await conn.execute(f"LISTEN {sql.CRON_CHANNEL}")
             self._catch_up()
+            self._on_schedules()
             try:
                 async for notify in conn.notifies():
                     if notify.channel == sql.CANCEL_CHANNEL:
@@ -99,6 +108,8 @@ class Listener:
                     elif notify.channel == sql.QUEUES_CHANNEL:
                         if notify.payload in self._queues:
                             self._on_settings()
+                    elif notify.channel == sql.CRON_CHANNEL:
+                        self._on_schedules()  # every worker's duty handles every schedule
                     else:
                         self._handle(notify.payload)
             except psycopg.OperationalError as exc:

@@ -79,8 +79,9 @@ class WorkerSettings(BaseModel):
     poll_max_seconds: PositiveSeconds = Field(default=30.0, description="longest idle poll")
     # A PgBouncer in transaction pooling mode delivers no notification: the worker finds that out
     # by itself at start (a notification to itself that never arrives) and polls.
-    listen: bool = Field(default=True, description="hear of new tasks, cancellations and queue settings by LISTEN; "
-                                                   "when off, or when notifications do not arrive, poll instead")
+    listen: bool = Field(default=True, description="hear of new tasks, cancellations, queue settings and schedule "
+                                                   "changes by LISTEN; when off, or when notifications do not "
+                                                   "arrive, poll instead")
     poll_interval_seconds: PositiveSeconds = Field(
         default=1.0, description="without LISTEN, how often to look for tasks, due retries, cancellations "
                                  "and queue settings")

@@ -570,6 +570,22 @@ SELECT (SELECT count(*) FROM promoted) AS promoted,
 
 DATABASE_NOW = "SELECT now()"
 
+# Workers' cron duties look at the schedules again when told on this channel (payload: the
+# schedule's name) by every statement that adds, changes, pauses, resumes or deletes one. Moving a
+# schedule's next slot on (ENQUEUE_CRON_SLOTS) tells nobody: it only makes the schedule due later.
+CRON_CHANNEL = "queueworker_cron"
+
+
+def _telling_cron(change: str, result: str) -> str:
+    """`change` (a statement on queueworker.cron_jobs returning `name` among its columns), followed
+    by a notification to the cron duties for each schedule it changed; returns the `result`
+    columns of what it returned."""
+    return "WITH changed AS (" + change + """), told AS (
+    SELECT pg_notify('""" + CRON_CHANNEL + """', name) FROM changed
+)
+SELECT """ + result + " FROM changed, (SELECT count(*) FROM told) AS t\n"
+
+
 # A schedule written by `source`: created with its first slot, or changed in place; its next slot
 # moves only when its expression or time zone changed (it is then the new first slot). A schedule
 # of the other source is left alone, and so is one that would not change (no row comes back then).
@@ -588,10 +604,10 @@ WHERE j.source = '{source}'
   AND (j.expression, j.timezone, j.task, j.payload, j.queue, j.priority, j.max_attempts, j.catch_up)
       IS DISTINCT FROM (excluded.expression, excluded.timezone, excluded.task, excluded.payload, excluded.queue,
                         excluded.priority, excluded.max_attempts, excluded.catch_up)
-RETURNING (xmax = 0) AS created
+RETURNING name, (xmax = 0) AS created
 """
-UPSERT_CODE_CRON_JOB = _UPSERT_CRON_JOB.replace("{source}", "code")
-UPSERT_RUNTIME_CRON_JOB = _UPSERT_CRON_JOB.replace("{source}", "runtime")
+UPSERT_CODE_CRON_JOB = _telling_cron(_UPSERT_CRON_JOB.replace("{source}", "code"), "created")
+UPSERT_RUNTIME_CRON_JOB = _telling_cron(_UPSERT_CRON_JOB.replace("{source}", "runtime"), "created")
 RUNTIME_CRON_JOBS_AMONG = """
 SELECT name FROM queueworker.cron_jobs WHERE name = ANY(%(names)s::text[]) AND source = 'runtime' ORDER BY name
 """
@@ -679,16 +695,18 @@ class CronScheduleRow(NamedTuple):
     now: datetime
 
 
-PAUSE_CRON_JOB = """
+PAUSE_CRON_JOB = _telling_cron("""
 UPDATE queueworker.cron_jobs SET paused = true, updated_at = now() WHERE name = %(name)s RETURNING name
-"""
+""", "name")
 # Resuming starts from the first slot after now: slots of the pause are not caught up.
-RESUME_CRON_JOB = """
+RESUME_CRON_JOB = _telling_cron("""
 UPDATE queueworker.cron_jobs SET paused = false, next_slot = %(next_slot)s, updated_at = now()
 WHERE name = %(name)s AND paused RETURNING name
-"""
+""", "name")
 CRON_JOB_SOURCE = "SELECT source FROM queueworker.cron_jobs WHERE name = %(name)s"
-DELETE_CRON_JOB = "DELETE FROM queueworker.cron_jobs WHERE name = %(name)s RETURNING source"
+DELETE_CRON_JOB = _telling_cron("""
+DELETE FROM queueworker.cron_jobs WHERE name = %(name)s RETURNING name, source
+""", "source")
 
 # -- operators -------------------------------------------------------------------------------
 

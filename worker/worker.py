@@ -162,9 +162,10 @@ class Worker:
         self.rescuer = Rescuer(self._duty_conn, settings.rescue_interval_seconds,
                                settings.deadline_grace_seconds, settings.worker_ttl_seconds)
         self.cleaner = Cleaner(self._duty_conn, settings.retention_seconds, settings.cleaner_interval_seconds)
-        self.cron = CronDuty(self._duty_conn, schedule or Schedule())
+        self.cron = CronDuty(self._duty_conn, schedule or Schedule(), listening=lambda: not self.listener.polling)
         self.listener = Listener(dsn, self._duty_conn, settings.queues, self._wake_at, str(self.identity.id),
-                                 self._cancelled_task, self.flow.settings_changed, catch_up=self._catch_up,
+                                 self._cancelled_task, self.flow.settings_changed, self.cron.changed,
+                                 catch_up=self._catch_up,
                                  poll_cancelled=self._poll_cancelled, listen=settings.listen,
                                  poll_interval=settings.poll_interval_seconds)
 
@@ -255,7 +256,9 @@ class Worker:
             ("schedule", self.scheduler.step, {"wake": self.scheduler.poked}),
             ("complete", self.completer.step, {"wake": self.completer.pending, "first_delay": None}),
             ("flow", self.flow.step, {"wake": self.flow.wake}),
-            ("cron", self.cron.step, {"jitter": 0.2}),
+            # No jitter: the cron duty sleeps until a slot, the same moment for every worker, and
+            # the compare-and-set decides which of them enqueues it.
+            ("cron", self.cron.step, {"wake": self.cron.wake}),
         ]
         duties.append(("summary", self._summary_step, {"first_delay": self.settings.summary_interval_seconds}))
         if self.settings.retention_seconds:
