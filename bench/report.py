@@ -264,6 +264,24 @@ def _sweep_section(results: dict) -> list[str]:
     return lines
 
 
+def _processes_section(results: dict) -> list[str]:
+    supervised = results.get("processes", {})
+    if not supervised:
+        return []
+    c = results["config"]
+    lines = ["", f"One pod's command, `queueworker worker --processes N --concurrency {c['concurrency']}` (one "
+             f"supervisor, N workers), on the burn-down of {c['tasks']:,} tasks; this machine has "
+             f"{results['machine']['cores']} cores, shared with Postgres:", "",
+             "| N | whole drain s | whole drain tasks/s | 5–95% tasks/s | worker CPU µs/task | RSS MB (all processes) |",
+             "|---:|---:|---:|---:|---:|---:|"]
+    for name, runs in sorted(supervised.items()):
+        lines.append(f"| {name.rsplit('-', 1)[1]} | {_cell([r['drain_seconds'] for r in runs], 2)} "
+                     f"| {_cell([r['drain_tasks_per_s'] for r in runs])} | {_cell([r['tasks_per_s'] for r in runs])} "
+                     f"| {_cell([r['worker_cpu_us_per_task'] for r in runs])} "
+                     f"| {_cell([r['rss_load_mb'] for r in runs], 1)} |")
+    return lines
+
+
 def write(out: Path, results: dict) -> None:
     out = out.resolve()
     art_dir = out.parent / "bench" / "report" if (out.parent / "bench").is_dir() else out.parent
@@ -366,6 +384,7 @@ def write(out: Path, results: dict) -> None:
             f"| {_cell([r['load_p99'] for r in lat], 1)} | {_cell([r['stmts_per_s_per_worker'] for r in idle], 2)} "
             f"| {_cell([r['rss_idle_mb'] for r in idle], 1)} | {_cell([r['rss_load_mb'] for r in burn], 1)} |")
     lines += _sweep_section(results)
+    lines += _processes_section(results)
     floor = results.get("latency_floor", [])
     if floor:
         lines += ["", "Machine floor for the idle path (bare NOTIFY round trip, before and after the latency "

@@ -50,6 +50,8 @@ class Config:
     # The whole-drain sweep: the burn-down at these concurrencies (100 is the burn-down itself), for
     # the systems fast enough to drain 100k tasks in seconds.
     sweep_concurrency: tuple[int, ...] = (16, 32, 64, 200)
+    # `queueworker worker --processes N`: one supervised pod-like process tree at each N.
+    supervised_processes: tuple[int, ...] = (1, 2)
 
     @classmethod
     def quick(cls) -> Config:
@@ -59,7 +61,7 @@ class Config:
                    sweep_concurrency=(16,))
 
 
-SCENARIOS = ("burn", "sweep", "latency", "idle", "history", "ceiling", "fanin", "flow")
+SCENARIOS = ("burn", "sweep", "processes", "latency", "idle", "history", "ceiling", "fanin", "flow")
 
 HISTORY_AUTOVACUUM_NAPTIME = "5s"
 
@@ -70,7 +72,7 @@ class Runner:
         self.systems = systems
         self.scenarios = scenario_names
         self.log = log
-        self.results: dict = {"burn": {}, "sweep": {}, "latency": {}, "idle": {}, "history": {}, "ceiling": [], "fanin": [],
+        self.results: dict = {"burn": {}, "sweep": {}, "processes": {}, "latency": {}, "idle": {}, "history": {}, "ceiling": [], "fanin": [],
                         "flow": [], "errors": []}
         self._db_seq = 0
 
@@ -95,7 +97,7 @@ class Runner:
                     "'shared_buffers', 'max_connections', 'wal_level', 'full_page_writes')").fetchall())
             self.results["load_before"] = os.getloadavg()
             started = time.monotonic()
-            for name in ("burn", "sweep", "latency", "idle", "ceiling", "history", "fanin", "flow"):
+            for name in ("burn", "sweep", "processes", "latency", "idle", "ceiling", "history", "fanin", "flow"):
                 if name in self.scenarios:
                     self.log(f"== scenario {name}")
                     getattr(self, f"_{name}")()
@@ -168,6 +170,16 @@ class Runner:
             self._alternating(f"sweep {concurrency}", c.runs, lambda s, dsn: scenarios.burn_down(
                 s, dsn, c.tasks, c.processes, concurrency, c.burn_cap_seconds), systems,
                 self.results["sweep"].setdefault(str(concurrency), {}))
+
+    def _processes(self) -> None:
+        """The burn-down with one `queueworker worker --processes N` (a pod's command) instead of
+        separate processes, at each N: how far one pod scales with the cores it has."""
+        c = self.config
+        supervised = [ALL["queueworker"](processes) for processes in c.supervised_processes]
+        for system in supervised:
+            system.name = f"processes-{system.processes}"  # a database name too
+        self._alternating("processes", c.runs, lambda s, dsn: scenarios.burn_down(
+            s, dsn, c.tasks, 1, c.concurrency, c.burn_cap_seconds), supervised)
 
     def _latency(self) -> None:
         c = self.config

@@ -52,10 +52,11 @@ class Workers:
                 raise RuntimeError(f"worker exited with {proc.returncode}: {tail}")
 
     def rss_mb(self) -> list[float]:
+        """Per started process, with its live descendants (`queueworker worker --processes N`)."""
         out = []
         for proc in self.procs:
             try:
-                out.append(psutil.Process(proc.pid).memory_info().rss / 2**20)
+                out.append(sum(p.memory_info().rss for p in _tree(proc.pid)) / 2**20)
             except psutil.Error:
                 out.append(float("nan"))
         return out
@@ -129,12 +130,19 @@ def _postgres_cpu() -> float:
     return total
 
 
+def _tree(pid: int) -> list[psutil.Process]:
+    root = psutil.Process(pid)
+    return [root, *root.children(recursive=True)]
+
+
 def _workers_cpu(workers: Workers) -> float:
+    """CPU seconds of the started processes, their live descendants and the children they reaped."""
     total = 0.0
     for proc in workers.procs:
         try:
-            t = psutil.Process(proc.pid).cpu_times()
-            total += t.user + t.system + t.children_user + t.children_system
+            for process in _tree(proc.pid):
+                t = process.cpu_times()
+                total += t.user + t.system + t.children_user + t.children_system
         except psutil.Error:
             return float("nan")
     return total

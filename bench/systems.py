@@ -93,9 +93,13 @@ class QueueWorker(System):
                          "SELECT 'default', 'qw.noop', false FROM generate_series(1, %s)", (n,))
             conn.execute("VACUUM ANALYZE queueworker.tasks")
 
+    def __init__(self, processes: int | None = None):
+        self.processes = processes  # `queueworker worker --processes N` (one supervisor) when set
+
     def worker_cmd(self, dsn: str, concurrency: int) -> list[str]:
+        supervised = [] if self.processes is None else ["--processes", str(self.processes)]
         return [sys.executable, "-m", "queueworker.cli", "worker", "--dsn", dsn, "--concurrency", str(concurrency),
-                "--handlers", "bench.peers.qw_handlers", "--log-level", "WARNING"]
+                "--handlers", "bench.peers.qw_handlers", "--log-level", "WARNING", *supervised]
 
     @asynccontextmanager
     async def producer(self, dsn: str) -> AsyncIterator[Send]:
