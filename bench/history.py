@@ -73,7 +73,8 @@ def _sum_buffers(node: dict) -> int:
 
 def claim_script() -> str:
     """pgbench script: our CLAIM (its RETURNING rows aggregated into arrays) then our
-    COMPLETE_SUCCEEDED verbatim, placeholders turned into pgbench variables."""
+    COMPLETE_SUCCEEDED verbatim, placeholders turned into pgbench variables; the claim commits
+    without waiting for the disk, the completion waits, as on a worker's connections."""
     head, _ = sql.CLAIM.strip().rsplit("\nSELECT ", 1)
     claim = (f"{head}\n"
              "SELECT coalesce(array_agg(id), '{}')::text AS ids, "
@@ -85,7 +86,8 @@ def claim_script() -> str:
         statement = re.sub(r"%\((\w+)\)s", r":\1", statement)
         return " ".join(statement.split())
 
-    return f"{to_pgbench(claim)}\n\\gset\n{to_pgbench(complete)};\n"
+    return (f"SET synchronous_commit = off;\n{to_pgbench(claim)}\n\\gset\n"
+            f"SET synchronous_commit = on;\n{to_pgbench(complete)};\n")
 
 
 def ceiling(dsn: str, tasks: int, clients: int, limit: int, pgbench: Path | None = None) -> dict:
