@@ -128,12 +128,16 @@ ENQUEUE_WITH_HEADERS = _enqueue(headers=True, source=_arrays(headers=True))
 # the transaction ends, and emptied before each batch that reuses it within one transaction.
 STAGING_TABLE = "pg_temp.queueworker_staged_tasks"
 # Whether this transaction has a staging table already, whether the role may create one (TEMPORARY
-# on the database, granted to PUBLIC unless revoked), and whether the schema hashes specs
-# (migration 004).
+# on the database, granted to PUBLIC unless revoked), and whether the statement may set the spec
+# hash itself: the schema has it (migration 004) and the role may insert it (the owner; a
+# least-privilege producer may not, so that it cannot forge one, and its rows get theirs from the
+# trigger).
 STAGING_STATE = f"""
 SELECT to_regclass('{STAGING_TABLE}') IS NOT NULL AS exists,
        has_database_privilege(current_database(), 'TEMPORARY') AS allowed,
-       to_regprocedure('queueworker.spec_hash(text, text, jsonb)') IS NOT NULL AS spec_hash
+       CASE WHEN EXISTS (SELECT FROM pg_attribute WHERE attrelid = 'queueworker.tasks'::regclass
+                                                    AND attname = 'spec_hash' AND NOT attisdropped)
+            THEN has_column_privilege('queueworker.tasks', 'spec_hash', 'INSERT') ELSE false END AS spec_hash
 """
 
 
