@@ -15,6 +15,7 @@ from hypothesis import given, settings, strategies as st
 from pydantic import ValidationError
 
 from queueworker import TaskSpec, enqueue_many, producer, sql
+from queueworker.cli import main as cli_main
 from queueworker.handlers import Registry
 from queueworker.producer import COPY_THRESHOLD, INT4_MAX, enqueue_batch, enqueue_many_async
 from queueworker.settings import WorkerSettings
@@ -232,6 +233,24 @@ def test_a_least_privilege_producer_copies_without_setting_the_spec_hash_and_wit
         assert not conn.execute(STAGED).fetchone()[0], "the plain insert, without a staging table"
     assert scalar(installation.admin, "SELECT count(*) FROM queueworker.tasks WHERE id = ANY(%s) "
                                       "AND spec_hash = queueworker.spec_hash(queue, task, payload)", (ids,)) == 2 * len(specs)
+
+
+@pytest.mark.integration
+def test_the_cli_sends_many_copies_with_copy(dsn, monkeypatch, capsys):
+    statements = []
+    real_copy = psycopg.Cursor.copy
+
+    def spying_copy(self, statement, *args, **kwargs):
+        statements.append(statement)
+        return real_copy(self, statement, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Cursor, "copy", spying_copy)
+    assert cli_main(["enqueue", "-q", "qw.noop", "--dsn", dsn, "--count", str(COPY_THRESHOLD + 1)]) == 0
+    ids = [int(line) for line in capsys.readouterr().out.split()]
+    assert statements == [sql.COPY_STAGING]
+    assert len(ids) == COPY_THRESHOLD + 1 and ids == sorted(ids)
+    assert query(dsn, "SELECT count(*) FROM queueworker.task_events WHERE task_id = ANY(%s) AND to_state = 'pending'",
+                 (ids,)) == [(len(ids),)]
 
 
 def test_the_fast_check_takes_the_common_shapes():
