@@ -10,7 +10,6 @@ from datetime import datetime, timedelta, timezone
 
 import psycopg
 import pytest
-from psycopg import sql as pgsql
 from hypothesis import given, settings, strategies as st
 from pydantic import ValidationError
 
@@ -21,8 +20,8 @@ from queueworker.producer import COPY_THRESHOLD, INT4_MAX, enqueue_batch, enqueu
 from queueworker.settings import WorkerSettings
 from queueworker.worker import Worker
 from tests.support import query, run_worker_until, scalar
-from tests.test_roles import installation  # noqa: F401
 
+# Whether the transaction has a staging table: whether a batch of it went through COPY.
 STAGED = "SELECT to_regclass('pg_temp.queueworker_staged_tasks') IS NOT NULL"
 # Everything a task row holds but its id and the times the database gives it; run_after as its
 # distance from created_at (a delay is counted from the producer's clock), rounded to minutes.
@@ -214,25 +213,6 @@ def test_a_copied_batch_due_later_announces_its_earliest_due_time(dsn):
         (notify,) = list(listener.notifies(timeout=30, stop_after=1))
     earliest = scalar(dsn, "SELECT extract(epoch FROM min(run_after))::text FROM queueworker.tasks")
     assert notify.payload == f"later {earliest}"
-
-
-@pytest.mark.integration
-def test_a_least_privilege_producer_copies_without_setting_the_spec_hash_and_without_temp_does_not(installation):
-    installation.install()
-    producer_dsn = installation.logins["producer"]
-    specs = [{"task": "t", "payload": {"n": n}} for n in range(COPY_THRESHOLD)]
-    with psycopg.connect(producer_dsn) as conn:
-        assert conn.execute(sql.STAGING_STATE).fetchone() == (False, True, False), "may stage, may not hash"
-        ids = enqueue_many(conn, specs)
-        assert conn.execute(STAGED).fetchone()[0]
-    with psycopg.connect(installation.admin, autocommit=True) as conn:
-        conn.execute(pgsql.SQL("REVOKE TEMPORARY ON DATABASE {} FROM PUBLIC").format(
-            pgsql.Identifier(conn.info.dbname)))
-    with psycopg.connect(producer_dsn) as conn:
-        ids += enqueue_many(conn, specs)
-        assert not conn.execute(STAGED).fetchone()[0], "the plain insert, without a staging table"
-    assert scalar(installation.admin, "SELECT count(*) FROM queueworker.tasks WHERE id = ANY(%s) "
-                                      "AND spec_hash = queueworker.spec_hash(queue, task, payload)", (ids,)) == 2 * len(specs)
 
 
 @pytest.mark.integration
