@@ -103,6 +103,18 @@ def test_copy_is_used_below_the_caller_transaction_and_on_autocommit(dsn):
 
 
 @pytest.mark.integration
+def test_a_big_batch_in_pipeline_mode_takes_the_plain_insert(dsn):
+    """Pipeline mode has no COPY: the batch is inserted as it was before COPY."""
+    specs = [{"task": "t", "payload": {"n": n}} for n in range(COPY_THRESHOLD)]
+    for autocommit in (False, True):
+        with psycopg.connect(dsn, autocommit=autocommit) as conn:
+            with conn.pipeline():
+                ids = enqueue_many(conn, specs)
+            assert len(ids) == len(specs) and not conn.execute(STAGED).fetchone()[0]
+    assert scalar(dsn, "SELECT count(*) FROM queueworker.tasks") == 2 * len(specs)
+
+
+@pytest.mark.integration
 def test_the_async_producer_takes_the_copy_path_too(dsn):
     async def main() -> tuple[list[int], bool]:
         async with await psycopg.AsyncConnection.connect(dsn) as conn:

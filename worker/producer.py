@@ -339,11 +339,16 @@ def _staged_rows(params: dict[str, list]) -> Iterator[tuple]:
                params["headers"])
 
 
-def _insert_plain(specs: Sequence[TaskSpec | PlainTask]) -> Generator[Step, list, list[int]]:
-    """Inserts plain specs, with COPY when there are COPY_THRESHOLD of them and the role may create
-    the staging table; returns their ids in order."""
+def _copies(conn: psycopg.Connection | psycopg.AsyncConnection) -> bool:
+    """Whether a batch on `conn` may go through COPY: not in pipeline mode, which has no COPY."""
+    return conn.info.pipeline_status == psycopg.pq.PipelineStatus.OFF
+
+
+def _insert_plain(specs: Sequence[TaskSpec | PlainTask], copy: bool) -> Generator[Step, list, list[int]]:
+    """Inserts plain specs, with COPY (if `copy`) when there are COPY_THRESHOLD of them and the role
+    may create the staging table; returns their ids in order."""
     params = _params(specs)
-    if len(specs) >= COPY_THRESHOLD:
+    if copy and len(specs) >= COPY_THRESHOLD:
         (state,) = yield sql.STAGING_STATE, {}, sql.StagingStateRow
         if state.allowed:
             yield Copy(sql.EMPTY_STAGING if state.exists else sql.CREATE_STAGING, sql.COPY_STAGING,
@@ -355,12 +360,13 @@ def _insert_plain(specs: Sequence[TaskSpec | PlainTask]) -> Generator[Step, list
     return [row.id for row in rows]
 
 
-def _plan(batch: Sequence[TaskSpec | PlainTask], run: tuple[int, int] | None = None) -> Plan:
-    """With `run` = (run id, number of the batch's first partition) every spec is a partition."""
+def _plan(batch: Sequence[TaskSpec | PlainTask], run: tuple[int, int] | None = None, copy: bool = False) -> Plan:
+    """With `run` = (run id, number of the batch's first partition) every spec is a partition; with
+    `copy`, plain specs may go through COPY (see _copies)."""
     ids: list[int | None] = [None] * len(batch)
     plain = [i for i, spec in enumerate(batch) if spec.plain and run is None]
     if plain:
-        plain_ids = yield from _insert_plain([batch[i] for i in plain])
+        plain_ids = yield from _insert_plain([batch[i] for i in plain], copy)
         for i, task_id in zip(plain, plain_ids):
             ids[i] = task_id
     pending = [i for i, spec in enumerate(batch) if not spec.plain or run is not None]
@@ -465,7 +471,7 @@ def enqueue_many(conn: psycopg.Connection, specs: Iterable[TaskSpec | dict]) -> 
 def enqueue_batch(conn: psycopg.Connection, batch: Sequence[TaskSpec | PlainTask]) -> Enqueued:
     """Enqueues up to BATCH_SIZE specs (COPY_BATCH_SIZE plain ones); says which were unique duplicates
     (for the CLI's report)."""
-    return _run(conn, _plan(batch))
+    return _run(conn, _plan(batch, copy=_copies(conn)))
 
 
 def _stage(spec: TaskSpec | dict, previous: list[int]) -> TaskSpec:
@@ -530,7 +536,7 @@ async def enqueue_many_async(conn: psycopg.AsyncConnection, specs: Iterable[Task
     """The asyncio twin of enqueue_many()."""
     ids: list[int] = []
     for batch in _batches(specs):
-        ids.extend((await _run_async(conn, _plan(batch))).ids)
+        ids.extend((await _run_async(conn, _plan(batch, copy=_copies(conn)))).ids)
     return ids
 
 
