@@ -72,7 +72,9 @@ def _enqueued_rows(dsn: str, specs: list, threshold: int) -> tuple[list[tuple], 
 @pytest.mark.integration
 def test_copy_stores_exactly_the_rows_the_plain_insert_stores(dsn):
     specs = _varied_specs(COPY_THRESHOLD + 200)
-    slow, slow_staged = _enqueued_rows(dsn, specs, threshold=10**9)
+    # The slow path as it was: every dict validated by pydantic, every row bound as array parameters.
+    validated = [spec if isinstance(spec, TaskSpec) else TaskSpec(**spec) for spec in specs]
+    slow, slow_staged = _enqueued_rows(dsn, validated, threshold=10**9)
     fast, fast_staged = _enqueued_rows(dsn, specs, threshold=COPY_THRESHOLD)
     assert (slow_staged, fast_staged) == (False, True), "the big batch went through COPY, the other not"
     assert fast == slow
