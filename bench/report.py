@@ -282,6 +282,30 @@ def _processes_section(results: dict) -> list[str]:
     return lines
 
 
+# pgmq's published write figure, for comparison (not measured here: other hardware, many writers).
+PGMQ_PUBLISHED = ("PGMQ's authors report writing over 150,000 messages/s with 20 concurrent writers each sending "
+                  "batches of 100, on one Postgres instance with 16 vCPU and 32 GB "
+                  "(Tembo, 2023-12-06, https://tembo.io/blog/mq-stack-benchmarking); a different machine and "
+                  "20 writers against one here, so a reference point, not a comparison on equal terms.")
+
+
+def _enqueue_lines(results: dict) -> list[str]:
+    """The bulk enqueue table (bench/enqueue.py), or nothing when the scenario did not run."""
+    enqueue = results.get("enqueue") or {}
+    if not enqueue:
+        return []
+    batches = sorted({r["batch"] for runs in enqueue.values() for r in runs})
+    tasks = sorted({r["tasks"] for runs in enqueue.values() for r in runs})
+    lines = ["", f"Bulk enqueue (tasks/s, median (min–max)): {', '.join(f'{t:,}' for t in tasks)} no-op tasks "
+             f"through each system's own bulk API in calls of {', '.join(f'{b:,}' for b in batches)}, each call "
+             "committed, no worker running (bench/enqueue.py):", "", "| system | API | tasks/s |", "|---|---|---:|"]
+    apis = {"queueworker": "`enqueue_many`", "pgqueuer": "`Queries.enqueue` (lists)",
+            "procrastinate": "`Task.batch_defer_async`"}
+    for name, runs in enqueue.items():
+        lines.append(f"| {name} | {apis.get(name, '–')} | {_cell([r['tasks_per_s'] for r in runs])} |")
+    return lines + ["", PGMQ_PUBLISHED]
+
+
 def write(out: Path, results: dict) -> None:
     out = out.resolve()
     art_dir = out.parent / "bench" / "report" if (out.parent / "bench").is_dir() else out.parent
@@ -438,6 +462,7 @@ def write(out: Path, results: dict) -> None:
             lines.append(f"| {'rate-limited' if limited else 'plain'} | {_cell([r['tasks_per_s'] for r in rows])} "
                          f"| {_cell([r.get('worker_cpu_us_per_task', float('nan')) for r in rows])} "
                          f"| {_cell([r.get('pg_cpu_us_per_task', float('nan')) for r in rows])} |")
+    lines += _enqueue_lines(results)
     idle_rows = [(n, r) for n, runs in results["idle"].items() for r in runs]
     if idle_rows:
         lines += ["", "Idle statements by system (top 5 in the window, calls):", ""]

@@ -15,6 +15,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import AsyncIterator, Awaitable, Callable
@@ -54,6 +55,11 @@ class System:
         raise NotImplementedError
 
     def worker_cmd(self, dsn: str, concurrency: int) -> list[str]:
+        raise NotImplementedError
+
+    def bulk_enqueue(self, dsn: str, tasks: int, batch: int) -> float:
+        """Enqueues `tasks` no-op tasks through the system's own bulk API, `batch` per call, each
+        call committed on its own; the seconds the calls took (connecting excluded)."""
         raise NotImplementedError
 
     # One statement taking the timestamps as a float8[] that enqueues a `record` task for each,
@@ -100,6 +106,14 @@ class QueueWorker(System):
         supervised = [] if self.processes is None else ["--processes", str(self.processes)]
         return [sys.executable, "-m", "queueworker.cli", "worker", "--dsn", dsn, "--concurrency", str(concurrency),
                 "--handlers", "bench.peers.qw_handlers", "--log-level", "WARNING", *supervised]
+
+    def bulk_enqueue(self, dsn: str, tasks: int, batch: int) -> float:
+        from queueworker.producer import enqueue_many
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            started = time.perf_counter()
+            for start in range(0, tasks, batch):
+                enqueue_many(conn, [{"task": "qw.noop"} for _ in range(min(batch, tasks - start))])
+            return time.perf_counter() - started
 
     @asynccontextmanager
     async def producer(self, dsn: str) -> AsyncIterator[Send]:
@@ -159,6 +173,18 @@ class PGQueuer(System):
         return [sys.executable, "-m", "bench.peers.pgqueuer_worker", "--dsn", dsn,
                 "--concurrency", str(concurrency), "--batch-size", str(self._batch(concurrency))]
 
+    def bulk_enqueue(self, dsn: str, tasks: int, batch: int) -> float:
+        seconds = []
+
+        async def enqueue(queries, conn) -> None:
+            started = time.perf_counter()
+            for start in range(0, tasks, batch):
+                k = min(batch, tasks - start)
+                await queries.enqueue(["noop"] * k, [None] * k, [0] * k)
+            seconds.append(time.perf_counter() - started)
+        self._run(enqueue, dsn)
+        return seconds[0]
+
     @asynccontextmanager
     async def producer(self, dsn: str) -> AsyncIterator[Send]:
         import asyncpg
@@ -205,6 +231,19 @@ class Procrastinate(System):
     def worker_cmd(self, dsn: str, concurrency: int) -> list[str]:
         return [sys.executable, "-m", "bench.peers.procrastinate_worker", "--dsn", dsn,
                 "--concurrency", str(concurrency)]
+
+    def bulk_enqueue(self, dsn: str, tasks: int, batch: int) -> float:
+        from bench.peers.procrastinate_worker import make_app
+
+        async def main() -> float:
+            app = make_app(dsn, pool_size=1)
+            async with app.open_async():
+                task = app.tasks["noop"]
+                started = time.perf_counter()
+                for start in range(0, tasks, batch):
+                    await task.batch_defer_async(*({} for _ in range(min(batch, tasks - start))))
+                return time.perf_counter() - started
+        return asyncio.run(main())
 
     @asynccontextmanager
     async def producer(self, dsn: str) -> AsyncIterator[Send]:

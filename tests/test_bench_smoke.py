@@ -17,7 +17,7 @@ from queueworker.localpg import PostgresNotFound, find_bin_dir
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parent.parent
-SCENARIOS = ("burn", "latency", "idle", "history", "ceiling", "fanin", "flow")
+SCENARIOS = ("burn", "latency", "idle", "history", "ceiling", "fanin", "flow", "enqueue")
 
 
 def test_quick_benchmark_run_writes_its_report(tmp_path):
@@ -45,5 +45,7 @@ def test_quick_benchmark_run_writes_its_report(tmp_path):
     assert "Partitioned run fan-in" in report
     assert sorted(r["limited"] for r in results["flow"]) == [False, True]
     assert "Flow control (queueworker" in report
+    assert [r["tasks"] for r in results["enqueue"]["queueworker"]] == [results["config"]["enqueue_tasks"]]
+    assert "Bulk enqueue (tasks/s" in report and "tembo.io" in report
     for name, runs in results["latency"].items():
         assert all(r["load_n"] == r["load_sent"] for r in runs), name  # every probe task ran

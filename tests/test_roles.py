@@ -25,8 +25,9 @@ from queueworker import sql
 from queueworker.cleaner import Cleaner
 from queueworker.db import DutyConnection
 from queueworker.migrate import available_migrations
-from queueworker.producer import enqueue, enqueue_chain, enqueue_many, start_run
+from queueworker.producer import COPY_THRESHOLD, enqueue, enqueue_chain, enqueue_many, start_run
 from tests.support import FAST_LEASES, WorkerProcess, query, scalar, wait_until
+from tests.test_bulk_enqueue import STAGED
 
 pytestmark = pytest.mark.integration
 
@@ -340,6 +341,27 @@ REFUSED = [
         "UPDATE queueworker.watermarks SET value = '1'",
     )),
 ]
+
+
+def test_a_producer_copies_without_setting_the_spec_hash_and_without_temp_does_not(installation):
+    """A big batch goes through COPY with the producer's grants (TEMPORARY comes from PUBLIC), its
+    spec hashes from the trigger; with TEMPORARY revoked it takes the plain insert."""
+    installation.install()
+    producer_dsn = installation.logins["producer"]
+    specs = [{"task": "t", "payload": {"n": n}} for n in range(COPY_THRESHOLD)]
+    with psycopg.connect(producer_dsn) as conn:
+        assert conn.execute(sql.STAGING_STATE).fetchone() == (False, True, False), "may stage, may not hash"
+        ids = enqueue_many(conn, specs)
+        assert conn.execute(STAGED).fetchone()[0]
+    with psycopg.connect(installation.admin, autocommit=True) as conn:
+        conn.execute(pgsql.SQL("REVOKE TEMPORARY ON DATABASE {} FROM PUBLIC").format(
+            pgsql.Identifier(conn.info.dbname)))
+    with psycopg.connect(producer_dsn) as conn:
+        ids += enqueue_many(conn, specs)
+        assert not conn.execute(STAGED).fetchone()[0], "the plain insert, without a staging table"
+    hashed = scalar(installation.admin, "SELECT count(*) FROM queueworker.tasks WHERE id = ANY(%s) "
+                                        "AND spec_hash = queueworker.spec_hash(queue, task, payload)", (ids,))
+    assert hashed == 2 * len(specs)
 
 
 def test_each_role_is_refused_what_it_does_not_need(installation):

@@ -481,7 +481,7 @@ def _payload(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
-    from .producer import BATCH_SIZE, TaskSpec, enqueue_batch
+    from .producer import BATCH_SIZE, COPY_BATCH_SIZE, TaskSpec, enqueue_batch
 
     given = {"task": args.task, "queue": args.queue, "priority": args.priority, "delay": args.delay,
              "max_attempts": args.max_attempts, "timeout_seconds": args.timeout, "dedupe_key": args.dedupe_key,
@@ -495,9 +495,10 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     if spec.unique and args.count > 1:
         raise CliError("--count: copies of a unique task would all be the same task; give --count 1")
     ids: list[int] = []
+    batch_size = COPY_BATCH_SIZE if spec.plain else BATCH_SIZE
     with _connect(args.dsn) as conn:
-        for start in range(0, args.count, BATCH_SIZE):
-            outcome = enqueue_batch(conn, [spec] * min(BATCH_SIZE, args.count - start))
+        for start in range(0, args.count, batch_size):
+            outcome = enqueue_batch(conn, [spec] * min(batch_size, args.count - start))
             ids.extend(outcome.ids)
     held = len(ids) == 1 and outcome.duplicates
     if held:
