@@ -22,7 +22,7 @@ from pathlib import Path
 
 import psycopg
 
-from bench import history, report, runs, scenarios
+from bench import history, report, runs, scenarios, startup
 from bench.systems import ALL, System
 
 
@@ -46,15 +46,17 @@ class Config:
     fanin_partitions: int = 10_000
     fanin_runs: int = 3
     flow_runs: int = 3
+    startup_runs: int = 10
 
     @classmethod
     def quick(cls) -> Config:
         return cls(tasks=300, runs=1, burn_cap_seconds=10, idle_samples=10, load_rate=200, load_seconds=1.0,
                    idle_settle=2.0, idle_window=2.0, history_finished=3000, history_delayed=1000,
-                   history_tasks=300, history_runs=1, ceiling_runs=1, fanin_partitions=50, fanin_runs=1, flow_runs=1)
+                   history_tasks=300, history_runs=1, ceiling_runs=1, fanin_partitions=50, fanin_runs=1, flow_runs=1,
+                   startup_runs=1)
 
 
-SCENARIOS = ("burn", "latency", "idle", "history", "ceiling", "fanin", "flow")
+SCENARIOS = ("burn", "latency", "idle", "history", "ceiling", "fanin", "flow", "startup")
 HISTORY_AUTOVACUUM_NAPTIME = "5s"
 
 
@@ -65,7 +67,7 @@ class Runner:
         self.scenarios = scenario_names
         self.log = log
         self.results: dict = {"burn": {}, "latency": {}, "idle": {}, "history": {}, "ceiling": [], "fanin": [],
-                        "flow": [], "errors": []}
+                        "flow": [], "startup": {}, "errors": []}
         self._db_seq = 0
 
     def run(self) -> dict:
@@ -89,7 +91,7 @@ class Runner:
                     "'shared_buffers', 'max_connections', 'wal_level', 'full_page_writes')").fetchall())
             self.results["load_before"] = os.getloadavg()
             started = time.monotonic()
-            for name in ("burn", "latency", "idle", "ceiling", "history", "fanin", "flow"):
+            for name in ("burn", "latency", "idle", "ceiling", "history", "fanin", "flow", "startup"):
                 if name in self.scenarios:
                     self.log(f"== scenario {name}")
                     getattr(self, f"_{name}")()
@@ -242,6 +244,15 @@ class Runner:
                 if result:
                     self.log(f"   flow {'limited' if limited else 'plain'} run {round_no + 1}: {_brief(result)}")
                     self.results["flow"].append(result)
+
+    def _startup(self) -> None:
+        """Process start to first claim of a waiting task, for the systems bench/startup.py knows."""
+        for system in [s for s in self.systems if s.name in startup.SYSTEMS]:
+            result = self._on_fresh_db(system, "startup", system.name, lambda dsn: startup.startup_time(
+                dsn, self.config.startup_runs, system))
+            if result:
+                self.log(f"   startup {system.name}: {_brief(result)}")
+                self.results["startup"][system.name] = result
 
     def _on_fresh_db(self, system: System, scenario: str, label: str, measure) -> dict | None:
         """measure(dsn) on a fresh database, dropped afterwards; a failure is logged and recorded
