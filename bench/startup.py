@@ -7,8 +7,9 @@ run empties the queue, enqueues one no-op task, takes the wall clock (`time.time
 system's worker entry point (its `System.worker_cmd`, as every other scenario runs it). The claim
 and finish moments come from the database's clock (queueworker: the task's `started_at`, which
 CLAIM stamps, and `finished_at`; PGQueuer: its `pgqueuer_log` rows `picked` and `successful`),
-the same machine clock as the spawn's. One run first, not counted, warms the page cache and the
-bytecode caches, as a node that already ran the image would have them.
+the same machine clock as the spawn's. One run first, not counted, warms the page cache and writes
+the bytecode caches (PYTHONDONTWRITEBYTECODE is dropped for the worker), as an image has them: pip
+compiles a wheel's modules when it installs it.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def _one_run(system: System, dsn: str) -> tuple[float, float]:
     with tempfile.TemporaryFile("w+") as log, psycopg.connect(dsn, autocommit=True) as conn:
         spawned = time.time()
         proc = subprocess.Popen(system.worker_cmd(dsn, CONCURRENCY), stdout=log, stderr=log, cwd=REPO,
-                                env=dict(os.environ, PYTHONPATH=str(REPO)), start_new_session=True)
+                                env=_worker_environment(), start_new_session=True)
         try:
             deadline = time.monotonic() + WAIT_SECONDS
             while True:
@@ -81,6 +82,11 @@ def _one_run(system: System, dsn: str) -> tuple[float, float]:
                 time.sleep(POLL_SECONDS)
         finally:
             _stop(proc)
+
+
+def _worker_environment() -> dict[str, str]:
+    env = {name: value for name, value in os.environ.items() if name != "PYTHONDONTWRITEBYTECODE"}
+    return {**env, "PYTHONPATH": str(REPO)}
 
 
 def _stop(proc: subprocess.Popen) -> None:
