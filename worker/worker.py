@@ -304,9 +304,10 @@ class Worker:
         return False
 
     async def _open_connections(self) -> None:
-        """Opens the connections of the first claim and its completion together: one after another,
-        as each is first used, their handshakes would add up before the first task starts. Raises
-        the first failure once every attempt has ended (none is left connecting behind)."""
+        """Opens the connections that start-up and the first task use (duty, heartbeat, claim,
+        completion) together: one after another, as each is first used, their handshakes would add
+        up before the first task starts. Raises the first failure once every attempt has ended (none
+        is left connecting behind)."""
         outcomes = await asyncio.gather(*(conn.open() for conn in (
             self._duty_conn, self._heartbeat_conn, self._claim_conn, self._complete_conn)), return_exceptions=True)
         for outcome in outcomes:
