@@ -49,6 +49,8 @@ def startup_time(dsn: str, runs: int, system: System | None = None) -> dict:
     and to that task being finished, over `runs` runs (after one run not counted); `dsn` is a
     database with the system installed."""
     system = system or ALL["queueworker"]()
+    if runs < 1:
+        raise ValueError(f"runs must be at least 1, not {runs}")
     if system.name not in MOMENTS:
         raise ValueError(f"no start-up measurement for {system.name} (only {', '.join(SYSTEMS)})")
     claims, finishes = [], []
@@ -110,10 +112,13 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--systems", default="queueworker", help=f"comma-separated subset of: {', '.join(SYSTEMS)}")
     args = parser.parse_args()
+    names = args.systems.split(",")
+    if args.runs < 1 or not set(names) <= set(SYSTEMS):
+        parser.error(f"--runs must be at least 1, --systems a subset of {', '.join(SYSTEMS)}")
     server = LocalPostgres(durable=True)
     admin = server.start()
     try:
-        for name in args.systems.split(","):
+        for name in names:
             system = ALL[name]()
             with psycopg.connect(admin, autocommit=True) as conn:
                 conn.execute(f'CREATE DATABASE "startup_{name}"')
