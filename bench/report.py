@@ -470,6 +470,14 @@ def write(out: Path, results: dict) -> None:
                          f"| {_cell([r.get('worker_cpu_us_per_task', float('nan')) for r in rows])} "
                          f"| {_cell([r.get('pg_cpu_us_per_task', float('nan')) for r in rows])} |")
     lines += _enqueue_lines(results)
+    started = results.get("startup", {})
+    if started:
+        lines += ["", "Start-up: process start → first claim, ms (`bench/startup.py`: one no-op task waiting, the "
+                  "worker spawned; claim and finish times from the database's clock; median (min–max) of "
+                  f"{c.get('startup_runs', 0)} runs after one not counted):", "",
+                  "| system | → first claim ms | → task finished ms |", "|---|---:|---:|"]
+        for n, r in started.items():
+            lines.append(f"| {n} | {_cell(r['claim_ms'])} | {_cell(r['finished_ms'])} |")
     idle_rows = [(n, r) for n, runs in results["idle"].items() for r in runs]
     if idle_rows:
         lines += ["", "Idle statements by system (top 5 in the window, calls):", ""]

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import psycopg
 
-from bench import enqueue, history, report, runs, scenarios
+from bench import enqueue, history, report, runs, scenarios, startup
 from bench.report import SWEEP_EXCLUDED
 from bench.systems import ALL, System
 
@@ -53,16 +53,18 @@ class Config:
     # `queueworker worker --processes N`: one supervised pod-like process tree at each N.
     supervised_processes: tuple[int, ...] = (1, 2)
     enqueue_tasks: int = 100_000
+    startup_runs: int = 10
 
     @classmethod
     def quick(cls) -> Config:
         return cls(tasks=300, runs=1, burn_cap_seconds=10, idle_samples=10, load_rate=200, load_seconds=1.0,
                    idle_settle=2.0, idle_window=2.0, history_finished=3000, history_delayed=1000,
                    history_tasks=300, history_runs=1, ceiling_runs=1, fanin_partitions=50, fanin_runs=1, flow_runs=1,
-                   sweep_concurrency=(16,), enqueue_tasks=3000)
+                   sweep_concurrency=(16,), enqueue_tasks=3000, startup_runs=1)
 
 
-SCENARIOS = ("burn", "sweep", "processes", "enqueue", "latency", "idle", "history", "ceiling", "fanin", "flow")
+SCENARIOS = ("burn", "sweep", "processes", "enqueue", "startup", "latency", "idle", "history", "ceiling", "fanin",
+             "flow")
 
 HISTORY_AUTOVACUUM_NAPTIME = "5s"
 
@@ -73,8 +75,8 @@ class Runner:
         self.systems = systems
         self.scenarios = scenario_names
         self.log = log
-        self.results: dict = {"burn": {}, "sweep": {}, "processes": {}, "enqueue": {}, "latency": {}, "idle": {},
-                              "history": {}, "ceiling": [], "fanin": [], "flow": [], "errors": []}
+        self.results: dict = {"burn": {}, "sweep": {}, "processes": {}, "enqueue": {}, "startup": {}, "latency": {},
+                              "idle": {}, "history": {}, "ceiling": [], "fanin": [], "flow": [], "errors": []}
         self._db_seq = 0
 
     def run(self) -> dict:
@@ -98,8 +100,8 @@ class Runner:
                     "'shared_buffers', 'max_connections', 'wal_level', 'full_page_writes')").fetchall())
             self.results["load_before"] = os.getloadavg()
             started = time.monotonic()
-            for name in ("burn", "sweep", "processes", "enqueue", "latency", "idle", "ceiling", "history", "fanin",
-                         "flow"):
+            for name in ("burn", "sweep", "processes", "enqueue", "startup", "latency", "idle", "ceiling", "history",
+                         "fanin", "flow"):
                 if name in self.scenarios:
                     self.log(f"== scenario {name}")
                     getattr(self, f"_{name}")()
@@ -286,6 +288,15 @@ class Runner:
             self._alternating("enqueue", c.runs, lambda s, dsn: enqueue.enqueue_rate(s, dsn, c.enqueue_tasks))
         finally:
             self.systems = systems
+
+    def _startup(self) -> None:
+        """Process start to first claim of a waiting task, for the systems bench/startup.py knows."""
+        for system in [s for s in self.systems if s.name in startup.SYSTEMS]:
+            result = self._on_fresh_db(system, "startup", system.name, lambda dsn: startup.startup_time(
+                dsn, self.config.startup_runs, system))
+            if result:
+                self.log(f"   startup {system.name}: {_brief(result)}")
+                self.results["startup"][system.name] = result
 
     def _on_fresh_db(self, system: System, scenario: str, label: str, measure) -> dict | None:
         """measure(dsn) on a fresh database, dropped afterwards; a failure is logged and recorded

@@ -32,9 +32,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Literal
 
-from croniter import CroniterError, croniter
 from pydantic import TypeAdapter, ValidationError
 
+# croniter (and dateutil with it) is imported by the functions that work out slots, not here: a
+# worker without schedules never needs it, and starts sooner without it.
 from . import metrics, sql
 from .db import DutyConnection
 from .producer import TaskName, TaskSpec
@@ -89,6 +90,8 @@ def zone(name: str) -> zoneinfo.ZoneInfo:
 
 def _slots(expression: str, tz: zoneinfo.ZoneInfo, start: datetime, backwards: bool = False) -> Iterator[datetime]:
     """The expression's slots strictly after (or before) `start`, in order, as UTC times."""
+    from croniter import croniter
+
     times = croniter(expression, start.astimezone(tz))
     step = times.get_prev if backwards else times.get_next
     while True:
@@ -103,6 +106,8 @@ def first_slot_after(expression: str, timezone_name: str, after: datetime) -> da
         raise CronError(f"invalid cron expression {str(expression)[:60]!r}: printable text of 1 to "
                         f"{MAX_EXPRESSION_LENGTH} characters")
     tz = zone(timezone_name)
+    from croniter import CroniterError, croniter
+
     try:
         # Five or six fields, or an alias: never croniter's seventh (a year), whose schedules end.
         if not croniter.is_valid(expression) or not (expression.startswith("@") or len(expression.split()) in (5, 6)):
@@ -292,6 +297,8 @@ class CronDuty:
             if next_in is None:
                 return self._poll_seconds()
             return min(self._poll_seconds(), max(MIN_SLEEP, next_in - ENQUEUE_AHEAD_SECONDS))
+        from croniter import CroniterError
+
         planned = False
         for job in due:
             try:

@@ -149,6 +149,11 @@ class DutyConnection:
         finally:
             self._lock.release()
 
+    async def open(self, timeout: float = CLIENT_TIMEOUT_SECONDS) -> None:
+        """Connects now, unless connected (StatementTimedOut after `timeout` seconds)."""
+        async with self._lock:
+            await self._connection(asyncio.get_running_loop().time() + timeout, timeout)
+
     async def _connection(self, deadline: float, timeout: float) -> psycopg.AsyncConnection:
         """The open connection, made first if needed (cancelling a connect is always safe)."""
         if self._conn is None or self._conn.closed:

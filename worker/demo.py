@@ -22,15 +22,18 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psycopg
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-from queueworker_controller.policy import Decision, PolicyInputs, QueueDepth, ScalingParams, decide
 
 from . import sql
 from .localpg import LocalPostgres
 from .migrate import migrate
 from .producer import QUEUE_PATTERN, TaskSpec, enqueue_many
+
+if TYPE_CHECKING:  # imported where the demo scales: the CLI's parser imports this module for every command
+    from queueworker_controller.policy import Decision, QueueDepth, ScalingParams
 
 # Leased tasks per live worker process of this host: how busy each is, to pick scale-in victims.
 WORKER_LOADS = """
@@ -52,7 +55,7 @@ EXIT_INTERRUPTED = 130
 class DemoConfig(BaseModel):
     """The demo's knobs; the scaling ones mean what the QueueWorker's `spec.scaling` fields mean."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, defer_build=True)  # the CLI reads only its defaults
 
     tasks: int = Field(default=300, ge=1, le=100_000)
     task_seconds: float = Field(default=1.0, ge=0)
@@ -77,6 +80,8 @@ class DemoConfig(BaseModel):
 
     @property
     def scaling(self) -> ScalingParams:
+        from queueworker_controller.policy import ScalingParams
+
         return ScalingParams(min_replicas=self.min_workers, max_replicas=self.max_workers,
                              tasks_per_replica=self.tasks_per_worker or self.concurrency,
                              scale_down_stabilization_seconds=self.scale_down_window,
@@ -347,6 +352,8 @@ def _supervise(conn: psycopg.Connection, fleet: WorkerFleet, ids: list[int], con
                shutdown: Shutdown, display: Display) -> Summary:
     """The controller's loop with processes for pods: read the queue, decide, scale, report.
     Ends once every task is finished and the fleet is back at its minimum."""
+    from queueworker_controller.policy import PolicyInputs, QueueDepth, decide
+
     hostname = socket.gethostname()
     params = config.scaling
     rate = CompletionRate()

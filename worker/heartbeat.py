@@ -18,6 +18,7 @@ import socket
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from . import __version__, metrics, sql
 from .attempt import Attempt
@@ -69,16 +70,26 @@ class Heartbeater:
     def beat_soon(self) -> None:
         self.now.set()
 
+    def _worker_row(self, running: int) -> dict[str, Any]:
+        """The parameters of sql.REGISTER_WORKER: the worker's `workers` row."""
+        ident = self._identity
+        return {"worker": ident.id, "hostname": ident.hostname, "pod_name": ident.pod_name,
+                "pod_namespace": ident.pod_namespace, "pid": ident.pid, "queues": list(ident.queues),
+                "concurrency": ident.concurrency, "running": running, "draining": self._draining(),
+                "version": __version__}
+
+    async def register(self) -> None:
+        """Registers the worker at start, before it claims: it holds no lease yet, so the heartbeat's
+        lease update would have nothing to extend, and planning it on the partitioned table costs a
+        new connection milliseconds before the first claim."""
+        await self._conn.fetch(sql.REGISTER_WORKER, self._worker_row(running=0), timeout=self.interval)
+
     async def beat(self) -> None:
         """Registers or refreshes the worker row and extends held leases; reports lost ones."""
         held = self._held()
-        ident = self._identity
         sent_at = asyncio.get_running_loop().time()  # the database extends from a later moment
         rows = await self._conn.fetch(sql.HEARTBEAT, {
-            "worker": ident.id, "hostname": ident.hostname, "pod_name": ident.pod_name,
-            "pod_namespace": ident.pod_namespace, "pid": ident.pid, "queues": list(ident.queues),
-            "concurrency": ident.concurrency, "running": len(held), "draining": self._draining(),
-            "version": __version__, "lease_seconds": self._lease_seconds,
+            **self._worker_row(running=len(held)), "lease_seconds": self._lease_seconds,
             "ids": [a.id for a in held], "tokens": [a.token for a in held],
             "progresses": [a.ctx.progress_json for a in held]},
             row=sql.HeldRow, timeout=self.interval)

@@ -113,7 +113,9 @@ class TaskSpec(BaseModel):
     The payload is encoded to JSON once, at validation: `payload_json` holds that text, and it is
     what the INSERT sends (derived from `payload`, never given)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    # Its validator is built by the first validation, not at import: a worker may never make one, and
+    # starts sooner without.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, defer_build=True)
 
     task: TaskName
     payload: Any = Field(default_factory=dict)

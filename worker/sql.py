@@ -356,18 +356,21 @@ class ClaimedRow(NamedTuple):
     checkpoint_json: str | None  # what an earlier attempt saved with ctx.save_checkpoint
     headers_json: str | None  # the producer's headers (trace context), read by queueworker.tracing
 
-# Extends the leases this worker still holds and refreshes its `workers` row, in one statement.
-# Leases past their hard deadline are not extended, but still reported as held: the attempt's own
-# deadline ends it and reports DeadlineExceeded.
-HEARTBEAT = """
-WITH me AS (
+# Registers a worker (its `workers` row), or refreshes the row of one already registered.
+REGISTER_WORKER = """
     INSERT INTO queueworker.workers
         (id, hostname, pod_name, pod_namespace, pid, queues, concurrency, running, draining, version)
     VALUES (%(worker)s, %(hostname)s, %(pod_name)s, %(pod_namespace)s, %(pid)s, %(queues)s,
             %(concurrency)s, %(running)s, %(draining)s, %(version)s)
     ON CONFLICT (id) DO UPDATE
     SET heartbeat_at = now(), running = EXCLUDED.running, draining = EXCLUDED.draining
-)
+"""
+
+# Extends the leases this worker still holds and refreshes its `workers` row, in one statement.
+# Leases past their hard deadline are not extended, but still reported as held: the attempt's own
+# deadline ends it and reports DeadlineExceeded.
+HEARTBEAT = """
+WITH me AS (""" + REGISTER_WORKER + """)
 UPDATE queueworker.tasks t
 SET leased_until = CASE WHEN t.deadline_at > now() THEN now() + make_interval(secs => %(lease_seconds)s)
                         ELSE t.leased_until END,

@@ -202,9 +202,9 @@ class Worker:
                 return self._exit_code
             self._set_state(State.RECOVERY)
             await self._recover_at_start()
+            fetch = asyncio.create_task(self._fetch_loop(), name="fetch")  # first: its claim goes out first
             duties = [asyncio.create_task(supervise(name, step, log, dsn=self._dsn, **options), name=name)
                       for name, step, options in self._duties()]
-            fetch = asyncio.create_task(self._fetch_loop(), name="fetch")
             self.ready = True
             await self._call_hook("on_ready", self._on_ready, self)
             stop = asyncio.create_task(self._stop_requested.wait())
@@ -298,8 +298,9 @@ class Worker:
             try:
                 if self._auto_migrate:
                     await asyncio.to_thread(migrate, self._dsn)
+                await self._open_connections()
                 await self._check_schema()
-                await self.heartbeater.beat()
+                await self.heartbeater.register()
                 return True
             except Exception as exc:  # noqa: BLE001 - start-up keeps trying; every error is logged
                 wait = errors.record(exc)
@@ -307,6 +308,17 @@ class Worker:
                 await self._sleep_unless_stopped(wait)
                 self._set_state(State.CONNECTING)
         return False
+
+    async def _open_connections(self) -> None:
+        """Opens the connections that start-up and the first task use (duty, heartbeat, claim,
+        completion) together: one after another, as each is first used, their handshakes would add
+        up before the first task starts. Raises the first failure once every attempt has ended (none
+        is left connecting behind)."""
+        outcomes = await asyncio.gather(*(conn.open() for conn in (
+            self._duty_conn, self._heartbeat_conn, self._claim_conn, self._complete_conn)), return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
 
     async def _check_schema(self) -> None:
         (exists,), = await self._duty_conn.fetch(sql.SCHEMA_EXISTS)
