@@ -136,7 +136,7 @@ class DutyConnection:
             await self._lock.acquire()  # free: returns at once
         try:
             conn = await self._connection(deadline, timeout)
-            expiry = loop.call_at(deadline, _shut_down, conn)
+            expiry = loop.call_at(deadline, shut_down, conn)
             try:
                 return await self._run(conn, query, params, row, lock)
             except psycopg.Error:
@@ -188,7 +188,7 @@ class DutyConnection:
         """Makes a statement under way fail at once (its socket is shut down): for a shutdown that
         knows the database is not answering, before it cancels the duties waiting on it."""
         if self._conn is not None:
-            _shut_down(self._conn)
+            shut_down(self._conn)
 
     async def _discard(self) -> None:
         """Drops the connection (closing never waits for the server, which may be what hangs)."""
@@ -211,7 +211,7 @@ async def _rows(conn: psycopg.AsyncConnection, query: str, params: dict[str, Any
     return await cursor.fetchall() if cursor.description else []
 
 
-def _shut_down(conn: psycopg.AsyncConnection) -> None:
+def shut_down(conn: psycopg.AsyncConnection) -> None:
     """Shuts a connection's socket down (without closing the descriptor psycopg waits on): the
     statement waiting on it fails within psycopg's 0.1 s wait interval, and the connection is
     broken, so its owner drops it."""

@@ -77,6 +77,7 @@ class Listener:
         self._poll_cancelled = poll_cancelled  # stops the handlers of running tasks found cancelled
         self.polling = not listen
         self._poll_interval = poll_interval
+        self._live: psycopg.AsyncConnection | None = None  # while connected
 
     async def step(self) -> float:
         """Listens until the connection is lost, then returns to reconnect at once: a listener that
@@ -87,7 +88,7 @@ class Listener:
             self._catch_up()
             await self._poll_cancelled()
             return self._poll_interval
-        conn = await db.connect(self._dsn, "queueworker-listen")
+        conn = self._live = await db.connect(self._dsn, "queueworker-listen")
         try:
             if not await notifications_arrive(conn, self._conn.fetch):
                 log.warning("notifications do not reach this worker (a PgBouncer in transaction pooling mode?): "
@@ -116,8 +117,16 @@ class Listener:
                 metrics.DB_ERRORS.labels("listen").inc()
                 log.warning("listener connection lost, reconnecting: %s", dsn_text.explain(exc, self._dsn))
         finally:
+            self._live = None
             await conn.close()
         return 0.0
+
+    def sever(self) -> None:
+        """Makes a statement under way on the listening connection fail at once (DutyConnection.sever),
+        for a shutdown that knows the database is not answering: a LISTEN or the check's UNLISTEN
+        cancelled instead would wait up to 10 s for the server to confirm."""
+        if self._live is not None:
+            db.shut_down(self._live)
 
     def _handle(self, payload: str) -> None:
         queue = payload.partition(" ")[0]

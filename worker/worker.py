@@ -675,7 +675,7 @@ class Worker:
         released = await self._until(end, "release", self._release)
         clean = released and clean
         if not released:  # the database is not answering: duties must not wait on it as they stop
-            for conn in self._connections():
+            for conn in (*self._connections(), self.listener):
                 conn.sever()
             await asyncio.sleep(SEVERED_SETTLE_SECONDS)  # their statements fail now, not when cancelled
         for duty in duties:
