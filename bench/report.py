@@ -48,7 +48,7 @@ def _fmt(value: float, digits: int = 0) -> str:
 
 def _cell(values: list[float], digits: int = 0) -> str:
     med, lo, hi = _stats(values)
-    if len(values) <= 1:
+    if len(values) <= 1 or math.isnan(med):
         return _fmt(med, digits)
     return f"{_fmt(med, digits)} ({_fmt(lo, digits)}–{_fmt(hi, digits)})"
 
@@ -203,7 +203,7 @@ def plot(path: Path, results: dict) -> bool:
     ax.bar(names, meds, yerr=errs, capsize=4, color="#4c72b0")
     ceiling = summarize(results)["ceiling"]
     if not math.isnan(ceiling):
-        ax.axhline(ceiling, color="#c44e52", linestyle="--", label=f"raw-SQL ceiling {ceiling:,.0f}")
+        ax.axhline(ceiling, color="#c44e52", linestyle="--", label=f"raw-SQL ceiling {ceiling:,.0f} (a steady rate)")
         ax.legend(fontsize=8)
     ax.set_title(f"Whole drain, {results['config']['tasks']:,} no-op tasks, "
                  f"{results['config']['processes']} × {results['config']['concurrency']}")
@@ -232,6 +232,7 @@ def plot(path: Path, results: dict) -> bool:
                         yerr=[[m - lo for _, (m, lo, _) in points], [hi - m for _, (m, _, hi) in points]],
                         marker="o", capsize=3, label=n)
         ax.set_xscale("log")
+        ax.minorticks_off()
         ax.set_xticks(list(sweep), [str(c) for c in sweep])
         ax.set_xlabel("concurrency per worker process")
         ax.set_ylabel("tasks/s, start to last finished (median)")
