@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Generator, Iterable, Iterator, Sequence
-from contextlib import nullcontext
+from contextlib import AsyncExitStack, ExitStack
 from datetime import datetime, timedelta, timezone
 from typing import Annotated, Any, Literal, NamedTuple
 
@@ -411,15 +411,24 @@ def _plan(batch: Sequence[TaskSpec | PlainTask], run: tuple[int, int] | None = N
     return Enqueued(ids, sorted(duplicates))
 
 
+def _copy_needs_transaction(conn: psycopg.Connection | psycopg.AsyncConnection) -> bool:
+    """Whether a COPY step must open a transaction first: on an autocommit connection outside one,
+    the staging table (ON COMMIT DROP) has to last from the COPY to the insert that reads it.
+    Batches without COPY run as before: one statement, with no BEGIN and COMMIT around it."""
+    return conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
 def _run(conn: psycopg.Connection, plan: Plan) -> Enqueued:
-    """Runs a batch's plan in one transaction: the caller's, or (autocommit) one of its own, which
-    the staging table needs to last from the COPY to the insert."""
+    """Runs a batch's plan in the caller's transaction, or (autocommit) statement by statement,
+    from its COPY on in a transaction of its own."""
     rows: list | None = None
-    with conn.transaction() if conn.autocommit else nullcontext():
+    with ExitStack() as transaction:
         try:
             while True:
                 step = plan.send(rows)
                 if isinstance(step, Copy):
+                    if _copy_needs_transaction(conn):
+                        transaction.enter_context(conn.transaction())
                     with conn.cursor() as cursor:
                         cursor.execute(step.prepare, prepare=False)
                         with cursor.copy(step.statement) as copy:
@@ -437,11 +446,13 @@ def _run(conn: psycopg.Connection, plan: Plan) -> Enqueued:
 async def _run_async(conn: psycopg.AsyncConnection, plan: Plan) -> Enqueued:
     """The asyncio twin of _run()."""
     rows: list | None = None
-    async with conn.transaction() if conn.autocommit else nullcontext():
+    async with AsyncExitStack() as transaction:
         try:
             while True:
                 step = plan.send(rows)
                 if isinstance(step, Copy):
+                    if _copy_needs_transaction(conn):
+                        await transaction.enter_async_context(conn.transaction())
                     async with conn.cursor() as cursor:
                         await cursor.execute(step.prepare, prepare=False)
                         async with cursor.copy(step.statement) as copy:

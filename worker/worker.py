@@ -67,7 +67,6 @@ EXIT_UNCLEAN = 1
 SEVERED_SETTLE_SECONDS = 0.2
 
 
-
 class State(enum.Enum):
     """The fetch loop's states (seed 000); the per-attempt states are Processing and Reporting*."""
 
