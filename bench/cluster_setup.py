@@ -20,8 +20,8 @@ from typing import Any
 import yaml
 from kubernetes import client
 
-from queueworker.localpg import LocalPostgres
-from queueworker.migrate import migrate
+from queueworker.dev.localpg import LocalPostgres
+from queueworker.db.migrate import migrate
 from queueworker_controller.spec import GROUP, KIND, PLURAL, VERSION
 from tests.cluster.binaries import BINARIES, CONTROL_PLANE_BINARIES, ensure_binaries
 from tests.cluster.controlplane import ControlPlane

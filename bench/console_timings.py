@@ -21,10 +21,10 @@ import uuid
 import psycopg
 from starlette.testclient import TestClient
 
-from queueworker import sql
+from queueworker.db import sql
 from queueworker.console import ConsoleConfig, create_app
-from queueworker.localpg import LocalPostgres
-from queueworker.migrate import migrate
+from queueworker.dev.localpg import LocalPostgres
+from queueworker.db.migrate import migrate
 
 CHUNK = 1_000_000
 QUEUES = [f"queue-{n}" for n in range(7)] + ["rare"]  # `rare` gets one task in 10,000

@@ -17,9 +17,9 @@ import time
 
 import psycopg
 
-from queueworker import sql
-from queueworker.localpg import LocalPostgres
-from queueworker.migrate import migrate
+from queueworker.db import sql
+from queueworker.dev.localpg import LocalPostgres
+from queueworker.db.migrate import migrate
 from queueworker_controller.queuedb import Database
 
 QUEUE = "bench"

@@ -26,7 +26,7 @@ import time
 import psycopg
 
 from bench.cluster_setup import bench_cluster, running_controller
-from queueworker.producer import enqueue_many
+from queueworker.client.producer import enqueue_many
 
 NAMESPACE = "bench"
 BACKLOG = 50

@@ -35,8 +35,8 @@ import psutil
 import psycopg
 
 from bench.cluster_setup import BenchCluster, bench_cluster, running_controller
-from queueworker.migrate import migrate
-from queueworker.producer import enqueue_many
+from queueworker.db.migrate import migrate
+from queueworker.client.producer import enqueue_many
 from tests.cluster.controlplane import free_port
 
 NAMESPACE = "bench"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psycopg
 
-from queueworker import sql
+from queueworker.db import sql
 
 
 

@@ -16,9 +16,9 @@ import time
 
 import psycopg
 
-from queueworker.localpg import LocalPostgres
-from queueworker.migrate import migrate
-from queueworker.producer import enqueue
+from queueworker.dev.localpg import LocalPostgres
+from queueworker.db.migrate import migrate
+from queueworker.client.producer import enqueue
 from tests.pgbouncer import PgBouncer, find_pgbouncer
 from tests.support import WorkerProcess, scalar, wait_until
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import psycopg
 
-from queueworker.migrate import migrate
-from queueworker.producer import enqueue, enqueue_many
+from queueworker.db.migrate import migrate
+from queueworker.client.producer import enqueue, enqueue_many
 
 UNFINISHED = "SELECT EXISTS (SELECT 1 FROM queueworker.tasks WHERE state IN ('pending', 'running', 'retrying'))"
 
@@ -108,7 +108,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 if __name__ == "__main__":
-    from queueworker.localpg import LocalPostgres
+    from queueworker.dev.localpg import LocalPostgres
 
     server = LocalPostgres(durable=True)
     dsn = server.start()

@@ -80,7 +80,7 @@ class Runner:
         self._db_seq = 0
 
     def run(self) -> dict:
-        from queueworker.localpg import LocalPostgres
+        from queueworker.dev.localpg import LocalPostgres
         server = LocalPostgres(durable=True, extra_settings={
             "shared_preload_libraries": "'pg_stat_statements'", "pg_stat_statements.track": "'top'",
             "max_wal_size": "'4GB'"})

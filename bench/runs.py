@@ -15,7 +15,7 @@ import psycopg
 
 from bench.scenarios import Workers
 from bench.systems import System
-from queueworker.producer import enqueue_many, start_run
+from queueworker.client.producer import enqueue_many, start_run
 
 NOOP = {"task": "qw.noop"}
 # The run's tasks (partitions and consolidation) or, without a run, every task.
@@ -67,7 +67,7 @@ def fan_in(system: System, dsn: str, partitions: int, processes: int, concurrenc
 
 def loose_limit(dsn: str, queue: str = "default") -> None:
     """Flow control on `queue` that never binds: every claim takes the limited path, none waits."""
-    from queueworker.operations import set_limits
+    from queueworker.client.operations import set_limits
 
     with psycopg.connect(dsn, autocommit=True) as conn:
         set_limits(conn, queue, rate_per_second=1_000_000, burst=1_000_000)

@@ -45,7 +45,7 @@ import psycopg
 from kubernetes import client, watch
 
 from bench.cluster_setup import BenchCluster, bench_cluster, running_controller
-from queueworker.producer import enqueue_many
+from queueworker.client.producer import enqueue_many
 from tests.containers.images import ensure_images
 
 NAMESPACE = "bench"

@@ -106,7 +106,7 @@ def _summary(name: str, values: list[float]) -> dict:
 
 
 def main() -> None:
-    from queueworker.localpg import LocalPostgres
+    from queueworker.dev.localpg import LocalPostgres
 
     parser = argparse.ArgumentParser(prog="python -m bench.startup", description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10)

@@ -89,7 +89,7 @@ class QueueWorker(System):
         return _version("queueworker")
 
     def install(self, dsn: str) -> None:
-        from queueworker.migrate import migrate
+        from queueworker.db.migrate import migrate
         migrate(dsn)
 
     def preload_noop(self, dsn: str, n: int) -> None:
@@ -108,7 +108,7 @@ class QueueWorker(System):
                 "--handlers", "bench.peers.qw_handlers", "--log-level", "WARNING", *supervised]
 
     def bulk_enqueue(self, dsn: str, tasks: int, batch: int) -> float:
-        from queueworker.producer import enqueue_many
+        from queueworker.client.producer import enqueue_many
         with psycopg.connect(dsn, autocommit=True) as conn:
             started = time.perf_counter()
             for start in range(0, tasks, batch):
@@ -117,7 +117,7 @@ class QueueWorker(System):
 
     @asynccontextmanager
     async def producer(self, dsn: str) -> AsyncIterator[Send]:
-        from queueworker.producer import enqueue_many_async
+        from queueworker.client.producer import enqueue_many_async
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
             async def send(stamps: list[float]) -> None:
                 await enqueue_many_async(conn, [{"task": "bench.record", "payload": {"t": t}} for t in stamps])

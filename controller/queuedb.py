@@ -31,13 +31,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from queueworker import db
+from queueworker.db import connection as db
 from queueworker import dsn as dsn_text
-from queueworker import sql
+from queueworker.db import sql
 from queueworker.events import parse_announcement
-from queueworker.listener import LISTEN_CHECK_SECONDS, notifications_arrive
+from queueworker.runtime.listener import LISTEN_CHECK_SECONDS, notifications_arrive
 
-from .policy import QueueDepth
+from queueworker.scaling.policy import QueueDepth
 
 log = logging.getLogger(__name__)
 

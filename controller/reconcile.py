@@ -34,7 +34,7 @@ from .deployment import (
     HASH_ANNOTATION, build_deployment, deployment_name, grace_period_seconds, secret_version, selector_labels,
 )
 from .kube import DELETION_COST_ANNOTATION, Kube, ScaleTargetUnavailable, SecretUnavailable, SecretValue, api_error
-from .policy import Decision, PolicyInputs, QueueDepth, Recommendation, decide
+from queueworker.scaling.policy import Decision, PolicyInputs, QueueDepth, Recommendation, decide
 from .queuedb import QueueDatabases
 from .redaction import KnownSecrets, known_secrets
 from .scalein import deletion_costs

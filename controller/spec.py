@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .policy import ScalingParams
+from queueworker.scaling.policy import ScalingParams
 
 GROUP = "queueworker.dev"
 VERSION = "v1alpha1"

@@ -9,8 +9,8 @@ import uuid
 import psycopg
 import pytest
 
-from queueworker.localpg import LocalPostgres, PostgresNotFound
-from queueworker.migrate import migrate
+from queueworker.dev.localpg import LocalPostgres, PostgresNotFound
+from queueworker.db.migrate import migrate
 from tests.cluster.fixtures import (  # noqa: F401
     cluster_namespace, control_plane, crd, node_postgres, real_node, real_node_namespace,
 )

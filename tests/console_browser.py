@@ -17,7 +17,7 @@ from pathlib import Path
 import uvicorn
 
 from queueworker.console import ConsoleConfig, create_app
-from queueworker.localpg import free_port
+from queueworker.dev.localpg import free_port
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")

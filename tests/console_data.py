@@ -10,9 +10,11 @@ from dataclasses import dataclass
 import psycopg
 from psycopg.types.json import Jsonb
 
-from queueworker import enqueue, sql
-from queueworker.operations import pause, set_limits
-from queueworker.producer import start_run
+from queueworker import enqueue
+
+from queueworker.db import sql
+from queueworker.client.operations import pause, set_limits
+from queueworker.client.producer import start_run
 
 CLAIM_DEFAULTS = {"lease_seconds": 300, "timeout_seconds": 600}
 # A payload nested deeper than Python's json module reads (Postgres stores it happily).

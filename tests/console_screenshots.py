@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from queueworker.console import ConsoleConfig
-from queueworker.localpg import LocalPostgres
-from queueworker.migrate import migrate
+from queueworker.dev.localpg import LocalPostgres
+from queueworker.db.migrate import migrate
 from tests import console_data
 from tests.console_browser import chromium, serve
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from queueworker.localpg import free_port
+from queueworker.dev.localpg import free_port
 
 # Small, so that clients take turns on the same server connections.
 POOL_SIZE = 3

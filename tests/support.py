@@ -54,7 +54,7 @@ class WorkerProcess:
 
 
 async def run_worker_until(worker: Any, done: Callable[[], bool], timeout: float = 30.0) -> int:
-    """Runs an in-process queueworker.worker.Worker until `done()` (checked in a thread) holds, then
+    """Runs an in-process queueworker.runtime.worker.Worker until `done()` (checked in a thread) holds, then
     stops it; its exit code."""
     running = asyncio.create_task(worker.run())
     deadline = time.monotonic() + timeout

@@ -20,11 +20,11 @@ import uuid
 import psycopg
 import pytest
 
-from queueworker import sql
-from queueworker.db import connect
-from queueworker.localpg import LocalPostgres, PostgresNotFound
-from queueworker.migrate import migrate
-from queueworker.producer import enqueue_many
+from queueworker.db import sql
+from queueworker.db.connection import connect
+from queueworker.dev.localpg import LocalPostgres, PostgresNotFound
+from queueworker.db.migrate import migrate
+from queueworker.client.producer import enqueue_many
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from queueworker.localpg import PostgresNotFound, find_bin_dir
+from queueworker.dev.localpg import PostgresNotFound, find_bin_dir
 
 pytestmark = pytest.mark.integration
 

@@ -9,9 +9,9 @@ import math
 import psycopg
 import pytest
 
-from queueworker.builtin_tasks import fail, sleep
-from queueworker.handlers import PermanentError, TaskContext
-from queueworker.producer import enqueue_many
+from queueworker.runtime.builtin_tasks import fail, sleep
+from queueworker.runtime.handlers import PermanentError, TaskContext
+from queueworker.client.producer import enqueue_many
 from tests.support import FAST_LEASES, WorkerProcess, query, wait_until
 
 

@@ -13,12 +13,16 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from pydantic import ValidationError
 
-from queueworker import TaskSpec, enqueue_many, producer, sql
+from queueworker import TaskSpec, enqueue_many
+
+from queueworker.client import producer
+
+from queueworker.db import sql
 from queueworker.cli import main as cli_main
-from queueworker.handlers import Registry
-from queueworker.producer import COPY_THRESHOLD, INT4_MAX, enqueue_batch, enqueue_many_async
+from queueworker.runtime.handlers import Registry
+from queueworker.client.producer import COPY_THRESHOLD, INT4_MAX, enqueue_batch, enqueue_many_async
 from queueworker.settings import WorkerSettings
-from queueworker.worker import Worker
+from queueworker.runtime.worker import Worker
 from tests.support import query, run_worker_until, scalar
 
 # Whether the transaction has a staging table: whether a batch of it went through COPY.

@@ -22,7 +22,7 @@ from kubernetes import client, dynamic
 from prometheus_client import REGISTRY
 
 from queueworker._version import __version__
-from queueworker.migrate import migrate
+from queueworker.db.migrate import migrate
 
 import queueworker.metrics  # noqa: F401 - registers the worker's metrics
 import queueworker_controller.metrics  # noqa: F401 - and the controller's
@@ -454,7 +454,7 @@ def grafana_sql(raw: str, start: str, end: str) -> str:
 def test_dashboard_run_panels_query_the_runs_as_the_documented_read_only_login(dsn):
     """The runs row reads Postgres through a Grafana data source: each of its queries runs, as a login
     with exactly the grants docs/deploying.md gives it, and shows the runs there are."""
-    from queueworker.producer import start_run
+    from queueworker.client.producer import start_run
 
     with psycopg.connect(dsn, autocommit=True) as conn:
         started = start_run(conn, "nightly", [{"task": "p"}] * 4, on_success={"task": "c"})

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import example, given, settings, strategies as st
 
 from queueworker import cli
-from queueworker.localpg import free_port
+from queueworker.dev.localpg import free_port
 from queueworker.settings import SETTING_OPTIONS
 from tests.support import WorkerProcess, query, scalar, wait_until
 

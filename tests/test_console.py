@@ -20,7 +20,7 @@ from queueworker import cli, enqueue_many
 from queueworker.console import ConsoleConfig, CredentialsError, create_app, load_token
 from queueworker.console import data
 from queueworker.dsn import parse
-from queueworker.localpg import free_port
+from queueworker.dev.localpg import free_port
 from tests import console_data
 from tests.support import query, scalar, wait_until
 

@@ -29,10 +29,10 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from queueworker import operations
-from queueworker.localpg import free_port
-from queueworker.migrate import migrate
-from queueworker.producer import enqueue_many
+from queueworker.client import operations
+from queueworker.dev.localpg import free_port
+from queueworker.db.migrate import migrate
+from queueworker.client.producer import enqueue_many
 from queueworker_controller.deployment import OWNER_LABEL, SECRET_VERSION_ANNOTATION
 from queueworker_controller.kube import DELETION_COST_ANNOTATION
 from queueworker_controller.spec import GROUP, PLURAL, VERSION

@@ -9,9 +9,9 @@ import time
 import psycopg
 import pytest
 
-from queueworker.producer import enqueue_many
+from queueworker.client.producer import enqueue_many
 from queueworker_controller import queuedb
-from queueworker_controller.policy import QueueDepth
+from queueworker.scaling.policy import QueueDepth
 from queueworker_controller.queuedb import QueueDatabases
 from tests.hanging_servers import SilentServer, StalledPostgres
 
@@ -70,9 +70,9 @@ def test_ready_count_is_capped(dsn):
 def test_blocked_tasks_are_reported_apart_and_older_schemas_still_read(blank_dsn):
     """Blocked tasks are counted (capped) but are not ready work; a database whose schema predates
     them (version 4: no `blocked` state yet) still gets its depth read, with none blocked."""
-    from queueworker import sql
-    from queueworker.migrate import available_migrations, migrate
-    from queueworker.producer import enqueue_chain
+    from queueworker.db import sql
+    from queueworker.db.migrate import available_migrations, migrate
+    from queueworker.client.producer import enqueue_chain
 
     def read():
         async def scenario(databases):
@@ -250,7 +250,7 @@ def test_reads_arriving_during_a_query_share_the_next_one(dsn, monkeypatch):
 
 
 def test_depth_carries_the_queues_flow_control(dsn):
-    from queueworker import operations
+    from queueworker.client import operations
 
     enqueue(dsn, "held", 5)
     enqueue(dsn, "metered", 5)

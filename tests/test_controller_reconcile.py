@@ -13,7 +13,7 @@ import pytest
 from queueworker_controller import metrics, reconcile
 from queueworker_controller.deployment import SECRET_VERSION_ANNOTATION, secret_version
 from queueworker_controller.kube import FoundScaleTarget, ScaleTargetUnavailable, SecretUnavailable, SecretValue
-from queueworker_controller.policy import QueueDepth
+from queueworker.scaling.policy import QueueDepth
 from queueworker_controller.queuedb import WorkerLease
 from queueworker_controller.reconcile import ObjectMemory, QueueWorkerObject, Reconciler
 from queueworker_controller.redaction import KnownSecrets

@@ -1,4 +1,4 @@
-"""Periodic tasks (worker/cron.py): slot computation, catch-up, time zones and daylight saving
+"""Periodic tasks (worker/runtime/cron.py): slot computation, catch-up, time zones and daylight saving
 time (unit tier); each slot enqueued exactly once by concurrent duties and by real worker
 processes, one of them SIGKILLed and restarted; the CLI; the controller's lookahead (integration)."""
 
@@ -16,13 +16,17 @@ import pytest
 
 from prometheus_client import REGISTRY
 
-from queueworker import cli, cron, sql
-from queueworker.cron import (ENQUEUE_AHEAD_SECONDS, MAX_CATCH_UP_SLOTS, POLL_SECONDS, CronDuty, CronError, Schedule, cron_job,
+from queueworker import cli
+
+from queueworker.runtime import cron
+
+from queueworker.db import sql
+from queueworker.runtime.cron import (ENQUEUE_AHEAD_SECONDS, MAX_CATCH_UP_SLOTS, POLL_SECONDS, CronDuty, CronError, Schedule, cron_job,
                               dedupe_key, first_slot_after, plan_slots)
-from queueworker.db import DutyConnection
-from queueworker.handlers import Registry
+from queueworker.db.connection import DutyConnection
+from queueworker.runtime.handlers import Registry
 from queueworker.settings import WorkerSettings
-from queueworker.worker import Worker
+from queueworker.runtime.worker import Worker
 from tests.support import WatchedDuty, WorkerProcess, query, scalar, start_listening, wait_until
 
 UTC = timezone.utc
@@ -144,8 +148,8 @@ def test_declarations_are_checked_and_a_name_is_declared_once():
 
 
 def test_task_decorator_with_cron_declares_a_schedule_of_the_task():
-    from queueworker.cron import default_schedule
-    from queueworker.handlers import task
+    from queueworker.runtime.cron import default_schedule
+    from queueworker.runtime.handlers import task
 
     @task(name="tests.cron.decorated", cron="*/5 * * * *", timezone="Europe/Berlin", catch_up="latest")
     def decorated(payload):

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
-from queueworker_controller.policy import Decision, QueueDepth
+from queueworker.scaling.policy import Decision, QueueDepth
 
-from queueworker.demo import CompletionRate, DemoConfig, Summary, Tick, WorkerFleet, scale_in_victims
+from queueworker.dev.demo import CompletionRate, DemoConfig, Summary, Tick, WorkerFleet, scale_in_victims
 from tests.support import query, wait_until
 
 QUEUEWORKER = str(Path(sys.executable).with_name("queueworker"))

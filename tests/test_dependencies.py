@@ -17,7 +17,9 @@ import pytest
 from psycopg.types.json import Jsonb
 from pydantic import ValidationError
 
-from queueworker import TaskSpec, enqueue, enqueue_chain, enqueue_many, sql
+from queueworker import TaskSpec, enqueue, enqueue_chain, enqueue_many
+
+from queueworker.db import sql
 from tests.support import WorkerProcess, query, wait_until
 
 pytestmark = pytest.mark.integration

@@ -15,8 +15,8 @@ import psycopg
 import pytest
 
 from queueworker import cli
-from queueworker.devdb import EXIT_NOT_RUNNING, STATE_FILE, run_dev_db
-from queueworker.localpg import PostgresNotFound, find_bin_dir
+from queueworker.dev.devdb import EXIT_NOT_RUNNING, STATE_FILE, run_dev_db
+from queueworker.dev.localpg import PostgresNotFound, find_bin_dir
 
 
 # `queueworker dev-db ...` in a process of its own.

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from queueworker.migrate import migrate
+from queueworker.db.migrate import migrate
 from queueworker_controller.spec import GROUP, PLURAL, VERSION
 from tests.test_controller_cluster import Cluster, cluster, enqueue_sleeps, task_report  # noqa: F401
 

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from queueworker.external import CommandFailed, CommandTask, OutputTooLarge, register_commands
-from queueworker.handlers import PermanentError, Registry, TaskContext
+from queueworker.runtime.external import CommandFailed, CommandTask, OutputTooLarge, register_commands
+from queueworker.runtime.handlers import PermanentError, Registry, TaskContext
 
 
 def _run(script: str, payload, timeout: float = 10.0, **options):

@@ -12,13 +12,19 @@ import uuid
 import psycopg
 import pytest
 
-from queueworker import enqueue_many, flow, operations, sql
-from queueworker.db import DutyConnection
-from queueworker.flow import REFRESH_SECONDS
-from queueworker.handlers import Registry
-from queueworker.operations import parse_duration, parse_rate
+from queueworker import enqueue_many
+
+from queueworker.runtime import flow
+
+from queueworker.client import operations
+
+from queueworker.db import sql
+from queueworker.db.connection import DutyConnection
+from queueworker.runtime.flow import REFRESH_SECONDS
+from queueworker.runtime.handlers import Registry
+from queueworker.client.operations import parse_duration, parse_rate
 from queueworker.settings import WorkerSettings
-from queueworker.worker import Worker
+from queueworker.runtime.worker import Worker
 from tests.support import FAST_LEASES, WatchedDuty, WorkerProcess, query, scalar, start_listening, until, wait_until
 
 HANDLERS = ("--handlers", "tests.flow_handlers")

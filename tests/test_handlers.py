@@ -9,8 +9,8 @@ import pytest
 from pydantic import ValidationError
 
 from queueworker import metrics
-from queueworker.builtin_tasks import register_builtin_tasks
-from queueworker.handlers import (STUCK_GRACE_SECONDS, CancelledByHandler, DeadlineExceeded, HandlerThreads,
+from queueworker.runtime.builtin_tasks import register_builtin_tasks
+from queueworker.runtime.handlers import (STUCK_GRACE_SECONDS, CancelledByHandler, DeadlineExceeded, HandlerThreads,
                                   PermanentError, Registry, TaskContext, UnknownTaskError, run_handler)
 from queueworker.settings import WorkerSettings
 

@@ -23,9 +23,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from queueworker import jsonvalue
-from queueworker.migrate import migrate
-from queueworker.producer import enqueue_many
-from queueworker.worker import RESULT_LIMIT_BYTES
+from queueworker.db.migrate import migrate
+from queueworker.client.producer import enqueue_many
+from queueworker.runtime.worker import RESULT_LIMIT_BYTES
 from tests.hostile_handlers import build
 from tests.support import WorkerProcess, query, scalar, wait_until
 

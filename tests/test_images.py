@@ -25,8 +25,8 @@ import pytest
 from kubernetes import client
 
 from queueworker._version import __version__
-from queueworker.localpg import free_port
-from queueworker.producer import enqueue_many
+from queueworker.dev.localpg import free_port
+from queueworker.client.producer import enqueue_many
 from queueworker_controller.spec import GROUP, PLURAL, VERSION
 from tests.cluster.binaries import cache_root
 from tests.containers.engine import Engine
@@ -255,7 +255,7 @@ def test_the_worker_image_has_the_worker_and_not_the_controller_dependencies(ima
     missing = containers.engine.run("run", "--rm", *python, images.worker, "-c", "import kopf", check=False)
     assert missing.returncode == 1 and "No module named 'kopf'" in missing.stderr
     containers.engine.run("run", "--rm", *python, images.worker, "-c",
-                          "import queueworker_controller.policy")  # the demo's scaling policy
+                          "import queueworker.scaling.policy")  # the demo's scaling policy
     version = containers.engine.run("run", "--rm", images.worker, "--version")
     assert version.stdout.startswith(f"queueworker {__version__}")
 

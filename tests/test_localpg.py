@@ -3,9 +3,9 @@
 import psycopg
 import pytest
 
-from queueworker.demo import DemoConfig, WorkerFleet
-from queueworker.localpg import LocalPostgres, embedded_bin_dir
-from queueworker.migrate import migrate
+from queueworker.dev.demo import DemoConfig, WorkerFleet
+from queueworker.dev.localpg import LocalPostgres, embedded_bin_dir
+from queueworker.db.migrate import migrate
 
 
 @pytest.mark.integration

@@ -16,8 +16,9 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from queueworker import (Continue, RetryAfter, Snooze, TaskContext, cancel, cancel_many, enqueue, get_task, jsonvalue,
-                         results, sql, wait_for)
+from queueworker import Continue, RetryAfter, Snooze, TaskContext, cancel, cancel_many, enqueue, get_task, jsonvalue, wait_for
+from queueworker.client import results
+from queueworker.db import sql
 from tests.support import FAST_LEASES, WorkerProcess, query, scalar, wait_until
 
 HANDLERS = ("--handlers", "tests.long_task_handlers")
@@ -362,5 +363,5 @@ def test_cli_lists_tasks_with_progress_and_status_shows_stuck_ones(dsn):
     ('{"done": 1e999}', "inf"),                 # past a float: Python reads infinity
 ])
 def test_progress_is_described_whatever_was_stored(stored, shown):
-    from queueworker.status import describe_progress
+    from queueworker.client.status import describe_progress
     assert describe_progress(stored) == shown

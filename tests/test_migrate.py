@@ -17,10 +17,10 @@ from concurrent.futures import ThreadPoolExecutor
 import psycopg
 import pytest
 
-from queueworker import sql
-from queueworker.localpg import free_port
-from queueworker.migrate import MAX_RETRY_WAIT_SECONDS, LockPolicy, available_migrations, migrate
-from queueworker.producer import enqueue
+from queueworker.db import sql
+from queueworker.dev.localpg import free_port
+from queueworker.db.migrate import MAX_RETRY_WAIT_SECONDS, LockPolicy, available_migrations, migrate
+from queueworker.client.producer import enqueue
 from tests.support import query, scalar, wait_until
 
 BLOCKER = "long-report"

@@ -59,7 +59,7 @@ def test_python_m_build_makes_a_wheel_and_sdist_that_pass_twine_check(tmp_path: 
     assert f"\nVersion: {__version__}\n" in metadata
     assert sorted(Path(n).name for n in names if n.startswith("queueworker/migrations/") and n.endswith(".sql")) \
         == migrations
-    assert {"queueworker/_version.py", "queueworker/devdb.py", "queueworker_controller/operator.py"} <= set(names)
+    assert {"queueworker/_version.py", "queueworker/dev/devdb.py", "queueworker_controller/operator.py"} <= set(names)
     assert not any(n.startswith("tests/") for n in names)
 
     with tarfile.open(sdist) as archive:

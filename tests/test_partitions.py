@@ -17,10 +17,10 @@ import pytest
 from prometheus_client import REGISTRY
 from psycopg.types.json import Jsonb
 
-from queueworker import sql
-from queueworker.db import DutyConnection
-from queueworker.migrate import available_migrations, migrate
-from queueworker.producer import enqueue
+from queueworker.db import sql
+from queueworker.db.connection import DutyConnection
+from queueworker.db.migrate import available_migrations, migrate
+from queueworker.client.producer import enqueue
 from tests.support import query, scalar, wait_until
 
 pytestmark = pytest.mark.integration

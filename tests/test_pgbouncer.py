@@ -19,14 +19,16 @@ from concurrent.futures import ThreadPoolExecutor
 import psycopg
 import pytest
 
-from queueworker import db, sql, wait_for
-from queueworker.cron import POLL_SECONDS, SAFETY_POLL_SECONDS
-from queueworker.handlers import Registry
-from queueworker.listener import notifications_arrive
-from queueworker.migrate import available_migrations, migrate
-from queueworker.producer import enqueue, enqueue_many
+from queueworker.db import connection as db, sql
+
+from queueworker import wait_for
+from queueworker.runtime.cron import POLL_SECONDS, SAFETY_POLL_SECONDS
+from queueworker.runtime.handlers import Registry
+from queueworker.runtime.listener import notifications_arrive
+from queueworker.db.migrate import available_migrations, migrate
+from queueworker.client.producer import enqueue, enqueue_many
 from queueworker.settings import WorkerSettings
-from queueworker.worker import Worker
+from queueworker.runtime.worker import Worker
 from queueworker_controller.queuedb import QueueDatabases
 from tests.support import WorkerProcess, assert_each_succeeded_once, query, scalar, state_counts, wait_until
 

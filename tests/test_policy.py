@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from queueworker_controller.policy import (
+from queueworker.scaling.policy import (
     Decision, PolicyInputs, QueueDepth, Recommendation, ScalingParams, decide,
 )
 

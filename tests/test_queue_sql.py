@@ -12,9 +12,9 @@ import pytest
 from psycopg.types.json import Jsonb
 from pydantic import ValidationError
 
-from queueworker import sql
-from queueworker.migrate import available_migrations
-from queueworker.producer import TaskSpec, enqueue, enqueue_many
+from queueworker.db import sql
+from queueworker.db.migrate import available_migrations
+from queueworker.client.producer import TaskSpec, enqueue, enqueue_many
 from tests.support import query, scalar
 
 pytestmark = pytest.mark.integration
@@ -164,8 +164,8 @@ def test_two_concurrent_migrations_both_succeed(blank_dsn):
 def test_cleaner_deletes_only_finished_history_past_the_retention(dsn):
     import asyncio
 
-    from queueworker.cleaner import Cleaner
-    from queueworker.db import DutyConnection
+    from queueworker.runtime.cleaner import Cleaner
+    from queueworker.db.connection import DutyConnection
 
     with psycopg.connect(dsn, autocommit=True) as conn:
         old_done, old_failed, fresh_done, waiting = (enqueue(conn, "qw.noop") for _ in range(4))

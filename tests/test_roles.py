@@ -18,14 +18,14 @@ from pathlib import Path
 import psycopg
 import pytest
 from psycopg import sql as pgsql
-from queueworker_controller.policy import QueueDepth
+from queueworker.scaling.policy import QueueDepth
 from queueworker_controller.queuedb import QueueDatabases
 
-from queueworker import sql
-from queueworker.cleaner import Cleaner
-from queueworker.db import DutyConnection
-from queueworker.migrate import available_migrations
-from queueworker.producer import COPY_THRESHOLD, enqueue, enqueue_chain, enqueue_many, start_run
+from queueworker.db import sql
+from queueworker.runtime.cleaner import Cleaner
+from queueworker.db.connection import DutyConnection
+from queueworker.db.migrate import available_migrations
+from queueworker.client.producer import COPY_THRESHOLD, enqueue, enqueue_chain, enqueue_many, start_run
 from tests.support import FAST_LEASES, WorkerProcess, query, scalar, wait_until
 from tests.test_bulk_enqueue import STAGED
 

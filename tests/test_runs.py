@@ -15,9 +15,9 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from queueworker import sql
+from queueworker.db import sql
 from queueworker import RunInfo, enqueue
-from queueworker.producer import start_run
+from queueworker.client.producer import start_run
 from tests.support import FAST_LEASES, WorkerProcess, query, scalar, wait_until
 
 pytestmark = pytest.mark.integration

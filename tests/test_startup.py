@@ -28,8 +28,8 @@ def _run(program: str, *args: str) -> dict:
 def test_the_cli_and_the_worker_import_without_what_they_may_never_use():
     seen = _run(f"""
         import json, sys
-        import queueworker.cli, queueworker.worker
-        from queueworker.producer import TaskSpec
+        import queueworker.cli, queueworker.runtime.worker
+        from queueworker.client.producer import TaskSpec
         parser = queueworker.cli.build_parser()  # every command's parser, the demo's defaults too
         print(json.dumps({{"loaded": {LOADED}, "task_spec_built": TaskSpec.__pydantic_complete__}}))
     """)
@@ -42,10 +42,10 @@ def test_a_worker_without_schedules_runs_tasks_without_croniter_which_loads_for_
         import asyncio, json, sys
         import psycopg
         from queueworker import enqueue
-        from queueworker.cron import cron_job
-        from queueworker.handlers import Registry
+        from queueworker.runtime.cron import cron_job
+        from queueworker.runtime.handlers import Registry
         from queueworker.settings import WorkerSettings
-        from queueworker.worker import Worker
+        from queueworker.runtime.worker import Worker
         from tests.support import run_worker_until, scalar
         dsn = sys.argv[1]
         registry = Registry()

@@ -13,12 +13,14 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from queueworker import cancel, metrics, sql
-from queueworker.handlers import Registry
-from queueworker.migrate import migrate
-from queueworker.producer import enqueue, enqueue_chain, enqueue_many, start_run
+from queueworker import cancel, metrics
+
+from queueworker.db import sql
+from queueworker.runtime.handlers import Registry
+from queueworker.db.migrate import migrate
+from queueworker.client.producer import enqueue, enqueue_chain, enqueue_many, start_run
 from queueworker.settings import WorkerSettings
-from queueworker.worker import State, Worker
+from queueworker.runtime.worker import State, Worker
 from tests.support import query
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "state-machine.md"

@@ -18,10 +18,10 @@ from pydantic import ValidationError
 
 from queueworker import enqueue, enqueue_many, tracing
 from queueworker.cli import main as cli_main
-from queueworker.handlers import Continue, PermanentError, Registry
-from queueworker.producer import MAX_HEADERS, MAX_HEADERS_BYTES, TaskSpec, enqueue_chain, start_run
+from queueworker.runtime.handlers import Continue, PermanentError, Registry
+from queueworker.client.producer import MAX_HEADERS, MAX_HEADERS_BYTES, TaskSpec, enqueue_chain, start_run
 from queueworker.settings import WorkerSettings
-from queueworker.worker import Worker
+from queueworker.runtime.worker import Worker
 from tests import otel
 from tests.support import query, run_worker_until, scalar
 
@@ -187,7 +187,7 @@ def test_bad_headers_are_refused_with_the_rule(headers, message):
 
 
 def test_a_tick_of_the_controller_is_a_span_with_its_decision(finished_spans):
-    from queueworker_controller.policy import QueueDepth
+    from queueworker.scaling.policy import QueueDepth
     from tests.test_controller_reconcile import FakeKube, tick
 
     kube = FakeKube()
@@ -227,8 +227,8 @@ def test_without_opentelemetry_or_an_sdk_tasks_run_and_keep_their_headers(dsn, s
         import asyncio
         import psycopg
         from queueworker import enqueue, tracing
-        from queueworker.handlers import Continue, Registry
-        from queueworker.worker import Worker
+        from queueworker.runtime.handlers import Continue, Registry
+        from queueworker.runtime.worker import Worker
         from tests.support import run_worker_until, scalar
         from queueworker.settings import WorkerSettings
         assert eval(sys.argv[2])

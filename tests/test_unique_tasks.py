@@ -15,8 +15,10 @@ import psycopg
 import pytest
 from pydantic import ValidationError
 
-from queueworker import TaskSpec, cancel, enqueue, enqueue_async, enqueue_many, retry, sql
-from queueworker.operations import RetryRefused
+from queueworker import TaskSpec, cancel, enqueue, enqueue_async, enqueue_many, retry
+
+from queueworker.db import sql
+from queueworker.client.operations import RetryRefused
 from tests.support import query
 
 pytestmark = pytest.mark.integration

@@ -16,17 +16,17 @@ import psycopg
 import pytest
 
 from queueworker import metrics
-from queueworker.completer import Completer
-from queueworker.handlers import Registry, TaskContext
-from queueworker.heartbeat import Heartbeater
-from queueworker.listener import Listener
-from queueworker.attempt import Attempt
-from queueworker.cleaner import Cleaner
-from queueworker.producer import enqueue_many
-from queueworker.rescuer import Rescuer
-from queueworker.scheduler import Scheduler
+from queueworker.runtime.completer import Completer
+from queueworker.runtime.handlers import Registry, TaskContext
+from queueworker.runtime.heartbeat import Heartbeater
+from queueworker.runtime.listener import Listener
+from queueworker.runtime.attempt import Attempt
+from queueworker.runtime.cleaner import Cleaner
+from queueworker.client.producer import enqueue_many
+from queueworker.runtime.rescuer import Rescuer
+from queueworker.runtime.scheduler import Scheduler
 from queueworker.settings import WorkerSettings
-from queueworker.worker import CLAIM_FAILURES_BEFORE_EXIT, Worker
+from queueworker.runtime.worker import CLAIM_FAILURES_BEFORE_EXIT, Worker
 from tests.support import FreezableProxy, WorkerProcess, run_worker_until, scalar, state_counts, wait_until
 
 pytestmark = pytest.mark.integration

@@ -21,7 +21,7 @@ import pytest
 from kubernetes import client, watch
 from kubernetes.stream import stream
 
-from queueworker.migrate import migrate
+from queueworker.db.migrate import migrate
 from tests.cluster.fixtures import install_crd
 from tests.test_controller_cluster import (DB_SECRET, Cluster, enqueue_sleeps, lease_holders, running_controller,
                                            task_report, write_controller_kubeconfig)

@@ -9,7 +9,7 @@ import time
 import psycopg
 import pytest
 
-from queueworker.producer import enqueue_many
+from queueworker.client.producer import enqueue_many
 from tests.support import (FAST_LEASES, WorkerProcess, assert_each_succeeded_once, query, scalar, state_counts,
                            wait_until, worker_id_of)
 
@@ -214,7 +214,7 @@ def test_hard_deadline_fails_the_attempt_of_a_handler_that_overruns(dsn, workers
 def test_metrics_endpoint_counts_claims_and_outcomes(dsn, workers):
     import urllib.request
 
-    from queueworker.localpg import free_port
+    from queueworker.dev.localpg import free_port
 
     port = free_port()
     with psycopg.connect(dsn) as conn:

@@ -11,7 +11,7 @@ import time
 import psycopg
 import pytest
 
-from queueworker.producer import enqueue_many
+from queueworker.client.producer import enqueue_many
 from tests.support import FreezableProxy, WorkerProcess, scalar, state_counts, wait_until
 
 pytestmark = pytest.mark.integration

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from queueworker.attempt import Attempt
-from queueworker.completer import BACKLOG_RESULT_BYTES, Continued, Failure, Success
-from queueworker.handlers import Registry
+from queueworker.runtime.attempt import Attempt
+from queueworker.runtime.completer import BACKLOG_RESULT_BYTES, Continued, Failure, Success
+from queueworker.runtime.handlers import Registry
 from queueworker.settings import WorkerSettings
-from queueworker.worker import Worker
+from queueworker.runtime.worker import Worker
 
 
 def _worker(concurrency: int, flush_max_batch: int, running: int, waiting: int) -> Worker:

@@ -10,7 +10,7 @@ import psutil
 import psycopg
 import pytest
 
-from queueworker.producer import enqueue_many
+from queueworker.client.producer import enqueue_many
 from tests.support import WorkerProcess, query, scalar, state_counts, wait_until
 
 pytestmark = pytest.mark.integration

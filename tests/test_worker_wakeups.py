@@ -12,11 +12,13 @@ import time
 import psycopg
 import pytest
 
-from queueworker import enqueue_many, sql
-from queueworker.db import DutyConnection
-from queueworker.handlers import Registry
+from queueworker import enqueue_many
+
+from queueworker.db import sql
+from queueworker.db.connection import DutyConnection
+from queueworker.runtime.handlers import Registry
 from queueworker.settings import WorkerSettings
-from queueworker.worker import Worker
+from queueworker.runtime.worker import Worker
 from tests.support import run_worker_until
 
 DSN = "postgresql://app@127.0.0.1:1/app"  # never connected to

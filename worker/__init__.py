@@ -30,12 +30,11 @@ What applications import:
 
 from ._version import __version__  # noqa: E402
 
-from .handlers import Continue, PermanentError, Registry, RetryAfter, RunInfo, Snooze, TaskContext, task  # noqa: E402
-from .cron import periodic  # noqa: E402
-from .producer import (  # noqa: E402
-    TaskSpec, enqueue, enqueue_async, enqueue_chain, enqueue_chain_async, enqueue_many, enqueue_many_async, start_run)
-from .operations import cancel, cancel_many, retry  # noqa: E402
-from .results import TaskInfo, get_task, wait_for  # noqa: E402
+from .runtime.handlers import Continue, PermanentError, Registry, RetryAfter, RunInfo, Snooze, TaskContext, task  # noqa: E402
+from .runtime.cron import periodic  # noqa: E402
+from .client.producer import TaskSpec, enqueue, enqueue_async, enqueue_chain, enqueue_chain_async, enqueue_many, enqueue_many_async, start_run
+from .client.operations import cancel, cancel_many, retry  # noqa: E402
+from .client.results import TaskInfo, get_task, wait_for  # noqa: E402
 from .settings import SettingsError, WorkerSettings  # noqa: E402
 
 __all__ = ["__version__", "Continue", "PermanentError", "Registry", "RetryAfter", "RunInfo", "SettingsError", "Snooze", "TaskContext",
@@ -50,7 +49,7 @@ _WORKER_NAMES = ("Worker", "run_worker", "run_worker_async")
 def __getattr__(name: str) -> object:
     """The worker's names, imported when first used (PEP 562)."""
     if name in _WORKER_NAMES:
-        from . import worker
+        from .runtime import worker
 
         return getattr(worker, name)
     raise AttributeError(f"module 'queueworker' has no attribute {name!r}")

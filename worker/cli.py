@@ -22,11 +22,12 @@ from typing import Any, NoReturn
 import psycopg
 from pydantic import ValidationError
 
-from . import __version__, dsn as dsns, jsonvalue, status
-from .devdb import add_dev_db_parser, run_dev_db
-from .status import STATES
+from . import __version__, dsn as dsns, jsonvalue
+from .client import status
+from .dev.devdb import add_dev_db_parser, run_dev_db
+from .client.status import STATES
 from .logs import LEVELS, configure_logging, default_format
-from .operations import CANCELLABLE
+from .client.operations import CANCELLABLE
 from .settings import SETTING_OPTIONS, SettingOption, SettingsError, WorkerSettings, one_line
 
 EXIT_USAGE = 2
@@ -99,8 +100,8 @@ def _default(model: Any, field: str) -> Any:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .demo import DemoConfig
-    from .producer import TaskSpec
+    from .dev.demo import DemoConfig
+    from .client.producer import TaskSpec
 
     parser = ArgumentParser(prog="queueworker", description="Postgres lease queue workers.")
     parser.add_argument("--version", action="version", version=f"queueworker {__version__}")
@@ -291,8 +292,8 @@ def _command(commands: Any, name: str, **options: Any) -> argparse.ArgumentParse
 
 def _add_cron_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     """`queueworker cron add|list|pause|resume|delete`: periodic schedules kept in the database."""
-    from .cron import CATCH_UP
-    from .producer import TaskSpec
+    from .runtime.cron import CATCH_UP
+    from .client.producer import TaskSpec
 
     cron = _command(sub, "cron", help="periodic tasks: add, list, pause, resume, delete schedules")
     commands = cron.add_subparsers(dest="cron_command", required=True, metavar="COMMAND")
@@ -321,9 +322,9 @@ def _add_cron_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def cmd_cron(args: argparse.Namespace) -> int:
-    from . import sql
-    from .cron import CronError, cron_job, first_slot_after, schedule_name
-    from .db import typed_rows
+    from .db import sql
+    from .runtime.cron import CronError, cron_job, first_slot_after, schedule_name
+    from .db.connection import typed_rows
 
     if args.cron_command in ("pause", "resume", "delete"):
         try:
@@ -436,13 +437,13 @@ def _secrets(url: str | None) -> list[str]:
 
 
 def _connect(url: str) -> psycopg.Connection:
-    from .db import NEVER_PREPARE
+    from .db.connection import NEVER_PREPARE
     return psycopg.connect(url, application_name="queueworker-cli", connect_timeout=CONNECT_TIMEOUT_SECONDS,
                            **NEVER_PREPARE)
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from .migrate import latest_version, migrate
+    from .db.migrate import latest_version, migrate
 
     applied = migrate(args.dsn)
     names = ", ".join(f"{m.version:03d}_{m.name}" for m in applied) or "nothing to apply"
@@ -481,7 +482,7 @@ def _payload(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
-    from .producer import BATCH_SIZE, COPY_BATCH_SIZE, TaskSpec, enqueue_batch
+    from .client.producer import BATCH_SIZE, COPY_BATCH_SIZE, TaskSpec, enqueue_batch
 
     given = {"task": args.task, "queue": args.queue, "priority": args.priority, "delay": args.delay,
              "max_attempts": args.max_attempts, "timeout_seconds": args.timeout, "dedupe_key": args.dedupe_key,
@@ -525,10 +526,10 @@ def _process_option(given: str | None, flag: str, env: str, choices: tuple[str, 
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from .external import register_commands
-    from .handlers import default_registry
+    from .runtime.external import register_commands
+    from .runtime.handlers import default_registry
     from .settings import settings_from
-    from .worker import run_worker
+    from .runtime.worker import run_worker
 
     level = _process_option(args.log_level, "--log-level", "QUEUEWORKER_LOG_LEVEL", LEVELS, "info")
     log_format = _process_option(args.log_format, "--log-format", "QUEUEWORKER_LOG_FORMAT", LOG_FORMATS,
@@ -537,7 +538,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     configure_logging(level, log_format == "json", _secrets(args.dsn))
     processes = args.processes if args.processes is not None else _processes_from_environment()
     if processes > 1:
-        from .processes import run_processes
+        from .runtime.processes import run_processes
 
         return run_processes(args.argv, processes, settings.metrics_port)
     _import_from_working_directory()
@@ -584,8 +585,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from . import sql
-    from .db import typed_rows
+    from .db import sql
+    from .db.connection import typed_rows
 
     with _connect(args.dsn) as conn, conn.cursor(row_factory=typed_rows(sql.ListedTaskRow)) as cursor:
         rows = cursor.execute(sql.LIST_TASKS, {"queue": args.queue, "state": args.state,
@@ -603,7 +604,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_retry(args: argparse.Namespace) -> int:
-    from .operations import RetryRefused, retry
+    from .client.operations import RetryRefused, retry
 
     with _connect(args.dsn) as conn:
         try:
@@ -617,9 +618,9 @@ def cmd_retry(args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    from . import sql
-    from .db import typed_rows
-    from .operations import cancel_many
+    from .db import sql
+    from .db.connection import typed_rows
+    from .client.operations import cancel_many
 
     if bool(args.ids) == bool(args.queue):
         raise CliError("give task ids or --queue, not both")
@@ -647,8 +648,8 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 def cmd_flow(args: argparse.Namespace) -> int:
     """pause, resume, limit and breaker: change a queue's flow control, then print it."""
-    from . import operations
-    from .status import flow_control
+    from .client import operations
+    from .client.status import flow_control
 
     with _connect(args.dsn) as conn:
         try:
@@ -683,8 +684,8 @@ def cmd_flow(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     """The JSON columns are printed as Postgres holds them (shortened where long), so a value Python
     could not read is still shown."""
-    from . import sql
-    from .db import typed_rows
+    from .db import sql
+    from .db.connection import typed_rows
 
     with _connect(args.dsn) as conn:
         with conn.cursor(row_factory=typed_rows(sql.TaskRow)) as cursor:
@@ -718,8 +719,8 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import DemoConfig, run_demo
-    from .localpg import PostgresNotFound
+    from .dev.demo import DemoConfig, run_demo
+    from .dev.localpg import PostgresNotFound
 
     try:
         config = DemoConfig.model_validate(vars(args))
@@ -732,8 +733,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    from . import sql
-    from .db import typed_rows
+    from .db import sql
+    from .db.connection import typed_rows
 
     with _connect(args.dsn) as conn, conn.cursor(row_factory=typed_rows(sql.RunRow)) as cursor:
         rows = cursor.execute(sql.RUNS, {"name": args.name, "limit": args.limit}).fetchall()
@@ -768,9 +769,9 @@ def _run_as_json(row) -> dict[str, Any]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from . import sql
-    from .db import typed_rows
-    from .producer import start_run
+    from .db import sql
+    from .db.connection import typed_rows
+    from .client.producer import start_run
 
     with _connect(args.dsn) as conn:
         if args.run_command == "start":

@@ -25,7 +25,7 @@ except ImportError:  # the `otel` extra is not installed
     propagate = trace = Context = None
 
 if TYPE_CHECKING:
-    from .attempt import Attempt
+    from .runtime.attempt import Attempt
 
 TRACER: Any = None if trace is None else trace.get_tracer("queueworker")
 # The parent of an attempt whose task carries no headers: none (a root span).

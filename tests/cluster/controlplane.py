@@ -26,7 +26,7 @@ from dnslib import DNSRecord
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from queueworker.localpg import free_port
+from queueworker.dev.localpg import free_port
 
 from . import images, pki
 from .binaries import CONTROL_PLANE_BINARIES, NODE_BINARIES, BinariesUnavailable

@@ -21,7 +21,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from queueworker.localpg import LocalPostgres, PostgresNotFound
+from queueworker.dev.localpg import LocalPostgres, PostgresNotFound
 
 from .binaries import BINARIES, CONTROL_PLANE_BINARIES, Binary, BinariesUnavailable, ensure_binaries
 from .controlplane import ControlPlane

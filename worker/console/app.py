@@ -23,8 +23,9 @@ from starlette.responses import HTMLResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from .. import dsn as dsns, operations
-from ..status import STATES
+from .. import dsn as dsns
+from ..client import operations
+from ..client.status import STATES
 from . import auth, data
 from .cluster import ClusterReader
 

@@ -14,10 +14,11 @@ from typing import Any
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from .. import jsonvalue, sql
-from ..db import typed_rows
-from ..operations import queue_settings
-from ..status import STATES, describe_flow, describe_progress, flow_control
+from .. import jsonvalue
+from ..db import sql
+from ..db.connection import typed_rows
+from ..client.operations import queue_settings
+from ..client.status import STATES, describe_flow, describe_progress, flow_control
 
 FINISHED_STATES = ("succeeded", "failed", "cancelled")
 ACTIVE_STATES = tuple(s for s in STATES if s not in FINISHED_STATES)

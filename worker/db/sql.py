@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import Any, NamedTuple
 
 NOTIFY_CHANNEL = "queueworker"
-# A listener's check that notifications reach it at all (worker/listener.py): to its own channel.
+# A listener's check that notifications reach it at all (worker/runtime/listener.py): to its own channel.
 NOTIFY_CHECK = "SELECT pg_notify(%(channel)s, '')"
 
 # Advisory lock keys (arbitrary constants inside our own namespace of keys).
@@ -625,7 +625,7 @@ SELECT (SELECT count(*) FROM promoted) AS promoted,
         FROM queueworker.tasks WHERE state = 'retrying' OR (state = 'pending' AND delayed)) AS next_due_in
 """
 
-# -- cron (migration 011, worker/cron.py) -------------------------------------------------------
+# -- cron (migration 011, worker/runtime/cron.py) -------------------------------------------------------
 
 DATABASE_NOW = "SELECT now()"
 

@@ -9,8 +9,9 @@ from typing import Any
 
 import psycopg
 
-from . import jsonvalue, sql
-from .db import typed_rows
+from .. import jsonvalue
+from ..db import sql
+from ..db.connection import typed_rows
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,10 @@ from collections.abc import Awaitable, Callable
 
 import psycopg
 
-from . import dsn as dsn_text
-from . import metrics
-from .backoff import error_wait
-from .events import wait_event
+from .. import dsn as dsn_text
+from .. import metrics
+from ..backoff import error_wait
+from ..events import wait_event
 
 # SQLSTATE classes of errors that heal by themselves: connection exceptions, insufficient
 # resources, operator intervention (admin shutdown, crash recovery, statement or lock timeout

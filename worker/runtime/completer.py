@@ -18,9 +18,10 @@ from typing import Any
 
 import psycopg
 
-from . import jsonvalue, metrics, sql
+from .. import jsonvalue, metrics
+from ..db import sql
 from .attempt import Attempt
-from .db import CLIENT_TIMEOUT_SECONDS, DutyConnection
+from ..db.connection import CLIENT_TIMEOUT_SECONDS, DutyConnection
 from .flow import FlowControl
 
 log = logging.getLogger("queueworker.completer")

@@ -15,7 +15,7 @@ import threading
 import time
 import traceback
 
-from . import metrics
+from .. import metrics
 
 log = logging.getLogger("queueworker.watchdog")
 

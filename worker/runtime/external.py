@@ -20,9 +20,9 @@ import signal
 from collections.abc import Iterable
 from typing import Any
 
-from . import jsonvalue
+from .. import jsonvalue
 from .handlers import PermanentError, Registry, TaskContext
-from .settings import WorkerSettings
+from ..settings import WorkerSettings
 
 KILL_GRACE_SECONDS = 5.0
 STDERR_TAIL = 2000  # bytes of stderr kept while reading

@@ -20,9 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import __version__, metrics, sql
+from .. import __version__, metrics
+from ..db import sql
 from .attempt import Attempt
-from .db import DutyConnection
+from ..db.connection import DutyConnection
 from .handlers import CANCELLED, LEASE_LOST
 
 log = logging.getLogger("queueworker.heartbeat")

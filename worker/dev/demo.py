@@ -2,7 +2,7 @@
 
 A throwaway Postgres (`localpg`: system binaries, else the `pgserver` wheel), a burst of
 `qw.sleep` tasks, and a fleet of local `queueworker worker` processes scaled by the controller's
-own policy (`queueworker_controller.policy.decide`, the same function that scales pods). A
+own policy (`queueworker.scaling.policy.decide`, the same function that scales pods). A
 process stands in for a pod: scale-out starts one, scale-in sends SIGTERM to the least busy, which
 drains and hands its leases back, exactly as a pod does when its Deployment shrinks.
 """
@@ -27,13 +27,13 @@ from typing import TYPE_CHECKING
 import psycopg
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from . import sql
+from ..db import sql
 from .localpg import LocalPostgres
-from .migrate import migrate
-from .producer import QUEUE_PATTERN, TaskSpec, enqueue_many
+from ..db.migrate import migrate
+from ..client.producer import QUEUE_PATTERN, TaskSpec, enqueue_many
 
 if TYPE_CHECKING:  # imported where the demo scales: the CLI's parser imports this module for every command
-    from queueworker_controller.policy import Decision, QueueDepth, ScalingParams
+    from ..scaling.policy import Decision, QueueDepth, ScalingParams
 
 # Leased tasks per live worker process of this host: how busy each is, to pick scale-in victims.
 WORKER_LOADS = """
@@ -80,7 +80,7 @@ class DemoConfig(BaseModel):
 
     @property
     def scaling(self) -> ScalingParams:
-        from queueworker_controller.policy import ScalingParams
+        from ..scaling.policy import ScalingParams
 
         return ScalingParams(min_replicas=self.min_workers, max_replicas=self.max_workers,
                              tasks_per_replica=self.tasks_per_worker or self.concurrency,
@@ -352,7 +352,7 @@ def _supervise(conn: psycopg.Connection, fleet: WorkerFleet, ids: list[int], con
                shutdown: Shutdown, display: Display) -> Summary:
     """The controller's loop with processes for pods: read the queue, decide, scale, report.
     Ends once every task is finished and the fleet is back at its minimum."""
-    from queueworker_controller.policy import PolicyInputs, QueueDepth, decide
+    from ..scaling.policy import PolicyInputs, QueueDepth, decide
 
     hostname = socket.gethostname()
     params = config.scaling

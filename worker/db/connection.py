@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg.rows import RowMaker
 
-from . import dsn as dsn_text
-from . import metrics
+from .. import dsn as dsn_text
+from .. import metrics
 
 log = logging.getLogger("queueworker.db")
 

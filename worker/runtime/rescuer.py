@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import logging
 
-from . import metrics, sql
-from .db import DutyConnection
+from .. import metrics
+from ..db import sql
+from ..db.connection import DutyConnection
 
 log = logging.getLogger("queueworker.rescuer")
 

@@ -14,7 +14,7 @@ worker held for that one statement, and no notification ever reaches the worker.
 first checks that a notification it sends itself arrives; when it does not (or with --no-listen)
 it polls instead: every poll interval, the same look at everything a notification could have
 announced, and a look at whether a task the worker runs was cancelled. The cron duty, told once
-that notifications no longer reach it, polls at its own slower pace (worker/cron.py).
+that notifications no longer reach it, polls at its own slower pace (worker/runtime/cron.py).
 """
 
 from __future__ import annotations
@@ -26,9 +26,10 @@ from typing import Any
 
 import psycopg
 
-from . import db, metrics, sql
-from .events import parse_announcement
-from . import dsn as dsn_text
+from ..db import connection as db, sql
+from .. import metrics
+from ..events import parse_announcement
+from .. import dsn as dsn_text
 
 log = logging.getLogger("queueworker.listener")
 

@@ -13,8 +13,9 @@ from typing import Any
 
 import psycopg
 
-from . import jsonvalue, sql
-from .db import typed_rows
+from .. import jsonvalue
+from ..db import sql
+from ..db.connection import typed_rows
 from .operations import queue_settings
 
 STATES = ("blocked", "pending", "running", "retrying", "succeeded", "failed", "cancelled")

@@ -36,9 +36,10 @@ from pydantic import TypeAdapter, ValidationError
 
 # croniter (and dateutil with it) is imported by the functions that work out slots, not here: a
 # worker without schedules never needs it, and starts sooner without it.
-from . import metrics, sql
-from .db import DutyConnection
-from .producer import TaskName, TaskSpec
+from .. import metrics
+from ..db import sql
+from ..db.connection import DutyConnection
+from ..client.producer import TaskName, TaskSpec
 
 log = logging.getLogger("queueworker.cron")
 

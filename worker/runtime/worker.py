@@ -4,7 +4,7 @@ The fetch loop claims pending tasks in batches sized by free slots and hands eac
 its handler; the completer flushes outcomes in batches; the heartbeater keeps leases alive and
 fences attempts whose lease passed by its own clock; the rescuer, scheduler, cron duty and cleaner
 run the queue's background duties; the listener wakes the fetch loop (or polls, where LISTEN does
-not work). Every duty runs under the same supervisor (worker/supervisor.py): no error ends it. On a
+not work). Every duty runs under the same supervisor (worker/runtime/supervisor.py): no error ends it. On a
 stop request (SIGTERM/SIGINT when it owns the signals) the worker drains within one shutdown budget: stop claiming, let attempts finish
 until the drain deadline, cancel the rest and hand their leases back without consuming an attempt,
 flush every outcome, deregister.
@@ -25,26 +25,25 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from . import dsn as dsn_text
-from . import jsonvalue, metrics, sql, tracing
+from .. import dsn as dsn_text
+from .. import jsonvalue, metrics, tracing
+from ..db import sql
 from .attempt import Attempt
-from .backoff import retry_delay
+from ..backoff import retry_delay
 from .builtin_tasks import register_builtin_tasks
 from .cleaner import Cleaner
 from .completer import BACKLOG_RESULT_BYTES, Completer
 from .cron import CronDuty, Schedule, default_schedule
-from .db import DutyConnection
-from .events import DueTimer, wait_event
+from ..db.connection import DutyConnection
+from ..events import DueTimer, wait_event
 from .flow import FlowControl
-from .handlers import (CANCELLED, LEASE_LOST, SHUTDOWN, CancelledByHandler, Continue, DeadlineExceeded, HandlerThreads,
-                       PermanentError, Registry, RetryAfter, RunInfo, Snooze, TaskContext, UnknownTaskError,
-                       default_registry, run_handler)
+from .handlers import CANCELLED, LEASE_LOST, SHUTDOWN, CancelledByHandler, Continue, DeadlineExceeded, HandlerThreads, PermanentError, Registry, RetryAfter, RunInfo, Snooze, TaskContext, UnknownTaskError, default_registry, run_handler
 from .heartbeat import Heartbeater, WorkerIdentity
 from .listener import Listener
-from .migrate import latest_version, migrate
+from ..db.migrate import latest_version, migrate
 from .rescuer import Rescuer
 from .scheduler import Scheduler
-from .settings import WorkerSettings
+from ..settings import WorkerSettings
 from .supervisor import ErrorStreak, supervise
 from .watchdog import LoopWatchdog
 

@@ -43,8 +43,9 @@ from typing import Annotated, Any, Literal, NamedTuple
 import psycopg
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
-from . import jsonvalue, sql, tracing
-from .db import typed_rows
+from .. import jsonvalue, tracing
+from ..db import sql
+from ..db.connection import typed_rows
 
 QUEUE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 DEFAULT_MAX_ATTEMPTS = 10

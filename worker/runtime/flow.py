@@ -16,8 +16,9 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from . import metrics, sql
-from .db import DutyConnection
+from .. import metrics
+from ..db import sql
+from ..db.connection import DutyConnection
 
 log = logging.getLogger("queueworker.flow")
 

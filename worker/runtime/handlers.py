@@ -22,9 +22,9 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from . import jsonvalue, metrics, tracing
+from .. import jsonvalue, metrics, tracing
 from .cron import periodic
-from .producer import MAX_SECONDS, TaskName
+from ..client.producer import MAX_SECONDS, TaskName
 
 log = logging.getLogger("queueworker.handlers")
 _TASK_NAME = TypeAdapter(TaskName)

@@ -1,0 +1,199 @@
+"""What operators and applications do to tasks and queues that exist: cancel and retry tasks;
+pause, resume, rate-limit, cap and guard queues with a circuit breaker.
+
+Each call runs in the caller's transaction (inside a savepoint when one is open), like `enqueue`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta, timezone
+
+import psycopg
+from pydantic import TypeAdapter
+
+from .. import jsonvalue
+from ..db import sql
+from ..db.connection import met_moved_row, typed_rows
+from .producer import QueueName
+
+_QUEUE_NAME = TypeAdapter(QueueName)
+
+CANCELLABLE = ("pending", "retrying", "running", "blocked")
+REASON_LIMIT = 500
+# A row moved between partitions by a commit meanwhile makes Postgres fail the statement (40001);
+# it is simply run again with a fresh snapshot, this many times at most.
+MOVED_ROW_ATTEMPTS = 5
+
+
+def cancel(conn: psycopg.Connection, task_id: int, *, reason: str = "cancelled") -> bool:
+    """Cancels one unfinished task; True if it was cancelled, False if it had already finished
+    (or does not exist). A running task's worker is told at once: its handler sees `ctx.cancelled`
+    set and `ctx.cancel_reason == "cancelled"` (an async handler is cancelled), and its slot frees."""
+    return bool(cancel_many(conn, ids=[task_id], reason=reason))
+
+
+def cancel_many(conn: psycopg.Connection, *, ids: Iterable[int] | None = None, queue: str | None = None,
+                states: Sequence[str] = CANCELLABLE, reason: str = "cancelled") -> list[sql.CancelledRow]:
+    """Cancels the tasks given by id, or every task of `queue`, that are in one of `states`;
+    returns one row per task cancelled (its id and the state it was in)."""
+    if (ids is None) == (queue is None):
+        raise ValueError("give ids or a queue, not both and not neither")
+    id_list = None if ids is None else [_task_id(task_id) for task_id in ids]
+    unknown = sorted(set(states) - set(CANCELLABLE))
+    if unknown or not states:
+        raise ValueError(f"states must be some of {', '.join(CANCELLABLE)}; not {', '.join(unknown) or 'none'}")
+    if not isinstance(reason, str) or not reason.strip():
+        raise ValueError("the reason must be a non-empty string")
+    params = {"ids": id_list, "queue": queue, "states": list(states),
+              "reason": jsonvalue.safe_text(reason.strip(), limit=REASON_LIMIT)}
+    attempt = 1
+    while True:
+        try:
+            with conn.transaction(), conn.cursor(row_factory=typed_rows(sql.CancelledRow)) as cursor:
+                return cursor.execute(sql.CANCEL_TASKS, params, prepare=False).fetchall()
+        except psycopg.Error as exc:
+            if not met_moved_row(exc) or attempt >= MOVED_ROW_ATTEMPTS:
+                raise
+            attempt += 1
+
+
+class RetryRefused(ValueError):
+    """A retry that changed nothing, and why (the task is unfinished, unknown, or its dedupe key is
+    held by another unfinished task)."""
+
+
+def retry(conn: psycopg.Connection, task_id: int) -> sql.RetriedTaskRow:
+    """Puts a failed or cancelled task back to pending (with one more attempt if it had spent
+    them) and wakes its queue's workers. Raises RetryRefused when that is not possible, saying
+    why: a task whose dedupe key another unfinished task holds is refused, since a retry would
+    make two unfinished tasks with one key."""
+    params = {"id": _task_id(task_id)}
+
+    def refuse_if_key_held() -> None:
+        with conn.cursor(row_factory=typed_rows(sql.DedupeHolderRow)) as cursor:
+            for holder in cursor.execute(sql.DEDUPE_HOLDER, params, prepare=False):
+                raise RetryRefused(
+                    f"task {task_id} cannot be retried: its dedupe key {holder.dedupe_key!r} on queue {holder.queue} "
+                    f"is held by unfinished task {holder.id} ({holder.state}); retry it once that task has "
+                    "finished, or cancel that one first")
+
+    attempt = 1
+    while True:
+        try:
+            with conn.transaction():
+                refuse_if_key_held()
+                try:
+                    with conn.transaction(), conn.cursor(row_factory=typed_rows(sql.RetriedTaskRow)) as cursor:
+                        row = cursor.execute(sql.RETRY_TASK, params, prepare=False).fetchone()
+                except psycopg.errors.UniqueViolation:
+                    refuse_if_key_held()  # taken between the check and the change
+                    raise
+                if row is None:
+                    with conn.cursor(row_factory=typed_rows(sql.TaskStateRow)) as cursor:
+                        current = cursor.execute(sql.TASK_STATES, {"ids": [task_id]}, prepare=False).fetchone()
+                    if current is None:
+                        raise RetryRefused(f"no task with id {task_id}")
+                    raise RetryRefused(f"task {task_id} is {current.state}; only failed or cancelled tasks can be "
+                                       "retried")
+                conn.execute(sql.NOTIFY_QUEUE, {"queue": row.queue}, prepare=False)
+                return row
+        except psycopg.Error as exc:
+            if not met_moved_row(exc) or attempt >= MOVED_ROW_ATTEMPTS:
+                raise
+            attempt += 1
+
+
+def _task_id(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value < 2**63:
+        raise ValueError(f"not a task id: {value!r}")
+    return value
+
+
+# -- flow control (docs/flow-control.md) -------------------------------------------------------
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+MAX_DURATION_SECONDS = 365 * 86400
+MAX_RATE_PER_SECOND = 1e6
+
+
+def parse_duration(text: str) -> float:
+    """'90', '90s', '5m', '2h', '1d' -> seconds (positive, at most a year)."""
+    value = text.strip().lower()
+    unit = _UNITS.get(value[-1:]) if value[-1:].isalpha() else 1
+    number = value[:-1] if value[-1:].isalpha() else value
+    try:
+        seconds = float(number) * unit if unit else math.nan
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds <= MAX_DURATION_SECONDS:  # False for NaN
+        raise ValueError(f"not a duration: {text!r} (a positive number with s, m, h or d, at most a year)")
+    return seconds
+
+
+def parse_rate(text: str) -> float:
+    """'50/s', '300/m', '1000/h' -> tasks per second."""
+    number, _, unit = text.strip().lower().partition("/")
+    try:
+        rate = float(number) / _UNITS[unit] if unit in _UNITS else math.nan
+    except ValueError:
+        rate = math.nan
+    if not 0 < rate <= MAX_RATE_PER_SECOND:
+        raise ValueError(f"not a rate: {text!r} (N/s, N/m, N/h or N/d; above 0, at most 1,000,000/s)")
+    return rate
+
+
+def pause(conn: psycopg.Connection, queue: str, *, seconds: float | None = None) -> sql.QueueRow:
+    """Claims skip the queue until resumed, or for `seconds`; running tasks finish. Workers wake
+    when a timed pause ends."""
+    if seconds is not None and not 0 < seconds <= MAX_DURATION_SECONDS:
+        raise ValueError(f"pause for 0 to {MAX_DURATION_SECONDS:,} seconds, not {seconds!r}")
+    until = None if seconds is None else datetime.now(timezone.utc) + timedelta(seconds=seconds)
+    return _change(conn, sql.PAUSE_QUEUE, queue, until="infinity" if until is None else until,
+                   wake=until is not None, wake_at=until)
+
+
+def resume(conn: psycopg.Connection, queue: str) -> sql.QueueRow | None:
+    """Ends a pause and wakes the queue's workers; None if the queue has no settings."""
+    return _change(conn, sql.RESUME_QUEUE, queue, wake=True, wake_at=None)
+
+
+def set_limits(conn: psycopg.Connection, queue: str, *, rate_per_second: float | None = None,
+               burst: int | None = None, max_running: int | None = None) -> sql.QueueRow:
+    """A rate limit (`burst` defaults to one second's worth, at least 1) and a cap on the queue's
+    running tasks across all workers. None removes a limit."""
+    if rate_per_second is not None and not 0 < rate_per_second <= MAX_RATE_PER_SECOND:
+        raise ValueError(f"rate_per_second must be above 0 and at most {MAX_RATE_PER_SECOND:,.0f}")
+    if burst is not None and (rate_per_second is None or not 1 <= burst <= 1_000_000):
+        raise ValueError("burst needs a rate, and is 1 to 1,000,000")
+    if max_running is not None and not 1 <= max_running <= 1_000_000:
+        raise ValueError("max_running is 1 to 1,000,000")
+    if rate_per_second is not None and burst is None:
+        burst = max(1, math.ceil(rate_per_second))
+    return _change(conn, sql.LIMIT_QUEUE, queue, rate=rate_per_second, burst=burst, max_running=max_running,
+                   wake=True, wake_at=None)
+
+
+def set_breaker(conn: psycopg.Connection, queue: str, *, failures: int | None,
+                cooldown_seconds: float | None = None) -> sql.QueueRow:
+    """A circuit breaker: `failures` consecutive failures open it (claims skip the queue); after
+    `cooldown_seconds` one probe task runs; its success closes it. failures=None removes it."""
+    if failures is not None:
+        if not 1 <= failures <= 1_000_000:
+            raise ValueError("failures is 1 to 1,000,000")
+        if cooldown_seconds is None or not 0 < cooldown_seconds <= MAX_DURATION_SECONDS:
+            raise ValueError("a breaker needs a cooldown of up to a year")
+    return _change(conn, sql.BREAKER_QUEUE, queue, failures=failures,
+                   cooldown=None if failures is None else cooldown_seconds, wake=failures is None, wake_at=None)
+
+
+def queue_settings(conn: psycopg.Connection, queue: str | None = None) -> list[sql.QueueRow]:
+    with conn.cursor(row_factory=typed_rows(sql.QueueRow)) as cursor:
+        return cursor.execute(sql.QUEUE_SETTINGS, {"queue": queue}, prepare=False).fetchall()
+
+
+def _change(conn: psycopg.Connection, statement: str, queue: str, **params: object) -> sql.QueueRow | None:
+    queue = _QUEUE_NAME.validate_python(queue)
+    with conn.transaction(), conn.cursor(row_factory=typed_rows(sql.QueueRow)) as cursor:
+        return cursor.execute(statement, {"queue": queue, **params}, prepare=False).fetchone()
