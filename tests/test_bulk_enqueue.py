@@ -20,7 +20,8 @@ from queueworker.client import producer
 from queueworker.db import sql
 from queueworker.cli import main as cli_main
 from queueworker.runtime.handlers import Registry
-from queueworker.client.producer import COPY_THRESHOLD, INT4_MAX, enqueue_batch, enqueue_many_async
+from queueworker.client.producer import COPY_THRESHOLD, enqueue_batch, enqueue_many_async
+from queueworker.names import INT4_MAX
 from queueworker.settings import WorkerSettings
 from queueworker.runtime.worker import Worker
 from tests.support import query, run_worker_until, scalar

@@ -21,8 +21,8 @@ from queueworker import cli
 from queueworker.runtime import cron
 
 from queueworker.db import sql
-from queueworker.runtime.cron import (ENQUEUE_AHEAD_SECONDS, MAX_CATCH_UP_SLOTS, POLL_SECONDS, CronDuty, CronError, Schedule, cron_job,
-                              dedupe_key, first_slot_after, plan_slots)
+from queueworker.client.cron import CronError, Schedule, cron_job, first_slot_after
+from queueworker.runtime.cron import ENQUEUE_AHEAD_SECONDS, MAX_CATCH_UP_SLOTS, POLL_SECONDS, CronDuty, dedupe_key, plan_slots
 from queueworker.db.connection import DutyConnection
 from queueworker.runtime.handlers import Registry
 from queueworker.settings import WorkerSettings
@@ -148,7 +148,7 @@ def test_declarations_are_checked_and_a_name_is_declared_once():
 
 
 def test_task_decorator_with_cron_declares_a_schedule_of_the_task():
-    from queueworker.runtime.cron import default_schedule
+    from queueworker.client.cron import default_schedule
     from queueworker.runtime.handlers import task
 
     @task(name="tests.cron.decorated", cron="*/5 * * * *", timezone="Europe/Berlin", catch_up="latest")

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from pydantic import ValidationError
 
 from queueworker import TaskSpec, enqueue, enqueue_many, jsonvalue
-from queueworker.client.producer import INT4_MAX
+from queueworker.names import INT4_MAX
 from tests.support import query
 
 

@@ -42,7 +42,7 @@ def test_a_worker_without_schedules_runs_tasks_without_croniter_which_loads_for_
         import asyncio, json, sys
         import psycopg
         from queueworker import enqueue
-        from queueworker.runtime.cron import cron_job
+        from queueworker.client.cron import cron_job
         from queueworker.runtime.handlers import Registry
         from queueworker.settings import WorkerSettings
         from queueworker.runtime.worker import Worker

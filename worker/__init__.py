@@ -31,7 +31,7 @@ What applications import:
 from ._version import __version__  # noqa: E402
 
 from .runtime.handlers import Continue, PermanentError, Registry, RetryAfter, RunInfo, Snooze, TaskContext, task  # noqa: E402
-from .runtime.cron import periodic  # noqa: E402
+from .client.cron import periodic  # noqa: E402
 from .client.producer import TaskSpec, enqueue, enqueue_async, enqueue_chain, enqueue_chain_async, enqueue_many, enqueue_many_async, start_run
 from .client.operations import cancel, cancel_many, retry  # noqa: E402
 from .client.results import TaskInfo, get_task, wait_for  # noqa: E402

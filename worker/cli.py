@@ -292,7 +292,7 @@ def _command(commands: Any, name: str, **options: Any) -> argparse.ArgumentParse
 
 def _add_cron_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     """`queueworker cron add|list|pause|resume|delete`: periodic schedules kept in the database."""
-    from .runtime.cron import CATCH_UP
+    from .client.cron import CATCH_UP
     from .client.producer import TaskSpec
 
     cron = _command(sub, "cron", help="periodic tasks: add, list, pause, resume, delete schedules")
@@ -323,7 +323,7 @@ def _add_cron_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 
 def cmd_cron(args: argparse.Namespace) -> int:
     from .db import sql
-    from .runtime.cron import CronError, cron_job, first_slot_after, schedule_name
+    from .client.cron import CronError, cron_job, first_slot_after, schedule_name
     from .db.connection import typed_rows
 
     if args.cron_command in ("pause", "resume", "delete"):

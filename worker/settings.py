@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
-from .client.producer import MAX_SECONDS, QueueName
+from .names import MAX_SECONDS, QueueName
 
 ENV_PREFIX = "QUEUEWORKER_"
 HOUR = 3600.0

@@ -16,16 +16,13 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 try:
     from opentelemetry import propagate, trace
     from opentelemetry.context import Context
 except ImportError:  # the `otel` extra is not installed
     propagate = trace = Context = None
-
-if TYPE_CHECKING:
-    from .runtime.attempt import Attempt
 
 TRACER: Any = None if trace is None else trace.get_tracer("queueworker")
 # The parent of an attempt whose task carries no headers: none (a root span).
@@ -64,8 +61,20 @@ def _stored_headers(headers_json: str | None) -> dict[str, str]:
     return {key: value for key, value in headers.items() if isinstance(value, str)}
 
 
+class TracedAttempt(Protocol):
+    """What an attempt's span says of it (queueworker.runtime.attempt.Attempt has these): a protocol,
+    so this module, which producers import too, needs nothing of the worker runtime."""
+
+    id: int
+    queue: str
+    task: str
+    attempt: int
+    max_attempts: int
+    headers_json: str | None
+
+
 @contextmanager
-def attempt_span(attempt: Attempt) -> Iterator[Any]:
+def attempt_span(attempt: TracedAttempt) -> Iterator[Any]:
     """The span of one attempt, current while the handler runs: a child of the producer's span
     (from the task's headers), or a root span when the task carries no trace context."""
     parent = ROOT if attempt.headers_json is None else propagate.extract(_stored_headers(attempt.headers_json))

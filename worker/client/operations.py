@@ -16,7 +16,7 @@ from pydantic import TypeAdapter
 from .. import jsonvalue
 from ..db import sql
 from ..db.connection import met_moved_row, typed_rows
-from .producer import QueueName
+from ..names import QueueName
 
 _QUEUE_NAME = TypeAdapter(QueueName)
 

@@ -44,13 +44,13 @@ import psycopg
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from .. import jsonvalue, tracing
+from ..names import (
+    DEFAULT_MAX_ATTEMPTS, INT4_MAX, MAX_ATTEMPTS, MAX_PREREQUISITES, MAX_SECONDS, MAX_TASK_NAME, QUEUE_PATTERN, DedupeKey,
+    QueueName, TaskId, TaskName,
+    printable, printable_or_empty)
 from ..db import sql
 from ..db.connection import typed_rows
 
-QUEUE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
-DEFAULT_MAX_ATTEMPTS = 10
-MAX_ATTEMPTS = 1000
-MAX_TASK_NAME = 200
 BATCH_SIZE = 5000
 # The fewest plain specs of a batch that go through COPY (see the module's docstring): below it the
 # staging table's set-up costs more than COPY saves.
@@ -58,40 +58,11 @@ COPY_THRESHOLD = 1000
 # A batch of plain specs only grows to this size (one COPY and one INSERT each); one that holds a
 # unique or dependent spec ends at BATCH_SIZE.
 COPY_BATCH_SIZE = 50_000
-# The largest value of a Postgres `integer` column (priority, max_attempts, timeout_seconds).
-INT4_MAX = 2**31 - 1
-# The longest duration accepted anywhere, in seconds (about 68 years): it fits an `integer`
-# column, a timestamp that far ahead, and Python's timers (threading.TIMEOUT_MAX is ~292 years).
-MAX_SECONDS = INT4_MAX
 
 
-def _printable(name: str) -> str:
-    if not name.isprintable() or not name.strip():
-        raise ValueError("must be printable text, without control characters")
-    return name
-
-
-def _printable_or_empty(value: str) -> str:
-    if not value.isprintable():
-        raise ValueError("must be printable text, without control characters")
-    return value
-
-
-QueueName = Annotated[str, StringConstraints(pattern=QUEUE_PATTERN)]
-"""Letters, digits and `_.:-`, starting with a letter or digit, at most 128 characters."""
-
-TaskName = Annotated[str, StringConstraints(min_length=1, max_length=MAX_TASK_NAME), AfterValidator(_printable)]
-"""Any printable text up to 200 characters: no control characters, NUL or lone surrogates."""
-
-DedupeKey = Annotated[str, StringConstraints(min_length=1, max_length=512), AfterValidator(_printable)]
-"""Any printable text up to 512 characters."""
-
-TaskId = Annotated[int, Field(ge=1, le=2**63 - 1)]
-MAX_PREREQUISITES = 1000
-
-HeaderName = Annotated[str, StringConstraints(min_length=1, max_length=128), AfterValidator(_printable)]
+HeaderName = Annotated[str, StringConstraints(min_length=1, max_length=128), AfterValidator(printable)]
 """Printable text up to 128 characters (W3C trace context needs `traceparent` and `tracestate`)."""
-HeaderValue = Annotated[str, StringConstraints(max_length=1024), AfterValidator(_printable_or_empty)]
+HeaderValue = Annotated[str, StringConstraints(max_length=1024), AfterValidator(printable_or_empty)]
 """Printable text up to 1,024 characters (a `tracestate` may hold 512)."""
 MAX_HEADERS = 32
 # What all of a task's headers may take, encoded: headers travel with every claim of the task.

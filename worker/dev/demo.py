@@ -30,7 +30,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ..db import sql
 from .localpg import LocalPostgres
 from ..db.migrate import migrate
-from ..client.producer import QUEUE_PATTERN, TaskSpec, enqueue_many
+from ..client.producer import TaskSpec, enqueue_many
+from ..names import QUEUE_PATTERN
 
 if TYPE_CHECKING:  # imported where the demo scales: the CLI's parser imports this module for every command
     from ..scaling.policy import Decision, QueueDepth, ScalingParams

@@ -23,8 +23,8 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from .. import jsonvalue, metrics, tracing
-from .cron import periodic
-from ..client.producer import MAX_SECONDS, TaskName
+from ..client.cron import periodic
+from ..names import MAX_SECONDS, TaskName
 
 log = logging.getLogger("queueworker.handlers")
 _TASK_NAME = TypeAdapter(TaskName)

@@ -20,7 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import __version__, metrics
+from .. import metrics
+from .._version import __version__
 from ..db import sql
 from .attempt import Attempt
 from ..db.connection import DutyConnection

@@ -33,7 +33,8 @@ from ..backoff import retry_delay
 from .builtin_tasks import register_builtin_tasks
 from .cleaner import Cleaner
 from .completer import BACKLOG_RESULT_BYTES, Completer
-from .cron import CronDuty, Schedule, default_schedule
+from ..client.cron import Schedule, default_schedule
+from .cron import CronDuty
 from ..db.connection import DutyConnection
 from ..events import DueTimer, wait_event
 from .flow import FlowControl

@@ -1,0 +1,44 @@
+"""Names and bounds every part of queueworker shares: what a queue or task name may be, the
+largest numbers and durations the schema stores. A module of its own, imported by the producer,
+the handlers, the settings and the cron schedules alike, so none of them imports another for them."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import AfterValidator, Field, StringConstraints
+
+QUEUE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
+DEFAULT_MAX_ATTEMPTS = 10
+MAX_ATTEMPTS = 1000
+MAX_TASK_NAME = 200
+# The largest value of a Postgres `integer` column (priority, max_attempts, timeout_seconds).
+INT4_MAX = 2**31 - 1
+# The longest duration accepted anywhere, in seconds (about 68 years): it fits an `integer`
+# column, a timestamp that far ahead, and Python's timers (threading.TIMEOUT_MAX is ~292 years).
+MAX_SECONDS = INT4_MAX
+
+
+def printable(name: str) -> str:
+    if not name.isprintable() or not name.strip():
+        raise ValueError("must be printable text, without control characters")
+    return name
+
+
+def printable_or_empty(value: str) -> str:
+    if not value.isprintable():
+        raise ValueError("must be printable text, without control characters")
+    return value
+
+
+QueueName = Annotated[str, StringConstraints(pattern=QUEUE_PATTERN)]
+"""Letters, digits and `_.:-`, starting with a letter or digit, at most 128 characters."""
+
+TaskName = Annotated[str, StringConstraints(min_length=1, max_length=MAX_TASK_NAME), AfterValidator(printable)]
+"""Any printable text up to 200 characters: no control characters, NUL or lone surrogates."""
+
+DedupeKey = Annotated[str, StringConstraints(min_length=1, max_length=512), AfterValidator(printable)]
+"""Any printable text up to 512 characters."""
+
+TaskId = Annotated[int, Field(ge=1, le=2**63 - 1)]
+MAX_PREREQUISITES = 1000
