@@ -11,13 +11,14 @@ import asyncio
 import logging
 import os
 import socket
-from typing import Any, TypeVar
+from typing import Any
 
 import psycopg
-from psycopg.rows import RowMaker
 
 from .. import dsn as dsn_text
 from .. import metrics
+from . import statements
+from .statements import P, R, Bound, Statement, typed_rows  # noqa: F401  typed_rows: TRANSITIONAL
 
 log = logging.getLogger("queueworker.db")
 
@@ -91,9 +92,6 @@ async def connect_with_options(dsn: str, options: str, **parameters: Any) -> psy
     return await psycopg.AsyncConnection.connect(dsn, **{**parameters, **NEVER_PREPARE})
 
 
-Row = TypeVar("Row")
-
-
 class StatementTimedOut(psycopg.OperationalError):
     """No answer within the client-side timeout; the connection was dropped."""
 
@@ -115,16 +113,24 @@ class DutyConnection:
         self._conn: psycopg.AsyncConnection | None = None
         self._lock = asyncio.Lock()
 
-    async def fetch(self, query: str, params: dict[str, Any] | None = None, row: type[Row] | None = None,
-                    timeout: float = CLIENT_TIMEOUT_SECONDS, lock: str | None = None) -> list[Any]:
-        """Runs one statement and returns its rows (empty for statements without rows): tuples,
-        or instances of `row` built by column name. Gives up after `timeout` seconds, waiting for
-        the connection and connecting included (StatementTimedOut).
+    async def fetch(self, statement: Statement[P, R], params: P = None, row: Any = None, *,  # TRANSITIONAL defaults
+                    timeout: float = CLIENT_TIMEOUT_SECONDS, lock: Bound | None = None) -> list[R]:
+        """Runs one statement and returns its rows. Gives up after `timeout` seconds, waiting for the
+        connection and connecting included (StatementTimedOut).
 
-        With `lock`, that statement (same parameters) runs first, in one transaction with `query`:
-        `query` then starts once the lock is held, so its snapshot sees whatever the previous
-        holder committed. A lock taken inside `query` itself would not: the statement would go on
-        reading from the snapshot it took before waiting."""
+        With `lock`, that statement runs first, in one transaction with `statement`, which then
+        starts once the lock is held, so its snapshot sees whatever the previous holder committed. A
+        lock taken inside the statement itself would not: it would go on reading from the snapshot
+        it took before waiting."""
+        return await self._within_deadline(timeout, statement, params, lock, row)
+
+    async def execute(self, statement: Statement[P, Any], params: P, *,
+                      timeout: float = CLIENT_TIMEOUT_SECONDS) -> None:
+        """Runs one statement for its effect, as `fetch` does."""
+        await self._within_deadline(timeout, statement, params, None)
+
+    async def _within_deadline(self, timeout: float, statement: Statement[P, R], params: P,
+                               lock: Bound | None, row: Any = None) -> list[R]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         if self._lock.locked():
@@ -140,7 +146,7 @@ class DutyConnection:
             conn = await self._connection(deadline, timeout)
             expiry = loop.call_at(deadline, shut_down, conn)
             try:
-                return await self._run(conn, query, params, row, lock)
+                return await self._run(conn, statement, params, lock, row)
             except psycopg.Error:
                 if loop.time() < deadline:
                     raise
@@ -167,16 +173,22 @@ class DutyConnection:
                 raise StatementTimedOut(f"{self._application_name}: could not connect within {timeout:.1f} s") from None
         return self._conn
 
-    async def _run(self, conn: psycopg.AsyncConnection, query: str, params: dict[str, Any] | None,
-                   row: type[Row] | None, lock: str | None) -> list[Any]:
+    async def _run(self, conn: psycopg.AsyncConnection, statement: Statement[P, R], params: P,
+                   lock: Bound | None, row: Any = None) -> list[R]:
         retries = 0
         while True:
             try:
+                if isinstance(statement, str):  # TRANSITIONAL: untyped callers, until each is converted
+                    if lock is None:
+                        return await _untyped_rows(conn, statement, params, row)
+                    async with conn.transaction():
+                        await conn.execute(lock, params)
+                        return await _untyped_rows(conn, statement, params, row)
                 if lock is None:
-                    return await _rows(conn, query, params, row)
+                    return await _rows(conn, statement, params)
                 async with conn.transaction():
-                    await conn.execute(lock, params)
-                    return await _rows(conn, query, params, row)
+                    await statements.execute_async(conn, lock.statement, lock.params, prepare=None)
+                    return await _rows(conn, statement, params)
             except psycopg.Error as exc:
                 if conn.broken or conn.closed:
                     await self._discard()
@@ -206,8 +218,17 @@ class DutyConnection:
             await self._discard()
 
 
-async def _rows(conn: psycopg.AsyncConnection, query: str, params: dict[str, Any] | None,
-                row: type[Row] | None) -> list[Any]:
+async def _rows(conn: psycopg.AsyncConnection, statement: Statement[P, R], params: P) -> list[R]:
+    """The statement's rows, or none for a statement run for its effect; prepared as the
+    connection's `prepare_threshold` says."""
+    if statement.row is None:
+        await statements.execute_async(conn, statement, params, prepare=None)
+        return []
+    return await statements.fetch_async(conn, statement, params, prepare=None)
+
+
+async def _untyped_rows(conn: psycopg.AsyncConnection, query: str, params: Any, row: Any) -> list[Any]:
+    """TRANSITIONAL: the old untyped path, until every caller runs a Statement."""
     cursor = conn.cursor(row_factory=typed_rows(row)) if row else conn.cursor()
     await cursor.execute(query, params)
     return await cursor.fetchall() if cursor.description else []
@@ -224,15 +245,3 @@ def shut_down(conn: psycopg.AsyncConnection) -> None:
             sock.shutdown(socket.SHUT_RDWR)
     except OSError:
         pass
-
-
-def typed_rows(row: type[Row]):
-    """A psycopg row factory making `row` (a NamedTuple) of each row. The statement's column names
-    are checked against the row type's fields once per statement, then rows are built from their
-    values directly: as cheap as plain tuples, and read by name everywhere."""
-    def factory(cursor: psycopg.AsyncCursor) -> RowMaker[Row]:
-        names = tuple(column.name for column in cursor.description or ())
-        if names != row._fields:  # type: ignore[attr-defined]
-            raise TypeError(f"the statement returns {names}, {row.__name__} expects {row._fields}")  # type: ignore
-        return row._make  # type: ignore[attr-defined]
-    return factory

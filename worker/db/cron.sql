@@ -1,0 +1,126 @@
+-- Periodic tasks (migration 011): the cron duty (queueworker.runtime.cron) and `queueworker cron`.
+-- Each statement is declared, with its parameter and row types, in queueworker/db/cron.py.
+
+-- name: database_now
+SELECT now();
+
+-- name: upsert_code_cron_job
+WITH changed AS (
+INSERT INTO queueworker.cron_jobs AS j (name, expression, timezone, task, payload, queue, priority, max_attempts,
+                                       catch_up, source, next_slot)
+VALUES (%(name)s, %(expression)s, %(timezone)s, %(task)s, %(payload)s::jsonb, %(queue)s, %(priority)s,
+        %(max_attempts)s, %(catch_up)s, 'code', %(first_slot)s)
+ON CONFLICT (name) DO UPDATE
+SET expression = excluded.expression, timezone = excluded.timezone, task = excluded.task, payload = excluded.payload,
+    queue = excluded.queue, priority = excluded.priority, max_attempts = excluded.max_attempts,
+    catch_up = excluded.catch_up, updated_at = now(),
+    next_slot = CASE WHEN (j.expression, j.timezone) IS DISTINCT FROM (excluded.expression, excluded.timezone)
+                     THEN excluded.next_slot ELSE j.next_slot END
+WHERE j.source = 'code'
+  AND (j.expression, j.timezone, j.task, j.payload, j.queue, j.priority, j.max_attempts, j.catch_up)
+      IS DISTINCT FROM (excluded.expression, excluded.timezone, excluded.task, excluded.payload, excluded.queue,
+                        excluded.priority, excluded.max_attempts, excluded.catch_up)
+RETURNING name, (xmax = 0) AS created
+), told AS (
+    SELECT pg_notify('queueworker_cron', name) FROM changed
+)
+SELECT created FROM changed, (SELECT count(*) FROM told) AS t;
+
+-- name: upsert_runtime_cron_job
+WITH changed AS (
+INSERT INTO queueworker.cron_jobs AS j (name, expression, timezone, task, payload, queue, priority, max_attempts,
+                                       catch_up, source, next_slot)
+VALUES (%(name)s, %(expression)s, %(timezone)s, %(task)s, %(payload)s::jsonb, %(queue)s, %(priority)s,
+        %(max_attempts)s, %(catch_up)s, 'runtime', %(first_slot)s)
+ON CONFLICT (name) DO UPDATE
+SET expression = excluded.expression, timezone = excluded.timezone, task = excluded.task, payload = excluded.payload,
+    queue = excluded.queue, priority = excluded.priority, max_attempts = excluded.max_attempts,
+    catch_up = excluded.catch_up, updated_at = now(),
+    next_slot = CASE WHEN (j.expression, j.timezone) IS DISTINCT FROM (excluded.expression, excluded.timezone)
+                     THEN excluded.next_slot ELSE j.next_slot END
+WHERE j.source = 'runtime'
+  AND (j.expression, j.timezone, j.task, j.payload, j.queue, j.priority, j.max_attempts, j.catch_up)
+      IS DISTINCT FROM (excluded.expression, excluded.timezone, excluded.task, excluded.payload, excluded.queue,
+                        excluded.priority, excluded.max_attempts, excluded.catch_up)
+RETURNING name, (xmax = 0) AS created
+), told AS (
+    SELECT pg_notify('queueworker_cron', name) FROM changed
+)
+SELECT created FROM changed, (SELECT count(*) FROM told) AS t;
+
+-- name: runtime_cron_jobs_among
+SELECT name FROM queueworker.cron_jobs WHERE name = ANY(%(names)s::text[]) AND source = 'runtime' ORDER BY name;
+
+-- name: due_cron_jobs
+-- The schedules with a slot due within %(ahead)s seconds, and the database's clock, which every
+-- worker computes slots against (never its own).
+SELECT name, expression, timezone, catch_up, next_slot, now() AS now
+FROM queueworker.cron_jobs
+WHERE NOT paused AND next_slot <= now() + make_interval(secs => %(ahead)s)
+ORDER BY next_slot
+LIMIT %(limit)s;
+
+-- name: next_cron_slot_in
+SELECT extract(epoch FROM min(next_slot) - now())::float8 AS next_in FROM queueworker.cron_jobs WHERE NOT paused;
+
+-- name: enqueue_cron_slots
+-- Enqueues a schedule's slots in the statement that moves its next slot on, and only if the
+-- schedule still is what the worker computed them from (compare-and-set on next_slot, expression
+-- and time zone): a second worker with the same slots waits for the first one's row lock, finds
+-- next_slot moved, and changes nothing. The task itself comes from the row as it is now. Each slot
+-- is one task due at the slot (a delayed one until then), with the key 'cron:NAME:<slot>',
+-- through queueworker.enqueue_tasks (migration 006), which also wakes the queue.
+WITH advanced AS (
+    UPDATE queueworker.cron_jobs
+    SET next_slot = %(next_slot)s, last_enqueued_slot = coalesce(%(last_slot)s, last_enqueued_slot), updated_at = now()
+    WHERE name = %(name)s AND next_slot = %(seen)s AND expression = %(expression)s AND timezone = %(timezone)s
+      AND NOT paused
+    RETURNING queue, task, payload, priority, max_attempts
+), enqueued AS (
+    SELECT e.id
+    FROM advanced a, cardinality(%(slots)s::timestamptz[]) AS n,
+         queueworker.enqueue_tasks(array_fill(a.queue, ARRAY[n]), array_fill(a.task, ARRAY[n]),
+                                   array_fill(a.payload, ARRAY[n]), array_fill(a.priority, ARRAY[n]),
+                                   %(slots)s::timestamptz[], array_fill(a.max_attempts, ARRAY[n]), '{}'::int[],
+                                   %(dedupe_keys)s::text[], '{}'::bool[], '{}'::bool[], '{}'::bigint[],
+                                   '{}'::bigint[], '{}'::bigint[], '{}'::int[]) AS e
+    WHERE n > 0
+)
+SELECT (SELECT count(*) FROM advanced) AS advanced, (SELECT count(id) FROM enqueued) AS enqueued;
+
+-- name: cron_jobs
+SELECT name, expression, timezone, task, payload::text AS payload_json, queue, priority, max_attempts,
+       catch_up, paused, source, next_slot, last_enqueued_slot, created_at, updated_at FROM queueworker.cron_jobs ORDER BY name;
+
+-- name: cron_schedule_for_update
+-- `cron resume` reads the schedule (locked: its next slot is computed from it) in its transaction.
+SELECT expression, timezone, now() AS now FROM queueworker.cron_jobs WHERE name = %(name)s FOR UPDATE;
+
+-- name: pause_cron_job
+WITH changed AS (
+UPDATE queueworker.cron_jobs SET paused = true, updated_at = now() WHERE name = %(name)s RETURNING name
+), told AS (
+    SELECT pg_notify('queueworker_cron', name) FROM changed
+)
+SELECT name FROM changed, (SELECT count(*) FROM told) AS t;
+
+-- name: resume_cron_job
+-- Resuming starts from the first slot after now: slots of the pause are not caught up.
+WITH changed AS (
+UPDATE queueworker.cron_jobs SET paused = false, next_slot = %(next_slot)s, updated_at = now()
+WHERE name = %(name)s AND paused RETURNING name
+), told AS (
+    SELECT pg_notify('queueworker_cron', name) FROM changed
+)
+SELECT name FROM changed, (SELECT count(*) FROM told) AS t;
+
+-- name: cron_job_source
+SELECT source FROM queueworker.cron_jobs WHERE name = %(name)s;
+
+-- name: delete_cron_job
+WITH changed AS (
+DELETE FROM queueworker.cron_jobs WHERE name = %(name)s RETURNING name, source
+), told AS (
+    SELECT pg_notify('queueworker_cron', name) FROM changed
+)
+SELECT source FROM changed, (SELECT count(*) FROM told) AS t;

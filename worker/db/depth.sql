@@ -1,0 +1,139 @@
+-- The controller's read of queue depth and of the leases worker pods hold (queueworker_controller.queuedb).
+-- Each statement is declared, with its parameter and row types, in queueworker/db/depth.py.
+
+-- name: queue_depth
+WITH recent AS MATERIALIZED (
+    SELECT queue, started_at, finished_at FROM queueworker.tasks
+    WHERE %(throughput)s AND state IN ('succeeded', 'failed') AND started_at IS NOT NULL
+      AND finished_at > now() - make_interval(secs => 60)
+    ORDER BY finished_at DESC LIMIT 5000
+), sampled AS (  -- the seconds the sample covers: the whole window, unless the sample filled first
+    SELECT CASE WHEN count(*) < 5000 THEN 60::float8
+                ELSE greatest(extract(epoch FROM now() - min(finished_at))::float8, 0.001) END AS seconds
+    FROM recent
+)
+SELECT q.queue, q.lookahead,
+       (SELECT count(*) FROM (SELECT 1 FROM queueworker.tasks
+                              WHERE state = 'pending' AND NOT delayed AND queue = q.queue
+                                AND run_after <= now()
+                              LIMIT %(cap)s) AS r) AS ready,
+       (SELECT count(*) FROM queueworker.tasks WHERE state = 'running' AND queue = q.queue) AS running,
+       (SELECT count(*) FROM (SELECT 1 FROM queueworker.tasks
+                              WHERE state = 'retrying' AND queue = q.queue
+                              LIMIT %(cap)s) AS b) AS retrying,
+       (SELECT extract(epoch FROM now() - run_after)::float8 FROM queueworker.tasks
+        WHERE state = 'pending' AND NOT delayed AND queue = q.queue AND run_after <= now()
+        ORDER BY priority DESC, run_after, id LIMIT 1) AS oldest_ready_age,
+       (SELECT count(*) FROM (SELECT 1 FROM queueworker.tasks
+                              WHERE state = 'blocked' AND queue = q.queue
+                              LIMIT %(cap)s) AS w) AS blocked,
+       (SELECT count(*) FROM (SELECT 1 FROM queueworker.tasks
+                              WHERE (state = 'retrying' OR (state = 'pending' AND delayed)) AND queue = q.queue
+                                AND run_after <= now() + make_interval(secs => coalesce(q.lookahead, 0))
+                              LIMIT %(cap)s) AS s) AS due_soon,
+       t.finish_rate, t.recent_task_seconds,
+       coalesce(f.paused, false) AS paused, coalesce(f.breaker_open, false) AS breaker_open,
+       f.rate_per_second, f.max_running, f.mean_task_seconds
+FROM unnest(%(queues)s::text[], %(lookaheads)s::float8[]) AS q(queue, lookahead)
+LEFT JOIN LATERAL (
+    SELECT count(*) / (SELECT seconds FROM sampled) AS finish_rate,
+           avg(extract(epoch FROM r.finished_at - r.started_at))::float8 AS recent_task_seconds
+    FROM recent r WHERE %(throughput)s AND r.queue = q.queue HAVING count(*) > 0) AS t ON true
+LEFT JOIN LATERAL (
+    SELECT l.paused_until > now() AS paused, l.breaker_state <> 'closed' AS breaker_open, l.rate_per_second,
+           l.max_running,
+           CASE WHEN l.rate_per_second IS NOT NULL THEN (
+               SELECT avg(extract(epoch FROM d.finished_at - d.started_at))::float8
+               FROM (SELECT finished_at, started_at FROM queueworker.tasks
+                     WHERE state = 'succeeded' AND queue = l.name ORDER BY finished_at DESC LIMIT 100) AS d)
+           END AS mean_task_seconds
+    FROM queueworker.queues l WHERE l.name = q.queue AND l.limited) AS f ON true;
+
+-- name: queue_depth_without_flow
+-- The same against older schemas, whose tenants a newer controller may serve while their workers
+-- are older: before version 9 (no flow control) and before version 5 (no `blocked` state either).
+WITH recent AS MATERIALIZED (
+    SELECT queue, started_at, finished_at FROM queueworker.tasks
+    WHERE %(throughput)s AND state IN ('succeeded', 'failed') AND started_at IS NOT NULL
+      AND finished_at > now() - make_interval(secs => 60)
+    ORDER BY finished_at DESC LIMIT 5000
+), sampled AS (  -- the seconds the sample covers: the whole window, unless the sample filled first
+    SELECT CASE WHEN count(*) < 5000 THEN 60::float8
+                ELSE greatest(extract(epoch FROM now() - min(finished_at))::float8, 0.001) END AS seconds
+    FROM recent
+)
+SELECT q.queue, q.lookahead,
+       (SELECT count(*) FROM (SELECT 1 FROM queueworker.tasks
+                              WHERE state = 'pending' AND NOT delayed AND queue = q.queue
+                                AND run_after <= now()
+                              LIMIT %(cap)s) AS r) AS ready,
+       (SELECT count(*) FROM queueworker.tasks WHERE state = 'running' AND queue = q.queue) AS running,
+       (SELECT count(*) FROM (SELECT 1 FROM queueworker.tasks
+                              WHERE state = 'retrying' AND queue = q.queue
+                              LIMIT %(cap)s) AS b) AS retrying,
+       (SELECT extract(epoch FROM now() - run_after)::float8 FROM queueworker.tasks
+        WHERE state = 'pending' AND NOT delayed AND queue = q.queue AND run_after <= now()
+        ORDER BY priority DESC, run_after, id LIMIT 1) AS oldest_ready_age,
+       (SELECT count(*) FROM (SELECT 1 FROM queueworker.tasks
+                              WHERE state = 'blocked' AND queue = q.queue
+                              LIMIT %(cap)s) AS w) AS blocked,
+       (SELECT count(*) FROM (SELECT 1 FROM queueworker.tasks
+                              WHERE (state = 'retrying' OR (state = 'pending' AND delayed)) AND queue = q.queue
+                                AND run_after <= now() + make_interval(secs => coalesce(q.lookahead, 0))
+                              LIMIT %(cap)s) AS s) AS due_soon,
+       t.finish_rate, t.recent_task_seconds,
+       false AS paused, false AS breaker_open, NULL::float8 AS rate_per_second,
+       NULL::integer AS max_running, NULL::float8 AS mean_task_seconds
+FROM unnest(%(queues)s::text[], %(lookaheads)s::float8[]) AS q(queue, lookahead)
+LEFT JOIN LATERAL (
+    SELECT count(*) / (SELECT seconds FROM sampled) AS finish_rate,
+           avg(extract(epoch FROM r.finished_at - r.started_at))::float8 AS recent_task_seconds
+    FROM recent r WHERE %(throughput)s AND r.queue = q.queue HAVING count(*) > 0) AS t ON true;
+
+-- name: queue_depth_without_blocked
+WITH recent AS MATERIALIZED (
+    SELECT queue, started_at, finished_at FROM queueworker.tasks
+    WHERE %(throughput)s AND state IN ('succeeded', 'failed') AND started_at IS NOT NULL
+      AND finished_at > now() - make_interval(secs => 60)
+    ORDER BY finished_at DESC LIMIT 5000
+), sampled AS (  -- the seconds the sample covers: the whole window, unless the sample filled first
+    SELECT CASE WHEN count(*) < 5000 THEN 60::float8
+                ELSE greatest(extract(epoch FROM now() - min(finished_at))::float8, 0.001) END AS seconds
+    FROM recent
+)
+SELECT q.queue, q.lookahead,
+       (SELECT count(*) FROM (SELECT 1 FROM queueworker.tasks
+                              WHERE state = 'pending' AND NOT delayed AND queue = q.queue
+                                AND run_after <= now()
+                              LIMIT %(cap)s) AS r) AS ready,
+       (SELECT count(*) FROM queueworker.tasks WHERE state = 'running' AND queue = q.queue) AS running,
+       (SELECT count(*) FROM (SELECT 1 FROM queueworker.tasks
+                              WHERE state = 'retrying' AND queue = q.queue
+                              LIMIT %(cap)s) AS b) AS retrying,
+       (SELECT extract(epoch FROM now() - run_after)::float8 FROM queueworker.tasks
+        WHERE state = 'pending' AND NOT delayed AND queue = q.queue AND run_after <= now()
+        ORDER BY priority DESC, run_after, id LIMIT 1) AS oldest_ready_age,
+       0::bigint AS blocked,
+       (SELECT count(*) FROM (SELECT 1 FROM queueworker.tasks
+                              WHERE (state = 'retrying' OR (state = 'pending' AND delayed)) AND queue = q.queue
+                                AND run_after <= now() + make_interval(secs => coalesce(q.lookahead, 0))
+                              LIMIT %(cap)s) AS s) AS due_soon,
+       t.finish_rate, t.recent_task_seconds,
+       false AS paused, false AS breaker_open, NULL::float8 AS rate_per_second,
+       NULL::integer AS max_running, NULL::float8 AS mean_task_seconds
+FROM unnest(%(queues)s::text[], %(lookaheads)s::float8[]) AS q(queue, lookahead)
+LEFT JOIN LATERAL (
+    SELECT count(*) / (SELECT seconds FROM sampled) AS finish_rate,
+           avg(extract(epoch FROM r.finished_at - r.started_at))::float8 AS recent_task_seconds
+    FROM recent r WHERE %(throughput)s AND r.queue = q.queue HAVING count(*) > 0) AS t ON true;
+
+-- name: worker_leases
+-- Live workers of one namespace with the leases they hold right now (not as of their last
+-- heartbeat), to price pods for scale-in.
+SELECT w.pod_name, count(t.id)::int AS running, w.draining,
+       extract(epoch FROM now() - min(t.started_at))::float8 AS oldest_lease_age
+FROM queueworker.workers w
+LEFT JOIN queueworker.tasks t ON t.lease_owner = w.id AND t.state = 'running'
+WHERE w.pod_namespace = %(namespace)s AND w.pod_name IS NOT NULL
+  AND %(queue)s = ANY(w.queues)
+GROUP BY w.id, w.pod_name, w.running, w.draining;

@@ -1,0 +1,76 @@
+-- The worker's background duties that keep the queue moving: rescue, promote, clean.
+-- Each statement is declared, with its parameter and row types, in queueworker/db/duties.py.
+
+-- name: rescue
+-- Rescuer: returns tasks whose lease expired (or whose hard deadline passed long ago) to the
+-- queue, or fails them when their attempts are spent, and forgets workers that stopped
+-- heartbeating. Guarded by a transaction-scoped advisory lock so one worker does it at a time.
+WITH guard AS MATERIALIZED (
+    SELECT pg_try_advisory_xact_lock(%(lock_key)s) AS held
+), expired AS (
+    SELECT t.id FROM queueworker.tasks t, guard
+    WHERE guard.held AND t.state = 'running'
+      AND (t.leased_until < now() OR t.deadline_at < now() - make_interval(secs => %(deadline_grace)s))
+    ORDER BY t.id
+    LIMIT %(limit)s
+    FOR NO KEY UPDATE OF t SKIP LOCKED
+), rescued AS (
+    UPDATE queueworker.tasks t
+    SET state = CASE WHEN t.attempts >= t.max_attempts THEN 'failed' ELSE 'pending' END::queueworker.task_state,
+        error = jsonb_build_object(
+            'type', CASE WHEN t.leased_until < now() THEN 'LeaseExpired' ELSE 'DeadlineExceeded' END,
+            'message', CASE WHEN t.leased_until < now()
+                            THEN 'lease expired: worker ' || t.lease_owner::text || ' stopped heartbeating'
+                            ELSE 'hard deadline exceeded while the worker still held the lease' END,
+            'retryable', t.attempts < t.max_attempts),
+        rescues = t.rescues + 1, run_after = now(), updated_at = now(),
+        finished_at = CASE WHEN t.attempts >= t.max_attempts THEN now() END,
+        lease_owner = NULL, leased_until = NULL, deadline_at = NULL
+    FROM expired
+    WHERE t.id = expired.id AND t.state = 'running'
+    RETURNING t.id, t.queue, t.state
+), reaped AS (
+    DELETE FROM queueworker.workers w
+    USING guard
+    WHERE guard.held AND w.heartbeat_at < now() - make_interval(secs => %(worker_ttl)s)
+    RETURNING w.id
+), notified AS (
+    SELECT pg_notify('queueworker', queue) FROM rescued WHERE state = 'pending' GROUP BY queue
+)
+SELECT (SELECT held FROM guard) AS held,
+       (SELECT count(*) FROM rescued WHERE state = 'pending') AS requeued,
+       (SELECT count(*) FROM rescued WHERE state = 'failed') AS failed,
+       (SELECT count(*) FROM reaped) AS reaped,
+       (SELECT count(*) FROM notified) AS notified;
+
+-- name: promote_due
+-- Scheduler: admits tasks whose time has come to the claim index (retrying -> pending when the
+-- backoff is over; delayed pending tasks when due), wakes their queues, and says when the next
+-- one is due so it can sleep exactly that long.
+WITH guard AS MATERIALIZED (
+    SELECT pg_try_advisory_xact_lock(%(lock_key)s) AS held
+), due AS (
+    SELECT t.id FROM queueworker.tasks t, guard
+    WHERE guard.held AND (t.state = 'retrying' OR (t.state = 'pending' AND t.delayed)) AND t.run_after <= now()
+    ORDER BY t.run_after
+    LIMIT %(limit)s
+    FOR NO KEY UPDATE OF t SKIP LOCKED
+), promoted AS (
+    UPDATE queueworker.tasks t SET state = 'pending', delayed = false, updated_at = now()
+    FROM due WHERE t.id = due.id AND t.state IN ('retrying', 'pending')
+    RETURNING t.queue
+), notified AS (
+    SELECT pg_notify('queueworker', queue) FROM promoted GROUP BY queue
+)
+SELECT (SELECT count(*) FROM promoted) AS promoted,
+       (SELECT count(*) FROM notified) AS notified,
+       (SELECT extract(epoch FROM min(run_after) - now())::float8
+        FROM queueworker.tasks WHERE state = 'retrying' OR (state = 'pending' AND delayed)) AS next_due_in;
+
+-- name: clean_finished
+-- Cleaner: deletes finished tasks (and their audit rows) older than the retention, oldest first,
+-- in batches, so history never grows without bound. Guarded like the other duties. A SECURITY
+-- DEFINER function (migration 003): the worker role may run it, but holds no DELETE on the history
+-- or the audit trail (docs/security.md).
+SELECT id FROM queueworker.clean_finished(%(lock_key)s::bigint, %(retention_seconds)s::float8, %(limit)s::integer)
+    AS deleted(id);

@@ -1,0 +1,136 @@
+"""Enqueueing: the producer's statements (queueworker.client.producer). The statements are in enqueue.sql."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import NamedTuple
+
+from .statements import JsonText, NoParams, Params, SqlFile
+
+_SQL = SqlFile("enqueue")
+
+
+class EnqueueParams(Params):
+    queues: list[str]
+    tasks: list[str]
+    payloads: list[JsonText]
+    priorities: list[int]
+    run_afters: list[datetime | None]
+    max_attempts: list[int]
+    timeouts: list[int | None]
+
+
+class EnqueuedRow(NamedTuple):
+    id: int
+    notified: int
+
+
+class EnqueueWithHeadersParams(Params):
+    queues: list[str]
+    tasks: list[str]
+    payloads: list[JsonText]
+    priorities: list[int]
+    run_afters: list[datetime | None]
+    max_attempts: list[int]
+    timeouts: list[int | None]
+    headers: list[JsonText | None]
+
+
+class StagingStateRow(NamedTuple):
+    exists: bool
+    allowed: bool
+    spec_hash: bool
+
+
+class EnqueueTasksParams(Params):
+    queues: list[str]
+    tasks: list[str]
+    payloads: list[JsonText]
+    priorities: list[int]
+    run_afters: list[datetime | None]
+    max_attempts: list[int]
+    timeouts: list[int | None]
+    dedupe_keys: list[str | None]
+    by_spec: list[bool]
+    cancel_on_failure: list[bool]
+    prerequisite_ords: list[int]
+    prerequisite_ids: list[int]
+    run_ids: list[int | None]
+    run_partitions: list[int | None]
+
+
+class TaskEnqueuedRow(NamedTuple):
+    ord: int
+    queue: str
+    dedupe_key: str | None
+    id: int | None
+    notified: int
+
+
+class EnqueueTasksWithHeadersParams(Params):
+    queues: list[str]
+    tasks: list[str]
+    payloads: list[JsonText]
+    priorities: list[int]
+    run_afters: list[datetime | None]
+    max_attempts: list[int]
+    timeouts: list[int | None]
+    dedupe_keys: list[str | None]
+    by_spec: list[bool]
+    cancel_on_failure: list[bool]
+    prerequisite_ords: list[int]
+    prerequisite_ids: list[int]
+    run_ids: list[int | None]
+    run_partitions: list[int | None]
+    headers: list[JsonText | None]
+
+
+class EnqueueExistingParams(Params):
+    ords: list[int]
+    queues: list[str]
+    dedupe_keys: list[str]
+
+
+class ExistingTaskRow(NamedTuple):
+    ord: int
+    id: int
+    state: str
+
+
+class EnqueueReplaceParams(Params):
+    ids: list[int]
+    payloads: list[JsonText]
+    priorities: list[int]
+    run_afters: list[datetime | None]
+
+
+class ReplacedRow(NamedTuple):
+    id: int
+    notified: int
+
+
+class NotifyOnFinishParams(Params):
+    ids: list[int]
+
+
+class MarkedRow(NamedTuple):
+    id: int
+
+
+ENQUEUE = _SQL.statement("enqueue", EnqueueParams, EnqueuedRow)
+ENQUEUE_WITH_HEADERS = _SQL.statement("enqueue_with_headers", EnqueueWithHeadersParams, EnqueuedRow)
+STAGING_STATE = _SQL.statement("staging_state", NoParams, StagingStateRow)
+CREATE_STAGING = _SQL.statement("create_staging", NoParams)
+EMPTY_STAGING = _SQL.statement("empty_staging", NoParams)
+COPY_STAGING = _SQL.statement("copy_staging", NoParams)
+ENQUEUE_STAGED = _SQL.statement("enqueue_staged", NoParams, EnqueuedRow)
+ENQUEUE_STAGED_WITH_HEADERS = _SQL.statement("enqueue_staged_with_headers", NoParams, EnqueuedRow)
+ENQUEUE_STAGED_HASHED = _SQL.statement("enqueue_staged_hashed", NoParams, EnqueuedRow)
+ENQUEUE_STAGED_WITH_HEADERS_HASHED = _SQL.statement("enqueue_staged_with_headers_hashed", NoParams, EnqueuedRow)
+ENQUEUE_TASKS = _SQL.statement("enqueue_tasks", EnqueueTasksParams, TaskEnqueuedRow)
+ENQUEUE_TASKS_WITH_HEADERS = _SQL.statement("enqueue_tasks_with_headers", EnqueueTasksWithHeadersParams, TaskEnqueuedRow)
+ENQUEUE_EXISTING = _SQL.statement("enqueue_existing", EnqueueExistingParams, ExistingTaskRow)
+ENQUEUE_REPLACE = _SQL.statement("enqueue_replace", EnqueueReplaceParams, ReplacedRow)
+NOTIFY_ON_FINISH = _SQL.statement("notify_on_finish", NotifyOnFinishParams, MarkedRow)
+
+_SQL.check_all_declared()

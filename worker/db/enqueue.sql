@@ -1,0 +1,185 @@
+-- Enqueueing: the producer's statements (queueworker.client.producer).
+-- Each statement is declared, with its parameter and row types, in queueworker/db/enqueue.py.
+
+-- name: enqueue
+WITH inserted AS (
+    INSERT INTO queueworker.tasks (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds)
+    SELECT s.queue, s.task, s.payload, s.priority, coalesce(s.run_after, now()), coalesce(s.run_after > now(), false),
+           s.max_attempts, s.timeout_seconds
+    FROM unnest(%(queues)s::text[], %(tasks)s::text[], %(payloads)s::jsonb[], %(priorities)s::int[],
+                %(run_afters)s::timestamptz[], %(max_attempts)s::int[], %(timeouts)s::int[])
+         WITH ORDINALITY AS s(queue, task, payload, priority, run_after, max_attempts, timeout_seconds, ord)
+    ORDER BY s.ord
+    RETURNING id, queue, run_after
+), notified AS (
+    SELECT pg_notify('queueworker',
+                     CASE WHEN min(run_after) <= now() THEN queue
+                          ELSE queue || ' ' || extract(epoch FROM min(run_after))::text END)
+    FROM inserted GROUP BY queue
+)
+SELECT id, (SELECT count(*) FROM notified) AS notified FROM inserted ORDER BY id;
+
+-- name: enqueue_with_headers
+WITH inserted AS (
+    INSERT INTO queueworker.tasks (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds, headers)
+    SELECT s.queue, s.task, s.payload, s.priority, coalesce(s.run_after, now()), coalesce(s.run_after > now(), false),
+           s.max_attempts, s.timeout_seconds, s.headers
+    FROM unnest(%(queues)s::text[], %(tasks)s::text[], %(payloads)s::jsonb[], %(priorities)s::int[],
+                %(run_afters)s::timestamptz[], %(max_attempts)s::int[], %(timeouts)s::int[], %(headers)s::jsonb[])
+         WITH ORDINALITY AS s(queue, task, payload, priority, run_after, max_attempts, timeout_seconds, headers, ord)
+    ORDER BY s.ord
+    RETURNING id, queue, run_after
+), notified AS (
+    SELECT pg_notify('queueworker',
+                     CASE WHEN min(run_after) <= now() THEN queue
+                          ELSE queue || ' ' || extract(epoch FROM min(run_after))::text END)
+    FROM inserted GROUP BY queue
+)
+SELECT id, (SELECT count(*) FROM notified) AS notified FROM inserted ORDER BY id;
+
+-- name: staging_state
+-- Whether this transaction has a staging table already, whether the role may create one (TEMPORARY
+-- on the database, granted to PUBLIC unless revoked), and whether the statement may set the spec
+-- hash itself: the schema has it (migration 004) and the role may insert it (the owner; a
+-- least-privilege producer may not, so that it cannot forge one, and its rows get theirs from the
+-- trigger).
+SELECT to_regclass('pg_temp.queueworker_staged_tasks') IS NOT NULL AS exists,
+       has_database_privilege(current_database(), 'TEMPORARY') AS allowed,
+       CASE WHEN EXISTS (SELECT FROM pg_attribute WHERE attrelid = 'queueworker.tasks'::regclass
+                                                    AND attname = 'spec_hash' AND NOT attisdropped)
+            THEN has_column_privilege('queueworker.tasks', 'spec_hash', 'INSERT') ELSE false END AS spec_hash;
+
+-- name: create_staging
+-- The columns ENQUEUE takes, typed as the table's, so the COPY parses payloads and headers once.
+CREATE TEMPORARY TABLE queueworker_staged_tasks (
+    ord bigint NOT NULL, queue text NOT NULL, task text NOT NULL, payload jsonb NOT NULL, priority integer NOT NULL,
+    run_after timestamptz, max_attempts integer NOT NULL, timeout_seconds integer, headers jsonb
+) ON COMMIT DROP;
+
+-- name: empty_staging
+TRUNCATE pg_temp.queueworker_staged_tasks;
+
+-- name: copy_staging
+-- Text format (producer.Copy says why).
+COPY pg_temp.queueworker_staged_tasks (ord, queue, task, payload, priority, run_after, max_attempts, timeout_seconds, headers)
+FROM STDIN;
+
+-- name: enqueue_staged
+WITH inserted AS (
+    INSERT INTO queueworker.tasks (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds)
+    SELECT s.queue, s.task, s.payload, s.priority, coalesce(s.run_after, now()), coalesce(s.run_after > now(), false),
+           s.max_attempts, s.timeout_seconds
+    FROM pg_temp.queueworker_staged_tasks s
+    ORDER BY s.ord
+    RETURNING id, queue, run_after
+), notified AS (
+    SELECT pg_notify('queueworker',
+                     CASE WHEN min(run_after) <= now() THEN queue
+                          ELSE queue || ' ' || extract(epoch FROM min(run_after))::text END)
+    FROM inserted GROUP BY queue
+)
+SELECT id, (SELECT count(*) FROM notified) AS notified FROM inserted ORDER BY id;
+
+-- name: enqueue_staged_with_headers
+WITH inserted AS (
+    INSERT INTO queueworker.tasks (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds, headers)
+    SELECT s.queue, s.task, s.payload, s.priority, coalesce(s.run_after, now()), coalesce(s.run_after > now(), false),
+           s.max_attempts, s.timeout_seconds, s.headers
+    FROM pg_temp.queueworker_staged_tasks s
+    ORDER BY s.ord
+    RETURNING id, queue, run_after
+), notified AS (
+    SELECT pg_notify('queueworker',
+                     CASE WHEN min(run_after) <= now() THEN queue
+                          ELSE queue || ' ' || extract(epoch FROM min(run_after))::text END)
+    FROM inserted GROUP BY queue
+)
+SELECT id, (SELECT count(*) FROM notified) AS notified FROM inserted ORDER BY id;
+
+-- name: enqueue_staged_hashed
+WITH inserted AS (
+    INSERT INTO queueworker.tasks (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds, spec_hash)
+    SELECT s.queue, s.task, s.payload, s.priority, coalesce(s.run_after, now()), coalesce(s.run_after > now(), false),
+           s.max_attempts, s.timeout_seconds, queueworker.spec_hash(s.queue, s.task, s.payload)
+    FROM pg_temp.queueworker_staged_tasks s
+    ORDER BY s.ord
+    RETURNING id, queue, run_after
+), notified AS (
+    SELECT pg_notify('queueworker',
+                     CASE WHEN min(run_after) <= now() THEN queue
+                          ELSE queue || ' ' || extract(epoch FROM min(run_after))::text END)
+    FROM inserted GROUP BY queue
+)
+SELECT id, (SELECT count(*) FROM notified) AS notified FROM inserted ORDER BY id;
+
+-- name: enqueue_staged_with_headers_hashed
+WITH inserted AS (
+    INSERT INTO queueworker.tasks (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds, headers, spec_hash)
+    SELECT s.queue, s.task, s.payload, s.priority, coalesce(s.run_after, now()), coalesce(s.run_after > now(), false),
+           s.max_attempts, s.timeout_seconds, s.headers, queueworker.spec_hash(s.queue, s.task, s.payload)
+    FROM pg_temp.queueworker_staged_tasks s
+    ORDER BY s.ord
+    RETURNING id, queue, run_after
+), notified AS (
+    SELECT pg_notify('queueworker',
+                     CASE WHEN min(run_after) <= now() THEN queue
+                          ELSE queue || ' ' || extract(epoch FROM min(run_after))::text END)
+    FROM inserted GROUP BY queue
+)
+SELECT id, (SELECT count(*) FROM notified) AS notified FROM inserted ORDER BY id;
+
+-- name: enqueue_tasks
+-- Everything beyond a plain task: dedupe keys (TaskSpec.dedupe_key, or dedupe="spec": the hex spec
+-- hash as the key) and prerequisites (TaskSpec.depends_on: the task starts `blocked`), through a
+-- definer function (migrations 004 and 006) that inserts into `tasks_active`, whose unique index is
+-- the ON CONFLICT arbiter, records the edges and wakes the queues: the producer role needs no right
+-- on the partition or the edges. DO NOTHING, not DO UPDATE: a duplicate takes no lock on the existing
+-- task, so a producer's open transaction never holds up the worker that runs it. One row per spec,
+-- in order: its key, and its new id, or NULL when a task held the key already (a duplicate within
+-- the batch gets the id of the first spec with its key). `prerequisite_ords[i]` is the 1-based
+-- position of the spec that depends on task `prerequisite_ids[i]`; `run_ids` and `run_partitions`
+-- place partitions in their run (migration 006).
+SELECT ord, queue, dedupe_key, id, notified
+FROM queueworker.enqueue_tasks(%(queues)s::text[], %(tasks)s::text[], %(payloads)s::jsonb[], %(priorities)s::int[],
+                               %(run_afters)s::timestamptz[], %(max_attempts)s::int[], %(timeouts)s::int[],
+                               %(dedupe_keys)s::text[], %(by_spec)s::bool[], %(cancel_on_failure)s::bool[],
+                               %(prerequisite_ords)s::bigint[], %(prerequisite_ids)s::bigint[],
+                               %(run_ids)s::bigint[], %(run_partitions)s::int[]);
+
+-- name: enqueue_tasks_with_headers
+-- The same with each spec's headers, for batches that have some (as ENQUEUE_WITH_HEADERS).
+SELECT ord, queue, dedupe_key, id, notified
+FROM queueworker.enqueue_tasks(%(queues)s::text[], %(tasks)s::text[], %(payloads)s::jsonb[], %(priorities)s::int[],
+                               %(run_afters)s::timestamptz[], %(max_attempts)s::int[], %(timeouts)s::int[],
+                               %(dedupe_keys)s::text[], %(by_spec)s::bool[], %(cancel_on_failure)s::bool[],
+                               %(prerequisite_ords)s::bigint[], %(prerequisite_ids)s::bigint[],
+                               %(run_ids)s::bigint[], %(run_partitions)s::int[], %(headers)s::jsonb[]);
+
+-- name: enqueue_existing
+-- The task holding each key, for the specs ENQUEUE_UNIQUE did not insert: the unfinished one, else
+-- (it finished since) the newest finished one. A new statement, so it sees the duplicate that the
+-- insert waited for.
+SELECT k.ord, t.id, t.state::text AS state
+FROM unnest(%(ords)s::bigint[], %(queues)s::text[], %(dedupe_keys)s::text[]) AS k(ord, queue, dedupe_key)
+CROSS JOIN LATERAL (
+    SELECT id, state FROM queueworker.tasks
+    WHERE queue = k.queue AND dedupe_key = k.dedupe_key
+    ORDER BY state IN ('succeeded', 'failed', 'cancelled'), id DESC
+    LIMIT 1
+) t
+ORDER BY k.ord;
+
+-- name: enqueue_replace
+-- on_conflict="replace": a duplicate that is still `pending` takes the new spec's payload, priority
+-- and schedule (the last spec wins within a batch), through a definer function (migration 004) that
+-- changes only pending tasks with a dedupe key. It updates through the parent, so the update trigger
+-- audits it (`pending -> pending`, detail `replaced`); only rows that really change are touched. A
+-- spec due now keeps a due task's place in line, and makes a delayed one due now.
+SELECT id, notified
+FROM queueworker.replace_pending(%(ids)s::bigint[], %(payloads)s::jsonb[], %(priorities)s::int[],
+                                 %(run_afters)s::timestamptz[]);
+
+-- name: notify_on_finish
+-- Marks tasks just enqueued (in the producer's transaction) to notify FINISHED_CHANNEL when they end.
+UPDATE queueworker.tasks SET notify_on_finish = true WHERE id = ANY(%(ids)s::bigint[]) AND NOT notify_on_finish
+RETURNING id;

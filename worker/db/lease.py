@@ -1,0 +1,166 @@
+"""The lease loop: claim, heartbeat, checkpoint, complete, hand back and release (queueworker.runtime). The statements are in lease.sql."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+from uuid import UUID
+
+from .statements import JsonText, Params, SqlFile
+
+_SQL = SqlFile("lease")
+
+
+class ClaimParams(Params):
+    queue: str
+    limit: int
+    worker: UUID
+    lease_seconds: float
+    timeout_seconds: int
+
+
+class ClaimedRow(NamedTuple):
+    """A task a claim just leased. The payload stays JSON text here: each attempt decodes its own,
+    so a row Python cannot read (nested 2,000 deep, a 5,000-digit number) fails only that task."""
+
+    id: int
+    queue: str
+    task: str
+    payload_json: str
+    attempts: int
+    max_attempts: int
+    lease_token: int
+    seconds_to_deadline: float
+    run_json: str | None  # the run a partition, consolidation or alert belongs to (RunInfo); else None
+    checkpoint_json: str | None  # what an earlier attempt saved with ctx.save_checkpoint
+    headers_json: str | None  # the producer's headers (trace context), read by queueworker.tracing
+
+
+class LockQueueParams(Params):
+    queue: str
+
+
+class RegisterWorkerParams(Params):
+    worker: UUID
+    hostname: str
+    pod_name: str | None
+    pod_namespace: str | None
+    pid: int
+    queues: list[str]
+    concurrency: int
+    running: int
+    draining: bool
+    version: str
+
+
+class HeartbeatParams(Params):
+    worker: UUID
+    hostname: str
+    pod_name: str | None
+    pod_namespace: str | None
+    pid: int
+    queues: list[str]
+    concurrency: int
+    running: int
+    draining: bool
+    version: str
+    lease_seconds: float
+    ids: list[int]
+    tokens: list[int]
+    progresses: list[JsonText | None]
+
+
+class HeldRow(NamedTuple):
+    """A lease the heartbeat found still held, and whether it was extended (not past its deadline:
+    the worker's own deadline then cancels the attempt and reports it)."""
+
+    id: int
+    lease_token: int
+    extended: bool
+
+
+class SaveCheckpointParams(Params):
+    checkpoint: JsonText
+    progress: JsonText | None
+    id: int
+    token: int
+
+
+class FencedRow(NamedTuple):
+    """A row a fenced statement changed: which attempt of which task."""
+
+    id: int
+    lease_token: int
+
+
+class CancelledAmongParams(Params):
+    ids: list[int]
+
+
+class CancelledTaskRow(NamedTuple):
+    id: int
+
+
+class DeregisterWorkerParams(Params):
+    worker: UUID
+
+
+class CompleteSucceededParams(Params):
+    ids: list[int]
+    tokens: list[int]
+    results: list[JsonText]
+
+
+class CompleteContinuedParams(Params):
+    ids: list[int]
+    tokens: list[int]
+    results: list[JsonText]
+    next_payloads: list[JsonText]
+    next_delays: list[float]
+    next_headers: list[JsonText | None]
+
+
+class CompleteFailedParams(Params):
+    ids: list[int]
+    tokens: list[int]
+    retryables: list[bool]
+    backoffs: list[float]
+    errors: list[JsonText]
+
+
+class FailedRow(NamedTuple):
+    """A failed attempt as recorded: `retrying` (backoff) or `failed`."""
+
+    id: int
+    lease_token: int
+    state: str
+
+
+class ReleasedRow(NamedTuple):
+    id: int
+    queue: str
+    notified: int
+
+
+class HandBackParams(Params):
+    ids: list[int]
+    tokens: list[int]
+    delays: list[float]
+    errors: list[JsonText]
+    graces: list[float | None]
+
+
+CLAIM = _SQL.statement("claim", ClaimParams, ClaimedRow)
+LOCK_QUEUE = _SQL.statement("lock_queue", LockQueueParams)
+CLAIM_LIMITED = _SQL.statement("claim_limited", ClaimParams, ClaimedRow)
+REGISTER_WORKER = _SQL.statement("register_worker", RegisterWorkerParams)
+HEARTBEAT = _SQL.statement("heartbeat", HeartbeatParams, HeldRow)
+SAVE_CHECKPOINT = _SQL.statement("save_checkpoint", SaveCheckpointParams, FencedRow)
+CANCELLED_AMONG = _SQL.statement("cancelled_among", CancelledAmongParams, CancelledTaskRow)
+DEREGISTER_WORKER = _SQL.statement("deregister_worker", DeregisterWorkerParams)
+COMPLETE_SUCCEEDED = _SQL.statement("complete_succeeded", CompleteSucceededParams, FencedRow)
+COMPLETE_CONTINUED = _SQL.statement("complete_continued", CompleteContinuedParams, FencedRow)
+COMPLETE_FAILED = _SQL.statement("complete_failed", CompleteFailedParams, FailedRow)
+RELEASE = _SQL.statement("release", DeregisterWorkerParams, ReleasedRow)
+HAND_BACK = _SQL.statement("hand_back", HandBackParams, FencedRow)
+
+_SQL.check_all_declared()

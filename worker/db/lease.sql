@@ -1,0 +1,301 @@
+-- The lease loop: claim, heartbeat, checkpoint, complete, hand back and release (queueworker.runtime).
+-- Each statement is declared, with its parameter and row types, in queueworker/db/lease.py.
+
+-- name: claim
+-- A queue with flow control (a row in queueworker.queues that sets something: migration 009) is
+-- claimed by CLAIM_LIMITED only: here its limit is 0, an index probe of a tiny table per statement.
+WITH picked AS MATERIALIZED (
+    SELECT id, priority, run_after FROM queueworker.tasks_active
+    WHERE state = 'pending' AND NOT delayed AND queue = %(queue)s AND run_after <= now()
+      AND NOT EXISTS (SELECT FROM queueworker.queues l WHERE l.name = %(queue)s AND l.limited)
+    ORDER BY priority DESC, run_after, id
+    LIMIT %(limit)s
+    FOR NO KEY UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE queueworker.tasks_active t
+    SET state = 'running', attempts = t.attempts + 1, lease_owner = %(worker)s,
+        lease_token = t.lease_token + 1,
+        leased_until = now() + make_interval(secs => %(lease_seconds)s),
+        deadline_at = now() + make_interval(secs => coalesce(t.timeout_seconds, %(timeout_seconds)s)),
+        started_at = now(), updated_at = now()
+    FROM picked picked
+    WHERE t.id = picked.id AND t.state = 'pending'
+    RETURNING t.id, t.queue, t.task, t.payload::text AS payload_json, t.attempts, t.max_attempts, t.lease_token,
+              extract(epoch FROM t.deadline_at - now())::float8 AS seconds_to_deadline,
+              CASE WHEN t.run_id IS NOT NULL THEN (
+                  SELECT jsonb_build_object('id', r.id, 'name', r.name, 'partition', t.run_partition,
+                                            'watermark', r.watermark, 'watermark_before', r.watermark_before,
+                                            'forced', r.forced)::text
+                  FROM queueworker.runs r WHERE r.id = t.run_id) END AS run_json,
+              t.checkpoint::text AS checkpoint_json, t.headers::text AS headers_json
+), audited AS (
+    INSERT INTO queueworker.task_events (task_id, from_state, to_state, worker, lease_token, detail)
+    SELECT id, 'pending', 'running', %(worker)s, lease_token, jsonb_build_object('attempts', attempts)
+    FROM claimed
+)
+SELECT id, queue, task, payload_json, attempts, max_attempts, lease_token, seconds_to_deadline, run_json,
+       checkpoint_json, headers_json
+FROM claimed;
+
+-- name: lock_queue
+-- Locks a flow-controlled queue's row in the claim's transaction before CLAIM_LIMITED runs. It must
+-- be a statement of its own: in READ COMMITTED a statement reads from a snapshot taken when it
+-- starts, so a claim that waited for the row inside its own statement would count the running tasks
+-- as they were before the claim it waited for (two claimers would each fill the whole cap).
+SELECT FROM queueworker.queues WHERE name = %(queue)s FOR NO KEY UPDATE;
+
+-- name: claim_limited
+-- A queue with flow control, after LOCK_QUEUE. Its row is locked, so concurrent claimers take turns
+-- and every limit holds exactly: nothing while paused or while the breaker is open; one probe task once the
+-- breaker's cooldown has passed (the breaker goes half-open; a probe lost without an outcome lets
+-- another one through after the cooldown); no more than the token bucket holds (refilled at
+-- `rate_per_second`, at most `burst`), and no more than `max_running` minus the queue's running
+-- tasks. The bucket is charged for what was claimed. A queue whose row went away meanwhile is
+-- claimed up to the limit, as the plain claim would.
+WITH settings AS MATERIALIZED (
+    SELECT q.*, CASE WHEN q.rate_per_second IS NOT NULL
+                     THEN least(q.burst, q.tokens + q.rate_per_second * extract(epoch FROM now() - q.tokens_at))
+                END AS level
+    FROM queueworker.queues q WHERE q.name = %(queue)s
+    FOR NO KEY UPDATE
+), allowance AS MATERIALIZED (
+    SELECT s.name, s.level, s.breaker_state,
+           CASE WHEN s.paused_until > now() THEN 0
+                WHEN s.breaker_state <> 'closed'
+                     AND now() < s.breaker_changed_at + make_interval(secs => s.breaker_cooldown_seconds) THEN 0
+                ELSE greatest(0, least(
+                    %(limit)s,
+                    CASE WHEN s.breaker_state <> 'closed' THEN 1 END,
+                    floor(s.level)::integer,
+                    s.max_running - (SELECT count(*) FROM queueworker.tasks_active r
+                                     WHERE r.queue = s.name AND r.state = 'running')::integer))
+           END AS n
+    FROM settings s
+), picked AS MATERIALIZED (
+    SELECT id, priority, run_after FROM queueworker.tasks_active
+    WHERE state = 'pending' AND NOT delayed AND queue = %(queue)s AND run_after <= now()
+      AND coalesce((SELECT n FROM allowance), 1) > 0
+    ORDER BY priority DESC, run_after, id
+    LIMIT %(limit)s
+    FOR NO KEY UPDATE SKIP LOCKED
+), chosen AS (
+    SELECT id FROM picked ORDER BY priority DESC, run_after, id
+    LIMIT coalesce((SELECT n FROM allowance), %(limit)s)
+), claimed AS (
+    UPDATE queueworker.tasks_active t
+    SET state = 'running', attempts = t.attempts + 1, lease_owner = %(worker)s,
+        lease_token = t.lease_token + 1,
+        leased_until = now() + make_interval(secs => %(lease_seconds)s),
+        deadline_at = now() + make_interval(secs => coalesce(t.timeout_seconds, %(timeout_seconds)s)),
+        started_at = now(), updated_at = now()
+    FROM chosen picked
+    WHERE t.id = picked.id AND t.state = 'pending'
+    RETURNING t.id, t.queue, t.task, t.payload::text AS payload_json, t.attempts, t.max_attempts, t.lease_token,
+              extract(epoch FROM t.deadline_at - now())::float8 AS seconds_to_deadline,
+              CASE WHEN t.run_id IS NOT NULL THEN (
+                  SELECT jsonb_build_object('id', r.id, 'name', r.name, 'partition', t.run_partition,
+                                            'watermark', r.watermark, 'watermark_before', r.watermark_before,
+                                            'forced', r.forced)::text
+                  FROM queueworker.runs r WHERE r.id = t.run_id) END AS run_json,
+              t.checkpoint::text AS checkpoint_json, t.headers::text AS headers_json
+), audited AS (
+    INSERT INTO queueworker.task_events (task_id, from_state, to_state, worker, lease_token, detail)
+    SELECT id, 'pending', 'running', %(worker)s, lease_token, jsonb_build_object('attempts', attempts)
+    FROM claimed
+), charged AS (
+    UPDATE queueworker.queues q
+    SET tokens = coalesce(a.level - (SELECT count(*) FROM claimed), q.tokens), tokens_at = now(),
+        breaker_state = CASE WHEN a.breaker_state <> 'closed' AND EXISTS (SELECT FROM claimed)
+                             THEN 'half_open' ELSE q.breaker_state END,
+        breaker_changed_at = CASE WHEN a.breaker_state <> 'closed' AND EXISTS (SELECT FROM claimed)
+                                  THEN now() ELSE q.breaker_changed_at END
+    FROM allowance a WHERE q.name = a.name
+)
+SELECT id, queue, task, payload_json, attempts, max_attempts, lease_token, seconds_to_deadline, run_json,
+       checkpoint_json, headers_json
+FROM claimed;
+
+-- name: register_worker
+-- Registers a worker (its `workers` row), or refreshes the row of one already registered.
+INSERT INTO queueworker.workers
+        (id, hostname, pod_name, pod_namespace, pid, queues, concurrency, running, draining, version)
+    VALUES (%(worker)s, %(hostname)s, %(pod_name)s, %(pod_namespace)s, %(pid)s, %(queues)s,
+            %(concurrency)s, %(running)s, %(draining)s, %(version)s)
+    ON CONFLICT (id) DO UPDATE
+    SET heartbeat_at = now(), running = EXCLUDED.running, draining = EXCLUDED.draining;
+
+-- name: heartbeat
+-- Extends the leases this worker still holds and refreshes its `workers` row, in one statement.
+-- Leases past their hard deadline are not extended, but still reported as held: the attempt's own
+-- deadline ends it and reports DeadlineExceeded.
+WITH me AS (
+    INSERT INTO queueworker.workers
+        (id, hostname, pod_name, pod_namespace, pid, queues, concurrency, running, draining, version)
+    VALUES (%(worker)s, %(hostname)s, %(pod_name)s, %(pod_namespace)s, %(pid)s, %(queues)s,
+            %(concurrency)s, %(running)s, %(draining)s, %(version)s)
+    ON CONFLICT (id) DO UPDATE
+    SET heartbeat_at = now(), running = EXCLUDED.running, draining = EXCLUDED.draining
+)
+UPDATE queueworker.tasks t
+SET leased_until = CASE WHEN t.deadline_at > now() THEN now() + make_interval(secs => %(lease_seconds)s)
+                        ELSE t.leased_until END,
+    progress = coalesce(h.progress, t.progress)
+FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(progresses)s::jsonb[]) AS h(id, token, progress)
+WHERE t.id = h.id AND t.lease_token = h.token AND t.state = 'running'
+RETURNING t.id, t.lease_token, t.deadline_at > now() AS extended;
+
+-- name: save_checkpoint
+-- `ctx.save_checkpoint`: fenced by the lease like every write of an attempt, and aimed at the
+-- active partition (its row is there while it runs), so no audit trigger runs for a change that
+-- is not a transition. The latest progress goes along.
+UPDATE queueworker.tasks_active
+SET checkpoint = %(checkpoint)s::jsonb, progress = coalesce(%(progress)s::jsonb, progress), updated_at = now()
+WHERE id = %(id)s AND lease_token = %(token)s AND state = 'running'
+RETURNING id, lease_token;
+
+-- name: cancelled_among
+-- Which of the leases a heartbeat found gone were cancelled (the worker stops those handlers with
+-- the reason "cancelled" rather than "lease lost").
+SELECT id FROM queueworker.tasks
+WHERE id = ANY(%(ids)s::bigint[]) AND state = 'cancelled';
+
+-- name: deregister_worker
+DELETE FROM queueworker.workers WHERE id = %(worker)s;
+
+-- name: complete_succeeded
+WITH done AS (
+    DELETE FROM queueworker.tasks_active t
+    USING unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(results)s::jsonb[]) AS c(id, token, result)
+    WHERE t.id = c.id AND t.lease_token = c.token AND t.state = 'running'
+    RETURNING t.id, t.queue, t.task, t.delayed, t.priority, t.run_after, t.attempts, t.max_attempts,
+              t.rescues, t.timeout_seconds, t.payload, c.result, t.error, t.lease_owner, t.lease_token,
+              t.created_at, t.started_at, t.spec_hash, t.dedupe_key, t.run_id, t.run_partition, t.progress,
+              t.continued_from, t.notify_on_finish, t.headers
+), moved AS (
+    INSERT INTO queueworker.tasks_finished
+        (id, queue, task, state, delayed, priority, run_after, attempts, max_attempts, rescues, timeout_seconds,
+         payload, result, error, lease_owner, lease_token, leased_until, deadline_at, created_at, updated_at,
+         started_at, finished_at, spec_hash, dedupe_key, run_id, run_partition, progress, continued_from,
+         notify_on_finish, headers)
+    OVERRIDING SYSTEM VALUE
+    SELECT id, queue, task, 'succeeded', delayed, priority, run_after, attempts, max_attempts, rescues,
+           timeout_seconds, payload, result, NULL, lease_owner, lease_token, NULL, NULL, created_at, now(),
+           started_at, now(), spec_hash, dedupe_key, run_id, run_partition, progress, continued_from,
+           notify_on_finish, headers
+    FROM done
+    RETURNING id, lease_token
+), audited AS (
+    INSERT INTO queueworker.task_events (task_id, from_state, to_state, worker, lease_token, detail)
+    SELECT id, 'running', 'succeeded', lease_owner, lease_token, queueworker.transition_detail(attempts, NULL, error)
+    FROM done
+), settled AS (
+    SELECT queueworker.settle_dependents(array_agg(id), array_agg(id)) FROM moved
+), announced AS (
+    SELECT pg_notify('queueworker_finished', id::text) FROM done WHERE notify_on_finish
+), counted AS (
+    SELECT queueworker.count_run_outcomes(array_agg(id), array_agg(run_id), array_agg(run_partition),
+                                          array_agg('running'::text), array_agg('succeeded'::text))
+    FROM done WHERE run_id IS NOT NULL HAVING count(*) > 0
+)
+SELECT id, lease_token FROM moved LEFT JOIN counted ON true, settled, (SELECT count(*) FROM announced) AS a;
+
+-- name: complete_continued
+-- A handler returned Continue(payload, delay): the task succeeds and its next page is enqueued in
+-- the same statement (same task, queue, priority, attempts allowed, timeout and run partition;
+-- `continued_from` links them; its headers are the attempt's trace context when tracing, else the
+-- task's own), so there is never one without the other. A page of a run's partition
+-- is not the partition's outcome: the last page's is, so this statement counts nothing.
+WITH done AS (
+    DELETE FROM queueworker.tasks_active t
+    USING unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(results)s::jsonb[],
+                %(next_payloads)s::jsonb[], %(next_delays)s::float8[], %(next_headers)s::jsonb[])
+         AS c(id, token, result, next_payload, next_delay, next_headers)
+    WHERE t.id = c.id AND t.lease_token = c.token AND t.state = 'running'
+    RETURNING t.id, t.queue, t.task, t.delayed, t.priority, t.run_after, t.attempts, t.max_attempts,
+              t.rescues, t.timeout_seconds, t.payload, c.result, t.error, t.lease_owner, t.lease_token,
+              t.created_at, t.started_at, t.spec_hash, t.dedupe_key, t.run_id, t.run_partition, t.progress,
+              t.continued_from, t.notify_on_finish, t.headers, c.next_payload, c.next_delay, c.next_headers
+), moved AS (
+    INSERT INTO queueworker.tasks_finished
+        (id, queue, task, state, delayed, priority, run_after, attempts, max_attempts, rescues, timeout_seconds,
+         payload, result, error, lease_owner, lease_token, leased_until, deadline_at, created_at, updated_at,
+         started_at, finished_at, spec_hash, dedupe_key, run_id, run_partition, progress, continued_from,
+         notify_on_finish, headers)
+    OVERRIDING SYSTEM VALUE
+    SELECT id, queue, task, 'succeeded', delayed, priority, run_after, attempts, max_attempts, rescues,
+           timeout_seconds, payload, result, NULL, lease_owner, lease_token, NULL, NULL, created_at, now(),
+           started_at, now(), spec_hash, dedupe_key, run_id, run_partition, progress, continued_from,
+           notify_on_finish, headers
+    FROM done
+    RETURNING id, lease_token
+), audited AS (
+    INSERT INTO queueworker.task_events (task_id, from_state, to_state, worker, lease_token, detail)
+    SELECT id, 'running', 'succeeded', lease_owner, lease_token, queueworker.transition_detail(attempts, NULL, error)
+    FROM done
+), settled AS (
+    SELECT queueworker.settle_dependents(array_agg(id), array_agg(id)) FROM moved
+), announced AS (
+    SELECT pg_notify('queueworker_finished', id::text) FROM done WHERE notify_on_finish
+), followed AS (
+    INSERT INTO queueworker.tasks (queue, task, payload, priority, run_after, delayed, max_attempts,
+                                   timeout_seconds, run_id, run_partition, continued_from, headers)
+    SELECT d.queue, d.task, d.next_payload, d.priority, now() + make_interval(secs => d.next_delay),
+           d.next_delay > 0, d.max_attempts, d.timeout_seconds, d.run_id, d.run_partition, d.id,
+           coalesce(d.next_headers, d.headers)
+    FROM done d JOIN moved m ON m.id = d.id
+    RETURNING id, queue, run_after
+), woken AS (
+    SELECT queueworker.wake_queue(queue, min(run_after)) FROM followed GROUP BY queue
+)
+SELECT m.id, m.lease_token FROM moved m, settled, (SELECT count(*) FROM woken) AS w,
+       (SELECT count(*) FROM announced) AS a;
+
+-- name: complete_failed
+-- A retryable failure with attempts left waits out its backoff in `retrying`; anything else fails.
+UPDATE queueworker.tasks t
+SET state = CASE WHEN c.retryable AND t.attempts < t.max_attempts
+                 THEN 'retrying' ELSE 'failed' END::queueworker.task_state,
+    run_after = CASE WHEN c.retryable AND t.attempts < t.max_attempts
+                     THEN now() + make_interval(secs => c.backoff_seconds) ELSE t.run_after END,
+    finished_at = CASE WHEN c.retryable AND t.attempts < t.max_attempts THEN NULL ELSE now() END,
+    error = c.error, updated_at = now(), leased_until = NULL, deadline_at = NULL
+FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(retryables)s::bool[],
+            %(backoffs)s::float8[], %(errors)s::jsonb[]) AS c(id, token, retryable, backoff_seconds, error)
+WHERE t.id = c.id AND t.lease_token = c.token AND t.state = 'running'
+RETURNING t.id, t.lease_token, t.state::text AS state;
+
+-- name: release
+-- Graceful shutdown, once every outcome is flushed: hands back to `pending`, without consuming the
+-- attempt, every task the database says this worker still holds, whatever the worker remembers
+-- (attempts cut short by the drain, attempts it cancelled when their lease ran out by its own clock,
+-- a claim whose answer never arrived), and wakes other workers. The task's error (and so its audit
+-- row) says it was interrupted by a drain; queueworker_tasks_released_total counts them.
+WITH released AS (
+    UPDATE queueworker.tasks t
+    SET state = 'pending', attempts = greatest(t.attempts - 1, 0), run_after = now(), updated_at = now(),
+        lease_owner = NULL, leased_until = NULL, deadline_at = NULL,
+        error = jsonb_build_object('type', 'Drained', 'retryable', true, 'attempt', t.attempts,
+                                   'message', 'interrupted: the worker stopped (a drain) before the task finished; '
+                                              'handed back without spending the attempt')
+    WHERE t.lease_owner = %(worker)s AND t.state = 'running'
+    RETURNING t.id, t.queue
+), notified AS (
+    SELECT pg_notify('queueworker', queue) FROM released GROUP BY queue
+)
+SELECT id, queue, (SELECT count(*) FROM notified) AS notified FROM released;
+
+-- name: hand_back
+-- Hands tasks back to `pending` without consuming their attempt, due again after a delay: a
+-- handler that snoozes (`raise Snooze(seconds)`, waiting on something outside), and a worker that
+-- has no handler for a task's name, while the task is younger than the grace period (a newer worker
+-- may have one: rolling deploys). The error says which, and the audit row shows it. Rows not
+-- returned are stale, or too old for their grace.
+UPDATE queueworker.tasks t
+SET state = 'pending', delayed = true, attempts = greatest(t.attempts - 1, 0),
+    run_after = now() + make_interval(secs => d.delay_seconds), error = d.error, updated_at = now(),
+    lease_owner = NULL, leased_until = NULL, deadline_at = NULL
+FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(delays)s::float8[], %(errors)s::jsonb[],
+            %(graces)s::float8[]) AS d(id, token, delay_seconds, error, grace_seconds)
+WHERE t.id = d.id AND t.lease_token = d.token AND t.state = 'running'
+  AND (d.grace_seconds IS NULL OR t.created_at > now() - make_interval(secs => d.grace_seconds))
+RETURNING t.id, t.lease_token;

@@ -1,0 +1,60 @@
+-- What `queueworker migrate` runs besides the migrations themselves (queueworker.db.migrate).
+-- Each statement is declared, with its parameter and row types, in queueworker/db/migration.py.
+
+-- name: create_migrations_table
+-- The schema is created only when missing: `CREATE SCHEMA IF NOT EXISTS` needs CREATE on the
+-- database even when the schema exists, which a migrator role that owns only the schema lacks
+-- (docs/database-roles.sql creates the schema for it).
+DO $$
+BEGIN
+    IF to_regnamespace('queueworker') IS NULL THEN
+        CREATE SCHEMA queueworker;
+    END IF;
+END
+$$;
+CREATE TABLE IF NOT EXISTS queueworker.schema_migrations (
+    version    integer PRIMARY KEY,
+    name       text NOT NULL,
+    checksum   text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- name: try_lock_migrations
+-- Taken, if free, by a transaction of its own that holds it for a whole migrate run (its commit or
+-- rollback ends it, so a transaction pooler never keeps it behind): idle between statements, and
+-- not to be ended for it.
+SELECT pg_try_advisory_xact_lock(%(key)s) AS locked,
+       set_config('idle_in_transaction_session_timeout', '0', true) AS idle_timeout;
+
+-- name: set_lock_timeout
+-- SET LOCAL, with a parameter: how long a migration's statements wait for a lock before giving up.
+SELECT set_config('lock_timeout', %(lock_timeout)s, true);
+
+-- name: lock_holders
+-- Other sessions holding locks on queueworker's tables, oldest transaction first: who a migration
+-- that timed out waiting for a lock was most likely waiting for.
+SELECT a.pid, a.usename::text AS user_name, a.application_name, a.state,
+       extract(epoch FROM now() - a.xact_start)::float8 AS transaction_seconds,
+       string_agg(DISTINCT l.mode || ' on ' || l.relation::regclass::text, ', ') AS locks
+FROM pg_locks l
+JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.granted AND l.locktype = 'relation' AND l.pid <> pg_backend_pid()
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND l.relation IN (SELECT oid FROM pg_class WHERE relnamespace = to_regnamespace('queueworker'))
+GROUP BY a.pid, a.usename, a.application_name, a.state, a.xact_start
+ORDER BY a.xact_start NULLS LAST
+LIMIT %(limit)s;
+
+-- name: applied_migrations
+SELECT version, name, checksum FROM queueworker.schema_migrations ORDER BY version;
+
+-- name: record_migration
+INSERT INTO queueworker.schema_migrations (version, name, checksum)
+VALUES (%(version)s, %(name)s, %(checksum)s);
+
+-- name: schema_version
+SELECT coalesce(max(version), 0) AS version
+FROM queueworker.schema_migrations;
+
+-- name: schema_exists
+SELECT to_regclass('queueworker.schema_migrations') IS NOT NULL AS exists;

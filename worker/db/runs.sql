@@ -1,0 +1,43 @@
+-- Partitioned runs (migrations 006 and 007): start, read, retry and finalize.
+-- Each statement is declared, with its parameter and row types, in queueworker/db/runs.py.
+
+-- name: start_run
+SELECT queueworker.start_run(%(name)s, %(expected)s, %(on_success)s::jsonb, %(on_failure)s::jsonb,
+                             %(watermark)s) AS id;
+
+-- name: runs
+SELECT id, name, state::text AS state, expected, succeeded, failed, cancelled, success_task_id,
+       failure_task_id, forced, watermark, watermark_before::text AS watermark_before_json,
+       watermark_after::text AS watermark_after_json, started_at, finished_at FROM queueworker.runs
+WHERE %(name)s::text IS NULL OR name = %(name)s ORDER BY id DESC LIMIT %(limit)s;
+
+-- name: run
+SELECT id, name, state::text AS state, expected, succeeded, failed, cancelled, success_task_id,
+       failure_task_id, forced, watermark, watermark_before::text AS watermark_before_json,
+       watermark_after::text AS watermark_after_json, started_at, finished_at FROM queueworker.runs WHERE id = %(id)s;
+
+-- name: run_tasks
+-- The run's tasks: partitions in order, then its consolidation and alert.
+SELECT id, run_partition AS partition, state::text AS state, attempts, error ->> 'message' AS error
+FROM queueworker.tasks WHERE run_id = %(id)s ORDER BY run_partition NULLS LAST, id;
+
+-- name: run_events
+-- The run's audit trail (migration 007): one row per transition, oldest first.
+SELECT at, from_state::text AS from_state, to_state::text AS to_state, detail::text AS detail_json, by_user
+FROM queueworker.run_events WHERE run_id = %(id)s ORDER BY id;
+
+-- name: retry_run
+-- `queueworker run retry ID`: the run's failed and cancelled partitions, as RETRY_TASK would.
+WITH retried AS (
+    UPDATE queueworker.tasks
+    SET state = 'pending', delayed = false, run_after = now(), updated_at = now(), finished_at = NULL,
+    max_attempts = greatest(max_attempts, attempts + 1)
+    WHERE run_id = %(id)s AND run_partition IS NOT NULL AND state IN ('failed', 'cancelled')
+    RETURNING id, queue
+), notified AS (
+    SELECT pg_notify('queueworker', queue) FROM retried GROUP BY queue
+)
+SELECT count(*) AS retried, (SELECT count(*) FROM notified) AS notified FROM retried;
+
+-- name: finalize_run
+SELECT queueworker.finalize_run(%(id)s) AS finalized;

@@ -1,0 +1,42 @@
+-- What operators do to tasks that exist: retry and cancel (queueworker.client.operations).
+-- Each statement is declared, with its parameter and row types, in queueworker/db/tasks.py.
+
+-- name: retry_task
+UPDATE queueworker.tasks
+SET state = 'pending', delayed = false, run_after = now(), updated_at = now(), finished_at = NULL,
+    max_attempts = greatest(max_attempts, attempts + 1)
+WHERE id = %(id)s AND state IN ('failed', 'cancelled')
+RETURNING id, queue, attempts, max_attempts;
+
+-- name: cancel_tasks
+WITH target AS (
+    SELECT id, state, lease_owner, lease_token FROM queueworker.tasks
+    WHERE (id = ANY(%(ids)s::bigint[]) OR (%(ids)s::bigint[] IS NULL AND queue = %(queue)s))
+      AND state = ANY(%(states)s::queueworker.task_state[])
+    ORDER BY id
+    FOR UPDATE
+), cancelled AS (
+    UPDATE queueworker.tasks t
+    SET state = 'cancelled', updated_at = now(), finished_at = now(),
+        lease_owner = NULL, leased_until = NULL, deadline_at = NULL,
+        error = jsonb_build_object('type', 'Cancelled', 'retryable', false,
+                                   'message', %(reason)s || ' (by ' || session_user || ')')
+    FROM target
+    WHERE t.id = target.id AND t.state = target.state
+    RETURNING t.id, target.state::text AS was, target.lease_owner, target.lease_token
+), notified AS (
+    SELECT pg_notify('queueworker_cancel', lease_owner::text || ' ' || id || ' ' || lease_token)
+    FROM cancelled WHERE was = 'running' AND lease_owner IS NOT NULL
+)
+SELECT id, was, (SELECT count(*) FROM notified) AS notified FROM cancelled ORDER BY id;
+
+-- name: dedupe_holder
+-- The unfinished task, other than this one, that holds this task's dedupe key: what keeps a finished
+-- task from being retried.
+SELECT h.id, h.state::text AS state, t.queue, t.dedupe_key
+FROM queueworker.tasks t
+JOIN queueworker.tasks_active h ON h.queue = t.queue AND h.dedupe_key = t.dedupe_key AND h.id <> t.id
+WHERE t.id = %(id)s;
+
+-- name: task_states
+SELECT id, state::text AS state FROM queueworker.tasks WHERE id = ANY(%(ids)s::bigint[]);
