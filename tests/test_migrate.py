@@ -17,10 +17,10 @@ from concurrent.futures import ThreadPoolExecutor
 import psycopg
 import pytest
 
-from queueworker import sql
 from queueworker.localpg import free_port
 from queueworker.migrate import MAX_RETRY_WAIT_SECONDS, LockPolicy, available_migrations, migrate
 from queueworker.producer import enqueue
+from tests.schema_history import migrate_to
 from tests.support import query, scalar, wait_until
 
 BLOCKER = "long-report"
@@ -28,12 +28,8 @@ BLOCKER = "long-report"
 
 def _at_version_1(dsn: str) -> list[int]:
     """The database as migration 001 left it, with a few tasks; returns their ids."""
-    first = available_migrations()[0]
+    migrate_to(dsn, 1)
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(sql.CREATE_MIGRATIONS_TABLE)
-        conn.execute(first.text)
-        conn.execute(sql.RECORD_MIGRATION, {"version": first.version, "name": first.name,
-                                            "checksum": first.checksum})
         return [enqueue(conn, "qw.noop") for _ in range(3)]
 
 
