@@ -694,6 +694,12 @@ ALTER TABLE queueworker.runs ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
     CACHE 1
 );
 
+CREATE TABLE queueworker.schema_functions (
+    name text NOT NULL,
+    checksum text NOT NULL,
+    applied_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
 CREATE TABLE queueworker.schema_migrations (
     version integer NOT NULL,
     name text NOT NULL,
@@ -863,6 +869,9 @@ ALTER TABLE ONLY queueworker.run_events
 
 ALTER TABLE ONLY queueworker.runs
     ADD CONSTRAINT runs_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY queueworker.schema_functions
+    ADD CONSTRAINT schema_functions_pkey PRIMARY KEY (name);
 
 ALTER TABLE ONLY queueworker.schema_migrations
     ADD CONSTRAINT schema_migrations_pkey PRIMARY KEY (version);

@@ -1,4 +1,26 @@
-"""Applies the SQL files in `migrations/` in order, once each, under an advisory lock.
+"""Applies the SQL files in `migrations/` in order, once each, then `migrations/functions/`, under an advisory lock.
+
+Two kinds of files. The versioned migrations, `migrations/NNN_name.sql`, change tables, types,
+columns, constraints, indexes and data, each applied once, in version order, in a transaction of
+its own, and recorded in `queueworker.schema_migrations` with the sha256 of its text. They define
+no function and no trigger and call no queueworker function. The function files,
+`migrations/functions/NN_concern.sql`, hold every function and trigger, each defined once in its
+current form: `CREATE OR REPLACE FUNCTION`, `DROP TRIGGER IF EXISTS` then `CREATE TRIGGER`, and the
+REVOKEs. They are applied together, in one transaction, after the versioned migrations, whenever a
+versioned migration was applied (each one's transaction forgets the recorded function files, so a
+run stopped in between still re-applies them next time) or a file's checksum differs from the one
+recorded in `queueworker.schema_functions`. With nothing changed, a run applies no DDL at all.
+Order rule: the files run in name order (the numeric prefix), and a file may use only what the
+versioned migrations and earlier files (or earlier statements of the same file) define, because
+SQL-language bodies are checked when they are created (`check_function_bodies`) and a trigger
+needs its function; PL/pgSQL bodies are resolved when they run, so they may call functions of
+later files. A database of a newer schema version than this package knows keeps its functions:
+an older migrator (a worker of the previous release started with --migrate during a rolling
+upgrade, say) must not put older definitions back.
+
+Versioned migrations applied before their functions moved out (0.1.0 and later, until
+2026-11-27) were recorded with the checksums of their texts of the day; `SUPERSEDED_CHECKSUMS` keeps
+those, so such a record is quietly brought up to date rather than reported as a changed migration.
 
 Two migrators started at once are safe: the second waits for the lock, then finds
 nothing left to apply. The lock is transaction-scoped, held for the whole run by a transaction of
@@ -40,6 +62,8 @@ from .db import NEVER_PREPARE
 log = logging.getLogger("queueworker.migrate")
 
 _FILE_NAME = re.compile(r"^(\d{3})_([a-z0-9_]+)\.sql$")
+_FUNCTION_FILE_NAME = re.compile(r"^(\d{2}_[a-z0-9_]+)\.sql$")
+FUNCTIONS_DIR = "functions"
 # Between two attempts a migrator waits at least half as long as its last attempt may have
 # blocked others, doubling per attempt up to this cap.
 MAX_RETRY_WAIT_SECONDS = 30.0
@@ -47,6 +71,24 @@ MAX_RETRY_WAIT_SECONDS = 30.0
 LOCK_POLL_SECONDS = 0.5
 # How many lock-holding sessions a failure message names.
 HOLDERS_NAMED = 3
+
+# The sha256 of migrations 001-012 as they stood until 2026-11-27 (0.1.0 shipped 001-010), before
+# their functions and triggers moved to migrations/functions/. Databases migrated then recorded
+# these; the texts are kept in tests/fixtures/schema_history/.
+SUPERSEDED_CHECKSUMS: Mapping[int, str] = {
+    1: "ea7898cf4d893c5baa9d9d132d129c4ced94d0551df775f4b1b4c572cad76c61",
+    2: "02ab4ea202a23ec737dc4df744a78e363a5d16594142d2c910bf3b05f4306a8e",
+    3: "1b0ff1f59f86b8e7e5bd187afd3306f155895bf83db9e071b4cd9cd17503f3a0",
+    4: "778624a9f6ab65da345ca76c1cabebb5555dd3b60cb4c6c2574d31734fd5f186",
+    5: "bd48624d5731c266be1e504f1c33c394431044716aa9f12ab711977d8c43f5ef",
+    6: "5f616916a327d99b43488a8b1bef03492a2452218865dcc8c6ddbbd160f366bf",
+    7: "9ddf1bdd6d614d6372c8e473a07db568cfb200affaf29716f5f1c96bc45caba8",
+    8: "542df7808af113ef0ab7a421d52bd708a967556e2f1157aaf415e78c076e30e4",
+    9: "e6b88ca24c7f149ff2a9057c6153ae02c64f7f7c4658e3c09de7228841b1d799",
+    10: "4f5ddbbca84093ca90044b5893840ec9e38a688ff67c561850c4a86f042b9b0c",
+    11: "1f3a5e903a89d72104971bf66f34f27c1bdf98b42db3433726592d7cabe1c00c",
+    12: "1f791228eae5171746d86bcbdef964de4d858b8edddef25240ee939a58da058c",
+}
 
 
 @dataclass(frozen=True)
@@ -62,6 +104,18 @@ class Migration:
     @property
     def label(self) -> str:
         return f"{self.version:03d}_{self.name}"
+
+
+@dataclass(frozen=True)
+class FunctionFile:
+    """A file of migrations/functions/, named without `.sql` (`10_audit`)."""
+
+    name: str
+    text: str
+
+    @property
+    def checksum(self) -> str:
+        return hashlib.sha256(self.text.encode()).hexdigest()
 
 
 class LockPolicy(BaseModel):
@@ -129,13 +183,22 @@ def available_migrations() -> list[Migration]:
     return found
 
 
+def available_functions() -> list[FunctionFile]:
+    """The function files shipped with this package, in the order they are applied (name order)."""
+    found = [FunctionFile(match[1], entry.read_text())
+             for entry in resources.files("queueworker.migrations").joinpath(FUNCTIONS_DIR).iterdir()
+             if (match := _FUNCTION_FILE_NAME.match(entry.name))]
+    return sorted(found, key=lambda f: f.name)
+
+
 def latest_version() -> int:
     return available_migrations()[-1].version
 
 
 def migrate(dsn: str, policy: LockPolicy | None = None) -> list[Migration]:
-    """Applies pending migrations; returns the ones applied by this call. Raises MigrationBlocked
-    when one cannot get its locks within the policy's budget (default: from the environment)."""
+    """Applies pending migrations, then the function files when needed (see the module's doc);
+    returns the versioned migrations applied by this call. Raises MigrationBlocked when a step
+    cannot get its locks within the policy's budget (default: from the environment)."""
     policy = policy or LockPolicy.from_environment()
     applied_now = []
     with _migration_lock(dsn):
@@ -143,15 +206,43 @@ def migrate(dsn: str, policy: LockPolicy | None = None) -> list[Migration]:
             _with_lock_retries(conn, policy, "creating the migrations table",
                                lambda: conn.execute(sql.CREATE_MIGRATIONS_TABLE))
             done = {row[0]: row for row in conn.execute(sql.APPLIED_MIGRATIONS)}
-            for migration in available_migrations():
+            available = available_migrations()
+            for migration in available:
                 if migration.version in done:
-                    if done[migration.version][2] != migration.checksum:
+                    recorded = done[migration.version][2]
+                    if recorded == migration.checksum:
+                        continue
+                    if recorded == SUPERSEDED_CHECKSUMS.get(migration.version):
+                        _with_lock_retries(conn, policy, f"recording the checksum of migration {migration.label}",
+                                           partial(_update_checksum, conn, migration, recorded))
+                        log.info("migration %s was rewritten when functions moved to migrations/functions/; "
+                                 "its recorded checksum is brought up to date", migration.label)
+                    else:
                         log.warning("migration %s changed after it was applied; not re-applied", migration.label)
                     continue
                 _with_lock_retries(conn, policy, f"migration {migration.label}", partial(_apply, conn, migration))
                 log.info("applied migration %s", migration.label)
                 applied_now.append(migration)
+            newest = max(done, default=0)
+            if newest > available[-1].version:
+                log.info("the schema is at version %d, newer than this release's %d: its functions are left as "
+                         "that release defined them", newest, available[-1].version)
+            else:
+                _apply_functions_if_needed(conn, policy, force=bool(applied_now))
     return applied_now
+
+
+def _apply_functions_if_needed(conn: psycopg.Connection, policy: LockPolicy, force: bool) -> None:
+    """Applies every function file, in one transaction, when `force` or when one differs from
+    (or is missing in) its record; does nothing (no DDL) otherwise."""
+    files = available_functions()
+    recorded = dict(conn.execute(sql.APPLIED_FUNCTIONS).fetchall())
+    changed = [f.name for f in files if recorded.get(f.name) != f.checksum]
+    if not force and not changed:
+        return
+    _with_lock_retries(conn, policy, "migrations/functions/", partial(_apply_functions, conn, files))
+    log.info("applied the function files (%s)%s", ", ".join(f.name for f in files),
+             "" if force else f": changed or new since last applied: {', '.join(changed)}")
 
 
 @contextlib.contextmanager
@@ -173,6 +264,18 @@ def _apply(conn: psycopg.Connection, migration: Migration) -> None:
     conn.execute(migration.text)
     conn.execute(sql.RECORD_MIGRATION, {"version": migration.version, "name": migration.name,
                                         "checksum": migration.checksum})
+    conn.execute(sql.FORGET_FUNCTIONS)
+
+
+def _update_checksum(conn: psycopg.Connection, migration: Migration, superseded: str) -> None:
+    conn.execute(sql.UPDATE_MIGRATION_CHECKSUM, {"version": migration.version, "checksum": migration.checksum,
+                                                 "superseded": superseded})
+
+
+def _apply_functions(conn: psycopg.Connection, files: list[FunctionFile]) -> None:
+    for function_file in files:
+        conn.execute(function_file.text)
+    conn.execute(sql.RECORD_FUNCTIONS, {"names": [f.name for f in files], "checksums": [f.checksum for f in files]})
 
 
 def _with_lock_retries(conn: psycopg.Connection, policy: LockPolicy, what: str, step: Callable[[], object]) -> None:

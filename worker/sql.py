@@ -23,7 +23,8 @@ CLEANER_LOCK_KEY = 0x71770004
 
 # The schema is created only when missing: `CREATE SCHEMA IF NOT EXISTS` needs CREATE on the
 # database even when the schema exists, which a migrator role that owns only the schema lacks
-# (docs/database-roles.sql creates the schema for it).
+# (docs/database-roles.sql creates the schema for it). `schema_migrations` records the versioned
+# migrations applied; `schema_functions` the function files (migrations/functions/) as last applied.
 CREATE_MIGRATIONS_TABLE = """
 DO $$
 BEGIN
@@ -35,6 +36,11 @@ $$;
 CREATE TABLE IF NOT EXISTS queueworker.schema_migrations (
     version    integer PRIMARY KEY,
     name       text NOT NULL,
+    checksum   text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS queueworker.schema_functions (
+    name       text PRIMARY KEY,
     checksum   text NOT NULL,
     applied_at timestamptz NOT NULL DEFAULT now()
 )
@@ -67,6 +73,24 @@ APPLIED_MIGRATIONS = "SELECT version, name, checksum FROM queueworker.schema_mig
 RECORD_MIGRATION = """
 INSERT INTO queueworker.schema_migrations (version, name, checksum)
 VALUES (%(version)s, %(name)s, %(checksum)s)
+"""
+# A migration rewritten since it was applied, whose recorded checksum is a known earlier text's.
+UPDATE_MIGRATION_CHECKSUM = """
+UPDATE queueworker.schema_migrations SET checksum = %(checksum)s
+WHERE version = %(version)s AND checksum = %(superseded)s
+"""
+APPLIED_FUNCTIONS = "SELECT name, checksum FROM queueworker.schema_functions ORDER BY name"
+# In the transaction of every versioned migration: the function files must be applied again after
+# it, even if this run stops before they are (a versioned migration may drop what they define).
+FORGET_FUNCTIONS = "DELETE FROM queueworker.schema_functions"
+# After the function files were applied: exactly the files shipped, with their checksums.
+RECORD_FUNCTIONS = """
+WITH gone AS (
+    DELETE FROM queueworker.schema_functions WHERE name <> ALL(%(names)s::text[])
+)
+INSERT INTO queueworker.schema_functions (name, checksum)
+SELECT * FROM unnest(%(names)s::text[], %(checksums)s::text[])
+ON CONFLICT (name) DO UPDATE SET checksum = EXCLUDED.checksum, applied_at = now()
 """
 SCHEMA_VERSION = """
 SELECT coalesce(max(version), 0)
