@@ -18,9 +18,10 @@ later files. A database of a newer schema version than this package knows keeps 
 an older migrator (a worker of the previous release started with --migrate during a rolling
 upgrade, say) must not put older definitions back.
 
-Versioned migrations applied before their functions moved out (0.1.0 and later, until
-2026-11-27) were recorded with the checksums of their texts of the day; `SUPERSEDED_CHECKSUMS` keeps
-those, so such a record is quietly brought up to date rather than reported as a changed migration.
+Databases migrated before the functions moved out of the versioned migrations (by 0.1.0, or by an
+unreleased version until 2026-11-27) recorded the checksums of those texts as they were then;
+`SUPERSEDED_CHECKSUMS` keeps them, so such a record is quietly brought up to date rather than
+reported as a changed migration.
 
 Two migrators started at once are safe: the second waits for the lock, then finds
 nothing left to apply. The lock is transaction-scoped, held for the whole run by a transaction of
@@ -29,12 +30,12 @@ in transaction pooling mode keeps a transaction on one server connection, but a 
 lock would stay behind on a server connection other clients share. A running migrator thus uses
 two server connections; one waiting for it, none.
 
-A migration never waits long for a table lock. A statement waiting for an ACCESS EXCLUSIVE lock
-(an ALTER TABLE behind a long application transaction, say) blocks every later statement on that
-table, so a migration queued behind one slow transaction would stall the whole queue. Each
-migration therefore runs with `SET LOCAL lock_timeout`; when it times out it rolls back, waits
-(backoff with jitter, so the application's queued statements get through) and tries again, up to
-a total budget, then fails naming the sessions that held the locks.
+A migration never waits long for a table lock. A statement waiting for an ACCESS EXCLUSIVE lock (an
+ALTER TABLE behind a long application transaction, say) blocks every later statement on that table,
+so a migration queued behind one slow transaction would stall the whole queue. Each migration (and
+the transaction of the function files) therefore runs with `SET LOCAL lock_timeout`; when it times
+out it rolls back, waits (backoff with jitter, so the application's queued statements get through)
+and tries again, up to a total budget, then fails naming the sessions that held the locks.
 """
 
 from __future__ import annotations
