@@ -127,6 +127,10 @@ BEGIN
     -- through queueworker.advance_run, queueworker.finish_run and queueworker.enqueue_run_task.
     -- queueworker.run_events, the runs' audit trail, is written only by the trigger function
     -- queueworker.audit_run; the operator reads it.
+    -- queueworker.schema_functions records the function files (migrations/functions/) as last
+    -- applied, as queueworker.schema_migrations records the versioned migrations: created and written
+    -- by `queueworker migrate` only, so it stays the migrator's; nobody else needs it (the operator
+    -- reads it with every other table).
     REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA queueworker FROM PUBLIC;
 
     -- Producer (sql.ENQUEUE, START_RUN): inserts the columns a TaskSpec sets, reads back what ENQUEUE returns.

@@ -61,7 +61,9 @@ CREATE INDEX tasks_running ON queueworker.tasks (queue, lease_owner) WHERE state
 CREATE INDEX tasks_finished ON queueworker.tasks (finished_at) WHERE finished_at IS NOT NULL;
 
 -- Immutable audit trail: one row per state transition, written by triggers on tasks,
--- so completeness never depends on a code path remembering to write it.
+-- so completeness never depends on a code path remembering to write it. The triggers and their
+-- functions are defined in migrations/functions/10_audit.sql (applied after the versioned
+-- migrations), as every function and trigger of the schema is.
 CREATE TABLE queueworker.task_events (
     id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     task_id     bigint NOT NULL,
@@ -74,52 +76,6 @@ CREATE TABLE queueworker.task_events (
 ) WITH (autovacuum_vacuum_insert_scale_factor = 0.05);
 
 CREATE INDEX task_events_task ON queueworker.task_events (task_id, id);
-
--- Statement-level triggers with transition tables: one INSERT ... SELECT per statement,
--- so a batched claim or completion of 500 rows costs one audit insert, not 500.
-CREATE FUNCTION queueworker.audit_task_inserts() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    INSERT INTO queueworker.task_events (task_id, from_state, to_state, worker, lease_token, detail)
-    SELECT n.id, NULL, n.state, n.lease_owner, n.lease_token, NULL
-    FROM new_rows n;
-    RETURN NULL;
-END
-$$;
-
-CREATE FUNCTION queueworker.audit_task_updates() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    INSERT INTO queueworker.task_events (task_id, from_state, to_state, worker, lease_token, detail)
-    SELECT n.id, o.state, n.state, coalesce(o.lease_owner, n.lease_owner), n.lease_token,
-           jsonb_strip_nulls(jsonb_build_object(
-               'attempts', n.attempts,
-               'error', CASE WHEN n.error IS DISTINCT FROM o.error THEN n.error -> 'message' END,
-               'error_type', CASE WHEN n.error IS DISTINCT FROM o.error THEN n.error -> 'type' END))
-    FROM new_rows n
-    JOIN old_rows o ON o.id = n.id
-    WHERE n.state IS DISTINCT FROM o.state;
-    RETURN NULL;
-END
-$$;
-
-CREATE TRIGGER tasks_audit_insert AFTER INSERT ON queueworker.tasks
-    REFERENCING NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION queueworker.audit_task_inserts();
-
-CREATE TRIGGER tasks_audit_update AFTER UPDATE ON queueworker.tasks
-    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION queueworker.audit_task_updates();
-
-CREATE FUNCTION queueworker.forbid_event_updates() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    RAISE EXCEPTION 'queueworker.task_events is an append-only audit log';
-END
-$$;
-
-CREATE TRIGGER task_events_append_only BEFORE UPDATE ON queueworker.task_events
-    FOR EACH ROW EXECUTE FUNCTION queueworker.forbid_event_updates();
 
 -- One row per live worker process; the controller reads it to choose which pods to scale in.
 CREATE TABLE queueworker.workers (

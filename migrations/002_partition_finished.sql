@@ -15,8 +15,10 @@ ALTER TABLE queueworker.tasks RENAME TO tasks_v1;
 ALTER TABLE queueworker.tasks_v1 DROP CONSTRAINT tasks_pkey;
 DROP INDEX queueworker.tasks_claim, queueworker.tasks_waiting, queueworker.tasks_running,
            queueworker.tasks_finished;
-DROP TRIGGER tasks_audit_insert ON queueworker.tasks_v1;
-DROP TRIGGER tasks_audit_update ON queueworker.tasks_v1;
+-- A database migrated before the functions moved to migrations/functions/ has the audit triggers
+-- of version 1 on the old table; one migrated since has none yet.
+DROP TRIGGER IF EXISTS tasks_audit_insert ON queueworker.tasks_v1;
+DROP TRIGGER IF EXISTS tasks_audit_update ON queueworker.tasks_v1;
 ALTER SEQUENCE queueworker.tasks_id_seq RENAME TO tasks_v1_id_seq;
 
 -- Same columns, in the same order, as version 1.
@@ -82,44 +84,9 @@ CREATE INDEX tasks_running ON queueworker.tasks_active (queue, lease_owner) WHER
 -- Finished rows by age, for retention clean-up.
 CREATE INDEX tasks_finished_at ON queueworker.tasks_finished (finished_at);
 
--- What an audit row says about a transition beyond its states (one definition for the update
--- trigger and for sql.COMPLETE_SUCCEEDED).
-CREATE FUNCTION queueworker.transition_detail(attempts integer, new_error jsonb, old_error jsonb)
-RETURNS jsonb LANGUAGE sql IMMUTABLE AS $$
-    SELECT jsonb_strip_nulls(jsonb_build_object(
-        'attempts', attempts,
-        'error', CASE WHEN new_error IS DISTINCT FROM old_error THEN new_error -> 'message' END,
-        'error_type', CASE WHEN new_error IS DISTINCT FROM old_error THEN new_error -> 'type' END))
-$$;
-
-CREATE OR REPLACE FUNCTION queueworker.audit_task_updates() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    INSERT INTO queueworker.task_events (task_id, from_state, to_state, worker, lease_token, detail)
-    SELECT n.id, o.state, n.state, coalesce(o.lease_owner, n.lease_owner), n.lease_token,
-           queueworker.transition_detail(n.attempts, n.error, o.error)
-    FROM new_rows n
-    JOIN old_rows o ON o.id = n.id
-    WHERE n.state IS DISTINCT FROM o.state;
-    RETURN NULL;
-END
-$$;
-
--- Statement-level triggers on the partitioned table see rows of both partitions, and a row
--- that moves partitions in an UPDATE appears in that UPDATE's transition tables.
-CREATE TRIGGER tasks_audit_insert AFTER INSERT ON queueworker.tasks
-    REFERENCING NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION queueworker.audit_task_inserts();
-
-CREATE TRIGGER tasks_audit_update AFTER UPDATE ON queueworker.tasks
-    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION queueworker.audit_task_updates();
-
--- The hot path moves rows itself: a successful completion deletes them from `tasks_active`,
--- inserts them into `tasks_finished` and writes their audit rows in one statement
--- (sql.COMPLETE_SUCCEEDED), which costs what an in-place UPDATE did, where an UPDATE routed
--- through the parent costs Postgres 15 about twice as much per row. DML aimed at a partition
--- does not fire the parent's statement triggers, so that statement audits itself (the state
--- machine tests check that every transition the SQL makes leaves its audit row).
+-- The audit triggers go on the partitioned table: statement-level triggers there see rows of both
+-- partitions, and a row that moves partitions in an UPDATE appears in that UPDATE's transition
+-- tables. The hot path (sql.COMPLETE_SUCCEEDED) moves rows between the partitions itself and audits
+-- them itself. Both, and `queueworker.transition_detail`, are in migrations/functions/10_audit.sql.
 
 ANALYZE queueworker.tasks;

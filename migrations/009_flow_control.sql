@@ -8,7 +8,8 @@
 -- go through CLAIM_LIMITED, which locks the row, so limits hold exactly however many workers
 -- claim; queues without a row keep the plain CLAIM, which steps aside (claims nothing) for a queue
 -- that has one. Every change of a setting or of the breaker's state is audited in
--- `queueworker.queue_events` (who, what, the row after) by a trigger.
+-- `queueworker.queue_events` (who, what, the row after) by a trigger: its function
+-- `queueworker.audit_queue` is in migrations/functions/70_flow_control.sql.
 
 CREATE TABLE queueworker.queues (
     name                     text PRIMARY KEY CHECK (length(name) BETWEEN 1 AND 200),
@@ -40,47 +41,3 @@ CREATE TABLE queueworker.queue_events (
     at      timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX queue_events_queue ON queueworker.queue_events (queue, id);
-
-CREATE FUNCTION queueworker.audit_queue() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    change text;
-BEGIN
-    IF TG_OP = 'DELETE' THEN
-        INSERT INTO queueworker.queue_events (queue, change, detail) VALUES (OLD.name, 'cleared', '{}');
-        RETURN NULL;
-    END IF;
-    change := CASE
-        WHEN TG_OP = 'UPDATE' AND OLD.breaker_state IS DISTINCT FROM NEW.breaker_state
-            THEN 'breaker_' || NEW.breaker_state
-        WHEN TG_OP = 'UPDATE' AND OLD.paused_until IS NOT NULL AND NEW.paused_until IS NULL THEN 'resumed'
-        WHEN NEW.paused_until IS NOT NULL AND (TG_OP = 'INSERT' OR OLD.paused_until IS DISTINCT FROM NEW.paused_until)
-            THEN 'paused'
-        ELSE 'limits' END;
-    INSERT INTO queueworker.queue_events (queue, change, detail)
-    VALUES (NEW.name, change, jsonb_strip_nulls(jsonb_build_object(
-        'paused_until', NEW.paused_until, 'rate_per_second', NEW.rate_per_second, 'burst', NEW.burst,
-        'max_running', NEW.max_running, 'breaker_failures', NEW.breaker_failures,
-        'breaker_cooldown_seconds', NEW.breaker_cooldown_seconds, 'breaker_state', NEW.breaker_state,
-        'consecutive_failures', NEW.consecutive_failures)));
-    RETURN NULL;
-END
-$$;
-
-CREATE TRIGGER queues_audit_insert AFTER INSERT OR DELETE ON queueworker.queues
-    FOR EACH ROW EXECUTE FUNCTION queueworker.audit_queue();
-CREATE TRIGGER queues_audit_update AFTER UPDATE ON queueworker.queues
-    FOR EACH ROW
-    WHEN ((OLD.paused_until, OLD.rate_per_second, OLD.burst, OLD.max_running, OLD.breaker_failures,
-           OLD.breaker_cooldown_seconds, OLD.breaker_state)
-          IS DISTINCT FROM
-          (NEW.paused_until, NEW.rate_per_second, NEW.burst, NEW.max_running, NEW.breaker_failures,
-           NEW.breaker_cooldown_seconds, NEW.breaker_state))
-    EXECUTE FUNCTION queueworker.audit_queue();
-
-CREATE TRIGGER queue_events_append_only BEFORE UPDATE ON queueworker.queue_events
-    FOR EACH ROW EXECUTE FUNCTION queueworker.forbid_event_updates();
-CREATE TRIGGER queue_events_no_truncate BEFORE TRUNCATE ON queueworker.queue_events
-    FOR EACH STATEMENT EXECUTE FUNCTION queueworker.forbid_event_updates();
-
-REVOKE EXECUTE ON FUNCTION queueworker.audit_queue() FROM PUBLIC;

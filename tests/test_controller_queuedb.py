@@ -70,9 +70,9 @@ def test_ready_count_is_capped(dsn):
 def test_blocked_tasks_are_reported_apart_and_older_schemas_still_read(blank_dsn):
     """Blocked tasks are counted (capped) but are not ready work; a database whose schema predates
     them (version 4: no `blocked` state yet) still gets its depth read, with none blocked."""
-    from queueworker.db import sql
-    from queueworker.db.migrate import available_migrations, migrate
+    from queueworker.db.migrate import migrate
     from queueworker.client.producer import enqueue_chain
+    from tests.schema_history import migrate_to
 
     def read():
         async def scenario(databases):
@@ -80,12 +80,7 @@ def test_blocked_tasks_are_reported_apart_and_older_schemas_still_read(blank_dsn
             return await databases.depth(blank_dsn, "pipeline", 2)
         return run(scenario)
 
-    with psycopg.connect(blank_dsn, autocommit=True) as conn:
-        conn.execute(sql.CREATE_MIGRATIONS_TABLE)
-        for migration in available_migrations()[:4]:
-            conn.execute(migration.text)
-            conn.execute(sql.RECORD_MIGRATION, {"version": migration.version, "name": migration.name,
-                                                "checksum": migration.checksum})
+    migrate_to(blank_dsn, 4)
     enqueue(blank_dsn, "pipeline", 3)
     old = read()
     assert (old.ready, old.running, old.retrying, old.blocked) == (2, 0, 0, 0)

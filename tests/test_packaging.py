@@ -52,13 +52,15 @@ def test_python_m_build_makes_a_wheel_and_sdist_that_pass_twine_check(tmp_path: 
                              capture_output=True, text=True, timeout=300)
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
-    migrations = sorted(p.name for p in (ROOT / "migrations").glob("*.sql"))
+    # The versioned migrations, the function files (migrations/functions/) and the schema snapshot.
+    migrations = sorted(p.relative_to(ROOT / "migrations").as_posix() for p in (ROOT / "migrations").rglob("*.sql"))
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
         metadata = archive.read(f"queueworker-{__version__}.dist-info/METADATA").decode()
     assert f"\nVersion: {__version__}\n" in metadata
-    assert sorted(Path(n).name for n in names if n.startswith("queueworker/migrations/") and n.endswith(".sql")) \
-        == migrations
+    assert sorted(n.removeprefix("queueworker/migrations/") for n in names
+                  if n.startswith("queueworker/migrations/") and n.endswith(".sql")) == migrations
+    assert "functions/10_audit.sql" in migrations
     assert {"queueworker/_version.py", "queueworker/dev/devdb.py", "queueworker_controller/operator.py"} <= set(names)
     assert not any(n.startswith("tests/") for n in names)
 

@@ -21,6 +21,7 @@ from queueworker.db import sql
 from queueworker.db.connection import DutyConnection
 from queueworker.db.migrate import available_migrations, migrate
 from queueworker.client.producer import enqueue
+from tests.schema_history import migrate_to
 from tests.support import query, scalar, wait_until
 
 pytestmark = pytest.mark.integration
@@ -78,12 +79,8 @@ def test_success_moves_rows_itself_and_audits_the_transition(dsn):
 
 
 def test_upgrading_a_version_1_database_keeps_rows_ids_and_audit_trail(blank_dsn):
-    first = available_migrations()[0]
+    migrate_to(blank_dsn, 1)
     with psycopg.connect(blank_dsn, autocommit=True) as conn:
-        conn.execute(sql.CREATE_MIGRATIONS_TABLE)
-        conn.execute(first.text)
-        conn.execute(sql.RECORD_MIGRATION, {"version": first.version, "name": first.name,
-                                            "checksum": first.checksum})
         ids = [enqueue(conn, "qw.noop", {"n": n}) for n in range(4)]
         running, finished = ids[:2]
         conn.execute("""UPDATE queueworker.tasks SET state = 'running', lease_owner = %s, lease_token = 1,

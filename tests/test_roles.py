@@ -26,6 +26,7 @@ from queueworker.runtime.cleaner import Cleaner
 from queueworker.db.connection import DutyConnection
 from queueworker.db.migrate import available_migrations
 from queueworker.client.producer import COPY_THRESHOLD, enqueue, enqueue_chain, enqueue_many, start_run
+from tests.schema_history import migrate_to
 from tests.support import FAST_LEASES, WorkerProcess, query, scalar, wait_until
 from tests.test_bulk_enqueue import STAGED
 
@@ -428,11 +429,7 @@ def test_an_installation_migrated_before_the_roles_passes_to_the_migrator(instal
     admin = installation.admin
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute("DROP SCHEMA queueworker")  # the fixture's run of the script made it; the field had none
-        conn.execute(sql.CREATE_MIGRATIONS_TABLE)
-        for migration in available_migrations()[:2]:
-            conn.execute(migration.text)
-            conn.execute(sql.RECORD_MIGRATION, {"version": migration.version, "name": migration.name,
-                                                "checksum": migration.checksum})
+        migrate_to(admin, 2)
         old = enqueue(conn, "qw.noop")
         conn.execute("UPDATE queueworker.tasks SET state = 'succeeded', finished_at = now() - interval '2 hours'")
     assert [row[0] for row in query(admin, OWNERS)] == ["postgres"]

@@ -1,4 +1,5 @@
-"""What `queueworker migrate` runs besides the migrations themselves (queueworker.db.migrate). The statements are in migration.sql."""
+"""What `queueworker migrate` runs around the migrations themselves (queueworker.db.migrate). The
+statements are in migration.sql."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ from typing import NamedTuple
 from .statements import NoParams, Params, SqlFile
 
 _SQL = SqlFile("migration")
+
+# The advisory lock one migrate run holds (an arbitrary constant inside our own namespace of keys).
+MIGRATION_LOCK_KEY = 0x71770001
 
 
 class TryLockMigrationsParams(Params):
@@ -27,12 +31,25 @@ class LockHoldersParams(Params):
 
 
 class LockHolderRow(NamedTuple):
+    """A session holding locks on queueworker's tables. What the migrator may not see of other
+    users' sessions (state, transaction age) is None."""
+
     pid: int
-    user_name: str
-    application_name: str
-    state: str
-    transaction_seconds: float
+    user_name: str | None
+    application_name: str | None
+    state: str | None
+    transaction_seconds: float | None
     locks: str
+
+    def __str__(self) -> str:
+        about = [f"user {self.user_name}"] if self.user_name else []
+        if self.application_name:
+            about.append(f"application {self.application_name!r}")
+        if self.state:
+            about.append(self.state)
+        if self.transaction_seconds is not None:
+            about.append(f"transaction open {self.transaction_seconds:.0f} s")
+        return f"pid {self.pid} ({', '.join(about)}) holding {self.locks}"
 
 
 class AppliedMigrationRow(NamedTuple):
@@ -45,6 +62,22 @@ class RecordMigrationParams(Params):
     version: int
     name: str
     checksum: str
+
+
+class UpdateMigrationChecksumParams(Params):
+    checksum: str
+    version: int
+    superseded: str
+
+
+class AppliedFunctionRow(NamedTuple):
+    name: str
+    checksum: str
+
+
+class RecordFunctionsParams(Params):
+    names: list[str]
+    checksums: list[str]
 
 
 class SchemaVersionRow(NamedTuple):
@@ -61,6 +94,10 @@ SET_LOCK_TIMEOUT = _SQL.statement("set_lock_timeout", SetLockTimeoutParams)
 LOCK_HOLDERS = _SQL.statement("lock_holders", LockHoldersParams, LockHolderRow)
 APPLIED_MIGRATIONS = _SQL.statement("applied_migrations", NoParams, AppliedMigrationRow)
 RECORD_MIGRATION = _SQL.statement("record_migration", RecordMigrationParams)
+UPDATE_MIGRATION_CHECKSUM = _SQL.statement("update_migration_checksum", UpdateMigrationChecksumParams)
+APPLIED_FUNCTIONS = _SQL.statement("applied_functions", NoParams, AppliedFunctionRow)
+FORGET_FUNCTIONS = _SQL.statement("forget_functions", NoParams)
+RECORD_FUNCTIONS = _SQL.statement("record_functions", RecordFunctionsParams)
 SCHEMA_VERSION = _SQL.statement("schema_version", NoParams, SchemaVersionRow)
 SCHEMA_EXISTS = _SQL.statement("schema_exists", NoParams, SchemaExistsRow)
 

@@ -1,10 +1,12 @@
--- What `queueworker migrate` runs besides the migrations themselves (queueworker.db.migrate).
+-- What `queueworker migrate` runs around the migrations themselves (queueworker.db.migrate): its
+-- bookkeeping tables, its lock, its lock timeouts, and what it says when a lock is held too long.
 -- Each statement is declared, with its parameter and row types, in queueworker/db/migration.py.
 
 -- name: create_migrations_table
 -- The schema is created only when missing: `CREATE SCHEMA IF NOT EXISTS` needs CREATE on the
 -- database even when the schema exists, which a migrator role that owns only the schema lacks
--- (docs/database-roles.sql creates the schema for it).
+-- (docs/database-roles.sql creates the schema for it). `schema_migrations` records the versioned
+-- migrations applied; `schema_functions` the function files (migrations/functions/) as last applied.
 DO $$
 BEGIN
     IF to_regnamespace('queueworker') IS NULL THEN
@@ -15,6 +17,11 @@ $$;
 CREATE TABLE IF NOT EXISTS queueworker.schema_migrations (
     version    integer PRIMARY KEY,
     name       text NOT NULL,
+    checksum   text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS queueworker.schema_functions (
+    name       text PRIMARY KEY,
     checksum   text NOT NULL,
     applied_at timestamptz NOT NULL DEFAULT now()
 );
@@ -32,7 +39,8 @@ SELECT set_config('lock_timeout', %(lock_timeout)s, true);
 
 -- name: lock_holders
 -- Other sessions holding locks on queueworker's tables, oldest transaction first: who a migration
--- that timed out waiting for a lock was most likely waiting for.
+-- that timed out waiting for a lock was most likely waiting for. What the migrator may not see of
+-- other users' sessions (state, transaction age) comes back NULL.
 SELECT a.pid, a.usename::text AS user_name, a.application_name, a.state,
        extract(epoch FROM now() - a.xact_start)::float8 AS transaction_seconds,
        string_agg(DISTINCT l.mode || ' on ' || l.relation::regclass::text, ', ') AS locks
@@ -51,6 +59,28 @@ SELECT version, name, checksum FROM queueworker.schema_migrations ORDER BY versi
 -- name: record_migration
 INSERT INTO queueworker.schema_migrations (version, name, checksum)
 VALUES (%(version)s, %(name)s, %(checksum)s);
+
+-- name: update_migration_checksum
+-- A migration rewritten since it was applied, whose recorded checksum is a known earlier text's.
+UPDATE queueworker.schema_migrations SET checksum = %(checksum)s
+WHERE version = %(version)s AND checksum = %(superseded)s;
+
+-- name: applied_functions
+SELECT name, checksum FROM queueworker.schema_functions ORDER BY name;
+
+-- name: forget_functions
+-- In the transaction of every versioned migration: the function files must be applied again after
+-- it, even if this run stops before they are (a versioned migration may drop what they define).
+DELETE FROM queueworker.schema_functions;
+
+-- name: record_functions
+-- After the function files were applied: exactly the files shipped, with their checksums.
+WITH gone AS (
+    DELETE FROM queueworker.schema_functions WHERE name <> ALL(%(names)s::text[])
+)
+INSERT INTO queueworker.schema_functions (name, checksum)
+SELECT * FROM unnest(%(names)s::text[], %(checksums)s::text[])
+ON CONFLICT (name) DO UPDATE SET checksum = EXCLUDED.checksum, applied_at = now();
 
 -- name: schema_version
 SELECT coalesce(max(version), 0) AS version

@@ -1,0 +1,39 @@
+-- queueworker functions: notifications (channels `queueworker` and `queueworker_finished`).
+--
+-- Repeatable (worker/migrate.py): every file of migrations/functions/ is applied after the versioned
+-- migrations, in name order, in one transaction, whenever a versioned migration was applied or one of
+-- these files changed. So each holds the current definition of its functions (CREATE OR REPLACE) and
+-- re-creates their triggers (DROP TRIGGER IF EXISTS, then CREATE: CREATE OR REPLACE TRIGGER cannot
+-- replace a constraint trigger). A SQL-language body is checked when it is created: what it calls
+-- must come from an earlier file, or from earlier in the same one. PL/pgSQL bodies are resolved
+-- when they run.
+
+-- Wakes a queue's listeners for the rows of one group (as sql.ENQUEUE does): at once when one is due
+-- now, else with the earliest due time, so listeners can schedule a precise wake-up.
+CREATE OR REPLACE FUNCTION queueworker.wake_queue(queue text, earliest timestamptz) RETURNS void
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    SELECT pg_catalog.pg_notify('queueworker', CASE WHEN earliest <= now() THEN queue
+                                                    ELSE queue || ' ' || extract(epoch FROM earliest)::text END)
+$$;
+
+-- A task enqueued with `notify_on_finish` sends `pg_notify('queueworker_finished', id)` when it
+-- ends succeeded, failed or cancelled, so `queueworker.wait_for` wakes at once instead of polling.
+-- Only such tasks pay for it: the success statements notify from their own rows, and every other
+-- way a task ends (a failure, a rescue, a cancel, a cascade) goes through this statement trigger.
+CREATE OR REPLACE FUNCTION queueworker.notify_finished() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM pg_catalog.pg_notify('queueworker_finished', n.id::text)
+    FROM new_rows n JOIN old_rows o ON o.id = n.id
+    WHERE n.notify_on_finish AND n.state IN ('succeeded', 'failed', 'cancelled')
+      AND n.state IS DISTINCT FROM o.state;
+    RETURN NULL;
+END
+$$;
+
+DROP TRIGGER IF EXISTS tasks_notify_finished ON queueworker.tasks;
+CREATE TRIGGER tasks_notify_finished AFTER UPDATE ON queueworker.tasks
+    REFERENCING NEW TABLE AS new_rows OLD TABLE AS old_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION queueworker.notify_finished();
+
+REVOKE EXECUTE ON FUNCTION queueworker.notify_finished() FROM PUBLIC;

@@ -1,0 +1,75 @@
+-- queueworker functions: unique tasks (the spec hash, and replacing a pending task).
+--
+-- Repeatable (worker/migrate.py): every file of migrations/functions/ is applied after the versioned
+-- migrations, in name order, in one transaction, whenever a versioned migration was applied or one of
+-- these files changed. So each holds the current definition of its functions (CREATE OR REPLACE) and
+-- re-creates their triggers (DROP TRIGGER IF EXISTS, then CREATE: CREATE OR REPLACE TRIGGER cannot
+-- replace a constraint trigger). A SQL-language body is checked when it is created: what it calls
+-- must come from an earlier file, or from earlier in the same one. PL/pgSQL bodies are resolved
+-- when they run.
+
+-- `spec_hash`: SHA-256 of the canonical JSON of (queue, task, payload), computed by the database
+-- for every row however it was inserted, so producers in any language agree. "Canonical" is
+-- jsonb's own text form: keys sorted and duplicates removed, whitespace normalised. This function
+-- computes it for a lookup; migration 004 filled the rows of its day with the same expression.
+CREATE OR REPLACE FUNCTION queueworker.spec_hash(queue text, task text, payload jsonb) RETURNS bytea
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT pg_catalog.sha256(pg_catalog.convert_to(pg_catalog.jsonb_build_array(queue, task, payload)::text, 'UTF8'))
+$$;
+
+-- Row triggers fill the column when a task is inserted without one and when an unfinished task's
+-- queue, task or payload change; a row moving between partitions keeps its value. (A bulk load with
+-- triggers disabled must set it itself.) Not a stored generated column: Postgres recomputes those
+-- on every UPDATE (each claim and heartbeat) and on the move to `tasks_finished`, which cost the hot
+-- path about a sixth of its throughput.
+CREATE OR REPLACE FUNCTION queueworker.fill_spec_hash() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    NEW.spec_hash := queueworker.spec_hash(NEW.queue, NEW.task, NEW.payload);
+    RETURN NEW;
+END
+$$;
+
+-- Row triggers of a partition fire for inserts routed through the parent too. A row that brings its
+-- hash along (a completion or a retry moving it between partitions) is not even passed to the
+-- function: the WHEN condition is checked first, without a call.
+DROP TRIGGER IF EXISTS tasks_active_spec_hash ON queueworker.tasks_active;
+CREATE TRIGGER tasks_active_spec_hash BEFORE INSERT ON queueworker.tasks_active
+    FOR EACH ROW WHEN (NEW.spec_hash IS NULL) EXECUTE FUNCTION queueworker.fill_spec_hash();
+DROP TRIGGER IF EXISTS tasks_finished_spec_hash ON queueworker.tasks_finished;
+CREATE TRIGGER tasks_finished_spec_hash BEFORE INSERT ON queueworker.tasks_finished
+    FOR EACH ROW WHEN (NEW.spec_hash IS NULL) EXECUTE FUNCTION queueworker.fill_spec_hash();
+-- Claims and heartbeats set none of these columns, so they never fire it.
+DROP TRIGGER IF EXISTS tasks_active_spec_changed ON queueworker.tasks_active;
+CREATE TRIGGER tasks_active_spec_changed BEFORE UPDATE OF queue, task, payload ON queueworker.tasks_active
+    FOR EACH ROW EXECUTE FUNCTION queueworker.fill_spec_hash();
+
+-- What a producer may do with unique tasks is done by definer functions, so the producer role needs
+-- no right on the `tasks_active` partition (whose unique index the ON CONFLICT needs) nor a general
+-- UPDATE on tasks: enqueue_tasks (60_enqueue.sql) inserts, this one replaces.
+-- Gives pending tasks that have a dedupe key new values (the last of an id's entries wins), where
+-- they change anything; returns the ids changed. Called by sql.ENQUEUE_REPLACE.
+CREATE OR REPLACE FUNCTION queueworker.replace_pending(ids bigint[], payloads jsonb[], priorities integer[],
+                                                       run_afters timestamptz[])
+RETURNS TABLE (id bigint, notified bigint)
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    WITH r AS (
+        SELECT DISTINCT ON (r.id) r.id, r.payload, r.priority, r.run_after
+        FROM unnest(ids, payloads, priorities, run_afters) WITH ORDINALITY AS r(id, payload, priority, run_after, ord)
+        ORDER BY r.id, r.ord DESC
+    ), replaced AS (
+        UPDATE queueworker.tasks t
+        SET payload = r.payload, priority = r.priority, run_after = coalesce(r.run_after, least(t.run_after, now())),
+            delayed = coalesce(r.run_after > now(), false), updated_at = now()
+        FROM r
+        WHERE t.id = r.id AND t.state = 'pending' AND t.dedupe_key IS NOT NULL
+          AND (t.payload IS DISTINCT FROM r.payload OR t.priority IS DISTINCT FROM r.priority
+               OR t.run_after IS DISTINCT FROM coalesce(r.run_after, least(t.run_after, now())))
+        RETURNING t.id, t.queue, t.run_after
+    ), notified AS (
+        SELECT queueworker.wake_queue(queue, min(run_after)) FROM replaced GROUP BY queue
+    )
+    SELECT id, (SELECT count(*) FROM notified) FROM replaced ORDER BY id
+$$;
+
+REVOKE EXECUTE ON FUNCTION queueworker.replace_pending(bigint[], jsonb[], integer[], timestamptz[]) FROM PUBLIC;

@@ -1,0 +1,200 @@
+-- queueworker functions: partitioned runs (`queueworker.runs`, `run_events`, `watermarks`).
+--
+-- Repeatable (worker/migrate.py): every file of migrations/functions/ is applied after the versioned
+-- migrations, in name order, in one transaction, whenever a versioned migration was applied or one of
+-- these files changed. So each holds the current definition of its functions (CREATE OR REPLACE) and
+-- re-creates their triggers (DROP TRIGGER IF EXISTS, then CREATE: CREATE OR REPLACE TRIGGER cannot
+-- replace a constraint trigger). A SQL-language body is checked when it is created: what it calls
+-- must come from an earlier file, or from earlier in the same one. PL/pgSQL bodies are resolved
+-- when they run.
+
+-- A run fans out `expected` partition tasks and counts their terminal outcomes (fan-in) in the
+-- statements that record them: a completion, a failure, a rescue that fails a task, a cancel, a
+-- retry that takes an outcome back. The run's row lock serialises concurrent counts, so they are
+-- exact however outcomes are batched. When every partition has succeeded, the run's `on_success`
+-- task (the consolidation) is enqueued once, by the statement that counted the last success; when
+-- a partition ends failed or cancelled, the run fails and its `on_failure` task (the alert) is
+-- enqueued once, and no consolidation happens unless the run is finalised with force. The run
+-- succeeds, and its watermark advances (to the run's start: everything before it was covered),
+-- only when the consolidation succeeds, or, without one, when the last partition does.
+
+-- Enqueues a run's consolidation or alert from its stored spec; returns the task's id.
+CREATE OR REPLACE FUNCTION queueworker.enqueue_run_task(run_id bigint, spec jsonb) RETURNS bigint
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    new_id bigint;
+BEGIN
+    INSERT INTO queueworker.tasks (queue, task, payload, priority, max_attempts, timeout_seconds, delayed, run_id)
+    VALUES (coalesce(spec ->> 'queue', 'default'), spec ->> 'task', coalesce(spec -> 'payload', '{}'),
+            coalesce((spec ->> 'priority')::integer, 0), coalesce((spec ->> 'max_attempts')::integer, 10),
+            (spec ->> 'timeout_seconds')::integer, false, run_id)
+    RETURNING id INTO new_id;
+    PERFORM queueworker.wake_queue(coalesce(spec ->> 'queue', 'default'), now());
+    RETURN new_id;
+END
+$$;
+
+-- Moves a (locked) run on from its counters: consolidation or success when every partition
+-- succeeded, failure (and the alert) when one ended failed or cancelled, back to running when a
+-- retry took the last failure back. A run fails and gets its alert in one update: one transition,
+-- one event.
+CREATE OR REPLACE FUNCTION queueworker.advance_run(run_id bigint) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    r queueworker.runs;
+BEGIN
+    SELECT * INTO r FROM queueworker.runs WHERE id = run_id FOR UPDATE;
+    IF r.state = 'failed' AND r.failed + r.cancelled = 0 AND r.success_task_id IS NULL THEN
+        UPDATE queueworker.runs SET state = 'running', finished_at = NULL WHERE id = r.id RETURNING * INTO r;
+    END IF;
+    IF r.state <> 'running' THEN
+        RETURN;
+    END IF;
+    IF r.failed + r.cancelled > 0 AND NOT r.forced THEN
+        UPDATE queueworker.runs
+        SET state = 'failed', finished_at = now(),
+            failure_task_id = CASE WHEN r.on_failure IS NOT NULL AND r.failure_task_id IS NULL
+                                   THEN queueworker.enqueue_run_task(r.id, r.on_failure)
+                                   ELSE r.failure_task_id END
+        WHERE id = r.id;
+    ELSIF (r.succeeded = r.expected OR r.forced AND r.succeeded + r.failed + r.cancelled = r.expected)
+          AND r.success_task_id IS NULL THEN
+        IF r.on_success IS NOT NULL THEN
+            UPDATE queueworker.runs SET success_task_id = queueworker.enqueue_run_task(r.id, r.on_success)
+            WHERE id = r.id;
+        ELSE
+            PERFORM queueworker.finish_run(r.id, true);
+        END IF;
+    END IF;
+END
+$$;
+
+-- The run's end: succeeded (its watermark advances to the run's start) or failed (untouched).
+CREATE OR REPLACE FUNCTION queueworker.finish_run(run_id bigint, success boolean) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    r queueworker.runs;
+BEGIN
+    UPDATE queueworker.runs
+    SET state = CASE WHEN success THEN 'succeeded' ELSE 'failed' END::queueworker.run_state, finished_at = now(),
+        watermark_after = CASE WHEN success AND watermark IS NOT NULL THEN to_jsonb(started_at) END
+    WHERE id = run_id RETURNING * INTO r;
+    IF success AND r.watermark IS NOT NULL THEN
+        INSERT INTO queueworker.watermarks (name, value, run_id) VALUES (r.watermark, r.watermark_after, r.id)
+        ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value, run_id = EXCLUDED.run_id, updated_at = now();
+    END IF;
+END
+$$;
+
+-- Counts terminal outcomes of tasks that belong to runs: (old state, new state) per task. Runs are
+-- locked in id order. Called by COMPLETE_SUCCEEDED (its `counted` step) and by the update trigger.
+CREATE OR REPLACE FUNCTION queueworker.count_run_outcomes(ids bigint[], run_ids bigint[], partitions integer[],
+                                                          old_states text[], new_states text[]) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    d record;
+    r queueworker.runs;
+BEGIN
+    FOR d IN
+        SELECT u.run_id,
+               coalesce(sum(CASE WHEN u.new_state = 'succeeded' THEN 1 WHEN u.old_state = 'succeeded' THEN -1 END)
+                        FILTER (WHERE u.partition IS NOT NULL), 0) AS succeeded,
+               coalesce(sum(CASE WHEN u.new_state = 'failed' THEN 1 WHEN u.old_state = 'failed' THEN -1 END)
+                        FILTER (WHERE u.partition IS NOT NULL), 0) AS failed,
+               coalesce(sum(CASE WHEN u.new_state = 'cancelled' THEN 1 WHEN u.old_state = 'cancelled' THEN -1 END)
+                        FILTER (WHERE u.partition IS NOT NULL), 0) AS cancelled,
+               array_agg(u.id) FILTER (WHERE u.partition IS NULL) AS own_tasks,
+               array_agg(u.new_state) FILTER (WHERE u.partition IS NULL) AS own_states
+        FROM unnest(ids, run_ids, partitions, old_states, new_states) AS u(id, run_id, partition, old_state, new_state)
+        WHERE u.run_id IS NOT NULL
+        GROUP BY u.run_id ORDER BY u.run_id
+    LOOP
+        UPDATE queueworker.runs
+        SET succeeded = succeeded + d.succeeded, failed = failed + d.failed, cancelled = cancelled + d.cancelled
+        WHERE id = d.run_id AND (d.succeeded, d.failed, d.cancelled) <> (0, 0, 0);
+        -- The run's consolidation (its partition is NULL) decides the run.
+        SELECT * INTO r FROM queueworker.runs WHERE id = d.run_id FOR UPDATE;
+        IF r.success_task_id = ANY(d.own_tasks) THEN
+            IF d.own_states[array_position(d.own_tasks, r.success_task_id)] = 'succeeded' THEN
+                PERFORM queueworker.finish_run(r.id, true);
+            ELSIF d.own_states[array_position(d.own_tasks, r.success_task_id)] IN ('failed', 'cancelled') THEN
+                PERFORM queueworker.finish_run(r.id, false);
+            ELSE  -- retried: running again
+                UPDATE queueworker.runs SET state = 'running', finished_at = NULL WHERE id = r.id;
+            END IF;
+        ELSE
+            PERFORM queueworker.advance_run(d.run_id);
+        END IF;
+    END LOOP;
+END
+$$;
+
+-- Starts a run: its row, with the watermark as it stands. Its partitions are enqueued by the caller
+-- (sql.ENQUEUE_TASKS with the run's id), in the same transaction.
+CREATE OR REPLACE FUNCTION queueworker.start_run(name text, expected integer, on_success jsonb, on_failure jsonb,
+                                                 watermark text) RETURNS bigint
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    INSERT INTO queueworker.runs (name, expected, on_success, on_failure, watermark, watermark_before)
+    VALUES (name, expected, on_success, on_failure, watermark,
+            (SELECT w.value FROM queueworker.watermarks w WHERE w.name = start_run.watermark))
+    RETURNING id
+$$;
+
+-- `queueworker run finalize ID --force`: consolidates a failed run on purpose (once every partition
+-- has ended); returns whether the run was failed (nothing happens otherwise).
+CREATE OR REPLACE FUNCTION queueworker.finalize_run(run_id bigint) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    UPDATE queueworker.runs SET forced = true, state = 'running', finished_at = NULL
+    WHERE id = run_id AND state = 'failed' AND success_task_id IS NULL;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM queueworker.advance_run(run_id);
+    RETURN true;
+END
+$$;
+
+-- The audit trail of runs, `run_events`: one row per transition, written by a trigger on
+-- `queueworker.runs` so no statement that moves a run can forget it: started, the consolidation
+-- enqueued (running -> running), succeeded, failed (with the alert, if any, in the same row),
+-- running again after a retry or a forced finalisation. Counter changes that move nothing are not
+-- transitions: the task events of the partitions record those. `by_user` is the login that caused
+-- it (`session_user`: a person's `run finalize --force`, a worker's completion).
+CREATE OR REPLACE FUNCTION queueworker.audit_run() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    INSERT INTO queueworker.run_events (run_id, from_state, to_state, detail)
+    VALUES (NEW.id, CASE WHEN TG_OP = 'UPDATE' THEN OLD.state END, NEW.state,
+            jsonb_strip_nulls(jsonb_build_object(
+                'expected', NEW.expected, 'succeeded', NEW.succeeded, 'failed', NEW.failed,
+                'cancelled', NEW.cancelled, 'consolidation', NEW.success_task_id, 'alert', NEW.failure_task_id,
+                'forced', NEW.forced)));
+    RETURN NULL;
+END
+$$;
+
+DROP TRIGGER IF EXISTS runs_audit_insert ON queueworker.runs;
+CREATE TRIGGER runs_audit_insert AFTER INSERT ON queueworker.runs
+    FOR EACH ROW EXECUTE FUNCTION queueworker.audit_run();
+DROP TRIGGER IF EXISTS runs_audit_update ON queueworker.runs;
+CREATE TRIGGER runs_audit_update AFTER UPDATE ON queueworker.runs
+    FOR EACH ROW
+    WHEN (OLD.state IS DISTINCT FROM NEW.state OR OLD.success_task_id IS DISTINCT FROM NEW.success_task_id
+          OR OLD.failure_task_id IS DISTINCT FROM NEW.failure_task_id)
+    EXECUTE FUNCTION queueworker.audit_run();
+
+-- Append-only, like task_events (forbid_event_updates, 10_audit.sql).
+DROP TRIGGER IF EXISTS run_events_append_only ON queueworker.run_events;
+CREATE TRIGGER run_events_append_only BEFORE UPDATE ON queueworker.run_events
+    FOR EACH ROW EXECUTE FUNCTION queueworker.forbid_event_updates();
+DROP TRIGGER IF EXISTS run_events_no_truncate ON queueworker.run_events;
+CREATE TRIGGER run_events_no_truncate BEFORE TRUNCATE ON queueworker.run_events
+    FOR EACH STATEMENT EXECUTE FUNCTION queueworker.forbid_event_updates();
+
+REVOKE EXECUTE ON FUNCTION
+    queueworker.count_run_outcomes(bigint[], bigint[], integer[], text[], text[]),
+    queueworker.start_run(text, integer, jsonb, jsonb, text),
+    queueworker.finalize_run(bigint),
+    queueworker.audit_run()
+FROM PUBLIC;

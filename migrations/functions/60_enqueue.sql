@@ -1,0 +1,96 @@
+-- queueworker functions: the producer's enqueue (`enqueue_tasks`).
+--
+-- Repeatable (worker/migrate.py): every file of migrations/functions/ is applied after the versioned
+-- migrations, in name order, in one transaction, whenever a versioned migration was applied or one of
+-- these files changed. So each holds the current definition of its functions (CREATE OR REPLACE) and
+-- re-creates their triggers (DROP TRIGGER IF EXISTS, then CREATE: CREATE OR REPLACE TRIGGER cannot
+-- replace a constraint trigger). A SQL-language body is checked when it is created: what it calls
+-- must come from an earlier file, or from earlier in the same one. PL/pgSQL bodies are resolved
+-- when they run.
+
+-- The producer's enqueue for everything beyond a plain task: dedupe keys and prerequisites
+-- (`prerequisite_ords[i]` is the 1-based position of the spec that depends on task
+-- `prerequisite_ids[i]`, which must exist), for a run's partitions the run and partition number,
+-- and each spec's headers. A spec with prerequisites starts `blocked`; its edges are kept only if
+-- it was inserted (a duplicate's holder has its own). Rows are inserted with ids taken in spec
+-- order, so each spec finds its row. Aimed at `tasks_active`, whose unique index is the arbiter of
+-- the ON CONFLICT: one unfinished task per (queue, dedupe key). A definer function, so the producer
+-- role needs no right on the partition. Called by sql.ENQUEUE_TASKS.
+CREATE OR REPLACE FUNCTION queueworker.enqueue_tasks(queues text[], tasks text[], payloads jsonb[],
+                                                     priorities integer[], run_afters timestamptz[],
+                                                     max_attempts integer[], timeouts integer[], dedupe_keys text[],
+                                                     by_spec boolean[], cancel_on_failure boolean[],
+                                                     prerequisite_ords bigint[], prerequisite_ids bigint[],
+                                                     run_ids bigint[], run_partitions integer[], headers jsonb[])
+RETURNS TABLE (ord bigint, queue text, dedupe_key text, id bigint, notified bigint)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    unknown bigint;
+BEGIN
+    SELECT p INTO unknown FROM unnest(prerequisite_ids) AS p
+    WHERE NOT EXISTS (SELECT 1 FROM queueworker.tasks t WHERE t.id = p) LIMIT 1;
+    IF unknown IS NOT NULL THEN
+        RAISE EXCEPTION 'there is no task % to depend on', unknown USING ERRCODE = 'foreign_key_violation';
+    END IF;
+    RETURN QUERY
+    WITH specs AS MATERIALIZED (
+        SELECT s.ord, s.queue, s.task, s.payload, s.priority, s.run_after, s.max_attempts, s.timeout_seconds,
+               s.cancel_on_failure, s.run_id, s.run_partition, s.headers,
+               nextval('queueworker.tasks_id_seq') AS new_id,
+               CASE WHEN s.by_spec THEN encode(queueworker.spec_hash(s.queue, s.task, s.payload), 'hex')
+                    ELSE s.dedupe_key END AS dedupe_key,
+               s.ord = ANY(prerequisite_ords) AS blocked
+        FROM unnest(queues, tasks, payloads, priorities, run_afters, max_attempts, timeouts, dedupe_keys, by_spec,
+                    cancel_on_failure, run_ids, run_partitions, headers)
+             WITH ORDINALITY AS s(queue, task, payload, priority, run_after, max_attempts, timeout_seconds,
+                                  dedupe_key, by_spec, cancel_on_failure, run_id, run_partition, headers, ord)
+        ORDER BY s.ord
+    ), inserted AS (
+        INSERT INTO queueworker.tasks_active AS t
+            (id, queue, task, state, payload, priority, run_after, delayed, max_attempts, timeout_seconds, dedupe_key,
+             run_id, run_partition, headers)
+        OVERRIDING SYSTEM VALUE  -- the identity is the parent's: an insert aimed at a partition takes ids itself
+        SELECT new_id, s.queue, s.task, CASE WHEN s.blocked THEN 'blocked' ELSE 'pending' END::queueworker.task_state,
+               s.payload, s.priority, coalesce(s.run_after, now()), coalesce(s.run_after > now(), false),
+               s.max_attempts, s.timeout_seconds, s.dedupe_key, s.run_id, s.run_partition, s.headers
+        FROM specs s ORDER BY s.ord
+        ON CONFLICT (queue, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
+        RETURNING t.id, t.queue, t.run_after, t.state
+    ), edges AS (
+        INSERT INTO queueworker.task_dependencies (prerequisite_id, task_id, cancel_on_failure)
+        SELECT DISTINCT p.prerequisite_id, s.new_id, s.cancel_on_failure
+        FROM unnest(prerequisite_ords, prerequisite_ids) AS p(ord, prerequisite_id)
+        JOIN specs s ON s.ord = p.ord
+        JOIN inserted i ON i.id = s.new_id
+    ), notified AS (
+        SELECT queueworker.wake_queue(i.queue, min(i.run_after)) FROM inserted i WHERE i.state = 'pending'
+        GROUP BY i.queue
+    )
+    SELECT s.ord, s.queue, s.dedupe_key, i.id, (SELECT count(*) FROM notified)
+    FROM specs s LEFT JOIN inserted i ON i.id = s.new_id
+    ORDER BY s.ord;
+END
+$$;
+
+-- The version without headers stays, for producers of earlier versions during a rolling upgrade, and
+-- inserts none.
+CREATE OR REPLACE FUNCTION queueworker.enqueue_tasks(queues text[], tasks text[], payloads jsonb[],
+                                                     priorities integer[], run_afters timestamptz[],
+                                                     max_attempts integer[], timeouts integer[], dedupe_keys text[],
+                                                     by_spec boolean[], cancel_on_failure boolean[],
+                                                     prerequisite_ords bigint[], prerequisite_ids bigint[],
+                                                     run_ids bigint[], run_partitions integer[])
+RETURNS TABLE (ord bigint, queue text, dedupe_key text, id bigint, notified bigint)
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT * FROM queueworker.enqueue_tasks(queues, tasks, payloads, priorities, run_afters, max_attempts, timeouts,
+                                            dedupe_keys, by_spec, cancel_on_failure, prerequisite_ords,
+                                            prerequisite_ids, run_ids, run_partitions, NULL::jsonb[])
+$$;
+
+REVOKE EXECUTE ON FUNCTION
+    queueworker.enqueue_tasks(text[], text[], jsonb[], integer[], timestamptz[], integer[], integer[], text[],
+                              boolean[], boolean[], bigint[], bigint[], bigint[], integer[], jsonb[]),
+    queueworker.enqueue_tasks(text[], text[], jsonb[], integer[], timestamptz[], integer[], integer[], text[],
+                              boolean[], boolean[], bigint[], bigint[], bigint[], integer[])
+FROM PUBLIC;

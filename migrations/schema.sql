@@ -1,0 +1,1002 @@
+-- The queueworker schema as the migrations leave it: what a reader should find in a freshly migrated
+-- database. Generated, do not edit: `pg_dump --schema-only --schema=queueworker --no-owner`, without
+-- pg_dump's comments and settings. Checked by tests/test_schema_snapshot.py. Regenerate with:
+--     python -m queueworker.dev.schema_snapshot
+-- Dumped with Postgres 15.
+
+CREATE SCHEMA queueworker;
+
+CREATE TYPE queueworker.run_state AS ENUM (
+    'running',
+    'succeeded',
+    'failed'
+);
+
+CREATE TYPE queueworker.task_state AS ENUM (
+    'pending',
+    'running',
+    'retrying',
+    'succeeded',
+    'failed',
+    'cancelled',
+    'blocked'
+);
+
+CREATE FUNCTION queueworker.advance_run(run_id bigint) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    r queueworker.runs;
+BEGIN
+    SELECT * INTO r FROM queueworker.runs WHERE id = run_id FOR UPDATE;
+    IF r.state = 'failed' AND r.failed + r.cancelled = 0 AND r.success_task_id IS NULL THEN
+        UPDATE queueworker.runs SET state = 'running', finished_at = NULL WHERE id = r.id RETURNING * INTO r;
+    END IF;
+    IF r.state <> 'running' THEN
+        RETURN;
+    END IF;
+    IF r.failed + r.cancelled > 0 AND NOT r.forced THEN
+        UPDATE queueworker.runs
+        SET state = 'failed', finished_at = now(),
+            failure_task_id = CASE WHEN r.on_failure IS NOT NULL AND r.failure_task_id IS NULL
+                                   THEN queueworker.enqueue_run_task(r.id, r.on_failure)
+                                   ELSE r.failure_task_id END
+        WHERE id = r.id;
+    ELSIF (r.succeeded = r.expected OR r.forced AND r.succeeded + r.failed + r.cancelled = r.expected)
+          AND r.success_task_id IS NULL THEN
+        IF r.on_success IS NOT NULL THEN
+            UPDATE queueworker.runs SET success_task_id = queueworker.enqueue_run_task(r.id, r.on_success)
+            WHERE id = r.id;
+        ELSE
+            PERFORM queueworker.finish_run(r.id, true);
+        END IF;
+    END IF;
+END
+$$;
+
+CREATE FUNCTION queueworker.audit_queue() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    change text;
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        INSERT INTO queueworker.queue_events (queue, change, detail) VALUES (OLD.name, 'cleared', '{}');
+        RETURN NULL;
+    END IF;
+    change := CASE
+        WHEN TG_OP = 'UPDATE' AND OLD.breaker_state IS DISTINCT FROM NEW.breaker_state
+            THEN 'breaker_' || NEW.breaker_state
+        WHEN TG_OP = 'UPDATE' AND OLD.paused_until IS NOT NULL AND NEW.paused_until IS NULL THEN 'resumed'
+        WHEN NEW.paused_until IS NOT NULL AND (TG_OP = 'INSERT' OR OLD.paused_until IS DISTINCT FROM NEW.paused_until)
+            THEN 'paused'
+        ELSE 'limits' END;
+    INSERT INTO queueworker.queue_events (queue, change, detail)
+    VALUES (NEW.name, change, jsonb_strip_nulls(jsonb_build_object(
+        'paused_until', NEW.paused_until, 'rate_per_second', NEW.rate_per_second, 'burst', NEW.burst,
+        'max_running', NEW.max_running, 'breaker_failures', NEW.breaker_failures,
+        'breaker_cooldown_seconds', NEW.breaker_cooldown_seconds, 'breaker_state', NEW.breaker_state,
+        'consecutive_failures', NEW.consecutive_failures)));
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION queueworker.audit_run() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    INSERT INTO queueworker.run_events (run_id, from_state, to_state, detail)
+    VALUES (NEW.id, CASE WHEN TG_OP = 'UPDATE' THEN OLD.state END, NEW.state,
+            jsonb_strip_nulls(jsonb_build_object(
+                'expected', NEW.expected, 'succeeded', NEW.succeeded, 'failed', NEW.failed,
+                'cancelled', NEW.cancelled, 'consolidation', NEW.success_task_id, 'alert', NEW.failure_task_id,
+                'forced', NEW.forced)));
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION queueworker.audit_task_inserts() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    INSERT INTO queueworker.task_events (task_id, from_state, to_state, worker, lease_token, detail)
+    SELECT n.id, NULL, n.state, n.lease_owner, n.lease_token, NULL
+    FROM new_rows n;
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION queueworker.audit_task_updates() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    moved bigint[];
+BEGIN
+    INSERT INTO queueworker.task_events (task_id, from_state, to_state, worker, lease_token, detail)
+    SELECT n.id, o.state, n.state, coalesce(o.lease_owner, n.lease_owner), n.lease_token,
+           CASE WHEN n.state IS DISTINCT FROM o.state
+                THEN queueworker.transition_detail(n.attempts, n.error, o.error)
+                ELSE jsonb_build_object('replaced', queueworker.replaced_columns(n, o)) END
+    FROM new_rows n
+    JOIN old_rows o ON o.id = n.id
+    WHERE n.state IS DISTINCT FROM o.state
+       OR (n.state = 'pending' AND queueworker.replaced_columns(n, o) IS NOT NULL);
+    PERFORM queueworker.count_run_outcomes(array_agg(n.id), array_agg(n.run_id), array_agg(n.run_partition),
+                                           array_agg(o.state::text), array_agg(n.state::text))
+    FROM new_rows n JOIN old_rows o ON o.id = n.id
+    WHERE n.run_id IS NOT NULL AND n.state IS DISTINCT FROM o.state
+    HAVING count(*) > 0;
+    IF coalesce(current_setting('queueworker.settling', true), '') <> 'on' THEN
+        SELECT array_agg(n.id) INTO moved
+        FROM new_rows n JOIN old_rows o ON o.id = n.id
+        WHERE n.state IS DISTINCT FROM o.state
+          AND (n.state IN ('succeeded', 'failed', 'cancelled') OR o.state IN ('failed', 'cancelled'));
+        PERFORM queueworker.settle_dependents(moved, '{}');
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION queueworker.clean_finished(lock_key bigint, retention_seconds double precision, batch integer) RETURNS SETOF bigint
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    WITH guard AS MATERIALIZED (
+        SELECT pg_catalog.pg_try_advisory_xact_lock(lock_key) AS held
+    ), old AS (
+        SELECT t.id FROM queueworker.tasks t, guard
+        WHERE guard.held AND t.finished_at < now() - make_interval(secs => retention_seconds)
+          AND t.state IN ('succeeded', 'failed', 'cancelled')
+        ORDER BY t.finished_at
+        LIMIT batch
+        FOR UPDATE OF t SKIP LOCKED
+    ), events AS (
+        DELETE FROM queueworker.task_events e USING old WHERE e.task_id = old.id
+    ), edges AS (
+        DELETE FROM queueworker.task_dependencies d USING old WHERE d.task_id = old.id OR d.prerequisite_id = old.id
+    )
+    DELETE FROM queueworker.tasks t USING old
+    WHERE t.id = old.id AND t.state IN ('succeeded', 'failed', 'cancelled')
+    RETURNING t.id
+$$;
+
+CREATE FUNCTION queueworker.count_run_outcomes(ids bigint[], run_ids bigint[], partitions integer[], old_states text[], new_states text[]) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    d record;
+    r queueworker.runs;
+BEGIN
+    FOR d IN
+        SELECT u.run_id,
+               coalesce(sum(CASE WHEN u.new_state = 'succeeded' THEN 1 WHEN u.old_state = 'succeeded' THEN -1 END)
+                        FILTER (WHERE u.partition IS NOT NULL), 0) AS succeeded,
+               coalesce(sum(CASE WHEN u.new_state = 'failed' THEN 1 WHEN u.old_state = 'failed' THEN -1 END)
+                        FILTER (WHERE u.partition IS NOT NULL), 0) AS failed,
+               coalesce(sum(CASE WHEN u.new_state = 'cancelled' THEN 1 WHEN u.old_state = 'cancelled' THEN -1 END)
+                        FILTER (WHERE u.partition IS NOT NULL), 0) AS cancelled,
+               array_agg(u.id) FILTER (WHERE u.partition IS NULL) AS own_tasks,
+               array_agg(u.new_state) FILTER (WHERE u.partition IS NULL) AS own_states
+        FROM unnest(ids, run_ids, partitions, old_states, new_states) AS u(id, run_id, partition, old_state, new_state)
+        WHERE u.run_id IS NOT NULL
+        GROUP BY u.run_id ORDER BY u.run_id
+    LOOP
+        UPDATE queueworker.runs
+        SET succeeded = succeeded + d.succeeded, failed = failed + d.failed, cancelled = cancelled + d.cancelled
+        WHERE id = d.run_id AND (d.succeeded, d.failed, d.cancelled) <> (0, 0, 0);
+        -- The run's consolidation (its partition is NULL) decides the run.
+        SELECT * INTO r FROM queueworker.runs WHERE id = d.run_id FOR UPDATE;
+        IF r.success_task_id = ANY(d.own_tasks) THEN
+            IF d.own_states[array_position(d.own_tasks, r.success_task_id)] = 'succeeded' THEN
+                PERFORM queueworker.finish_run(r.id, true);
+            ELSIF d.own_states[array_position(d.own_tasks, r.success_task_id)] IN ('failed', 'cancelled') THEN
+                PERFORM queueworker.finish_run(r.id, false);
+            ELSE  -- retried: running again
+                UPDATE queueworker.runs SET state = 'running', finished_at = NULL WHERE id = r.id;
+            END IF;
+        ELSE
+            PERFORM queueworker.advance_run(d.run_id);
+        END IF;
+    END LOOP;
+END
+$$;
+
+CREATE FUNCTION queueworker.dependency_lock_key() RETURNS bigint
+    LANGUAGE sql IMMUTABLE
+    AS $$SELECT 1903688709::bigint$$;
+
+CREATE FUNCTION queueworker.enqueue_run_task(run_id bigint, spec jsonb) RETURNS bigint
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    new_id bigint;
+BEGIN
+    INSERT INTO queueworker.tasks (queue, task, payload, priority, max_attempts, timeout_seconds, delayed, run_id)
+    VALUES (coalesce(spec ->> 'queue', 'default'), spec ->> 'task', coalesce(spec -> 'payload', '{}'),
+            coalesce((spec ->> 'priority')::integer, 0), coalesce((spec ->> 'max_attempts')::integer, 10),
+            (spec ->> 'timeout_seconds')::integer, false, run_id)
+    RETURNING id INTO new_id;
+    PERFORM queueworker.wake_queue(coalesce(spec ->> 'queue', 'default'), now());
+    RETURN new_id;
+END
+$$;
+
+CREATE FUNCTION queueworker.enqueue_tasks(queues text[], tasks text[], payloads jsonb[], priorities integer[], run_afters timestamp with time zone[], max_attempts integer[], timeouts integer[], dedupe_keys text[], by_spec boolean[], cancel_on_failure boolean[], prerequisite_ords bigint[], prerequisite_ids bigint[], run_ids bigint[], run_partitions integer[]) RETURNS TABLE(ord bigint, queue text, dedupe_key text, id bigint, notified bigint)
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT * FROM queueworker.enqueue_tasks(queues, tasks, payloads, priorities, run_afters, max_attempts, timeouts,
+                                            dedupe_keys, by_spec, cancel_on_failure, prerequisite_ords,
+                                            prerequisite_ids, run_ids, run_partitions, NULL::jsonb[])
+$$;
+
+CREATE FUNCTION queueworker.enqueue_tasks(queues text[], tasks text[], payloads jsonb[], priorities integer[], run_afters timestamp with time zone[], max_attempts integer[], timeouts integer[], dedupe_keys text[], by_spec boolean[], cancel_on_failure boolean[], prerequisite_ords bigint[], prerequisite_ids bigint[], run_ids bigint[], run_partitions integer[], headers jsonb[]) RETURNS TABLE(ord bigint, queue text, dedupe_key text, id bigint, notified bigint)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    unknown bigint;
+BEGIN
+    SELECT p INTO unknown FROM unnest(prerequisite_ids) AS p
+    WHERE NOT EXISTS (SELECT 1 FROM queueworker.tasks t WHERE t.id = p) LIMIT 1;
+    IF unknown IS NOT NULL THEN
+        RAISE EXCEPTION 'there is no task % to depend on', unknown USING ERRCODE = 'foreign_key_violation';
+    END IF;
+    RETURN QUERY
+    WITH specs AS MATERIALIZED (
+        SELECT s.ord, s.queue, s.task, s.payload, s.priority, s.run_after, s.max_attempts, s.timeout_seconds,
+               s.cancel_on_failure, s.run_id, s.run_partition, s.headers,
+               nextval('queueworker.tasks_id_seq') AS new_id,
+               CASE WHEN s.by_spec THEN encode(queueworker.spec_hash(s.queue, s.task, s.payload), 'hex')
+                    ELSE s.dedupe_key END AS dedupe_key,
+               s.ord = ANY(prerequisite_ords) AS blocked
+        FROM unnest(queues, tasks, payloads, priorities, run_afters, max_attempts, timeouts, dedupe_keys, by_spec,
+                    cancel_on_failure, run_ids, run_partitions, headers)
+             WITH ORDINALITY AS s(queue, task, payload, priority, run_after, max_attempts, timeout_seconds,
+                                  dedupe_key, by_spec, cancel_on_failure, run_id, run_partition, headers, ord)
+        ORDER BY s.ord
+    ), inserted AS (
+        INSERT INTO queueworker.tasks_active AS t
+            (id, queue, task, state, payload, priority, run_after, delayed, max_attempts, timeout_seconds, dedupe_key,
+             run_id, run_partition, headers)
+        OVERRIDING SYSTEM VALUE  -- the identity is the parent's: an insert aimed at a partition takes ids itself
+        SELECT new_id, s.queue, s.task, CASE WHEN s.blocked THEN 'blocked' ELSE 'pending' END::queueworker.task_state,
+               s.payload, s.priority, coalesce(s.run_after, now()), coalesce(s.run_after > now(), false),
+               s.max_attempts, s.timeout_seconds, s.dedupe_key, s.run_id, s.run_partition, s.headers
+        FROM specs s ORDER BY s.ord
+        ON CONFLICT (queue, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
+        RETURNING t.id, t.queue, t.run_after, t.state
+    ), edges AS (
+        INSERT INTO queueworker.task_dependencies (prerequisite_id, task_id, cancel_on_failure)
+        SELECT DISTINCT p.prerequisite_id, s.new_id, s.cancel_on_failure
+        FROM unnest(prerequisite_ords, prerequisite_ids) AS p(ord, prerequisite_id)
+        JOIN specs s ON s.ord = p.ord
+        JOIN inserted i ON i.id = s.new_id
+    ), notified AS (
+        SELECT queueworker.wake_queue(i.queue, min(i.run_after)) FROM inserted i WHERE i.state = 'pending'
+        GROUP BY i.queue
+    )
+    SELECT s.ord, s.queue, s.dedupe_key, i.id, (SELECT count(*) FROM notified)
+    FROM specs s LEFT JOIN inserted i ON i.id = s.new_id
+    ORDER BY s.ord;
+END
+$$;
+
+CREATE FUNCTION queueworker.fill_spec_hash() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    NEW.spec_hash := queueworker.spec_hash(NEW.queue, NEW.task, NEW.payload);
+    RETURN NEW;
+END
+$$;
+
+CREATE FUNCTION queueworker.finalize_run(run_id bigint) RETURNS boolean
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    UPDATE queueworker.runs SET forced = true, state = 'running', finished_at = NULL
+    WHERE id = run_id AND state = 'failed' AND success_task_id IS NULL;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM queueworker.advance_run(run_id);
+    RETURN true;
+END
+$$;
+
+CREATE FUNCTION queueworker.finish_run(run_id bigint, success boolean) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    r queueworker.runs;
+BEGIN
+    UPDATE queueworker.runs
+    SET state = CASE WHEN success THEN 'succeeded' ELSE 'failed' END::queueworker.run_state, finished_at = now(),
+        watermark_after = CASE WHEN success AND watermark IS NOT NULL THEN to_jsonb(started_at) END
+    WHERE id = run_id RETURNING * INTO r;
+    IF success AND r.watermark IS NOT NULL THEN
+        INSERT INTO queueworker.watermarks (name, value, run_id) VALUES (r.watermark, r.watermark_after, r.id)
+        ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value, run_id = EXCLUDED.run_id, updated_at = now();
+    END IF;
+END
+$$;
+
+CREATE FUNCTION queueworker.forbid_event_updates() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    RAISE EXCEPTION 'queueworker.% is an append-only audit log', TG_TABLE_NAME;
+END
+$$;
+
+CREATE FUNCTION queueworker.notify_finished() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    PERFORM pg_catalog.pg_notify('queueworker_finished', n.id::text)
+    FROM new_rows n JOIN old_rows o ON o.id = n.id
+    WHERE n.notify_on_finish AND n.state IN ('succeeded', 'failed', 'cancelled')
+      AND n.state IS DISTINCT FROM o.state;
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION queueworker.replace_pending(ids bigint[], payloads jsonb[], priorities integer[], run_afters timestamp with time zone[]) RETURNS TABLE(id bigint, notified bigint)
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    WITH r AS (
+        SELECT DISTINCT ON (r.id) r.id, r.payload, r.priority, r.run_after
+        FROM unnest(ids, payloads, priorities, run_afters) WITH ORDINALITY AS r(id, payload, priority, run_after, ord)
+        ORDER BY r.id, r.ord DESC
+    ), replaced AS (
+        UPDATE queueworker.tasks t
+        SET payload = r.payload, priority = r.priority, run_after = coalesce(r.run_after, least(t.run_after, now())),
+            delayed = coalesce(r.run_after > now(), false), updated_at = now()
+        FROM r
+        WHERE t.id = r.id AND t.state = 'pending' AND t.dedupe_key IS NOT NULL
+          AND (t.payload IS DISTINCT FROM r.payload OR t.priority IS DISTINCT FROM r.priority
+               OR t.run_after IS DISTINCT FROM coalesce(r.run_after, least(t.run_after, now())))
+        RETURNING t.id, t.queue, t.run_after
+    ), notified AS (
+        SELECT queueworker.wake_queue(queue, min(run_after)) FROM replaced GROUP BY queue
+    )
+    SELECT id, (SELECT count(*) FROM notified) FROM replaced ORDER BY id
+$$;
+
+CREATE TABLE queueworker.tasks (
+    id bigint NOT NULL,
+    queue text DEFAULT 'default'::text NOT NULL,
+    task text NOT NULL,
+    state queueworker.task_state DEFAULT 'pending'::queueworker.task_state NOT NULL,
+    delayed boolean DEFAULT true NOT NULL,
+    priority integer DEFAULT 0 NOT NULL,
+    run_after timestamp with time zone DEFAULT now() NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    max_attempts integer DEFAULT 10 NOT NULL,
+    rescues integer DEFAULT 0 NOT NULL,
+    timeout_seconds integer,
+    payload jsonb DEFAULT '{}'::jsonb NOT NULL,
+    result jsonb,
+    error jsonb,
+    lease_owner uuid,
+    lease_token bigint DEFAULT 0 NOT NULL,
+    leased_until timestamp with time zone,
+    deadline_at timestamp with time zone,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone,
+    spec_hash bytea NOT NULL,
+    dedupe_key text,
+    run_id bigint,
+    run_partition integer,
+    progress jsonb,
+    checkpoint jsonb,
+    continued_from bigint,
+    notify_on_finish boolean DEFAULT false NOT NULL,
+    headers jsonb,
+    CONSTRAINT dedupe_key_length CHECK (((length(dedupe_key) >= 1) AND (length(dedupe_key) <= 512))),
+    CONSTRAINT running_has_lease CHECK (((state <> 'running'::queueworker.task_state) OR ((lease_owner IS NOT NULL) AND (leased_until IS NOT NULL) AND (deadline_at IS NOT NULL)))),
+    CONSTRAINT tasks_attempts_check1 CHECK ((attempts >= 0)),
+    CONSTRAINT tasks_max_attempts_check1 CHECK ((max_attempts >= 1)),
+    CONSTRAINT tasks_queue_check1 CHECK ((queue ~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$'::text)),
+    CONSTRAINT tasks_task_check1 CHECK (((length(task) >= 1) AND (length(task) <= 200))),
+    CONSTRAINT tasks_timeout_seconds_check1 CHECK ((timeout_seconds > 0))
+)
+PARTITION BY LIST (state);
+
+CREATE FUNCTION queueworker.replaced_columns(new_row queueworker.tasks, old_row queueworker.tasks) RETURNS jsonb
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT pg_catalog.jsonb_agg(name ORDER BY name) FROM (VALUES
+        ('payload', new_row.payload IS DISTINCT FROM old_row.payload),
+        ('priority', new_row.priority IS DISTINCT FROM old_row.priority),
+        ('run_after', new_row.run_after IS DISTINCT FROM old_row.run_after)) AS c(name, changed)
+    WHERE changed
+$$;
+
+CREATE FUNCTION queueworker.settle_cascade(dependents bigint[], succeeded bigint[]) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    onward bigint[];
+    outer_setting text := coalesce(current_setting('queueworker.settling', true), '');
+BEGIN
+    PERFORM set_config('queueworker.settling', 'on', true);
+    WHILE coalesce(cardinality(dependents), 0) > 0 LOOP
+        onward := queueworker.settle_tasks(dependents, succeeded);
+        SELECT array_agg(DISTINCT d.task_id) INTO dependents
+        FROM queueworker.task_dependencies d WHERE d.prerequisite_id = ANY(onward);
+    END LOOP;
+    PERFORM set_config('queueworker.settling', outer_setting, true);
+END
+$$;
+
+CREATE FUNCTION queueworker.settle_dependents(prerequisites bigint[], succeeded bigint[]) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    dependents bigint[];
+BEGIN
+    IF coalesce(cardinality(prerequisites), 0) = 0 THEN
+        RETURN;
+    END IF;
+    PERFORM pg_catalog.pg_advisory_xact_lock_shared(queueworker.dependency_lock_key());
+    SELECT array_agg(DISTINCT d.task_id) INTO dependents
+    FROM queueworker.task_dependencies d WHERE d.prerequisite_id = ANY(prerequisites);
+    IF dependents IS NOT NULL THEN
+        PERFORM queueworker.settle_cascade(dependents, coalesce(succeeded, '{}'));
+    END IF;
+END
+$$;
+
+CREATE FUNCTION queueworker.settle_new_dependency() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    PERFORM pg_catalog.pg_advisory_xact_lock(queueworker.dependency_lock_key());
+    PERFORM queueworker.settle_cascade(ARRAY[NEW.task_id], '{}');
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION queueworker.settle_tasks(dependents bigint[], succeeded bigint[]) RETURNS bigint[]
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    locked bigint[];
+    onward bigint[];
+BEGIN
+    SELECT array_agg(id) INTO locked FROM (
+        SELECT t.id FROM queueworker.tasks t
+        WHERE t.id = ANY(dependents)
+          AND (t.state = 'blocked' OR (t.state = 'cancelled' AND t.error ->> 'type' = 'DependencyFailed'))
+        ORDER BY t.id
+        FOR UPDATE OF t) AS rows;
+    IF locked IS NULL THEN
+        RETURN '{}';
+    END IF;
+    WITH prerequisite AS (
+        SELECT d.task_id, d.prerequisite_id, d.cancel_on_failure,
+               CASE WHEN d.prerequisite_id = ANY(succeeded) THEN 'succeeded' ELSE p.state END AS state
+        FROM queueworker.task_dependencies d
+        JOIN queueworker.tasks p ON p.id = d.prerequisite_id
+        WHERE d.task_id = ANY(locked)
+    ), verdict AS (
+        SELECT task_id,
+               min(prerequisite_id) FILTER (WHERE state IN ('failed', 'cancelled') AND cancel_on_failure) AS culprit,
+               bool_and(state = 'succeeded' OR (state IN ('failed', 'cancelled') AND NOT cancel_on_failure)) AS ready
+        FROM prerequisite GROUP BY task_id
+    ), judged AS (
+        SELECT v.task_id, v.culprit, c.state AS culprit_state, t.state AS old_state,
+               coalesce((ct.error ->> 'root')::bigint, v.culprit) AS root,  -- where a cascade of cancels began
+               (CASE WHEN v.culprit IS NOT NULL THEN 'cancelled' WHEN v.ready THEN 'pending' ELSE 'blocked' END
+               )::queueworker.task_state AS target
+        FROM verdict v
+        JOIN queueworker.tasks t ON t.id = v.task_id
+        LEFT JOIN prerequisite c ON c.task_id = v.task_id AND c.prerequisite_id = v.culprit
+        LEFT JOIN queueworker.tasks ct ON ct.id = v.culprit AND ct.error ->> 'type' = 'DependencyFailed'
+    ), changed AS (
+        UPDATE queueworker.tasks t
+        SET state = j.target,
+            error = CASE WHEN j.target = 'cancelled' THEN jsonb_build_object(
+                        'type', 'DependencyFailed', 'prerequisite', j.culprit, 'root', j.root, 'retryable', false,
+                        'message', format('prerequisite task %s ended %s', j.culprit, j.culprit_state)
+                                   || CASE WHEN j.root <> j.culprit THEN format(' (after task %s ended)', j.root) ELSE '' END
+                    ) END,
+            finished_at = CASE WHEN j.target = 'cancelled' THEN now() END,
+            delayed = CASE WHEN j.target = 'pending' THEN t.run_after > now() ELSE t.delayed END,
+            updated_at = now()
+        FROM judged j
+        WHERE t.id = j.task_id AND t.state <> j.target
+        RETURNING t.id, t.queue, t.state, t.run_after, t.delayed
+    ), woken AS (
+        SELECT queueworker.wake_queue(queue, min(run_after)) FROM changed WHERE state = 'pending' GROUP BY queue
+    )
+    SELECT array_agg(c.id) FILTER (WHERE c.state = 'cancelled' OR j.old_state = 'cancelled')
+    INTO onward
+    FROM changed c JOIN judged j ON j.task_id = c.id, (SELECT count(*) FROM woken) AS w;
+    RETURN coalesce(onward, '{}');
+END
+$$;
+
+CREATE FUNCTION queueworker.spec_hash(queue text, task text, payload jsonb) RETURNS bytea
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT pg_catalog.sha256(pg_catalog.convert_to(pg_catalog.jsonb_build_array(queue, task, payload)::text, 'UTF8'))
+$$;
+
+CREATE FUNCTION queueworker.start_run(name text, expected integer, on_success jsonb, on_failure jsonb, watermark text) RETURNS bigint
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    INSERT INTO queueworker.runs (name, expected, on_success, on_failure, watermark, watermark_before)
+    VALUES (name, expected, on_success, on_failure, watermark,
+            (SELECT w.value FROM queueworker.watermarks w WHERE w.name = start_run.watermark))
+    RETURNING id
+$$;
+
+CREATE FUNCTION queueworker.transition_detail(attempts integer, new_error jsonb, old_error jsonb) RETURNS jsonb
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT jsonb_strip_nulls(jsonb_build_object(
+        'attempts', attempts,
+        'error', CASE WHEN new_error IS DISTINCT FROM old_error THEN new_error -> 'message' END,
+        'error_type', CASE WHEN new_error IS DISTINCT FROM old_error THEN new_error -> 'type' END))
+$$;
+
+CREATE FUNCTION queueworker.wake_queue(queue text, earliest timestamp with time zone) RETURNS void
+    LANGUAGE sql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT pg_catalog.pg_notify('queueworker', CASE WHEN earliest <= now() THEN queue
+                                                    ELSE queue || ' ' || extract(epoch FROM earliest)::text END)
+$$;
+
+CREATE TABLE queueworker.cron_jobs (
+    name text NOT NULL,
+    expression text NOT NULL,
+    timezone text DEFAULT 'UTC'::text NOT NULL,
+    task text NOT NULL,
+    payload jsonb DEFAULT '{}'::jsonb NOT NULL,
+    queue text DEFAULT 'default'::text NOT NULL,
+    priority integer DEFAULT 0 NOT NULL,
+    max_attempts integer DEFAULT 10 NOT NULL,
+    catch_up text DEFAULT 'none'::text NOT NULL,
+    paused boolean DEFAULT false NOT NULL,
+    source text NOT NULL,
+    next_slot timestamp with time zone NOT NULL,
+    last_enqueued_slot timestamp with time zone,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT cron_catch_up CHECK ((catch_up = ANY (ARRAY['none'::text, 'latest'::text, 'all'::text]))),
+    CONSTRAINT cron_expression_length CHECK (((length(expression) >= 1) AND (length(expression) <= 200))),
+    CONSTRAINT cron_max_attempts CHECK (((max_attempts >= 1) AND (max_attempts <= 1000))),
+    CONSTRAINT cron_name_length CHECK (((length(name) >= 1) AND (length(name) <= 200))),
+    CONSTRAINT cron_source CHECK ((source = ANY (ARRAY['code'::text, 'runtime'::text]))),
+    CONSTRAINT cron_task_length CHECK (((length(task) >= 1) AND (length(task) <= 200))),
+    CONSTRAINT cron_timezone_length CHECK (((length(timezone) >= 1) AND (length(timezone) <= 100)))
+);
+
+CREATE TABLE queueworker.queue_events (
+    id bigint NOT NULL,
+    queue text NOT NULL,
+    change text NOT NULL,
+    detail jsonb NOT NULL,
+    by_user text DEFAULT SESSION_USER NOT NULL,
+    at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+ALTER TABLE queueworker.queue_events ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME queueworker.queue_events_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+CREATE TABLE queueworker.queues (
+    name text NOT NULL,
+    paused_until timestamp with time zone,
+    rate_per_second double precision,
+    burst integer,
+    tokens double precision DEFAULT 0 NOT NULL,
+    tokens_at timestamp with time zone DEFAULT now() NOT NULL,
+    max_running integer,
+    breaker_failures integer,
+    breaker_cooldown_seconds double precision,
+    breaker_state text DEFAULT 'closed'::text NOT NULL,
+    consecutive_failures integer DEFAULT 0 NOT NULL,
+    breaker_changed_at timestamp with time zone,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    limited boolean GENERATED ALWAYS AS (((paused_until IS NOT NULL) OR (rate_per_second IS NOT NULL) OR (max_running IS NOT NULL) OR (breaker_failures IS NOT NULL))) STORED,
+    CONSTRAINT queues_breaker_cooldown_seconds_check CHECK (((breaker_cooldown_seconds > (0)::double precision) AND (breaker_cooldown_seconds <= (31536000)::double precision))),
+    CONSTRAINT queues_breaker_failures_check CHECK (((breaker_failures >= 1) AND (breaker_failures <= 1000000))),
+    CONSTRAINT queues_breaker_state_check CHECK ((breaker_state = ANY (ARRAY['closed'::text, 'open'::text, 'half_open'::text]))),
+    CONSTRAINT queues_burst_check CHECK (((burst >= 1) AND (burst <= 1000000))),
+    CONSTRAINT queues_check CHECK (((rate_per_second IS NULL) = (burst IS NULL))),
+    CONSTRAINT queues_check1 CHECK (((breaker_failures IS NULL) = (breaker_cooldown_seconds IS NULL))),
+    CONSTRAINT queues_max_running_check CHECK (((max_running >= 1) AND (max_running <= 1000000))),
+    CONSTRAINT queues_name_check CHECK (((length(name) >= 1) AND (length(name) <= 200))),
+    CONSTRAINT queues_rate_per_second_check CHECK (((rate_per_second > (0)::double precision) AND (rate_per_second <= ('1000000'::numeric)::double precision)))
+);
+
+CREATE TABLE queueworker.run_events (
+    id bigint NOT NULL,
+    run_id bigint NOT NULL,
+    from_state queueworker.run_state,
+    to_state queueworker.run_state NOT NULL,
+    detail jsonb NOT NULL,
+    by_user text DEFAULT SESSION_USER NOT NULL,
+    at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+ALTER TABLE queueworker.run_events ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME queueworker.run_events_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+CREATE TABLE queueworker.runs (
+    id bigint NOT NULL,
+    name text NOT NULL,
+    state queueworker.run_state DEFAULT 'running'::queueworker.run_state NOT NULL,
+    expected integer NOT NULL,
+    succeeded integer DEFAULT 0 NOT NULL,
+    failed integer DEFAULT 0 NOT NULL,
+    cancelled integer DEFAULT 0 NOT NULL,
+    on_success jsonb,
+    on_failure jsonb,
+    success_task_id bigint,
+    failure_task_id bigint,
+    forced boolean DEFAULT false NOT NULL,
+    watermark text,
+    watermark_before jsonb,
+    watermark_after jsonb,
+    started_at timestamp with time zone DEFAULT now() NOT NULL,
+    finished_at timestamp with time zone,
+    CONSTRAINT outcomes_bounded CHECK ((((succeeded + failed) + cancelled) <= expected)),
+    CONSTRAINT runs_cancelled_check CHECK ((cancelled >= 0)),
+    CONSTRAINT runs_expected_check CHECK ((expected >= 1)),
+    CONSTRAINT runs_failed_check CHECK ((failed >= 0)),
+    CONSTRAINT runs_name_check CHECK (((length(name) >= 1) AND (length(name) <= 200))),
+    CONSTRAINT runs_succeeded_check CHECK ((succeeded >= 0))
+);
+
+ALTER TABLE queueworker.runs ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME queueworker.runs_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+CREATE TABLE queueworker.schema_functions (
+    name text NOT NULL,
+    checksum text NOT NULL,
+    applied_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE TABLE queueworker.schema_migrations (
+    version integer NOT NULL,
+    name text NOT NULL,
+    checksum text NOT NULL,
+    applied_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE TABLE queueworker.task_dependencies (
+    prerequisite_id bigint NOT NULL,
+    task_id bigint NOT NULL,
+    cancel_on_failure boolean NOT NULL,
+    CONSTRAINT prerequisite_first CHECK ((prerequisite_id < task_id))
+);
+
+CREATE TABLE queueworker.task_events (
+    id bigint NOT NULL,
+    task_id bigint NOT NULL,
+    from_state queueworker.task_state,
+    to_state queueworker.task_state NOT NULL,
+    at timestamp with time zone DEFAULT now() NOT NULL,
+    worker uuid,
+    lease_token bigint NOT NULL,
+    detail jsonb
+)
+WITH (autovacuum_vacuum_insert_scale_factor='0.05');
+
+ALTER TABLE queueworker.task_events ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME queueworker.task_events_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+CREATE TABLE queueworker.tasks_active (
+    id bigint NOT NULL,
+    queue text DEFAULT 'default'::text NOT NULL,
+    task text NOT NULL,
+    state queueworker.task_state DEFAULT 'pending'::queueworker.task_state NOT NULL,
+    delayed boolean DEFAULT true NOT NULL,
+    priority integer DEFAULT 0 NOT NULL,
+    run_after timestamp with time zone DEFAULT now() NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    max_attempts integer DEFAULT 10 NOT NULL,
+    rescues integer DEFAULT 0 NOT NULL,
+    timeout_seconds integer,
+    payload jsonb DEFAULT '{}'::jsonb NOT NULL,
+    result jsonb,
+    error jsonb,
+    lease_owner uuid,
+    lease_token bigint DEFAULT 0 NOT NULL,
+    leased_until timestamp with time zone,
+    deadline_at timestamp with time zone,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone,
+    spec_hash bytea NOT NULL,
+    dedupe_key text,
+    run_id bigint,
+    run_partition integer,
+    progress jsonb,
+    checkpoint jsonb,
+    continued_from bigint,
+    notify_on_finish boolean DEFAULT false NOT NULL,
+    headers jsonb,
+    CONSTRAINT dedupe_key_length CHECK (((length(dedupe_key) >= 1) AND (length(dedupe_key) <= 512))),
+    CONSTRAINT running_has_lease CHECK (((state <> 'running'::queueworker.task_state) OR ((lease_owner IS NOT NULL) AND (leased_until IS NOT NULL) AND (deadline_at IS NOT NULL)))),
+    CONSTRAINT tasks_attempts_check1 CHECK ((attempts >= 0)),
+    CONSTRAINT tasks_max_attempts_check1 CHECK ((max_attempts >= 1)),
+    CONSTRAINT tasks_queue_check1 CHECK ((queue ~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$'::text)),
+    CONSTRAINT tasks_task_check1 CHECK (((length(task) >= 1) AND (length(task) <= 200))),
+    CONSTRAINT tasks_timeout_seconds_check1 CHECK ((timeout_seconds > 0))
+)
+WITH (fillfactor='80', autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_insert_scale_factor='0.02', autovacuum_analyze_scale_factor='0.02', autovacuum_vacuum_cost_delay='1');
+
+CREATE TABLE queueworker.tasks_finished (
+    id bigint NOT NULL,
+    queue text DEFAULT 'default'::text NOT NULL,
+    task text NOT NULL,
+    state queueworker.task_state DEFAULT 'pending'::queueworker.task_state NOT NULL,
+    delayed boolean DEFAULT true NOT NULL,
+    priority integer DEFAULT 0 NOT NULL,
+    run_after timestamp with time zone DEFAULT now() NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    max_attempts integer DEFAULT 10 NOT NULL,
+    rescues integer DEFAULT 0 NOT NULL,
+    timeout_seconds integer,
+    payload jsonb DEFAULT '{}'::jsonb NOT NULL,
+    result jsonb,
+    error jsonb,
+    lease_owner uuid,
+    lease_token bigint DEFAULT 0 NOT NULL,
+    leased_until timestamp with time zone,
+    deadline_at timestamp with time zone,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone,
+    spec_hash bytea NOT NULL,
+    dedupe_key text,
+    run_id bigint,
+    run_partition integer,
+    progress jsonb,
+    checkpoint jsonb,
+    continued_from bigint,
+    notify_on_finish boolean DEFAULT false NOT NULL,
+    headers jsonb,
+    CONSTRAINT dedupe_key_length CHECK (((length(dedupe_key) >= 1) AND (length(dedupe_key) <= 512))),
+    CONSTRAINT running_has_lease CHECK (((state <> 'running'::queueworker.task_state) OR ((lease_owner IS NOT NULL) AND (leased_until IS NOT NULL) AND (deadline_at IS NOT NULL)))),
+    CONSTRAINT tasks_attempts_check1 CHECK ((attempts >= 0)),
+    CONSTRAINT tasks_max_attempts_check1 CHECK ((max_attempts >= 1)),
+    CONSTRAINT tasks_queue_check1 CHECK ((queue ~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$'::text)),
+    CONSTRAINT tasks_task_check1 CHECK (((length(task) >= 1) AND (length(task) <= 200))),
+    CONSTRAINT tasks_timeout_seconds_check1 CHECK ((timeout_seconds > 0))
+)
+WITH (autovacuum_vacuum_cost_delay='1');
+
+ALTER TABLE queueworker.tasks ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME queueworker.tasks_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+CREATE TABLE queueworker.watermarks (
+    name text NOT NULL,
+    value jsonb NOT NULL,
+    run_id bigint,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE TABLE queueworker.workers (
+    id uuid NOT NULL,
+    hostname text NOT NULL,
+    pod_name text,
+    pod_namespace text,
+    pid integer NOT NULL,
+    queues text[] NOT NULL,
+    concurrency integer NOT NULL,
+    running integer DEFAULT 0 NOT NULL,
+    draining boolean DEFAULT false NOT NULL,
+    version text NOT NULL,
+    started_at timestamp with time zone DEFAULT now() NOT NULL,
+    heartbeat_at timestamp with time zone DEFAULT now() NOT NULL
+)
+WITH (fillfactor='50');
+
+ALTER TABLE ONLY queueworker.tasks ATTACH PARTITION queueworker.tasks_active FOR VALUES IN ('pending', 'running', 'retrying', 'blocked');
+
+ALTER TABLE ONLY queueworker.tasks ATTACH PARTITION queueworker.tasks_finished FOR VALUES IN ('succeeded', 'failed', 'cancelled');
+
+ALTER TABLE ONLY queueworker.cron_jobs
+    ADD CONSTRAINT cron_jobs_pkey PRIMARY KEY (name);
+
+ALTER TABLE ONLY queueworker.queue_events
+    ADD CONSTRAINT queue_events_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY queueworker.queues
+    ADD CONSTRAINT queues_pkey PRIMARY KEY (name);
+
+ALTER TABLE ONLY queueworker.run_events
+    ADD CONSTRAINT run_events_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY queueworker.runs
+    ADD CONSTRAINT runs_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY queueworker.schema_functions
+    ADD CONSTRAINT schema_functions_pkey PRIMARY KEY (name);
+
+ALTER TABLE ONLY queueworker.schema_migrations
+    ADD CONSTRAINT schema_migrations_pkey PRIMARY KEY (version);
+
+ALTER TABLE ONLY queueworker.task_dependencies
+    ADD CONSTRAINT task_dependencies_pkey PRIMARY KEY (prerequisite_id, task_id);
+
+ALTER TABLE ONLY queueworker.task_events
+    ADD CONSTRAINT task_events_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY queueworker.tasks
+    ADD CONSTRAINT tasks_pkey PRIMARY KEY (id, state);
+
+ALTER TABLE ONLY queueworker.tasks_active
+    ADD CONSTRAINT tasks_active_pkey PRIMARY KEY (id, state);
+
+ALTER TABLE ONLY queueworker.tasks_finished
+    ADD CONSTRAINT tasks_finished_pkey PRIMARY KEY (id, state);
+
+ALTER TABLE ONLY queueworker.watermarks
+    ADD CONSTRAINT watermarks_pkey PRIMARY KEY (name);
+
+ALTER TABLE ONLY queueworker.workers
+    ADD CONSTRAINT workers_pkey PRIMARY KEY (id);
+
+CREATE INDEX cron_jobs_due ON queueworker.cron_jobs USING btree (next_slot) WHERE (NOT paused);
+
+CREATE INDEX queue_events_queue ON queueworker.queue_events USING btree (queue, id);
+
+CREATE INDEX run_events_at ON queueworker.run_events USING btree (at);
+
+CREATE INDEX run_events_run ON queueworker.run_events USING btree (run_id, id);
+
+CREATE INDEX runs_name ON queueworker.runs USING btree (name, id DESC);
+
+CREATE INDEX runs_running ON queueworker.runs USING btree (id) WHERE (state = 'running'::queueworker.run_state);
+
+CREATE INDEX runs_started ON queueworker.runs USING btree (started_at);
+
+CREATE INDEX task_dependencies_task ON queueworker.task_dependencies USING btree (task_id);
+
+CREATE INDEX task_events_task ON queueworker.task_events USING btree (task_id, id);
+
+CREATE INDEX tasks_run ON ONLY queueworker.tasks USING btree (run_id, run_partition) WHERE (run_id IS NOT NULL);
+
+CREATE INDEX tasks_active_run_id_run_partition_idx ON queueworker.tasks_active USING btree (run_id, run_partition) WHERE (run_id IS NOT NULL);
+
+CREATE INDEX tasks_blocked ON queueworker.tasks_active USING btree (queue) WHERE (state = 'blocked'::queueworker.task_state);
+
+CREATE INDEX tasks_claim ON queueworker.tasks_active USING btree (queue, priority DESC, run_after, id) WHERE ((state = 'pending'::queueworker.task_state) AND (NOT delayed));
+
+CREATE UNIQUE INDEX tasks_dedupe ON queueworker.tasks_active USING btree (queue, dedupe_key) WHERE (dedupe_key IS NOT NULL);
+
+CREATE INDEX tasks_finished_at ON queueworker.tasks_finished USING btree (finished_at);
+
+CREATE INDEX tasks_finished_run_id_run_partition_idx ON queueworker.tasks_finished USING btree (run_id, run_partition) WHERE (run_id IS NOT NULL);
+
+CREATE INDEX tasks_running ON queueworker.tasks_active USING btree (queue, lease_owner) WHERE (state = 'running'::queueworker.task_state);
+
+CREATE INDEX tasks_spec_hash ON queueworker.tasks_finished USING btree (spec_hash);
+
+CREATE INDEX tasks_waiting ON queueworker.tasks_active USING btree (run_after) WHERE ((state = 'retrying'::queueworker.task_state) OR ((state = 'pending'::queueworker.task_state) AND delayed));
+
+ALTER INDEX queueworker.tasks_pkey ATTACH PARTITION queueworker.tasks_active_pkey;
+
+ALTER INDEX queueworker.tasks_run ATTACH PARTITION queueworker.tasks_active_run_id_run_partition_idx;
+
+ALTER INDEX queueworker.tasks_pkey ATTACH PARTITION queueworker.tasks_finished_pkey;
+
+ALTER INDEX queueworker.tasks_run ATTACH PARTITION queueworker.tasks_finished_run_id_run_partition_idx;
+
+CREATE TRIGGER queue_events_append_only BEFORE UPDATE ON queueworker.queue_events FOR EACH ROW EXECUTE FUNCTION queueworker.forbid_event_updates();
+
+CREATE TRIGGER queue_events_no_truncate BEFORE TRUNCATE ON queueworker.queue_events FOR EACH STATEMENT EXECUTE FUNCTION queueworker.forbid_event_updates();
+
+CREATE TRIGGER queues_audit_insert AFTER INSERT OR DELETE ON queueworker.queues FOR EACH ROW EXECUTE FUNCTION queueworker.audit_queue();
+
+CREATE TRIGGER queues_audit_update AFTER UPDATE ON queueworker.queues FOR EACH ROW WHEN ((((((((old.paused_until IS DISTINCT FROM new.paused_until) OR (old.rate_per_second IS DISTINCT FROM new.rate_per_second)) OR (old.burst IS DISTINCT FROM new.burst)) OR (old.max_running IS DISTINCT FROM new.max_running)) OR (old.breaker_failures IS DISTINCT FROM new.breaker_failures)) OR (old.breaker_cooldown_seconds IS DISTINCT FROM new.breaker_cooldown_seconds)) OR (old.breaker_state IS DISTINCT FROM new.breaker_state))) EXECUTE FUNCTION queueworker.audit_queue();
+
+CREATE TRIGGER run_events_append_only BEFORE UPDATE ON queueworker.run_events FOR EACH ROW EXECUTE FUNCTION queueworker.forbid_event_updates();
+
+CREATE TRIGGER run_events_no_truncate BEFORE TRUNCATE ON queueworker.run_events FOR EACH STATEMENT EXECUTE FUNCTION queueworker.forbid_event_updates();
+
+CREATE TRIGGER runs_audit_insert AFTER INSERT ON queueworker.runs FOR EACH ROW EXECUTE FUNCTION queueworker.audit_run();
+
+CREATE TRIGGER runs_audit_update AFTER UPDATE ON queueworker.runs FOR EACH ROW WHEN (((old.state IS DISTINCT FROM new.state) OR (old.success_task_id IS DISTINCT FROM new.success_task_id) OR (old.failure_task_id IS DISTINCT FROM new.failure_task_id))) EXECUTE FUNCTION queueworker.audit_run();
+
+CREATE CONSTRAINT TRIGGER task_dependencies_settle AFTER INSERT ON queueworker.task_dependencies DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION queueworker.settle_new_dependency();
+
+CREATE TRIGGER task_events_append_only BEFORE UPDATE ON queueworker.task_events FOR EACH ROW EXECUTE FUNCTION queueworker.forbid_event_updates();
+
+CREATE TRIGGER task_events_no_truncate BEFORE TRUNCATE ON queueworker.task_events FOR EACH STATEMENT EXECUTE FUNCTION queueworker.forbid_event_updates();
+
+CREATE TRIGGER tasks_active_audit_insert AFTER INSERT ON queueworker.tasks_active REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION queueworker.audit_task_inserts();
+
+CREATE TRIGGER tasks_active_spec_changed BEFORE UPDATE OF queue, task, payload ON queueworker.tasks_active FOR EACH ROW EXECUTE FUNCTION queueworker.fill_spec_hash();
+
+CREATE TRIGGER tasks_active_spec_hash BEFORE INSERT ON queueworker.tasks_active FOR EACH ROW WHEN ((new.spec_hash IS NULL)) EXECUTE FUNCTION queueworker.fill_spec_hash();
+
+CREATE TRIGGER tasks_audit_insert AFTER INSERT ON queueworker.tasks REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION queueworker.audit_task_inserts();
+
+CREATE TRIGGER tasks_audit_update AFTER UPDATE ON queueworker.tasks REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION queueworker.audit_task_updates();
+
+CREATE TRIGGER tasks_finished_spec_hash BEFORE INSERT ON queueworker.tasks_finished FOR EACH ROW WHEN ((new.spec_hash IS NULL)) EXECUTE FUNCTION queueworker.fill_spec_hash();
+
+CREATE TRIGGER tasks_notify_finished AFTER UPDATE ON queueworker.tasks REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION queueworker.notify_finished();
+
+REVOKE ALL ON FUNCTION queueworker.audit_queue() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION queueworker.audit_run() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION queueworker.clean_finished(lock_key bigint, retention_seconds double precision, batch integer) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION queueworker.count_run_outcomes(ids bigint[], run_ids bigint[], partitions integer[], old_states text[], new_states text[]) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION queueworker.enqueue_tasks(queues text[], tasks text[], payloads jsonb[], priorities integer[], run_afters timestamp with time zone[], max_attempts integer[], timeouts integer[], dedupe_keys text[], by_spec boolean[], cancel_on_failure boolean[], prerequisite_ords bigint[], prerequisite_ids bigint[], run_ids bigint[], run_partitions integer[]) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION queueworker.enqueue_tasks(queues text[], tasks text[], payloads jsonb[], priorities integer[], run_afters timestamp with time zone[], max_attempts integer[], timeouts integer[], dedupe_keys text[], by_spec boolean[], cancel_on_failure boolean[], prerequisite_ords bigint[], prerequisite_ids bigint[], run_ids bigint[], run_partitions integer[], headers jsonb[]) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION queueworker.finalize_run(run_id bigint) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION queueworker.notify_finished() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION queueworker.replace_pending(ids bigint[], payloads jsonb[], priorities integer[], run_afters timestamp with time zone[]) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION queueworker.settle_dependents(prerequisites bigint[], succeeded bigint[]) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION queueworker.start_run(name text, expected integer, on_success jsonb, on_failure jsonb, watermark text) FROM PUBLIC;
