@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from queueworker.backoff import MAX_BACKOFF_SECONDS, error_wait, retry_delay
+from queueworker.backoff import MAX_BACKOFF_SECONDS, backoff, error_wait, retry_delay
 
 
 @pytest.mark.parametrize("attempt, low, high", [
@@ -32,3 +32,12 @@ def test_error_wait_grows_and_is_capped():
     assert 0.09 <= error_wait(1, rand=rand) <= 0.11
     assert 0.18 <= error_wait(2, rand=rand) <= 0.22
     assert 9.0 <= error_wait(50, cap=10.0, rand=rand) <= 11.0
+
+
+def test_backoff_doubles_from_its_base_up_to_its_cap_and_spreads_within_its_range():
+    assert [backoff(step, 0.5, 3.0) for step in range(5)] == [0.5, 1.0, 2.0, 3.0, 3.0]
+    assert backoff(10**9, 1.0, 30.0) == 30.0 and backoff(-1, 1.0, 30.0) == 1.0
+    rand = random.Random(7)
+    waits = [backoff(1, 1.0, 30.0, (0.5, 1.0), rand) for _ in range(200)]
+    assert all(1.0 <= wait <= 2.0 for wait in waits) and len(set(waits)) > 150
+
