@@ -10,6 +10,7 @@ import psycopg
 import pytest
 
 from queueworker.client.producer import enqueue_many
+from queueworker.db.connection import StatementTimedOut
 from queueworker_controller import queuedb
 from queueworker.scaling.policy import QueueDepth
 from queueworker_controller.queuedb import QueueDatabases
@@ -70,7 +71,7 @@ def test_ready_count_is_capped(dsn):
 def test_blocked_tasks_are_reported_apart_and_older_schemas_still_read(blank_dsn):
     """Blocked tasks are counted (capped) but are not ready work; a database whose schema predates
     them (version 4: no `blocked` state yet) still gets its depth read, with none blocked."""
-    from queueworker.db import sql
+    from queueworker.db import migration, statements
     from queueworker.db.migrate import available_migrations, migrate
     from queueworker.client.producer import enqueue_chain
 
@@ -81,11 +82,11 @@ def test_blocked_tasks_are_reported_apart_and_older_schemas_still_read(blank_dsn
         return run(scenario)
 
     with psycopg.connect(blank_dsn, autocommit=True) as conn:
-        conn.execute(sql.CREATE_MIGRATIONS_TABLE)
-        for migration in available_migrations()[:4]:
-            conn.execute(migration.text)
-            conn.execute(sql.RECORD_MIGRATION, {"version": migration.version, "name": migration.name,
-                                                "checksum": migration.checksum})
+        statements.execute(conn, migration.CREATE_MIGRATIONS_TABLE, statements.NO_PARAMS)
+        for applied in available_migrations()[:4]:
+            conn.execute(applied.text)
+            statements.execute(conn, migration.RECORD_MIGRATION, migration.RecordMigrationParams(
+                version=applied.version, name=applied.name, checksum=applied.checksum))
     enqueue(blank_dsn, "pipeline", 3)
     old = read()
     assert (old.ready, old.running, old.retrying, old.blocked) == (2, 0, 0, 0)
@@ -160,7 +161,7 @@ def test_a_statement_past_its_deadline_frees_its_connection(monkeypatch):
     async def scenario(databases):
         databases.bind("q", stalled.dsn(), "q")
         for _ in range(queuedb.POOL_SIZE + 1):  # a stuck connection would keep its pool slot forever
-            with pytest.raises(queuedb.StatementTimeout):
+            with pytest.raises(StatementTimedOut):
                 await databases.depth(stalled.dsn(), "q", 1)
         await asyncio.sleep(0.2)
         return stalled.hung_up
@@ -231,7 +232,7 @@ def test_reads_arriving_during_a_query_share_the_next_one(dsn, monkeypatch):
     original = queuedb.Database.fetch
 
     async def slow_fetch(self, statement, params):
-        queries.append(sorted(params["queues"]))
+        queries.append(sorted(params.queues))
         await asyncio.sleep(0.3)
         return await original(self, statement, params)
     monkeypatch.setattr(queuedb.Database, "fetch", slow_fetch)
@@ -324,3 +325,23 @@ def test_throughput_reads_a_bounded_sample_of_a_busy_database(dsn):
     assert flood.finish_rate == pytest.approx(200, rel=0.05)
     assert trickle.finish_rate == pytest.approx(1.0, rel=0.3)  # few of its finishes fall in a ~25 s sample
     assert flood.recent_task_seconds == pytest.approx(0.05, abs=0.005)
+
+
+def test_the_depth_statements_share_one_throughput_sample():
+    """The sample of recent finishes is written out in the depth statement for each schema age: the
+    same text in all three, its size and window each stated twice (the LIMIT and the test of whether
+    the sample filled; the window and the span of a sample that did not), and smaller than the
+    flood test_throughput_reads_a_bounded_sample_of_a_busy_database writes."""
+    import re
+
+    from queueworker.db.depth import QUEUE_DEPTHS_BY_AGE
+
+    samples = {statement.text.partition("\nSELECT q.queue")[0] for statement in QUEUE_DEPTHS_BY_AGE}
+    assert len(samples) == 1, "the depth statements sample recent finishes differently"
+    (sample,) = samples
+    sizes = re.findall(r"LIMIT (\d+)|count\(\*\) < (\d+)", sample)
+    windows = re.findall(r"secs => (\d+)\)|THEN (\d+)::float8", sample)
+    assert len(sizes) == len(windows) == 2
+    (size,) = {int(limit or below) for limit, below in sizes}
+    (window,) = {int(secs or then) for secs, then in windows}
+    assert (size, window) == (5000, 60) and size < 6000
