@@ -183,7 +183,8 @@ class Database:
         reaches nobody)."""
         announced = parse_announcement(payload)
         if announced is not None:
-            self._notify(self.watched.get(announced[0], {}), announced[1])
+            queue, due_epoch = announced
+            self._notify(self.watched.get(queue, {}), due_epoch)
 
     @staticmethod
     def _notify(owners: dict[Hashable, Notify], due_epoch: float) -> None:

@@ -11,11 +11,6 @@ from typing import Any
 
 from queueworker.scaling.policy import ScalingParams
 
-GROUP = "queueworker.dev"
-VERSION = "v1alpha1"
-PLURAL = "queueworkers"
-KIND = "QueueWorker"
-
 DEFAULT_CONCURRENCY = 10
 DEFAULT_LEASE_SECONDS = 30
 DEFAULT_DRAIN_SECONDS = 20

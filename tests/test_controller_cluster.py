@@ -35,7 +35,7 @@ from queueworker.db.migrate import migrate
 from queueworker.client.producer import enqueue_many
 from queueworker_controller.deployment import OWNER_LABEL, SECRET_VERSION_ANNOTATION
 from queueworker_controller.kube import DELETION_COST_ANNOTATION
-from queueworker_controller.spec import GROUP, PLURAL, VERSION
+from queueworker.scaling.resource import GROUP, PLURAL, VERSION
 from tests.hanging_servers import SilentServer, StalledPostgres
 from tests.pod_templates import ALLOWED, REFUSED
 

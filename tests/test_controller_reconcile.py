@@ -14,6 +14,7 @@ from queueworker_controller import metrics, reconcile
 from queueworker_controller.deployment import SECRET_VERSION_ANNOTATION, secret_version
 from queueworker_controller.kube import FoundScaleTarget, ScaleTargetUnavailable, SecretUnavailable, SecretValue
 from queueworker.scaling.policy import QueueDepth
+from queueworker.scaling.resource import QueueDepthField, StatusField
 from queueworker_controller.queuedb import WorkerLease
 from queueworker_controller.reconcile import ObjectMemory, QueueWorkerObject, Reconciler
 from queueworker_controller.redaction import KnownSecrets
@@ -148,6 +149,21 @@ def test_scale_up_creates_the_deployment_and_reports():
     assert [(e.type, e.reason) for e in result.events] == [("Normal", "Activated")]
     assert conditions(result)["Ready"] == ("True", "QueueReadable")
     assert conditions(result)["Active"] == ("True", "QueueActive")
+
+
+def test_a_tick_writes_the_status_fields_the_crd_declares():
+    """Every field of queueworker.scaling.resource (tests/test_crd.py holds the CRD to it), and no other."""
+    declared = {value for key, value in vars(StatusField).items() if key.isupper()}
+    declared_depth = {value for key, value in vars(QueueDepthField).items() if key.isupper()}
+    result = tick(FakeKube(), QueueDepth(ready=7, running=1, finish_rate=2.0, recent_task_seconds=1.5),
+                  {**SPEC, "scaling": {**SPEC["scaling"], "throughputFloor": True}})
+    assert set(result.status) == declared - {StatusField.SCALE_TARGET}, "a first tick that scales writes them all"
+    assert set(result.status[StatusField.QUEUE_DEPTH]) == declared_depth
+    kube = FakeKube()
+    kube.target = user_workload(["worker", "--drain-seconds", "5"])
+    theirs = tick(kube, QueueDepth(ready=1, running=0), {**{k: v for k, v in SPEC.items() if k != "image"},
+                                                          "scaleTargetRef": {"kind": "Deployment", "name": "mine"}})
+    assert StatusField.SCALE_TARGET in theirs.status and set(theirs.status) <= declared
 
 
 def test_scale_down_prices_pods_first():
