@@ -54,7 +54,8 @@ def idle_claim_cost(dsn: str, repeats: int = 20) -> dict:
     """Cost of one claim (limit 100) when nothing is due: what every idle poll pays."""
     params = ClaimParams(queue="default", limit=100, worker=uuid.uuid4(), lease_seconds=30.0, timeout_seconds=1800)
     with psycopg.connect(dsn) as conn:
-        plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + CLAIM.text, CLAIM.bind(params)).fetchone()[0][0]
+        plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + CLAIM.text,
+                            CLAIM.bind(params)).fetchone()[0][0]
         conn.rollback()
         t0 = time.perf_counter()
         for _ in range(repeats):

@@ -591,7 +591,8 @@ def _worker_drain(workload: dict[str, Any]) -> tuple[int | None, int | None]:
                 words[index + 1] if word == "--drain-seconds" and index + 1 < len(words) else None)
             if value is not None:
                 try:
-                    return int(pod.get("terminationGracePeriodSeconds", DEFAULT_GRACE_PERIOD_SECONDS)), int(float(value))
+                    grace = pod.get("terminationGracePeriodSeconds", DEFAULT_GRACE_PERIOD_SECONDS)
+                    return int(grace), int(float(value))
                 except (ValueError, OverflowError):  # "nan", "inf": not a drain we can judge
                     return None, None
     return None, None

@@ -24,6 +24,7 @@ from prometheus_client import REGISTRY
 from queueworker._version import __version__
 from queueworker.db.migrate import migrate
 from queueworker.scaling import resource
+from queueworker_controller.leader import ElectionTiming
 
 import queueworker.metrics  # noqa: F401 - registers the worker's metrics
 import queueworker_controller.metrics  # noqa: F401 - and the controller's
@@ -176,6 +177,21 @@ def test_defaults_render_a_locked_down_leader_and_standby(helm, tmp_path):
     assert rendered.one("Service")["spec"]["ports"][0]["port"] == 8080
     assert [h["kind"] for h in rendered.hooks] == ["Pod"]
     assert "NetworkPolicy" not in rendered.kinds()
+
+
+def test_the_leader_election_defaults_are_the_controllers():
+    """values.yaml states the timings the controller defaults to (leader.ElectionTiming, which its
+    flags take their defaults from), so leaving them out of the values changes nothing."""
+    from queueworker_controller.cli import build_parser  # registers the operator's handlers with kopf
+
+    election = yaml.safe_load((CHART / "values.yaml").read_text())["controller"]["leaderElection"]
+    defaults = ElectionTiming()
+    assert (election["leaseSeconds"], election["renewDeadlineSeconds"], election["retrySeconds"]) == \
+        (defaults.lease_seconds, defaults.renew_deadline_seconds, defaults.retry_seconds)
+    flags = build_parser().parse_args([])
+    assert (flags.leader_election_lease_seconds, flags.leader_election_renew_deadline_seconds,
+            flags.leader_election_retry_seconds) == (defaults.lease_seconds, defaults.renew_deadline_seconds,
+                                                     defaults.retry_seconds)
 
 
 def test_the_crd_is_the_repository_crd_with_the_keep_policy(helm, tmp_path):

@@ -10,7 +10,10 @@ import yaml
 
 from queueworker.scaling import resource
 from queueworker.scaling.resource import QueueDepthField, StatusField
-from queueworker_controller.spec import QueueWorkerSpec, Scaling
+from queueworker.names import QUEUE_PATTERN
+from queueworker_controller.spec import (
+    DEFAULT_SCALE_TARGET_API_VERSION, SHUTDOWN_HEADROOM_SECONDS, SHUTDOWN_MARGIN_SECONDS, QueueWorkerSpec, Scaling,
+)
 
 CRD_PATH = Path(__file__).resolve().parent.parent / "crds" / "queueworker.dev_queueworkers.yaml"
 # The chart's copy: a symlink to CRD_PATH (tests/test_chart.py checks it renders as it is).
@@ -88,6 +91,24 @@ def test_schema_defaults_match_the_controller():
     rollout = props["rollout"]["properties"]
     assert rollout["strategy"]["default"] == minimal.rollout.strategy == "Drain"
     assert rollout["maxWaitSeconds"]["default"] == minimal.rollout.max_wait_seconds
+    target = props["scaleTargetRef"]["properties"]
+    assert target["apiVersion"]["default"] == DEFAULT_SCALE_TARGET_API_VERSION
+    assert QueueWorkerSpec.from_dict({"queue": "q", "database": {"secretRef": {"name": "s"}}, "scaleTargetRef": {
+        "kind": "Deployment", "name": "mine"}}).scale_target.api_version == DEFAULT_SCALE_TARGET_API_VERSION
+
+
+def test_queue_names_are_the_workers_and_the_described_grace_period_the_controllers():
+    """The CRD's queue pattern and length are the worker's QUEUE_PATTERN, written as the API server
+    wants it (an unbounded pattern and a maxLength); the grace period and the shutdown budget the
+    descriptions promise are the ones the controller renders."""
+    props = spec_schema()["properties"]
+    queue = props["queue"]
+    assert queue["pattern"].replace("]*$", "]{0,%d}$" % (queue["maxLength"] - 1)) == QUEUE_PATTERN
+    assert queue["minLength"] == 1
+    assert f"drainSeconds + {SHUTDOWN_MARGIN_SECONDS}" in props["drainSeconds"]["description"]
+    grace = props["template"]["properties"]["spec"]["properties"]["terminationGracePeriodSeconds"]["description"]
+    assert f"less {SHUTDOWN_HEADROOM_SECONDS} s" in " ".join(grace.split())
+    assert f"Defaults to drainSeconds + {SHUTDOWN_MARGIN_SECONDS}." in grace
 
 
 def test_printer_columns():
