@@ -105,6 +105,11 @@ class ObjectMemory:
         self.notified_pending = True
         self.wake.set()
 
+    @property
+    def wake_at(self) -> float:
+        """When the timer of announced tasks wakes the loop (epoch seconds), inf when it is not set."""
+        return self._timer.due_at
+
     def stop_timer(self) -> None:
         self._timer.cancel()
 
@@ -199,8 +204,14 @@ class DeploymentCache:
 
 
 class Reconciler:
+    """Ticks QueueWorkers. Time comes from `wall_clock` (epoch seconds, for the status and the
+    policy) and `monotonic` (for polling), and a loop sleeps with `wait` (an Event and a timeout:
+    True once the Event is set): tests give their own, so that time moves when they say."""
+
     def __init__(self, kube: Kube, databases: QueueDatabases, *, allow_privileged_templates: bool = False,
-                 secrets: KnownSecrets = known_secrets, wall_clock=time.time, monotonic=time.monotonic):
+                 secrets: KnownSecrets = known_secrets, wall_clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic,
+                 wait: Callable[[asyncio.Event, float], Awaitable[bool]] = wait_event):
         self.kube = kube
         self.databases = databases
         self.deployments = DeploymentCache()
@@ -210,6 +221,7 @@ class Reconciler:
         self.secrets = secrets
         self.wall_clock = wall_clock
         self.monotonic = monotonic
+        self.wait = wait
         self._kube_threads = ThreadPoolExecutor(KUBE_THREADS, thread_name_prefix="kube")
 
     def seconds_until_due(self, obj: QueueWorkerObject, memory: ObjectMemory) -> float:
@@ -236,9 +248,9 @@ class Reconciler:
             while not stopping():
                 memory.wake.clear()
                 obj = current()
-                wait = self.seconds_until_due(obj, memory)
-                if wait > 0:
-                    await wait_event(memory.wake, wait)
+                seconds = self.seconds_until_due(obj, memory)
+                if seconds > 0:
+                    await self.wait(memory.wake, seconds)
                     continue
                 memory.notified_pending = False
                 result = await self.tick(obj, memory)
