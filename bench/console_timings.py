@@ -21,10 +21,12 @@ import uuid
 import psycopg
 from starlette.testclient import TestClient
 
-from queueworker.db import sql
 from queueworker.console import ConsoleConfig, create_app
-from queueworker.dev.localpg import LocalPostgres
+from queueworker.db import statements
+from queueworker.db.lease import CLAIM, HEARTBEAT, ClaimParams, HeartbeatParams
 from queueworker.db.migrate import migrate
+from queueworker.db.runs import START_RUN, StartRunParams
+from queueworker.dev.localpg import LocalPostgres
 
 CHUNK = 1_000_000
 QUEUES = [f"queue-{n}" for n in range(7)] + ["rare"]  # `rare` gets one task in 10,000
@@ -62,14 +64,15 @@ def load(conn: psycopg.Connection, finished: int) -> dict[str, int]:
                     FROM generate_series(1, %s) AS g""", (PENDING,))
     conn.execute("ALTER TABLE queueworker.tasks ENABLE TRIGGER tasks_audit_insert")
     worker = uuid.uuid4()
-    conn.execute(sql.HEARTBEAT, {"worker": worker, "hostname": "bench", "pod_name": "bench-0", "pod_namespace": "b",
-                                 "pid": 1, "queues": QUEUES, "concurrency": RUNNING, "running": 0, "draining": False,
-                                 "version": "bench", "lease_seconds": 3600, "ids": [], "tokens": [], "progresses": []})
-    conn.execute(sql.CLAIM, {"queue": "queue-1", "limit": RUNNING, "worker": worker, "lease_seconds": 3600,
-                             "timeout_seconds": 7200})
+    statements.fetch(conn, HEARTBEAT, HeartbeatParams(
+        worker=worker, hostname="bench", pod_name="bench-0", pod_namespace="b", pid=1, queues=QUEUES,
+        concurrency=RUNNING, running=0, draining=False, version="bench", lease_seconds=3600, ids=[], tokens=[],
+        progresses=[]))
+    statements.fetch(conn, CLAIM, ClaimParams(queue="queue-1", limit=RUNNING, worker=worker, lease_seconds=3600,
+                                              timeout_seconds=7200))
     for n in range(RUNS):
-        conn.execute(sql.START_RUN, {"name": f"export-{n % 10}", "expected": 1, "on_success": None,
-                                     "on_failure": None, "watermark": None})
+        statements.fetch(conn, START_RUN, StartRunParams(name=f"export-{n % 10}", expected=1, on_success=None,
+                                                         on_failure=None, watermark=None))
     conn.commit()
     conn.autocommit = True
     conn.execute("VACUUM ANALYZE queueworker.tasks_finished")

@@ -17,9 +17,10 @@ import time
 
 import psycopg
 
-from queueworker.db import sql
-from queueworker.dev.localpg import LocalPostgres
+from queueworker.db.depth import QUEUE_DEPTH, WORKER_LEASES, QueueDepthParams, WorkerLeasesParams
 from queueworker.db.migrate import migrate
+from queueworker.db.statements import Params, Statement
+from queueworker.dev.localpg import LocalPostgres
 from queueworker_controller.queuedb import Database
 
 QUEUE = "bench"
@@ -52,11 +53,11 @@ def add_running_and_retrying(conn: psycopg.Connection) -> None:
     conn.commit()
 
 
-async def timed(database: Database, query: str, params: dict, repeat: int) -> list[float]:
+async def timed(database: Database, statement: Statement, params: Params, repeat: int) -> list[float]:
     samples = []
     for _ in range(repeat):
         started = time.perf_counter()
-        await database.fetch(query, params)
+        await database.fetch(statement, params)
         samples.append((time.perf_counter() - started) * 1000)
     return samples
 
@@ -65,11 +66,11 @@ async def measure(dsn: str, repeat: int) -> None:
     """Times the two statements over the controller's own pooled connections."""
     database = Database(dsn)
     try:
-        depth_params = {"queues": [QUEUE], "lookaheads": [None], "cap": CAP, "throughput": False}
-        await timed(database, sql.QUEUE_DEPTH, depth_params, 5)  # warm up
-        depth = await timed(database, sql.QUEUE_DEPTH, depth_params, repeat)
-        leases = await timed(database, sql.WORKER_LEASES, {"namespace": "ns", "queue": QUEUE}, repeat)
-        row = sql.QueueDepthRow._make((await database.fetch(sql.QUEUE_DEPTH, depth_params))[0])
+        depth_params = QueueDepthParams(throughput=False, cap=CAP, queues=[QUEUE], lookaheads=[None])
+        await timed(database, QUEUE_DEPTH, depth_params, 5)  # warm up
+        depth = await timed(database, QUEUE_DEPTH, depth_params, repeat)
+        leases = await timed(database, WORKER_LEASES, WorkerLeasesParams(namespace="ns", queue=QUEUE), repeat)
+        (row,) = await database.fetch(QUEUE_DEPTH, depth_params)
         print(f"  QUEUE_DEPTH (cap {CAP}) -> ready {row.ready}, running {row.running}, retrying {row.retrying}: "
               f"{summary(depth)}")
         print(f"  WORKER_LEASES (20 workers, 200 leases): {summary(leases)}")

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import psycopg
 
-from queueworker.db import sql
-
+from queueworker.db import statements
+from queueworker.db.lease import CLAIM, COMPLETE_SUCCEEDED, ClaimParams
 
 
 def find_pgbench(bin_dir: Path | None = None) -> Path | None:
@@ -51,15 +51,15 @@ def build_history(dsn: str, finished: int, delayed: int) -> float:
 
 
 def idle_claim_cost(dsn: str, repeats: int = 20) -> dict:
-    """Cost of one CLAIM (limit 100) when nothing is due: what every idle poll pays."""
-    params = {"queue": "default", "limit": 100, "worker": uuid.uuid4(), "lease_seconds": 30.0,
-              "timeout_seconds": 1800.0}
+    """Cost of one claim (limit 100) when nothing is due: what every idle poll pays."""
+    params = ClaimParams(queue="default", limit=100, worker=uuid.uuid4(), lease_seconds=30.0, timeout_seconds=1800)
     with psycopg.connect(dsn) as conn:
-        plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql.CLAIM, params).fetchone()[0][0]
+        plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + CLAIM.text,
+                            CLAIM.bind(params)).fetchone()[0][0]
         conn.rollback()
         t0 = time.perf_counter()
         for _ in range(repeats):
-            rows = conn.execute(sql.CLAIM, params).fetchall()
+            rows = statements.fetch(conn, CLAIM, params)
             conn.rollback()
             assert not rows
         ms = (time.perf_counter() - t0) * 1000 / repeats
@@ -72,15 +72,15 @@ def _sum_buffers(node: dict) -> int:
 
 
 def claim_script() -> str:
-    """pgbench script: our CLAIM (its RETURNING rows aggregated into arrays) then our
-    COMPLETE_SUCCEEDED verbatim, placeholders turned into pgbench variables; the claim commits
+    """pgbench script: our claim (its RETURNING rows aggregated into arrays) then our
+    complete_succeeded verbatim, placeholders turned into pgbench variables; the claim commits
     without waiting for the disk, the completion waits, as on a worker's connections."""
-    head, _ = sql.CLAIM.strip().rsplit("\nSELECT ", 1)
+    head, _ = CLAIM.text.rsplit("\nSELECT ", 1)
     claim = (f"{head}\n"
              "SELECT coalesce(array_agg(id), '{}')::text AS ids, "
              "coalesce(array_agg(lease_token), '{}')::text AS tokens, "
              "array_fill(NULL::jsonb, ARRAY[count(*)::int])::text AS results FROM claimed")
-    complete = sql.COMPLETE_SUCCEEDED.strip()
+    complete = COMPLETE_SUCCEEDED.text
 
     def to_pgbench(statement: str) -> str:
         statement = re.sub(r"%\((\w+)\)s", r":\1", statement)
@@ -91,7 +91,7 @@ def claim_script() -> str:
 
 
 def ceiling(dsn: str, tasks: int, clients: int, limit: int, pgbench: Path | None = None) -> dict:
-    """Tasks/s of pgbench clients looping CLAIM(limit) + COMPLETE_SUCCEEDED over `tasks` rows."""
+    """Tasks/s of pgbench clients looping claim(limit) + complete_succeeded over `tasks` rows."""
     pgbench = pgbench or find_pgbench()
     if pgbench is None:
         raise RuntimeError("pgbench not found")

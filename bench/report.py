@@ -377,8 +377,8 @@ def write(out: Path, results: dict) -> None:
               f"- **Idle cost**: workers idle {c['idle_settle']:.0f} s to settle, then `pg_stat_statements` calls "
               f"(and `pg_stat_database` transactions) in their database over {c['idle_window']:.0f} s, per worker; "
               "RSS at the end.",
-              "- **Raw-SQL ceiling**: pgbench (`-M prepared`) looping exactly `sql.CLAIM` (its RETURNING rows "
-              "aggregated into arrays with `\\gset`) and `sql.COMPLETE_SUCCEEDED`, audit triggers on, the claim "
+              "- **Raw-SQL ceiling**: pgbench (`-M prepared`) looping exactly `lease.CLAIM` (its RETURNING rows "
+              "aggregated into arrays with `\\gset`) and `lease.COMPLETE_SUCCEEDED`, audit triggers on, the claim "
               "with `synchronous_commit` off and the completion with it on (as a worker's connections run them), "
               "over the same task count; tasks/s from the first `started_at` to the last `finished_at`.",
               f"- **History scale** (queueworker): {c['history_finished']:,} succeeded + {c['history_delayed']:,} "

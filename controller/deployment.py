@@ -17,17 +17,22 @@ import hashlib
 import json
 from typing import Any
 
-from .spec import GROUP, KIND, VERSION, InvalidSpec, QueueWorkerSpec
+from queueworker.scaling.resource import API_VERSION, GROUP, KIND
 
-OWNER_LABEL = "queueworker.dev/queueworker"
-HASH_ANNOTATION = "queueworker.dev/spec-hash"
+from .spec import InvalidSpec, QueueWorkerSpec
+
+# Labels and annotations the controller sets are named under the API group.
+OWNER_LABEL = f"{GROUP}/queueworker"
+HASH_ANNOTATION = f"{GROUP}/spec-hash"
 # On the pod template: the resourceVersion of the database Secret the pods read DATABASE_URL from.
 # Environment variables are read at container start, so a changed Secret must roll the pods.
-SECRET_VERSION_ANNOTATION = "queueworker.dev/database-secret-version"
+SECRET_VERSION_ANNOTATION = f"{GROUP}/database-secret-version"
 CONTAINER_NAME = "worker"
 MANAGED_BY = "queueworker-controller"
 # The worker image's user (Dockerfile.worker `USER 10001:10001`).
 WORKER_UID = 10001
+# Kubernetes' terminationGracePeriodSeconds for a pod that sets none.
+DEFAULT_GRACE_PERIOD_SECONDS = 30
 TMP_VOLUME = "tmp"
 
 
@@ -103,7 +108,7 @@ def build_deployment(name: str, namespace: str, uid: str, spec: QueueWorkerSpec,
         "kind": "Deployment",
         "metadata": {
             "name": deployment_name(name), "namespace": namespace, "labels": labels,
-            "ownerReferences": [{"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": name, "uid": uid,
+            "ownerReferences": [{"apiVersion": API_VERSION, "kind": KIND, "name": name, "uid": uid,
                                  "controller": True, "blockOwnerDeletion": True}],
         },
         "spec": {"selector": {"matchLabels": selector_labels(name)}, "template": template},
@@ -122,7 +127,8 @@ def spec_hash(deployment: dict[str, Any]) -> str:
 
 
 def grace_period_seconds(deployment: dict[str, Any]) -> int:
-    return int(deployment["spec"]["template"]["spec"].get("terminationGracePeriodSeconds", 30))
+    return int(deployment["spec"]["template"]["spec"].get("terminationGracePeriodSeconds",
+                                                           DEFAULT_GRACE_PERIOD_SECONDS))
 
 
 def secret_version(deployment: dict[str, Any] | None) -> str | None:

@@ -19,7 +19,9 @@ from kubernetes import client, config, dynamic
 from kubernetes.client.rest import ApiException
 from kubernetes.dynamic.exceptions import ResourceNotFoundError, ResourceNotUniqueError
 
-from .spec import GROUP, PLURAL, VERSION, ScaleTarget
+from queueworker.scaling.resource import GROUP, PLURAL, VERSION
+
+from .spec import ScaleTarget
 
 DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
 FIELD_MANAGER = "queueworker-controller"

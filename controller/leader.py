@@ -232,7 +232,8 @@ def standby_liveness(endpoint: str | None) -> Iterator[None]:
 
     class Health(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - the http.server API
-            found = self.path.split("?")[0] == path
+            requested, _, _ = self.path.partition("?")
+            found = requested == path
             body = b'{"standby": true}' if found else b"{}"
             self.send_response(200 if found else 404)
             self.send_header("Content-Type", "application/json")

@@ -18,12 +18,14 @@ from typing import Any
 
 import kopf
 
+from queueworker.scaling.resource import GROUP, PLURAL, VERSION
+
 from .deployment import OWNER_LABEL
 from .kube import Kube, load_config
 from .leader import LeaderElector
 from .queuedb import QueueDatabases
-from .reconcile import ObjectMemory, QueueWorkerObject, Reconciler, TickResult
-from .spec import GROUP, PLURAL, VERSION
+from .reconcile import ObjectMemory, QueueWorkerObject, Reconciler
+from .status import TickResult
 
 MEMORY_KEY = "queueworker_memory"
 # Objects whose watch events kopf processes at the same time (each may make API requests).

@@ -6,12 +6,14 @@ connections, one LISTEN connection on the producers' NOTIFY channel, and coalesc
 asyncio (psycopg's AsyncConnection): no thread pool is shared with other databases or with the
 Kubernetes calls, so a database that hangs only delays the QueueWorkers that use it.
 
-Nothing waits without a bound. `connect_timeout` covers the TCP connect, the startup and the
-authentication; every statement has a client-side deadline on top of the server's
-`statement_timeout`, because a server that hangs after the startup (or a proxy in front of a dead
-one) never enforces its own timeout. At the deadline the connection's socket is shut down, which
-wakes psycopg with an error at once; a cancel request would have to reach the same hung server.
-TCP keepalives and `tcp_user_timeout` notice a peer that vanished without closing the connection.
+Nothing waits without a bound. Connections and deadlines are the worker's own helpers
+(queueworker.db.connection), with the controller's shorter timeouts: `connect_timeout` covers the
+TCP connect, the startup and the authentication; every statement has a client-side deadline on top
+of the server's `statement_timeout`, because a server that hangs after the startup (or a proxy in
+front of a dead one) never enforces its own timeout. At the deadline the connection's socket is
+shut down, which wakes psycopg with an error at once; a cancel request would have to reach the
+same hung server. TCP keepalives and `tcp_user_timeout` notice a peer that vanished without
+closing the connection.
 
 `Database`s are reference counted by the QueueWorkers bound to them (`bind`/`release`): when the
 last one goes (deleted, or its Secret now names another database) the pool and the listener are
@@ -25,18 +27,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from queueworker.db import connection as db
 from queueworker import dsn as dsn_text
-from queueworker.db import sql
+from queueworker.db import connection as db
+from queueworker.db.depth import (
+    LISTEN_FOR_ANNOUNCEMENTS, QUEUE_DEPTHS_BY_AGE, WORKER_LEASES, QueueDepthParams, QueueDepthRow, WorkerLeasesParams,
+)
+from queueworker.db.statements import NO_PARAMS, P, R, Statement
 from queueworker.events import parse_announcement
 from queueworker.runtime.listener import LISTEN_CHECK_SECONDS, notifications_arrive
-
 from queueworker.scaling.policy import QueueDepth
 
 log = logging.getLogger(__name__)
@@ -48,25 +51,29 @@ STATEMENT_DEADLINE_SECONDS = STATEMENT_TIMEOUT_MS / 1000 + 2
 # After the socket is shut down, how long a statement may take to notice before it is abandoned.
 ABANDON_SECONDS = 1.0
 POOL_SIZE = 2
+# Unacknowledged data this long means the peer is gone.
+TCP_USER_TIMEOUT_MS = 15000
 # How long a read waits for other QueueWorkers on the same database to join its query.
 COALESCE_SECONDS = 0.02
 LISTEN_RETRY_MAX_SECONDS = 30
-CONNECTION_PARAMETERS: dict[str, Any] = {
-    "autocommit": True,
-    "connect_timeout": CONNECT_TIMEOUT_SECONDS,
-    "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3,
-    "tcp_user_timeout": 15000,  # ms: unacknowledged data this long means the peer is gone
-}
-SESSION_SETTINGS = f"-c statement_timeout={STATEMENT_TIMEOUT_MS} -c idle_in_transaction_session_timeout=10000"
+SESSION_SETTINGS = db.session_settings(statement_timeout=STATEMENT_TIMEOUT_MS,
+                                       idle_in_transaction_session_timeout=10000)
 
 
 async def _connect(dsn: str, application_name: str) -> psycopg.AsyncConnection[Any]:
-    return await db.connect_with_options(dsn, SESSION_SETTINGS, **CONNECTION_PARAMETERS,
-                                         application_name=application_name)
+    return await db.connect_session(dsn, application_name, SESSION_SETTINGS, connect_timeout=CONNECT_TIMEOUT_SECONDS,
+                                    tcp_user_timeout_ms=TCP_USER_TIMEOUT_MS)
 
 
-class StatementTimeout(psycopg.OperationalError):
-    """A statement got no answer within STATEMENT_DEADLINE_SECONDS (the message is secret-free)."""
+async def _within_deadline(conn: psycopg.AsyncConnection[Any], work: Awaitable[Any],
+                           seconds: float | None = None) -> Any:
+    """Awaits `work` (a statement on `conn`) for at most `seconds` (STATEMENT_DEADLINE_SECONDS);
+    past that, the connection's socket is shut down and StatementTimedOut (a secret-free message)
+    raised. A cancelled caller returns at once: the pool drops the connection anyway."""
+    seconds = STATEMENT_DEADLINE_SECONDS if seconds is None else seconds
+    return await db.within_deadline(conn, work, asyncio.get_running_loop().time() + seconds,
+                                    lambda: db.StatementTimedOut(f"no answer within {seconds:g}s: timed out"),
+                                    abandon_after=ABANDON_SECONDS)
 
 
 @dataclass(frozen=True)
@@ -138,8 +145,9 @@ class QueueDatabases:
         return database is not None and database.listening
 
     async def worker_leases(self, dsn: str, namespace: str, queue: str) -> list[WorkerLease]:
-        rows = await self._bound(dsn).fetch(sql.WORKER_LEASES, {"namespace": namespace, "queue": queue})
-        return [WorkerLease(*row) for row in rows]
+        rows = await self._bound(dsn).fetch(WORKER_LEASES, WorkerLeasesParams(namespace=namespace, queue=queue))
+        return [WorkerLease(pod_name=row.pod_name, running=row.running, draining=row.draining,
+                            oldest_lease_age_seconds=row.oldest_lease_age) for row in rows]
 
     def close(self) -> None:
         for database in self._databases.values():
@@ -175,7 +183,8 @@ class Database:
         reaches nobody)."""
         announced = parse_announcement(payload)
         if announced is not None:
-            self._notify(self.watched.get(announced[0], {}), announced[1])
+            queue, due_epoch = announced
+            self._notify(self.watched.get(queue, {}), due_epoch)
 
     @staticmethod
     def _notify(owners: dict[Hashable, Notify], due_epoch: float) -> None:
@@ -189,13 +198,13 @@ class Database:
             asyncio.get_running_loop().call_later(COALESCE_SECONDS, batch.start)
         return await batch.add(queue, cap, lookahead_seconds, throughput)
 
-    async def fetch(self, statement: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    async def fetch(self, statement: Statement[P, R], params: P) -> list[R]:
         """Reads: one statement on a pooled connection under the client-side deadline."""
         return await self._run(statement, params)
 
-    async def _run(self, statement: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    async def _run(self, statement: Statement[P, R], params: P) -> list[R]:
         async with self._pool.connection() as conn:
-            return await _within_deadline(conn, _execute(conn, statement, params))
+            return await _within_deadline(conn, db.run_statement(conn, statement, params))
 
     async def _listen(self) -> None:
         """Supervised for the database's lifetime: any failure is logged and retried with backoff.
@@ -210,7 +219,7 @@ class Database:
                                     "pooling mode?): its QueueWorkers poll at their pollingIntervalSeconds",
                                     self._where)
                         return
-                    await _within_deadline(conn, conn.execute(f"LISTEN {sql.NOTIFY_CHANNEL}"))
+                    await _within_deadline(conn, db.run_statement(conn, LISTEN_FOR_ANNOUNCEMENTS, NO_PARAMS))
                     failures = 0
                     self.listening = True
                     for owners in list(self.watched.values()):  # what was announced while not listening
@@ -265,47 +274,12 @@ class _Pool:
             asyncio.ensure_future(conn.close())
 
 
-async def _execute(conn: psycopg.AsyncConnection[Any], statement: str, params: dict[str, Any] | None = None
-                   ) -> list[tuple[Any, ...]]:
-    cursor = await conn.execute(statement, params)
-    return await cursor.fetchall() if cursor.description else []
-
-
-async def _within_deadline(conn: psycopg.AsyncConnection[Any], work: Any,
-                           seconds: float = STATEMENT_DEADLINE_SECONDS) -> Any:
-    """Awaits `work` (a statement on `conn`) for at most `seconds`; past that, shuts the
-    connection's socket down so the statement fails at once, and raises StatementTimeout."""
-    task = asyncio.ensure_future(work)
-    try:
-        done, _ = await asyncio.wait({task}, timeout=seconds)
-    except asyncio.CancelledError:
-        _abandon(conn, task)
-        raise
-    if task in done:
-        return task.result()
-    _abandon(conn, task)
-    await asyncio.wait({task}, timeout=ABANDON_SECONDS)
-    raise StatementTimeout(f"no answer within {seconds:g}s: timed out")
-
-
-def _abandon(conn: psycopg.AsyncConnection[Any], task: asyncio.Future[Any]) -> None:
-    """Makes the statement on `conn` fail now: shutting the socket down wakes psycopg with an EOF
-    (no cancel request to a server that does not answer). The task's outcome is collected so it
-    is never reported as unretrieved; if psycopg still waits, it is cancelled."""
-    try:
-        with socket.fromfd(conn.pgconn.socket, socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.shutdown(socket.SHUT_RDWR)
-    except (OSError, psycopg.Error):
-        pass  # already closed: the statement is failing anyway
-    task.add_done_callback(lambda t: t.cancelled() or t.exception())
-    asyncio.get_running_loop().call_later(ABANDON_SECONDS, task.cancel)
-
-
 class _DepthBatch:
     """Queues asked for on one database within COALESCE_SECONDS, or while the previous batch's
     query runs, answered by one query: at most one depth query per database at a time."""
 
-    def __init__(self, fetch: Callable[[str, dict[str, Any]], Awaitable[list[tuple[Any, ...]]]],
+    def __init__(self, fetch: Callable[[Statement[QueueDepthParams, QueueDepthRow], QueueDepthParams],
+                                       Awaitable[list[QueueDepthRow]]],
                  lock: asyncio.Lock):
         self._fetch = fetch
         self._lock = lock
@@ -327,10 +301,11 @@ class _DepthBatch:
     def start(self) -> None:
         asyncio.ensure_future(self._run())
 
-    async def _read_depths(self) -> list[tuple[Any, ...]]:
-        params = {"queues": [queue for queue, _ in self._waiters], "lookaheads": [ahead for _, ahead in self._waiters],
-                  "cap": self._cap, "throughput": self._throughput}
-        *newer, oldest = sql.QUEUE_DEPTHS_BY_AGE
+    async def _read_depths(self) -> list[QueueDepthRow]:
+        params = QueueDepthParams(throughput=self._throughput, cap=self._cap,
+                                  queues=[queue for queue, _ in self._waiters],
+                                  lookaheads=[ahead for _, ahead in self._waiters])
+        *newer, oldest = QUEUE_DEPTHS_BY_AGE
         for statement in newer:
             try:
                 return await self._fetch(statement, params)
@@ -353,7 +328,7 @@ class _DepthBatch:
             if not isinstance(exc, Exception):
                 raise
             return
-        depths = {(row.queue, row.lookahead): QueueDepth.from_row(row) for row in map(sql.QueueDepthRow._make, rows)}
+        depths = {(row.queue, row.lookahead): QueueDepth.from_row(row) for row in rows}
         for key, futures in self._waiters.items():
             for future in futures:
                 if not future.done():

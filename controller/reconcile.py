@@ -15,39 +15,39 @@ import copy
 import functools
 import logging
 import time
-import zlib
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import psycopg
 from kubernetes.client.rest import ApiException
 from queueworker import dsn as dsn_text
 from queueworker import tracing
 from queueworker.events import DueTimer, wait_event
+from queueworker.scaling.policy import Decision, PolicyInputs, QueueDepth, decide
+from queueworker.scaling.resource import StatusField
 
 from . import conditions, metrics, podsecurity
-from .conditions import Condition, status_of
 from .deployment import (
-    HASH_ANNOTATION, build_deployment, deployment_name, grace_period_seconds, secret_version, selector_labels,
+    DEFAULT_GRACE_PERIOD_SECONDS, HASH_ANNOTATION, build_deployment, deployment_name, grace_period_seconds,
+    secret_version, selector_labels,
 )
 from .kube import DELETION_COST_ANNOTATION, Kube, ScaleTargetUnavailable, SecretUnavailable, SecretValue, api_error
-from queueworker.scaling.policy import Decision, PolicyInputs, QueueDepth, Recommendation, decide
 from .queuedb import QueueDatabases
 from .redaction import KnownSecrets, known_secrets
 from .scalein import deletion_costs
 from .spec import InvalidSpec, QueueWorkerSpec
+from .status import (
+    MESSAGE_LIMIT, Event, TickResult, depth_status, epoch, failure, history, iso, recommendations, status_patch,
+    tick_conditions,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 # A NOTIFY for the queue makes a tick due early, but not more often than this.
 MIN_NOTIFIED_POLL_SECONDS = 1.0
-# An unchanged status is still rewritten about this often (±10% per object, so QueueWorkers created
-# together do not all write at once), to refresh lastPollTime.
-STATUS_REFRESH_SECONDS = 600
 # A QueueWorker idle at zero replicas, whose database's LISTEN connection is up, waits for a NOTIFY
 # rather than polling: it polls only this often, as a safety net (rows written without the producer).
 IDLE_POLL_SECONDS = 60
@@ -63,8 +63,6 @@ TICK_TIMEOUT_SECONDS = 120
 KUBE_THREADS = 8
 # A Secret value longer than this is no database URL; it is neither parsed nor kept in memory.
 MAX_DATABASE_URL_BYTES = 8192
-# Status messages and Event messages are cut to this many characters.
-MESSAGE_LIMIT = 1000
 
 
 @dataclass(frozen=True)
@@ -107,19 +105,17 @@ class ObjectMemory:
         self.notified_pending = True
         self.wake.set()
 
+    @property
+    def wake_at(self) -> float:
+        """When the timer of announced tasks wakes the loop (epoch seconds), inf when it is not set."""
+        return self._timer.due_at
+
     def stop_timer(self) -> None:
         self._timer.cancel()
 
 
 class DeploymentNotOwned(Exception):
     """A Deployment with the worker Deployment's name belongs to someone else."""
-
-
-@dataclass(frozen=True)
-class Event:
-    type: str  # Normal or Warning
-    reason: str
-    message: str
 
 
 @dataclass(frozen=True)
@@ -134,12 +130,6 @@ class ScaledTarget:
     pod_selector: str  # label selector of its pods, for lease-aware scale-in ("" when unknown)
     grace: int | None  # the pods' terminationGracePeriodSeconds and the worker's drain, when known
     drain: int | None
-
-
-@dataclass
-class TickResult:
-    status: dict[str, Any]
-    events: list[Event] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -164,6 +154,14 @@ class DatabaseSecret:
     version: str | None = None
     error_reason: str | None = None
     error: str | None = None
+
+
+class SecretRead(NamedTuple):
+    """A Secret read, kept for the QueueWorkers that share the Secret."""
+
+    read_at: float  # monotonic
+    value: SecretValue
+    parsed: DatabaseSecret
 
 
 def database_url(raw: bytes) -> str:
@@ -206,18 +204,24 @@ class DeploymentCache:
 
 
 class Reconciler:
+    """Ticks QueueWorkers. Time comes from `wall_clock` (epoch seconds, for the status and the
+    policy) and `monotonic` (for polling), and a loop sleeps with `wait` (an Event and a timeout:
+    True once the Event is set): tests give their own, so that time moves when they say."""
+
     def __init__(self, kube: Kube, databases: QueueDatabases, *, allow_privileged_templates: bool = False,
-                 secrets: KnownSecrets = known_secrets, wall_clock=time.time, monotonic=time.monotonic):
+                 secrets: KnownSecrets = known_secrets, wall_clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic,
+                 wait: Callable[[asyncio.Event, float], Awaitable[bool]] = wait_event):
         self.kube = kube
         self.databases = databases
         self.deployments = DeploymentCache()
-        # (namespace, Secret, key) -> (monotonic time read, value, its URL): QueueWorkers sharing a
-        # Secret share a read.
-        self._secret_reads: dict[tuple[str, str, str], tuple[float, SecretValue, DatabaseSecret]] = {}
+        # (namespace, Secret, key) -> its last read: QueueWorkers sharing a Secret share a read.
+        self._secret_reads: dict[tuple[str, str, str], SecretRead] = {}
         self.allow_privileged_templates = allow_privileged_templates
         self.secrets = secrets
         self.wall_clock = wall_clock
         self.monotonic = monotonic
+        self.wait = wait
         self._kube_threads = ThreadPoolExecutor(KUBE_THREADS, thread_name_prefix="kube")
 
     def seconds_until_due(self, obj: QueueWorkerObject, memory: ObjectMemory) -> float:
@@ -244,9 +248,9 @@ class Reconciler:
             while not stopping():
                 memory.wake.clear()
                 obj = current()
-                wait = self.seconds_until_due(obj, memory)
-                if wait > 0:
-                    await wait_event(memory.wake, wait)
+                seconds = self.seconds_until_due(obj, memory)
+                if seconds > 0:
+                    await self.wait(memory.wake, seconds)
                     continue
                 memory.notified_pending = False
                 result = await self.tick(obj, memory)
@@ -327,14 +331,14 @@ class Reconciler:
             metrics.errors.labels(obj.namespace, obj.name, error_reason).inc()
         previous = obj.status
         decision = decide(PolicyInputs(
-            spec.scaling_params(), current_replicas, depth, now, _history(previous),
-            _epoch(previous.get("lastActiveTime")), error))
+            spec.scaling_params(), current_replicas, depth, now, history(previous),
+            epoch(previous.get(StatusField.LAST_ACTIVE_TIME)), error))
         events: list[Event] = []
         desired = current_replicas if spec.scaling.paused else decision.desired_replicas
         tracing.annotate_current({"queueworker.decision": "Paused" if spec.scaling.paused else decision.reason,
                                   "queueworker.replicas.current": current_replicas,
                                   "queueworker.replicas.desired": desired})
-        replicas, last_scale = current_replicas, previous.get("lastScaleTime")
+        replicas, last_scale = current_replicas, previous.get(StatusField.LAST_SCALE_TIME)
         if desired != current_replicas and not spec.scaling.paused and not spec.scaling.dry_run:
             try:
                 if desired < current_replicas and secret.dsn is not None:
@@ -343,47 +347,41 @@ class Reconciler:
             except ApiException as exc:
                 self.deployments.drop(obj.namespace, deployment_name(obj.name))
                 return self._failed(obj, "ScaleFailed", f"scaling {current_replicas} -> {desired}: {api_error(exc)}")
-            replicas, last_scale = desired, _iso(now)
+            replicas, last_scale = desired, iso(now)
             metrics.scales.labels(obj.namespace, obj.name, "up" if desired > current_replicas else "down").inc()
             events.append(Event("Normal", decision.reason, decision.message))
             log.info("%s/%s: %s: %s", obj.namespace, obj.name, decision.reason, decision.message)
-        elif desired != current_replicas and spec.scaling.dry_run and desired != previous.get("desiredReplicas"):
+        elif (desired != current_replicas and spec.scaling.dry_run
+              and desired != previous.get(StatusField.DESIRED_REPLICAS)):
             events.append(Event("Normal", "DryRun", f"would scale: {decision.message}"))
 
         if (decision.reason == "Idle" and depth is not None and depth.retrying == 0 and secret.dsn is not None
                 and self.databases.listening(secret.dsn)):
             # Nothing to do, and any task a producer enqueues is announced: wait for that instead.
             memory.next_poll = started + max(spec.scaling.polling_interval_seconds, IDLE_POLL_SECONDS)
-        ready = _ready_condition(error_reason, decision)
-        replica_failure = _replica_failure(target.workload)
-        was = previous.get("conditions")
-        events += _ready_transition_events(conditions.find(was, "Ready") or {}, ready)
-        events += _replica_failure_events(conditions.find(was, "ReplicaFailure") or {}, replica_failure)
-        new_conditions = [ready, replica_failure, *_other_conditions(spec, decision, error_reason, target)]
+        was = previous.get(StatusField.CONDITIONS)
+        new_conditions, condition_events = tick_conditions(spec, decision, error_reason, target.workload,
+                                                           target.grace, target.drain, was)
+        events += condition_events
         status: dict[str, Any] = {
-            "observedGeneration": obj.generation,
-            **({"deployment": target.name} if spec.scale_target is None else {"scaleTarget": target.name}),
-            "replicas": replicas,
-            "desiredReplicas": desired,
-            "readyReplicas": target.ready_replicas,
-            "tasksPerReplica": spec.tasks_per_replica,
-            "lastPollTime": _iso(now),
-            "lastScaleTime": last_scale,
-            "lastActiveTime": _iso(decision.last_active_time) if decision.last_active_time else None,
-            "reason": "Paused" if spec.scaling.paused else decision.reason,
-            "message": decision.message[:MESSAGE_LIMIT],
-            "recommendations": [{"time": _iso(r.time), "replicas": r.replicas} for r in decision.history],
-            "conditions": conditions.render(new_conditions, was, obj.generation, _iso(now)),
+            StatusField.OBSERVED_GENERATION: obj.generation,
+            (StatusField.DEPLOYMENT if spec.scale_target is None else StatusField.SCALE_TARGET): target.name,
+            StatusField.REPLICAS: replicas,
+            StatusField.DESIRED_REPLICAS: desired,
+            StatusField.READY_REPLICAS: target.ready_replicas,
+            StatusField.TASKS_PER_REPLICA: spec.tasks_per_replica,
+            StatusField.LAST_POLL_TIME: iso(now),
+            StatusField.LAST_SCALE_TIME: last_scale,
+            StatusField.LAST_ACTIVE_TIME: iso(decision.last_active_time) if decision.last_active_time else None,
+            StatusField.REASON: "Paused" if spec.scaling.paused else decision.reason,
+            StatusField.MESSAGE: decision.message[:MESSAGE_LIMIT],
+            StatusField.RECOMMENDATIONS: recommendations(decision.history),
+            StatusField.CONDITIONS: conditions.render(new_conditions, was, obj.generation, iso(now)),
         }
         if depth is not None:
-            status["queueDepth"] = {"ready": depth.ready, "running": depth.running, "retrying": depth.retrying,
-                                    "blocked": depth.blocked, "dueSoon": depth.due_soon,
-                                    "oldestReadyAgeSeconds": round(depth.oldest_ready_age_seconds or 0.0, 3)}
-            if depth.finish_rate is not None and depth.recent_task_seconds is not None:
-                status["queueDepth"] |= {"finishRate": round(depth.finish_rate, 2),
-                                         "recentTaskSeconds": round(depth.recent_task_seconds, 3)}
+            status[StatusField.QUEUE_DEPTH] = depth_status(depth)
         _export(obj, decision, desired, replicas, depth)
-        return TickResult(_status_patch(previous, status, now, obj.uid), events)
+        return TickResult(status_patch(previous, status, now, obj.uid), events)
 
     async def _read_secret(self, obj: QueueWorkerObject, spec: QueueWorkerSpec, fresh: bool) -> DatabaseSecret:
         """The database URL from the Secret, validated; errors carry secret-free messages. A read
@@ -392,8 +390,8 @@ class Reconciler:
         key = (obj.namespace, spec.secret_name, spec.secret_key)
         now = self.monotonic()
         cached = self._secret_reads.get(key)
-        if cached is not None and not fresh and now - cached[0] < SECRET_REFRESH_SECONDS:
-            _, value, parsed = cached
+        if cached is not None and not fresh and now - cached.read_at < SECRET_REFRESH_SECONDS:
+            value, parsed = cached.value, cached.parsed
         else:
             try:
                 value = await self._kube(self.kube.read_secret, obj.namespace, spec.secret_name, spec.secret_key)
@@ -484,8 +482,8 @@ class Reconciler:
         """Keeps a read (and what it gave) for the QueueWorkers sharing the Secret; reads past their
         time are dropped whenever another read is made."""
         self._secret_reads = {k: read for k, read in self._secret_reads.items()
-                              if now - read[0] < SECRET_REFRESH_SECONDS}
-        self._secret_reads[key] = (now, value, parsed)
+                              if now - read.read_at < SECRET_REFRESH_SECONDS}
+        self._secret_reads[key] = SecretRead(now, value, parsed)
 
     async def _read_depth(self, obj: QueueWorkerObject, spec: QueueWorkerSpec, dsn: str, memory: ObjectMemory
                           ) -> tuple[QueueDepth | None, str | None, str | None]:
@@ -541,25 +539,16 @@ class Reconciler:
 
     def _failed(self, obj: QueueWorkerObject, reason: str, message: str, exc: BaseException | None = None
                 ) -> TickResult:
-        """A tick that could not complete: only Ready changes, the rest of the status is kept. The
-        Warning Event and the log line (with the traceback of an unexpected error) come once per
-        change of reason, not once per tick."""
+        """A tick that could not complete (status.failure). The Warning Event and the log line (with
+        the traceback of an unexpected error) come once per change of reason, not once per tick."""
         message = message[:MESSAGE_LIMIT]
         metrics.errors.labels(obj.namespace, obj.name, reason).inc()
         tracing.annotate_current({"queueworker.decision": reason})
-        now = _iso(self.wall_clock())
-        previous = [c for c in obj.status.get("conditions") or [] if c.get("type") != "Ready"]
-        ready = Condition("Ready", "False", reason, message)
-        kept = [Condition(c["type"], c["status"], c.get("reason", ""), c.get("message", "")) for c in previous
-                if c.get("type") in conditions.TYPES]
-        was = conditions.find(obj.status.get("conditions"), "Ready") or {}
-        changed = was.get("reason") != reason
+        result = failure(obj.status, obj.generation, reason, message, self.wall_clock())
+        changed = bool(result.events)
         log.log(logging.ERROR if exc is not None and changed else logging.WARNING if changed else logging.DEBUG,
                 "%s/%s: %s: %s", obj.namespace, obj.name, reason, message, exc_info=exc)
-        return TickResult({"observedGeneration": obj.generation, "reason": reason, "message": message,
-                           "conditions": conditions.render([ready, *kept], obj.status.get("conditions"),
-                                                           obj.generation, now)},
-                          [Event("Warning", reason, message)] if changed else [])
+        return result
 
 
 def _controlled_by(deployment: dict[str, Any], uid: str) -> bool:
@@ -587,83 +576,18 @@ def _refusal(violations: list[str]) -> str:
             f"with --allow-privileged-templates only where the cluster opts in)")
 
 
-def _status_patch(previous: dict[str, Any], status: dict[str, Any], now: float, uid: str) -> dict[str, Any]:
-    """Only what changed, so an idle QueueWorker costs no API write per tick; lastPollTime goes
-    along with any change and at least about every STATUS_REFRESH_SECONDS (spread by the uid)."""
-    patch = {k: v for k, v in status.items() if k != "lastPollTime" and previous.get(k) != v}
-    last_poll = _epoch(previous.get("lastPollTime"))
-    refresh = STATUS_REFRESH_SECONDS * (0.9 + 0.2 * (zlib.crc32(uid.encode()) % 1000) / 1000)
-    if patch or last_poll is None or now - last_poll >= refresh:
-        patch["lastPollTime"] = status["lastPollTime"]
-    return patch
 
 
-def _ready_condition(error_reason: str | None, decision: Decision) -> Condition:
-    """The decision's message says it all: on errors it starts with why the queue was not read."""
-    if error_reason:
-        return Condition("Ready", "False", error_reason, decision.message[:MESSAGE_LIMIT])
-    return Condition("Ready", "True", "QueueReadable", decision.message[:MESSAGE_LIMIT])
 
 
-def _ready_transition_events(was: dict[str, Any], ready: Condition) -> list[Event]:
-    """A Warning when Ready turns False (or its reason changes), a Normal `Recovered` when it turns True."""
-    if (ready.status, ready.reason) == (was.get("status"), was.get("reason")):
-        return []
-    if ready.status == "False":
-        return [Event("Warning", ready.reason, ready.message)]
-    if was.get("status") == "False":
-        return [Event("Normal", "Recovered", f"queue readable again; {ready.message}")]
-    return []
 
 
-def _replica_failure(deployment: dict[str, Any]) -> Condition:
-    """The Deployment's own ReplicaFailure condition (copied from its ReplicaSet): True when pods
-    cannot be created, e.g. refused by the namespace's Pod Security level or a quota."""
-    failure = next((c for c in (deployment.get("status") or {}).get("conditions") or []
-                    if c.get("type") == "ReplicaFailure" and c.get("status") == "True"), None)
-    if failure is None:
-        return Condition("ReplicaFailure", "False", "PodsCreated", "the worker pods can be created")
-    return Condition("ReplicaFailure", "True", failure.get("reason") or "FailedCreate",
-                     str(failure.get("message") or "the ReplicaSet cannot create pods")[:MESSAGE_LIMIT])
 
 
-def _replica_failure_events(was: dict[str, Any], failure: Condition) -> list[Event]:
-    """A Warning when pods stop being created (not on every tick while they cannot be)."""
-    if failure.status == "True" and was.get("status") != "True":
-        return [Event("Warning", failure.reason, failure.message)]
-    return []
 
 
-def _other_conditions(spec: QueueWorkerSpec, decision: Decision, error_reason: str | None,
-                      target: ScaledTarget) -> list[Condition]:
-    paused = spec.scaling.paused
-    return [
-        Condition("Active", status_of(decision.active), *(
-            (error_reason or "Unknown", "queue depth unknown") if decision.active is None else
-            ("QueueActive", "ready + running is above activationTasks") if decision.active else
-            ("QueueIdle", "ready + running is not above activationTasks"))),
-        Condition("Paused", status_of(paused), "Paused" if paused else "Scaling",
-                  "scaling.paused is true: replicas are left alone" if paused else
-                  "replicas follow the queue" + (" (dryRun: not applied)" if spec.scaling.dry_run else "")),
-        Condition("Fallback", status_of(decision.fallback), "FallbackActive" if decision.fallback else "NoFallback",
-                  decision.message if decision.fallback else "the queue depth is being read"),
-        _drain_safety(spec, target),
-    ]
 
 
-def _drain_safety(spec: QueueWorkerSpec, target: ScaledTarget) -> Condition:
-    """Whether the pods' grace period outlasts the worker's drain (unknown for pods that are not
-    recognisably our worker's: a scale target of another kind)."""
-    if target.grace is None or target.drain is None:
-        return Condition("DrainSafe", "Unknown", "NotAQueueworkerPod",
-                         "the target's pods do not run `queueworker worker` with --drain-seconds")
-    what = ("rollout.maxWaitSeconds" if spec.scale_target is None and spec.rollout.strategy == "WaitForIdle"
-            else "drainSeconds" if spec.scale_target is None else "--drain-seconds")
-    safe = target.grace > target.drain
-    return Condition("DrainSafe", status_of(safe), "GracePeriodCoversDrain" if safe else "GracePeriodTooShort",
-                     f"terminationGracePeriodSeconds={target.grace}, {what}={target.drain}" + (
-                         "" if safe else
-                         ": pods are killed before they finish draining; their tasks wait for the lease to expire"))
 
 
 def _worker_drain(workload: dict[str, Any]) -> tuple[int | None, int | None]:
@@ -679,7 +603,8 @@ def _worker_drain(workload: dict[str, Any]) -> tuple[int | None, int | None]:
                 words[index + 1] if word == "--drain-seconds" and index + 1 < len(words) else None)
             if value is not None:
                 try:
-                    return int(pod.get("terminationGracePeriodSeconds", 30)), int(float(value))
+                    grace = pod.get("terminationGracePeriodSeconds", DEFAULT_GRACE_PERIOD_SECONDS)
+                    return int(grace), int(float(value))
                 except (ValueError, OverflowError):  # "nan", "inf": not a drain we can judge
                     return None, None
     return None, None
@@ -695,21 +620,6 @@ def _export(obj: QueueWorkerObject, decision: Decision, desired: int, replicas: 
             metrics.queue_depth.labels(*labels, state).set(getattr(depth, state))
 
 
-def _history(status: dict[str, Any]) -> tuple[Recommendation, ...]:
-    return tuple(Recommendation(_epoch(r["time"]), int(r["replicas"]))  # type: ignore[arg-type]
-                 for r in status.get("recommendations") or [] if r.get("time") and "replicas" in r)
-
-
-def _iso(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _epoch(text: str | None) -> float | None:
-    if not text:
-        return None
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-
-
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    first, *_ = str(exc).strip().splitlines() or [type(exc).__name__]
+    return first

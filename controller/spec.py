@@ -1,7 +1,9 @@
 """The QueueWorker spec as typed values, with the same defaults as the CRD schema.
 
-The API server applies the schema defaults, so `from_body` only fills them in for objects that
-were stored before a default existed; tests/test_crd.py checks both agree.
+The API server applies the schema defaults, so `from_dict` only fills them in for objects that
+were stored before a default existed; tests/test_crd.py checks both agree. Where a spec field
+becomes a worker flag (concurrency, leaseSeconds, drainSeconds), its default is the worker's own
+(WorkerSettings): a QueueWorker that sets none runs `queueworker worker` as it runs without flags.
 """
 
 from __future__ import annotations
@@ -10,17 +12,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from queueworker.scaling.policy import ScalingParams
+from queueworker.settings import WorkerSettings
 
-GROUP = "queueworker.dev"
-VERSION = "v1alpha1"
-PLURAL = "queueworkers"
-KIND = "QueueWorker"
-
-DEFAULT_CONCURRENCY = 10
-DEFAULT_LEASE_SECONDS = 30
-DEFAULT_DRAIN_SECONDS = 20
+_WORKER_DEFAULTS = WorkerSettings()
+DEFAULT_CONCURRENCY = _WORKER_DEFAULTS.concurrency
+DEFAULT_LEASE_SECONDS = int(_WORKER_DEFAULTS.lease_seconds)
+DEFAULT_DRAIN_SECONDS = int(_WORKER_DEFAULTS.drain_seconds)
+# Unlike a bare `queueworker worker` (no metrics unless asked), a QueueWorker's pods serve their
+# metrics by default, on the port the pod annotations point Prometheus at.
 DEFAULT_METRICS_PORT = 9100
 DEFAULT_SECRET_KEY = "url"
+DEFAULT_SCALE_TARGET_API_VERSION = "apps/v1"
 # Time a worker needs after its drain to hand leases back and exit, added to the grace period.
 SHUTDOWN_MARGIN_SECONDS = 10
 # Kept free between the worker's shutdown budget and SIGKILL (process exit, the kubelet's own delay).
@@ -121,8 +123,8 @@ class QueueWorkerSpec:
         return cls(
             queue=str(spec["queue"]), image=None if ref is not None else str(spec["image"]),
             secret_name=str(secret_ref["name"]),
-            scale_target=None if ref is None else ScaleTarget(str(ref.get("apiVersion") or "apps/v1"),
-                                                               str(ref["kind"]), str(ref["name"])),
+            scale_target=None if ref is None else ScaleTarget(
+                str(ref.get("apiVersion") or DEFAULT_SCALE_TARGET_API_VERSION), str(ref["kind"]), str(ref["name"])),
             secret_key=str(secret_ref.get("key", DEFAULT_SECRET_KEY)), handlers=spec.get("handlers") or None,
             concurrency=int(spec.get("concurrency", DEFAULT_CONCURRENCY)),
             lease_seconds=int(spec.get("leaseSeconds", DEFAULT_LEASE_SECONDS)),

@@ -23,6 +23,8 @@ from prometheus_client import REGISTRY
 
 from queueworker._version import __version__
 from queueworker.db.migrate import migrate
+from queueworker.scaling import resource
+from queueworker_controller.leader import ElectionTiming
 
 import queueworker.metrics  # noqa: F401 - registers the worker's metrics
 import queueworker_controller.metrics  # noqa: F401 - and the controller's
@@ -177,6 +179,21 @@ def test_defaults_render_a_locked_down_leader_and_standby(helm, tmp_path):
     assert "NetworkPolicy" not in rendered.kinds()
 
 
+def test_the_leader_election_defaults_are_the_controllers():
+    """values.yaml states the timings the controller defaults to (leader.ElectionTiming, which its
+    flags take their defaults from), so leaving them out of the values changes nothing."""
+    from queueworker_controller.cli import build_parser  # registers the operator's handlers with kopf
+
+    election = yaml.safe_load((CHART / "values.yaml").read_text())["controller"]["leaderElection"]
+    defaults = ElectionTiming()
+    assert (election["leaseSeconds"], election["renewDeadlineSeconds"], election["retrySeconds"]) == \
+        (defaults.lease_seconds, defaults.renew_deadline_seconds, defaults.retry_seconds)
+    flags = build_parser().parse_args([])
+    assert (flags.leader_election_lease_seconds, flags.leader_election_renew_deadline_seconds,
+            flags.leader_election_retry_seconds) == (defaults.lease_seconds, defaults.renew_deadline_seconds,
+                                                     defaults.retry_seconds)
+
+
 def test_the_crd_is_the_repository_crd_with_the_keep_policy(helm, tmp_path):
     """crds/queueworker.dev_queueworkers.yaml is the single source: the chart reaches it through a
     symlink, and what it renders differs only by the metadata it adds."""
@@ -190,6 +207,20 @@ def test_the_crd_is_the_repository_crd_with_the_keep_policy(helm, tmp_path):
     no_keep = render(helm, tmp_path, {"crds": {"install": True, "keep": False}}).one("CustomResourceDefinition")
     assert "annotations" not in no_keep["metadata"]
     assert "CustomResourceDefinition" not in render(helm, tmp_path, {"crds": {"install": False, "keep": True}}).kinds()
+
+
+def test_the_chart_names_the_queueworker_resource_as_the_code_does(helm, tmp_path):
+    """The rendered CRD, the controller's rules and the console's name the resource of
+    queueworker.scaling.resource, which the controller serves and the console lists."""
+    rendered = render(helm, tmp_path, CONSOLE)
+    crd = rendered.one("CustomResourceDefinition")
+    assert (crd["metadata"]["name"], crd["spec"]["group"], crd["spec"]["names"]["kind"],
+            crd["spec"]["names"]["plural"], [v["name"] for v in crd["spec"]["versions"]]) == \
+        (resource.CRD_NAME, resource.GROUP, resource.KIND, resource.PLURAL, [resource.VERSION])
+    resources = {name for rule in RULES if resource.GROUP in rule["apiGroups"] for name in rule["resources"]}
+    assert resources == {resource.PLURAL, f"{resource.PLURAL}/status"}
+    (console_rule,) = rendered.one("ClusterRole", "-console")["rules"]
+    assert (console_rule["apiGroups"], console_rule["resources"]) == ([resource.GROUP], [resource.PLURAL])
 
 
 def test_packaged_chart_carries_the_crd_itself(helm, tmp_path):

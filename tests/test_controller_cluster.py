@@ -28,6 +28,7 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from prometheus_client.parser import text_string_to_metric_families
 
 from queueworker.client import operations
 from queueworker.dev.localpg import free_port
@@ -35,7 +36,7 @@ from queueworker.db.migrate import migrate
 from queueworker.client.producer import enqueue_many
 from queueworker_controller.deployment import OWNER_LABEL, SECRET_VERSION_ANNOTATION
 from queueworker_controller.kube import DELETION_COST_ANNOTATION
-from queueworker_controller.spec import GROUP, PLURAL, VERSION
+from queueworker.scaling.resource import GROUP, PLURAL, VERSION
 from tests.hanging_servers import SilentServer, StalledPostgres
 from tests.pod_templates import ALLOWED, REFUSED
 
@@ -47,6 +48,10 @@ LEADER_ELECTION_RULES_FILE = REPO / "charts" / "queueworker" / "files" / "leader
 CONTROLLER = Path(sys.executable).parent / "queueworker-controller"
 WORKER = Path(sys.executable).parent / "queueworker"
 RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted"}
+# Every tick of a QueueWorker that decides counts one here (by reason); one refused before it
+# decides (an unusable spec, a Deployment it cannot write), one in ERRORS.
+DECISIONS = "queueworker_controller_decisions_total"
+ERRORS = "queueworker_controller_errors_total"
 SYSTEM_NAMESPACE = "queueworker-system"
 ACCOUNT = "queueworker-controller"
 DB_SECRET = "app-db"
@@ -101,6 +106,24 @@ class Cluster:
 
     def metrics(self) -> str:
         return urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).read().decode()
+
+    def ticks(self, name: str, counter: str = DECISIONS) -> float:
+        """The ticks of QueueWorker `name` that `counter` (DECISIONS or ERRORS) has counted so far."""
+        return sum(sample.value for family in text_string_to_metric_families(self.metrics())
+                   for sample in family.samples
+                   if sample.name == counter and sample.labels.get("namespace") == self.namespace
+                   and sample.labels.get("name") == name)
+
+    def wait_for_ticks(self, count: int, *names: str, counter: str = DECISIONS) -> None:
+        """Returns once the controller has ticked `count` more times for each QueueWorker of `names`,
+        as its metrics count them: what a tick would have changed, it has changed by then."""
+        start = {name: self.ticks(name, counter) for name in names}
+        self.wait_for(lambda: all(self.ticks(name, counter) >= start[name] + count for name in names),
+                      timeout=30 + 5 * count, message=f"{count} more ticks of {', '.join(names)}")
+
+    def forgotten(self, name: str) -> bool:
+        """The controller has dropped what it kept for a deleted QueueWorker (its metric series go last)."""
+        return f'name="{name}",namespace="{self.namespace}"' not in self.metrics()
 
     @property
     def custom(self) -> client.CustomObjectsApi:
@@ -233,6 +256,13 @@ def enqueue_sleeps(dsn: str, *seconds: float, queue: str = "jobs") -> list[int]:
         return enqueue_many(conn, [{"task": "qw.sleep", "payload": {"seconds": s}, "queue": queue} for s in seconds])
 
 
+def announce(dsn: str, queue: str) -> None:
+    """What a producer sends after an enqueue, here with no task behind it: the QueueWorkers of the
+    queue look at it now rather than at their next poll."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_notify('queueworker', %s)", (queue,))
+
+
 def task_report(dsn: str) -> dict[str, Any]:
     with psycopg.connect(dsn) as conn:
         states = dict(conn.execute("SELECT state::text, count(*) FROM queueworker.tasks GROUP BY 1").fetchall())
@@ -338,7 +368,7 @@ def test_a_paused_queue_holds_its_deployment_and_a_rate_limited_one_scales_to_th
     enqueue_sleeps(dsn, *[0.2] * 100)
     cluster.wait_for(lambda: cluster.queueworker("metered").get("status", {}).get("reason") == "Paused",
                      timeout=30, message="the Paused decision")
-    time.sleep(3)  # three more polls
+    cluster.wait_for_ticks(3, "metered")  # three more polls
     assert cluster.replicas("metered") == 0, "a backlog that cannot start adds no pods"
 
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -346,10 +376,10 @@ def test_a_paused_queue_holds_its_deployment_and_a_rate_limited_one_scales_to_th
         operations.set_limits(conn, "jobs", rate_per_second=2)  # 2/s x 0.2 s per task: under one pod's 5 slots
     cluster.wait_for(lambda: cluster.queueworker("metered").get("status", {}).get("reason") == "LimitedByRate",
                      timeout=30, message="the LimitedByRate decision")
-    seen = set()
-    for _ in range(6):
+    seen = {cluster.replicas("metered")}
+    for _ in range(3):  # each of the next polls
+        cluster.wait_for_ticks(1, "metered")
         seen.add(cluster.replicas("metered"))
-        time.sleep(0.5)
     assert seen == {1}, f"one pod is all a 2/s limit keeps busy, not the 4 the backlog asks for: {seen}"
     cluster.wait_for(lambda: cluster.events("LimitedByRate"), timeout=10, message="the LimitedByRate Event")
 
@@ -421,7 +451,7 @@ def test_throughput_floor_keeps_the_pods_a_steady_flow_keeps_busy(cluster: Clust
     cluster.apply("steady", {**worker_spec(maxReplicas=5, throughputFloor=True), "concurrency": 2})
     cluster.wait_for(lambda: cluster.replicas("steady") == 3, timeout=30, message="the floor of three")
     status = cluster.wait_for(lambda: (lambda s: s if s.get("reason") == "ThroughputFloor" else None)(
-        cluster.queueworker("steady")["status"]), timeout=10, message="the floor holding three")
+        cluster.queueworker("steady").get("status", {})), timeout=10, message="the floor holding three")
     assert "keep 6 slots busy" in status["message"], status
     assert status["queueDepth"]["finishRate"] == pytest.approx(2.0, rel=0.1)
     assert status["queueDepth"]["recentTaskSeconds"] == pytest.approx(3.0, abs=0.05)
@@ -552,7 +582,7 @@ def test_a_scale_target_of_the_users_own_is_scaled_and_otherwise_left_alone(clus
         == {k: v for k, v in before["metadata"]["annotations"].items() if not k.startswith("deployment.kubernetes.io/")}
     assert not after["metadata"]["owner_references"]
     cluster.delete_queueworkers()
-    time.sleep(2)
+    cluster.wait_for(lambda: cluster.forgotten("theirs"), timeout=30, message="the controller done with theirs")
     assert cluster.apps.read_namespaced_deployment("mine", cluster.namespace).spec.replicas == 0, "still there"
 
 
@@ -566,7 +596,7 @@ def test_database_outage_holds_replicas_says_why_and_recovers(cluster: Cluster, 
                          timeout=30, message="Ready=False DatabaseUnreachable")
         assert cluster.condition("steady", "Ready")["status"] == "False"
         cluster.wait_for(lambda: cluster.events("DatabaseUnreachable"), timeout=15, message="Warning Event")
-        time.sleep(6)  # three times stabilization + cooldown
+        cluster.wait_for_ticks(7, "steady")  # at a poll a second, three times stabilization + cooldown
         assert cluster.replicas("steady") == 2
         assert cluster.queueworker("steady")["status"]["reason"] == "HoldingOnError"
     finally:
@@ -641,7 +671,10 @@ def test_spec_changes_roll_the_deployment_and_paused_leaves_kubectl_scale_alone(
     cluster.wait_for(lambda: cluster.condition("rolling", "Paused").get("status") == "True", message="Paused=True")
 
     cluster.apps.patch_namespaced_deployment_scale("rolling-worker", cluster.namespace, {"spec": {"replicas": 2}})
-    time.sleep(4)  # several polls with an empty queue: unpaused, this would be scaled to zero
+    # Idle at zero with its database listening, it polls only every minute: an announcement has it
+    # look now, and at two replicas it polls every second from then on.
+    announce(dsn, "jobs")
+    cluster.wait_for_ticks(4, "rolling")  # several polls with an empty queue: unpaused, this would be scaled to zero
     assert cluster.replicas("rolling") == 2
     assert cluster.queueworker("rolling")["status"]["reason"] == "Paused"
 
@@ -704,7 +737,7 @@ def test_the_controller_refuses_what_the_crd_cannot_see_and_leaves_the_deploymen
     with pytest.raises(ApiException) as missing:
         cluster.apps.read_namespaced_deployment("odd-worker", cluster.namespace)
     assert missing.value.status == 404
-    time.sleep(3)  # several polls: one Event, no retry loop
+    cluster.wait_for_ticks(3, "odd", counter=ERRORS)  # several polls: one Event, no retry loop
     assert len(cluster.events("InvalidSpec")) == 2
     assert "failed with an exception" not in cluster.controller_log.read_text()
 
@@ -786,7 +819,7 @@ def test_hostile_secret_values_never_reach_status_events_or_logs(cluster: Cluste
         ready = cluster.wait_for(lambda: (lambda c: c.get("reason") == reason and c)(cluster.condition(name, "Ready")),
                                  timeout=30, message=f"{name}: Ready=False {reason}")
         assert explanation in ready["message"], (name, ready["message"])
-    time.sleep(2)  # a few more ticks of each
+    cluster.wait_for_ticks(2, *secrets)  # a few more ticks of each
     shown = json.dumps([cluster.queueworker(name).get("status") for name in secrets])
     shown += json.dumps([(e.reason, e.message) for e in cluster.events()])
     logged = cluster.controller_log.read_text(errors="replace")
@@ -794,7 +827,8 @@ def test_hostile_secret_values_never_reach_status_events_or_logs(cluster: Cluste
         assert never not in shown, f"{name}: the Secret value reached a status field or an Event"
         assert never not in logged, f"{name}: the Secret value reached the controller's log"
     assert "failed with an exception" not in logged  # no kopf retry loop: every error is a condition
-    assert len([e for e in cluster.events() if e.type == "Warning"]) == len(secrets)  # one each
+    warnings = [(e.involved_object.name, e.reason) for e in cluster.events() if e.type == "Warning"]
+    assert len(warnings) == len(secrets), warnings  # one each
 
 
 # --- one slow database cannot freeze the controller ----------------------------------------------------------

@@ -10,6 +10,7 @@ import psycopg
 import pytest
 
 from queueworker.client.producer import enqueue_many
+from queueworker.db.connection import StatementTimedOut
 from queueworker_controller import queuedb
 from queueworker.scaling.policy import QueueDepth
 from queueworker_controller.queuedb import QueueDatabases
@@ -155,7 +156,7 @@ def test_a_statement_past_its_deadline_frees_its_connection(monkeypatch):
     async def scenario(databases):
         databases.bind("q", stalled.dsn(), "q")
         for _ in range(queuedb.POOL_SIZE + 1):  # a stuck connection would keep its pool slot forever
-            with pytest.raises(queuedb.StatementTimeout):
+            with pytest.raises(StatementTimedOut):
                 await databases.depth(stalled.dsn(), "q", 1)
         await asyncio.sleep(0.2)
         return stalled.hung_up
@@ -168,35 +169,36 @@ def test_a_statement_past_its_deadline_frees_its_connection(monkeypatch):
 
 def test_listen_passes_announcements_to_the_queueworkers_of_their_queue_only(dsn):
     """A producer's NOTIFY reaches the QueueWorkers bound to its queue (due now: 0; a delayed batch:
-    its due time), malformed ones and other queues' reach nobody, and nothing is kept for them."""
+    its due time), malformed ones and other queues' reach nobody, and nothing is kept for them.
+    A last announcement for a queue of its own marks the end: notifications arrive in order."""
     heard: dict[str, list[float]] = {"a": [], "b": [], "other": []}
+    marked = asyncio.Event()
 
     async def scenario(databases):
         databases.bind("a", dsn, "wake", heard["a"].append)
         databases.bind("b", dsn, "wake", heard["b"].append)
         databases.bind("other", dsn, "elsewhere", heard["other"].append)
+        databases.bind("marker", dsn, "marker", lambda due: marked.set())
         for _ in range(50):  # the LISTEN is up once its catch-up announcement arrived
             if heard["a"]:
                 break
             await asyncio.sleep(0.05)
         for owners in heard.values():
             owners.clear()
+        marked.clear()
         due = time.time() + 60
         await asyncio.to_thread(enqueue, dsn, "wake", 1)
         with psycopg.connect(dsn, autocommit=True) as conn:
             enqueue_many(conn, [{"task": "t", "queue": "wake", "delay": 60}])
-            for payload in ("unwatched", "wake nan", "wake not-a-time", "wake inf", "wake 1e400", "wake -inf"):
+            for payload in ("unwatched", "wake nan", "wake not-a-time", "wake inf", "wake 1e400", "wake -inf",
+                            "marker"):
                 conn.execute("SELECT pg_notify('queueworker', %s)", (payload,))
-        for _ in range(50):
-            if len(heard["b"]) >= 2:
-                break
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0.2)
+        await asyncio.wait_for(marked.wait(), 10)  # every announcement before it has been handled
         return due, set(databases._bound(dsn).watched)
     due, watched = run(scenario)
     assert heard["a"][0] == 0.0 and heard["a"][1] == pytest.approx(due, abs=2) and len(heard["a"]) == 2
     assert heard["b"] == heard["a"] and heard["other"] == []
-    assert watched == {"wake", "elsewhere"}, "nothing is kept for queues nobody watches"
+    assert watched == {"wake", "elsewhere", "marker"}, "nothing is kept for queues nobody watches"
 
 
 def test_databases_are_reference_counted_and_closed_when_unused(dsn, postgres):
@@ -222,23 +224,29 @@ def test_databases_are_reference_counted_and_closed_when_unused(dsn, postgres):
 
 
 def test_reads_arriving_during_a_query_share_the_next_one(dsn, monkeypatch):
+    """Reads made while a query runs (here: held until the test lets it go), even well after the
+    coalescing window, wait for it and then share one query."""
     queries = []
     original = queuedb.Database.fetch
+    running, let_go = asyncio.Event(), asyncio.Event()
 
-    async def slow_fetch(self, statement, params):
-        queries.append(sorted(params["queues"]))
-        await asyncio.sleep(0.3)
+    async def held_fetch(self, statement, params):
+        queries.append(sorted(params.queues))
+        running.set()
+        await let_go.wait()
         return await original(self, statement, params)
-    monkeypatch.setattr(queuedb.Database, "fetch", slow_fetch)
+    monkeypatch.setattr(queuedb.Database, "fetch", held_fetch)
 
     async def staggered(databases):
         for queue in "abcd":
             databases.bind(queue, dsn, queue)
         first = asyncio.ensure_future(databases.depth(dsn, "a", 5))
-        await asyncio.sleep(0.1)  # the first query is running now
+        await asyncio.wait_for(running.wait(), 10)  # the first query is running now
         later = [asyncio.ensure_future(databases.depth(dsn, q, 5)) for q in ("b", "c")]
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(5 * queuedb.COALESCE_SECONDS)
         later.append(asyncio.ensure_future(databases.depth(dsn, "d", 5)))
+        await asyncio.sleep(5 * queuedb.COALESCE_SECONDS)
+        let_go.set()
         return await asyncio.gather(first, *later)
     assert len(run(staggered)) == 4
     assert queries == [["a"], ["b", "c", "d"]]
@@ -319,3 +327,23 @@ def test_throughput_reads_a_bounded_sample_of_a_busy_database(dsn):
     assert flood.finish_rate == pytest.approx(200, rel=0.05)
     assert trickle.finish_rate == pytest.approx(1.0, rel=0.3)  # few of its finishes fall in a ~25 s sample
     assert flood.recent_task_seconds == pytest.approx(0.05, abs=0.005)
+
+
+def test_the_depth_statements_share_one_throughput_sample():
+    """The sample of recent finishes is written out in the depth statement for each schema age: the
+    same text in all three, its size and window each stated twice (the LIMIT and the test of whether
+    the sample filled; the window and the span of a sample that did not), and smaller than the
+    flood test_throughput_reads_a_bounded_sample_of_a_busy_database writes."""
+    import re
+
+    from queueworker.db.depth import QUEUE_DEPTHS_BY_AGE
+
+    samples = {statement.text.partition("\nSELECT q.queue")[0] for statement in QUEUE_DEPTHS_BY_AGE}
+    assert len(samples) == 1, "the depth statements sample recent finishes differently"
+    (sample,) = samples
+    sizes = re.findall(r"LIMIT (\d+)|count\(\*\) < (\d+)", sample)
+    windows = re.findall(r"secs => (\d+)\)|THEN (\d+)::float8", sample)
+    assert len(sizes) == len(windows) == 2
+    (size,) = {int(limit or below) for limit, below in sizes}
+    (window,) = {int(secs or then) for secs, then in windows}
+    assert (size, window) == (5000, 60) and size < 6000

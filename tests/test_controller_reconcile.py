@@ -14,6 +14,7 @@ from queueworker_controller import metrics, reconcile
 from queueworker_controller.deployment import SECRET_VERSION_ANNOTATION, secret_version
 from queueworker_controller.kube import FoundScaleTarget, ScaleTargetUnavailable, SecretUnavailable, SecretValue
 from queueworker.scaling.policy import QueueDepth
+from queueworker.scaling.resource import QueueDepthField, StatusField
 from queueworker_controller.queuedb import WorkerLease
 from queueworker_controller.reconcile import ObjectMemory, QueueWorkerObject, Reconciler
 from queueworker_controller.redaction import KnownSecrets
@@ -150,6 +151,21 @@ def test_scale_up_creates_the_deployment_and_reports():
     assert conditions(result)["Active"] == ("True", "QueueActive")
 
 
+def test_a_tick_writes_the_status_fields_the_crd_declares():
+    """Every field of queueworker.scaling.resource (tests/test_crd.py holds the CRD to it), and no other."""
+    declared = {value for key, value in vars(StatusField).items() if key.isupper()}
+    declared_depth = {value for key, value in vars(QueueDepthField).items() if key.isupper()}
+    result = tick(FakeKube(), QueueDepth(ready=7, running=1, finish_rate=2.0, recent_task_seconds=1.5),
+                  {**SPEC, "scaling": {**SPEC["scaling"], "throughputFloor": True}})
+    assert set(result.status) == declared - {StatusField.SCALE_TARGET}, "a first tick that scales writes them all"
+    assert set(result.status[StatusField.QUEUE_DEPTH]) == declared_depth
+    kube = FakeKube()
+    kube.target = user_workload(["worker", "--drain-seconds", "5"])
+    theirs = tick(kube, QueueDepth(ready=1, running=0), {**{k: v for k, v in SPEC.items() if k != "image"},
+                                                          "scaleTargetRef": {"kind": "Deployment", "name": "mine"}})
+    assert StatusField.SCALE_TARGET in theirs.status and set(theirs.status) <= declared
+
+
 def test_scale_down_prices_pods_first():
     kube = FakeKube(replicas=3)
     tick(kube, QueueDepth(ready=0, running=1))
@@ -238,25 +254,65 @@ def test_ticks_wait_for_the_polling_interval_unless_the_spec_changed_or_tasks_ar
 
 
 def test_tasks_announced_for_later_wake_the_loop_when_due_less_the_lookahead():
-    async def scenario() -> tuple[bool, bool, bool]:
+    async def scenario() -> tuple[bool, float, float, bool]:
         memory = ObjectMemory(lookahead_seconds=0.2)
-        memory.notified(time.time() + 10)
-        memory.notified(time.time() + 0.5)  # the earlier one replaces the timer
-        memory.notified(time.time() + 5)  # a later one keeps it
+        now = time.time()
+        memory.notified(now + 10)
+        memory.notified(now + 0.5)  # the earlier one replaces the timer
+        memory.notified(now + 5)  # a later one keeps it
         early = memory.wake.is_set()
-        await asyncio.sleep(0.2)
-        before = memory.wake.is_set()
-        await asyncio.sleep(0.3)  # due at 0.5 s, looked at 0.2 s earlier
-        return early, before, memory.wake.is_set() and memory.notified_pending
-    assert asyncio.run(scenario()) == (False, False, True)
+        wake_at = memory.wake_at
+        await asyncio.wait_for(memory.wake.wait(), 30)
+        return early, wake_at - now, time.time() - now, memory.notified_pending
+    early, timed_for, woken_after, pending = asyncio.run(scenario())
+    assert not early
+    assert timed_for == pytest.approx(0.3), "due at 0.5 s, looked at 0.2 s earlier"
+    assert woken_after >= timed_for - 0.01 and pending, "woken then, not before"
+
+
+class ManualClock:
+    """Monotonic time that moves only when the test says so, and the loop's sleeps on it: a sleep
+    ends once its Event is set or the clock has passed its end. `sleeps` hands the test the length of
+    each sleep as the loop starts it: the loop then has nothing left to do until the sleep ends."""
+
+    def __init__(self, now: float = 100.0):
+        self.now = now
+        self.sleeps: asyncio.Queue[float] = asyncio.Queue()
+        self._moved = asyncio.Event()
+        self._looked = asyncio.Event()
+
+    def monotonic(self) -> float:
+        return self.now
+
+    async def advance(self, seconds: float) -> None:
+        """Moves the clock on; returns once the sleeping loop has looked at the new time (and woken,
+        when its sleep is over)."""
+        self.now += seconds
+        self._looked.clear()
+        self._moved.set()
+        await self._looked.wait()
+
+    async def wait(self, event: asyncio.Event, timeout: float) -> bool:
+        end = self.now + timeout
+        self.sleeps.put_nowait(timeout)
+        while not event.is_set() and self.now < end:
+            self._moved.clear()
+            woken, moved = asyncio.ensure_future(event.wait()), asyncio.ensure_future(self._moved.wait())
+            try:
+                await asyncio.wait({woken, moved}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                woken.cancel()
+                moved.cancel()
+            self._looked.set()
+        return event.is_set()
 
 
 def test_the_loop_ticks_when_due_and_sleeps_otherwise():
     """The daemon's loop: a tick at once, then one per NOTIFY (at most one a second) and one per spec
-    change; a failing status write is logged and the loop goes on."""
+    change; a failing status write is logged and the loop goes on. Time is the test's: the loop
+    sleeps on a ManualClock, and each assertion is made while it sleeps."""
     kube = FakeKube()
     databases = FakeDatabases(QueueDepth(0, 0))
-    reconciler = Reconciler(kube, databases, secrets=KnownSecrets())  # type: ignore[arg-type]
     generation = [1]
     ticks: list[int] = []
 
@@ -265,28 +321,36 @@ def test_the_loop_ticks_when_due_and_sleeps_otherwise():
         if len(ticks) == 2:
             raise RuntimeError("the API server said no")
 
-    async def scenario() -> None:
+    async def scenario(reconciler: Reconciler, clock: ManualClock) -> None:
         memory = ObjectMemory()
         loop = asyncio.create_task(reconciler.run(
             lambda: QueueWorkerObject("w", "ns", "uid", generation[0], SPEC, {}), memory, publish))
-        await asyncio.sleep(0.2)
-        assert ticks == [1], "at once"
-        databases.notify(0.0)
-        await asyncio.sleep(0.3)
-        assert ticks == [1], "a NOTIFY within a second of the last poll waits for that second"
-        await asyncio.sleep(0.8)
-        assert ticks == [1, 1]
-        generation[0] = 2
-        memory.wake.set()  # what kopf's event handler does on a new generation
-        await asyncio.sleep(0.2)
-        assert ticks == [1, 1, 2], "the failed write did not stop the loop"
-        await asyncio.sleep(0.5)
-        assert ticks == [1, 1, 2], "nothing more until the next poll (10 s)"
-        loop.cancel()
-    try:
-        asyncio.run(scenario())
-    finally:
-        reconciler.close()
+        try:
+            assert await clock.sleeps.get() == 10 and ticks == [1], "at once, then asleep until the next poll"
+            databases.notify(0.0)
+            assert await clock.sleeps.get() == 1 and ticks == [1], \
+                "a NOTIFY within a second of the last poll waits for that second"
+            await clock.advance(1)
+            assert await clock.sleeps.get() == 10 and ticks == [1, 1]
+            generation[0] = 2
+            memory.wake.set()  # what kopf's event handler does on a new generation
+            assert await clock.sleeps.get() == 10 and ticks == [1, 1, 2], "the failed write did not stop the loop"
+            await clock.advance(9)
+            assert ticks == [1, 1, 2], "nothing more until the next poll (10 s)"
+            await clock.advance(1)
+            assert await clock.sleeps.get() == 10 and ticks == [1, 1, 2, 2]
+        finally:
+            loop.cancel()
+
+    async def main() -> None:
+        clock = ManualClock()
+        reconciler = Reconciler(kube, databases, secrets=KnownSecrets(),  # type: ignore[arg-type]
+                                monotonic=clock.monotonic, wait=clock.wait)
+        try:
+            await asyncio.wait_for(scenario(reconciler, clock), 30)
+        finally:
+            reconciler.close()
+    asyncio.run(main())
 
 
 def test_a_deployment_owned_by_someone_else_is_left_alone():

@@ -5,15 +5,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
-from queueworker_controller.spec import QueueWorkerSpec, Scaling
+from queueworker.scaling import resource
+from queueworker.scaling.resource import QueueDepthField, StatusField
+from queueworker.names import QUEUE_PATTERN
+from queueworker_controller.spec import (
+    DEFAULT_SCALE_TARGET_API_VERSION, SHUTDOWN_HEADROOM_SECONDS, SHUTDOWN_MARGIN_SECONDS, QueueWorkerSpec, Scaling,
+)
 
 CRD_PATH = Path(__file__).resolve().parent.parent / "crds" / "queueworker.dev_queueworkers.yaml"
+# The chart's copy: a symlink to CRD_PATH (tests/test_chart.py checks it renders as it is).
+CHART_CRD_PATH = CRD_PATH.parent.parent / "charts" / "queueworker" / "files" / CRD_PATH.name
 
 
-def load_crd() -> dict:
-    return yaml.safe_load(CRD_PATH.read_text())
+def load_crd(path: Path = CRD_PATH) -> dict:
+    return yaml.safe_load(path.read_text())
 
 
 def version() -> dict:
@@ -25,13 +33,33 @@ def spec_schema() -> dict:
     return version()["schema"]["openAPIV3Schema"]["properties"]["spec"]
 
 
-def test_names():
-    crd = load_crd()
-    assert crd["metadata"]["name"] == "queueworkers.queueworker.dev"
+def names_of(fields: type) -> set[str]:
+    """The field names a class of queueworker.scaling.resource lists."""
+    return {value for key, value in vars(fields).items() if key.isupper()}
+
+
+@pytest.mark.parametrize("path", [CRD_PATH, CHART_CRD_PATH], ids=["crds", "chart"])
+def test_names(path):
+    crd = load_crd(path)
+    assert crd["metadata"]["name"] == "queueworkers.queueworker.dev" == resource.CRD_NAME
     names = crd["spec"]["names"]
     assert (names["kind"], names["plural"], names["shortNames"], names["categories"]) == \
         ("QueueWorker", "queueworkers", ["qw"], ["queueworker"])
-    assert version()["subresources"] == {"status": {}}
+    assert (crd["spec"]["group"], names["kind"], names["plural"], names["singular"], names["shortNames"],
+            names["categories"]) == (resource.GROUP, resource.KIND, resource.PLURAL, resource.SINGULAR,
+                                     list(resource.SHORT_NAMES), list(resource.CATEGORIES))
+    (served,) = crd["spec"]["versions"]
+    assert (served["name"], served["served"], served["storage"]) == (resource.VERSION, True, True)
+    assert served["subresources"] == {"status": {}}
+
+
+@pytest.mark.parametrize("path", [CRD_PATH, CHART_CRD_PATH], ids=["crds", "chart"])
+def test_the_status_schema_declares_the_fields_the_controller_writes_and_the_console_reads(path):
+    """queueworker.scaling.resource names them for both; kopf keeps its own state under `kopf`."""
+    (served,) = load_crd(path)["spec"]["versions"]
+    status = served["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    assert set(status) - {"kopf"} == names_of(StatusField)
+    assert set(status[StatusField.QUEUE_DEPTH]["properties"]) == names_of(QueueDepthField)
 
 
 def test_every_spec_field_is_described():
@@ -63,6 +91,24 @@ def test_schema_defaults_match_the_controller():
     rollout = props["rollout"]["properties"]
     assert rollout["strategy"]["default"] == minimal.rollout.strategy == "Drain"
     assert rollout["maxWaitSeconds"]["default"] == minimal.rollout.max_wait_seconds
+    target = props["scaleTargetRef"]["properties"]
+    assert target["apiVersion"]["default"] == DEFAULT_SCALE_TARGET_API_VERSION
+    assert QueueWorkerSpec.from_dict({"queue": "q", "database": {"secretRef": {"name": "s"}}, "scaleTargetRef": {
+        "kind": "Deployment", "name": "mine"}}).scale_target.api_version == DEFAULT_SCALE_TARGET_API_VERSION
+
+
+def test_queue_names_are_the_workers_and_the_described_grace_period_the_controllers():
+    """The CRD's queue pattern and length are the worker's QUEUE_PATTERN, written as the API server
+    wants it (an unbounded pattern and a maxLength); the grace period and the shutdown budget the
+    descriptions promise are the ones the controller renders."""
+    props = spec_schema()["properties"]
+    queue = props["queue"]
+    assert queue["pattern"].replace("]*$", "]{0,%d}$" % (queue["maxLength"] - 1)) == QUEUE_PATTERN
+    assert queue["minLength"] == 1
+    assert f"drainSeconds + {SHUTDOWN_MARGIN_SECONDS}" in props["drainSeconds"]["description"]
+    grace = props["template"]["properties"]["spec"]["properties"]["terminationGracePeriodSeconds"]["description"]
+    assert f"less {SHUTDOWN_HEADROOM_SECONDS} s" in " ".join(grace.split())
+    assert f"Defaults to drainSeconds + {SHUTDOWN_MARGIN_SECONDS}." in grace
 
 
 def test_printer_columns():

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from queueworker.db.migrate import migrate
-from queueworker_controller.spec import GROUP, PLURAL, VERSION
+from queueworker.scaling.resource import GROUP, PLURAL, VERSION
 from tests.test_controller_cluster import Cluster, cluster, enqueue_sleeps, task_report  # noqa: F401
 
 pytestmark = [pytest.mark.cluster, pytest.mark.integration]

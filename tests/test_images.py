@@ -27,7 +27,7 @@ from kubernetes import client
 from queueworker._version import __version__
 from queueworker.dev.localpg import free_port
 from queueworker.client.producer import enqueue_many
-from queueworker_controller.spec import GROUP, PLURAL, VERSION
+from queueworker.scaling.resource import GROUP, PLURAL, VERSION
 from tests.cluster.binaries import cache_root
 from tests.containers.engine import Engine
 from tests.cluster.fixtures import REQUIRE_ENV, required

@@ -228,3 +228,13 @@ def test_a_wait_limit_adds_exactly_one_replica_and_never_scales_down(inputs):
     if decision.reason == "WaitTooLong":
         assert decision.desired_replicas == inputs.current_replicas + 1
         assert inputs.depth.oldest_ready_age_seconds > inputs.params.max_wait_seconds
+
+
+def test_the_policys_defaults_are_those_of_a_queueworker_that_sets_none():
+    """ScalingParams() (what the demo and direct callers start from) decides as a QueueWorker whose
+    spec.scaling is empty: tasksPerReplica is then its concurrency (tests/test_crd.py holds the
+    CRD's defaults to the same spec)."""
+    from queueworker_controller.spec import QueueWorkerSpec
+
+    minimal = QueueWorkerSpec.from_dict({"queue": "q", "image": "i", "database": {"secretRef": {"name": "s"}}})
+    assert ScalingParams() == minimal.scaling_params()

@@ -4,8 +4,10 @@ variables are derived from it, flags win, and any bad value is one SettingsError
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import given, settings as hypothesis_settings, strategies as st
 from pydantic import ValidationError
 
@@ -113,3 +115,41 @@ def test_any_text_for_any_setting_is_a_setting_or_one_clear_error(field, text, f
         for name in FLOAT_FIELDS:
             value = getattr(settings, name)
             assert value is None or math.isfinite(value)
+
+
+# --- where a QueueWorker's spec becomes worker flags (the controller renders them) -------------------
+
+CRD_SPEC = yaml.safe_load((Path(__file__).resolve().parent.parent / "crds" / "queueworker.dev_queueworkers.yaml")
+                          .read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+# The spec fields that become `queueworker worker` flags, and the settings they set.
+WORKER_FLAG_FIELDS = {"concurrency": "concurrency", "leaseSeconds": "lease_seconds", "drainSeconds": "drain_seconds",
+                      "metricsPort": "metrics_port"}
+
+
+def settings_of_the_pods(spec: dict) -> WorkerSettings:
+    """The settings a QueueWorker's worker pods start with: its Deployment's args, parsed by the worker."""
+    from queueworker.cli import build_parser
+    from queueworker_controller.deployment import worker_args
+    from queueworker_controller.spec import QueueWorkerSpec
+
+    minimal = {"queue": "q", "image": "i", "database": {"secretRef": {"name": "s"}}}
+    args = build_parser().parse_args(worker_args(QueueWorkerSpec.from_dict({**minimal, **spec})))
+    return settings_from({option.field: getattr(args, option.field) for option in SETTING_OPTIONS}, {})
+
+
+def test_a_queueworker_that_sets_nothing_runs_its_workers_with_the_worker_defaults():
+    """The controller's defaults for these fields are WorkerSettings' (tests/test_crd.py holds the
+    CRD's to the controller's); the metrics port alone differs: a QueueWorker's pods serve metrics."""
+    defaults, pods = WorkerSettings(), settings_of_the_pods({})
+    assert [getattr(pods, field) for field in WORKER_FLAG_FIELDS.values() if field != "metrics_port"] == \
+        [getattr(defaults, field) for field in WORKER_FLAG_FIELDS.values() if field != "metrics_port"]
+    assert pods.metrics_port == CRD_SPEC["properties"]["metricsPort"]["default"] and defaults.metrics_port is None
+
+
+@pytest.mark.parametrize("bound", ["minimum", "maximum"])
+def test_every_value_the_crd_accepts_for_a_worker_flag_the_worker_accepts(bound):
+    """At the CRD's bounds of every field that becomes a worker flag, the pods' args are settings."""
+    spec = {name: CRD_SPEC["properties"][name][bound] for name in WORKER_FLAG_FIELDS}
+    pods = settings_of_the_pods(spec)
+    assert all(getattr(pods, field) == (spec[name] or None if name == "metricsPort" else spec[name])
+               for name, field in WORKER_FLAG_FIELDS.items())

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-GROUP, VERSION, PLURAL = "queueworker.dev", "v1alpha1", "queueworkers"
+from ..scaling.resource import GROUP, PLURAL, VERSION, StatusField
 LIST_LIMIT = 500
 REQUEST_TIMEOUT_SECONDS = 5
 
@@ -80,8 +80,10 @@ def _status(item: dict[str, Any]) -> QueueWorkerStatus:
     meta, spec, status = item.get("metadata", {}), item.get("spec", {}), item.get("status") or {}
     return QueueWorkerStatus(
         namespace=str(meta.get("namespace", "")), name=str(meta.get("name", "")), queue=str(spec.get("queue", "")),
-        replicas=status.get("replicas"), desired=status.get("desiredReplicas"),
-        ready_replicas=status.get("readyReplicas"), reason=str(status.get("reason", "")),
-        message=str(status.get("message", "")), last_scale_time=str(status.get("lastScaleTime", "")),
-        last_poll_time=str(status.get("lastPollTime", "")), queue_depth=dict(status.get("queueDepth") or {}),
-        conditions=[c for c in status.get("conditions") or [] if isinstance(c, dict)])
+        replicas=status.get(StatusField.REPLICAS), desired=status.get(StatusField.DESIRED_REPLICAS),
+        ready_replicas=status.get(StatusField.READY_REPLICAS), reason=str(status.get(StatusField.REASON, "")),
+        message=str(status.get(StatusField.MESSAGE, "")),
+        last_scale_time=str(status.get(StatusField.LAST_SCALE_TIME, "")),
+        last_poll_time=str(status.get(StatusField.LAST_POLL_TIME, "")),
+        queue_depth=dict(status.get(StatusField.QUEUE_DEPTH) or {}),
+        conditions=[c for c in status.get(StatusField.CONDITIONS) or [] if isinstance(c, dict)])

@@ -1,8 +1,18 @@
-"""Worker-side database connections: few, long-lived, reopened after any failure.
+"""Database connections that never wait without a bound, for the worker and the controller.
 
-A worker keeps one connection per kind of work (claiming, completing, heartbeating, listening,
-and one for the housekeeping duties), so claims, completions and heartbeats never wait behind
-each other or behind housekeeping, and no pool can give up on a database that restarts.
+Two helpers serve both: `connect_session` opens an autocommit connection with session settings
+(statement_timeout and the like), TCP keepalives and a `tcp_user_timeout`, falling back to no
+settings where a pooler refuses them (`connect_with_options`); `within_deadline` runs a statement
+under a client-side deadline, at which the connection's socket is shut down (`shut_down`), so the
+statement fails at once and is reported as StatementTimedOut. The server's own statement_timeout
+cannot fire for a statement that never reached it, and a cancel request would have to reach the
+same hung server. Each caller brings its own timeouts: a worker's are generous (a claim may wait
+on a busy database), the controller's short (a tick reads many databases).
+
+A worker keeps one `DutyConnection` per kind of work (claiming, completing, heartbeating,
+listening, and one for the housekeeping duties), so claims, completions and heartbeats never
+wait behind each other or behind housekeeping, and no pool can give up on a database that
+restarts. The controller pools a few connections per database (queueworker_controller.queuedb).
 """
 
 from __future__ import annotations
@@ -11,7 +21,8 @@ import asyncio
 import logging
 import os
 import socket
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import psycopg
 
@@ -21,13 +32,20 @@ from . import statements
 from .statements import P, R, Bound, Statement, typed_rows  # noqa: F401  typed_rows: TRANSITIONAL
 
 log = logging.getLogger("queueworker.db")
+T = TypeVar("T")
+
+
+def session_settings(**settings: object) -> str:
+    """The startup `options` that set each of `settings` for the session: `-c name=value ...`."""
+    return " ".join(f"-c {name}={value}" for name, value in settings.items())
+
 
 # Keep a stuck server from hanging a worker, and never leave a transaction open while idle.
 STATEMENT_TIMEOUT_SECONDS = 30
-# A prepared statement is still planned for its parameters every time: a generic CLAIM plan read
+# A prepared statement is still planned for its parameters every time: a generic claim plan read
 # twice the buffers and ran 5x slower when it was forced, so Postgres is not left to pick one.
-SESSION_SETTINGS = (f"-c statement_timeout={STATEMENT_TIMEOUT_SECONDS * 1000} "
-                    "-c idle_in_transaction_session_timeout=60000 -c plan_cache_mode=force_custom_plan")
+SESSION_SETTINGS = session_settings(statement_timeout=STATEMENT_TIMEOUT_SECONDS * 1000,
+                                    idle_in_transaction_session_timeout=60000, plan_cache_mode="force_custom_plan")
 CONNECT_TIMEOUT = 10
 # The server's statement_timeout cannot fire for a statement that never reached it (a network
 # path that accepts packets and delivers none): the client gives up a little later by itself.
@@ -55,6 +73,9 @@ NEVER_PREPARE: dict[str, Any] = {"prepare_threshold": None}
 PREPARE_AFTER_RUNS = 1
 # Databases (connection URLs) whose server refused the `options` startup parameter.
 _OPTIONS_REFUSED: set[str] = set()
+# A peer that vanished without closing the connection is noticed: an idle connection is probed
+# after 10 s of silence, every 5 s, and given up after 3 unanswered probes.
+KEEPALIVES: dict[str, Any] = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3}
 
 
 async def connect(dsn: str, application_name: str, durable_commits: bool = True,
@@ -63,11 +84,20 @@ async def connect(dsn: str, application_name: str, durable_commits: bool = True,
     the disk (synchronous_commit off): for statements whose loss in a crash harms nothing. With
     `prepare`, repeated statements are prepared unless the server refused the startup options."""
     options = SESSION_SETTINGS if durable_commits else SESSION_SETTINGS + " -c synchronous_commit=off"
-    return await connect_with_options(
-        dsn, options, autocommit=True, **({"prepare_threshold": PREPARE_AFTER_RUNS} if prepare else {}),
-        application_name=application_name,
-        connect_timeout=CONNECT_TIMEOUT, keepalives=1, keepalives_idle=10, keepalives_interval=5,
-        keepalives_count=3, tcp_user_timeout=CLIENT_TIMEOUT_SECONDS * 1000)
+    return await connect_session(dsn, application_name, options, connect_timeout=CONNECT_TIMEOUT,
+                                 tcp_user_timeout_ms=CLIENT_TIMEOUT_SECONDS * 1000,
+                                 **({"prepare_threshold": PREPARE_AFTER_RUNS} if prepare else {}))
+
+
+async def connect_session(dsn: str, application_name: str, settings: str, *, connect_timeout: int,
+                          tcp_user_timeout_ms: int, **parameters: Any) -> psycopg.AsyncConnection:
+    """An autocommit connection with the session `settings` (session_settings; left out where the
+    server refuses them: connect_with_options). `connect_timeout` (seconds) bounds the TCP connect,
+    the startup and the authentication; the keepalives, and data left unacknowledged for
+    `tcp_user_timeout_ms`, tell of a peer that is gone. `parameters` go to psycopg as they are."""
+    return await connect_with_options(dsn, settings, autocommit=True, application_name=application_name,
+                                      connect_timeout=connect_timeout, **KEEPALIVES,
+                                      tcp_user_timeout=tcp_user_timeout_ms, **parameters)
 
 
 async def connect_with_options(dsn: str, options: str, **parameters: Any) -> psycopg.AsyncConnection:
@@ -93,7 +123,55 @@ async def connect_with_options(dsn: str, options: str, **parameters: Any) -> psy
 
 
 class StatementTimedOut(psycopg.OperationalError):
-    """No answer within the client-side timeout; the connection was dropped."""
+    """No answer within the client-side timeout; the connection was dropped. The message names
+    the timeout, never the database URL."""
+
+
+async def within_deadline(conn: psycopg.AsyncConnection, work: Awaitable[T], deadline: float,
+                          timed_out: Callable[[], StatementTimedOut], *, abandon_after: float | None = None) -> T:
+    """Awaits `work`, a statement on `conn`, until `deadline` (the event loop's clock). At the
+    deadline the connection's socket is shut down: the statement fails at once, and `timed_out()`
+    is raised instead of its error. The connection is broken then, for its owner to drop.
+
+    Without `abandon_after`, `work` runs in the caller's task: cancelling the caller cancels the
+    statement the way psycopg does (a cancel request, then up to 10 s for the server to confirm),
+    and the connection stays usable. For a connection kept across cancellations (DutyConnection,
+    whose `sever()` is the quick way out when the database is known not to answer).
+
+    With `abandon_after` (seconds), `work` runs in a task of its own and the caller never waits on
+    psycopg: cancelled, the caller shuts the socket down and returns at once; past the deadline, it
+    raises within `abandon_after` seconds even if the statement has not noticed the shutdown (the
+    statement's task is cancelled then). For a connection dropped after any failure (a pool's)."""
+    loop = asyncio.get_running_loop()
+    if abandon_after is None:
+        expiry = loop.call_at(deadline, shut_down, conn)
+        try:
+            return await work
+        except psycopg.Error:
+            if loop.time() < deadline:
+                raise
+            raise timed_out() from None
+        finally:
+            expiry.cancel()
+    task = asyncio.ensure_future(work)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=deadline - loop.time())
+    except asyncio.CancelledError:
+        _abandon(conn, task, abandon_after)
+        raise
+    if task in done:
+        return task.result()
+    _abandon(conn, task, abandon_after)
+    await asyncio.wait({task}, timeout=abandon_after)
+    raise timed_out()
+
+
+def _abandon(conn: psycopg.AsyncConnection, task: asyncio.Future[Any], cancel_after: float) -> None:
+    """Makes the statement on `conn` fail now (shut_down). The task's outcome is collected so it is
+    never reported as unretrieved; if psycopg still waits `cancel_after` seconds later, it is cancelled."""
+    shut_down(conn)
+    task.add_done_callback(lambda done: done.cancelled() or done.exception())
+    asyncio.get_running_loop().call_later(cancel_after, task.cancel)
 
 
 class DutyConnection:
@@ -131,8 +209,7 @@ class DutyConnection:
 
     async def _within_deadline(self, timeout: float, statement: Statement[P, R], params: P,
                                lock: Bound | None, row: Any = None) -> list[R]:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
+        deadline = asyncio.get_running_loop().time() + timeout
         if self._lock.locked():
             try:
                 async with asyncio.timeout_at(deadline):
@@ -144,16 +221,10 @@ class DutyConnection:
             await self._lock.acquire()  # free: returns at once
         try:
             conn = await self._connection(deadline, timeout)
-            expiry = loop.call_at(deadline, shut_down, conn)
-            try:
-                return await self._run(conn, statement, params, lock, row)
-            except psycopg.Error:
-                if loop.time() < deadline:
-                    raise
-                raise StatementTimedOut(f"{self._application_name}: no answer from the database within "
-                                        f"{timeout:.1f} s") from None
-            finally:
-                expiry.cancel()
+            return await within_deadline(
+                conn, self._run(conn, statement, params, lock, row), deadline,
+                lambda: StatementTimedOut(f"{self._application_name}: no answer from the database within "
+                                          f"{timeout:.1f} s"))
         finally:
             self._lock.release()
 
@@ -178,17 +249,14 @@ class DutyConnection:
         retries = 0
         while True:
             try:
-                if isinstance(statement, str):  # TRANSITIONAL: untyped callers, until each is converted
-                    if lock is None:
-                        return await _untyped_rows(conn, statement, params, row)
-                    async with conn.transaction():
-                        await conn.execute(lock, params)
-                        return await _untyped_rows(conn, statement, params, row)
                 if lock is None:
-                    return await _rows(conn, statement, params)
+                    return await run_statement(conn, statement, params, row)
                 async with conn.transaction():
-                    await statements.execute_async(conn, lock.statement, lock.params, prepare=None)
-                    return await _rows(conn, statement, params)
+                    if isinstance(statement, str):  # TRANSITIONAL: an untyped statement's lock is a string too
+                        await conn.execute(lock, params)
+                    else:
+                        await statements.execute_async(conn, lock.statement, lock.params, prepare=None)
+                    return await run_statement(conn, statement, params, row)
             except psycopg.Error as exc:
                 if conn.broken or conn.closed:
                     await self._discard()
@@ -218,9 +286,12 @@ class DutyConnection:
             await self._discard()
 
 
-async def _rows(conn: psycopg.AsyncConnection, statement: Statement[P, R], params: P) -> list[R]:
-    """The statement's rows, or none for a statement run for its effect; prepared as the
-    connection's `prepare_threshold` says."""
+async def run_statement(conn: psycopg.AsyncConnection, statement: Statement[P, R], params: P,
+                        row: Any = None) -> list[R]:
+    """Runs one statement and returns its rows, or none for a statement run for its effect;
+    prepared as the connection's `prepare_threshold` says."""
+    if isinstance(statement, str):  # TRANSITIONAL: untyped callers, until each is converted
+        return await _untyped_rows(conn, statement, params, row)
     if statement.row is None:
         await statements.execute_async(conn, statement, params, prepare=None)
         return []
@@ -243,5 +314,5 @@ def shut_down(conn: psycopg.AsyncConnection) -> None:
     try:
         with socket.socket(fileno=os.dup(conn.pgconn.socket)) as sock:
             sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
+    except (OSError, psycopg.Error):
+        pass  # no socket left (the connection was lost meanwhile): the statement is failing anyway

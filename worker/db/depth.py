@@ -1,19 +1,21 @@
-"""The controller's read of queue depth and of the leases worker pods hold (queueworker_controller.queuedb). The statements are in depth.sql."""
+"""What the controller runs against a queue's database (queueworker_controller.queuedb): queue
+depth, the leases worker pods hold, and the LISTEN for producers' announcements. The statements
+are in depth.sql."""
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from .statements import Params, SqlFile
+from .statements import NoParams, Params, SqlFile
 
 _SQL = SqlFile("depth")
 
 
 class QueueDepthParams(Params):
-    throughput: bool
-    cap: int
+    throughput: bool  # also read the recent finish rate and task duration (the throughput floor)
+    cap: int  # ready, retrying, blocked and due_soon are counted up to this
     queues: list[str]
-    lookaheads: list[float | None]
+    lookaheads: list[float | None]  # one per queue: seconds ahead that due_soon looks, or None
 
 
 class QueueDepthRow(NamedTuple):
@@ -43,12 +45,15 @@ class WorkerLeaseRow(NamedTuple):
     pod_name: str
     running: int
     draining: bool
-    oldest_lease_age: float
+    oldest_lease_age: float | None  # None for a worker that holds no lease
 
 
 QUEUE_DEPTH = _SQL.statement("queue_depth", QueueDepthParams, QueueDepthRow)
 QUEUE_DEPTH_WITHOUT_FLOW = _SQL.statement("queue_depth_without_flow", QueueDepthParams, QueueDepthRow)
 QUEUE_DEPTH_WITHOUT_BLOCKED = _SQL.statement("queue_depth_without_blocked", QueueDepthParams, QueueDepthRow)
+# Newest schema first: a database refuses the newer ones until it is migrated.
+QUEUE_DEPTHS_BY_AGE = (QUEUE_DEPTH, QUEUE_DEPTH_WITHOUT_FLOW, QUEUE_DEPTH_WITHOUT_BLOCKED)
 WORKER_LEASES = _SQL.statement("worker_leases", WorkerLeasesParams, WorkerLeaseRow)
+LISTEN_FOR_ANNOUNCEMENTS = _SQL.statement("listen_for_announcements", NoParams)
 
 _SQL.check_all_declared()

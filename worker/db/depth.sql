@@ -1,7 +1,27 @@
--- The controller's read of queue depth and of the leases worker pods hold (queueworker_controller.queuedb).
+-- What the controller runs against a queue's database (queueworker_controller.queuedb): the depth
+-- of its queues each tick, the leases worker pods hold before a scale-in, and the LISTEN for
+-- producers' announcements. It reads counts and leases, never payloads (docs/security.md).
 -- Each statement is declared, with its parameter and row types, in queueworker/db/depth.py.
+--
+-- The depth is one cheap statement per database per tick, whatever the history size: ready and
+-- retrying tasks are counted only up to %(cap)s (what scaling needs), running ones are bounded by
+-- the fleet's concurrency, and the head-of-queue age reads a single claim-index entry. With
+-- %(throughput)s, the last 5000 tasks the database finished (succeeded or failed) within the last
+-- 60 seconds give each queue's finish rate and mean task duration: one bounded walk of the
+-- finished-at index for the whole statement, however many queues and however busy. The three
+-- queue_depth statements repeat that sample (`recent` and `sampled`) word for word; a test
+-- (tests/test_controller_queuedb.py) holds them to it.
 
 -- name: queue_depth
+-- Each queue comes with a lookahead (seconds, or NULL for none): waiting tasks (delayed, or
+-- retrying after their backoff) due by then count as due_soon, up to the cap, through the index
+-- of waiting tasks. Without a lookahead those are the ones already due: the workers' scheduler
+-- admits them to the claim index, but a fleet at zero replicas runs no scheduler, so they must
+-- count. Blocked tasks (waiting on prerequisites) are reported, never scaled for, counted up to the
+-- cap. Flow control (migration 009): a paused queue or an open breaker starts nothing whatever its
+-- backlog; a cap on running tasks or a rate limit bounds the replicas worth running, and for a
+-- rate, the mean duration of the queue's last 100 successes gives the slots it keeps busy
+-- (Little's law).
 WITH recent AS MATERIALIZED (
     SELECT queue, started_at, finished_at FROM queueworker.tasks
     WHERE %(throughput)s AND state IN ('succeeded', 'failed') AND started_at IS NOT NULL
@@ -50,8 +70,8 @@ LEFT JOIN LATERAL (
     FROM queueworker.queues l WHERE l.name = q.queue AND l.limited) AS f ON true;
 
 -- name: queue_depth_without_flow
--- The same against older schemas, whose tenants a newer controller may serve while their workers
--- are older: before version 9 (no flow control) and before version 5 (no `blocked` state either).
+-- queue_depth against a schema older than version 9 (no queueworker.queues, no flow control): the
+-- tenants a newer controller serves may run older workers. Tried when queue_depth fails so.
 WITH recent AS MATERIALIZED (
     SELECT queue, started_at, finished_at FROM queueworker.tasks
     WHERE %(throughput)s AND state IN ('succeeded', 'failed') AND started_at IS NOT NULL
@@ -91,6 +111,7 @@ LEFT JOIN LATERAL (
     FROM recent r WHERE %(throughput)s AND r.queue = q.queue HAVING count(*) > 0) AS t ON true;
 
 -- name: queue_depth_without_blocked
+-- queue_depth against a schema older than version 5 (no `blocked` task state either): none blocked.
 WITH recent AS MATERIALIZED (
     SELECT queue, started_at, finished_at FROM queueworker.tasks
     WHERE %(throughput)s AND state IN ('succeeded', 'failed') AND started_at IS NOT NULL
@@ -128,8 +149,9 @@ LEFT JOIN LATERAL (
     FROM recent r WHERE %(throughput)s AND r.queue = q.queue HAVING count(*) > 0) AS t ON true;
 
 -- name: worker_leases
--- Live workers of one namespace with the leases they hold right now (not as of their last
--- heartbeat), to price pods for scale-in.
+-- The worker pods of one namespace serving a queue, with the leases they hold right now (counted
+-- from the tasks, not the count of their last heartbeat) and the age of the oldest: read right
+-- before a scale-in, to price pods so the idle ones go first (queueworker_controller.scalein).
 SELECT w.pod_name, count(t.id)::int AS running, w.draining,
        extract(epoch FROM now() - min(t.started_at))::float8 AS oldest_lease_age
 FROM queueworker.workers w
@@ -137,3 +159,9 @@ LEFT JOIN queueworker.tasks t ON t.lease_owner = w.id AND t.state = 'running'
 WHERE w.pod_namespace = %(namespace)s AND w.pod_name IS NOT NULL
   AND %(queue)s = ANY(w.queues)
 GROUP BY w.id, w.pod_name, w.running, w.draining;
+
+-- name: listen_for_announcements
+-- Producers (and the workers' scheduler) announce tasks on the channel `queueworker`, one
+-- notification per queue per statement (queueworker.events.parse_announcement reads them): a
+-- QueueWorker idle at zero replicas then ticks at once instead of at its next poll.
+LISTEN queueworker;

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..db.depth import QueueDepthRow
 
 DEFAULT_TOLERANCE = 0.1
 
@@ -40,7 +43,7 @@ class ScalingParams:
 
 @dataclass(frozen=True)
 class QueueDepth:
-    """One queue's counts as read by `queueworker.sql.QUEUE_DEPTH` (ready may be capped)."""
+    """One queue's counts as read by `queueworker.db.depth.QUEUE_DEPTH` (ready may be capped)."""
 
     ready: int
     running: int
@@ -62,11 +65,12 @@ class QueueDepth:
     recent_task_seconds: float | None = None
 
     @classmethod
-    def from_row(cls, row: Any) -> QueueDepth:
-        """From a `queueworker.sql.QueueDepthRow`."""
-        return cls(int(row.ready), int(row.running), int(row.retrying), row.oldest_ready_age, int(row.blocked),
-                   row.paused, row.breaker_open, row.rate_per_second, row.max_running, row.mean_task_seconds,
-                   int(row.due_soon), row.finish_rate, row.recent_task_seconds)
+    def from_row(cls, row: QueueDepthRow) -> QueueDepth:
+        return cls(ready=int(row.ready), running=int(row.running), retrying=int(row.retrying),
+                   oldest_ready_age_seconds=row.oldest_ready_age, blocked=int(row.blocked), paused=row.paused,
+                   breaker_open=row.breaker_open, rate_per_second=row.rate_per_second, max_running=row.max_running,
+                   mean_task_seconds=row.mean_task_seconds, due_soon=int(row.due_soon),
+                   finish_rate=row.finish_rate, recent_task_seconds=row.recent_task_seconds)
 
     @property
     def demand(self) -> int:
