@@ -33,7 +33,8 @@ from typing import Any
 import psycopg
 from queueworker.db import connection as db
 from queueworker import dsn as dsn_text
-from queueworker.db import sql
+from queueworker.db import sql, statements
+from queueworker.db.statements import P, Statement
 from queueworker.events import parse_announcement
 from queueworker.runtime.listener import LISTEN_CHECK_SECONDS, notifications_arrive
 
@@ -197,6 +198,11 @@ class Database:
         async with self._pool.connection() as conn:
             return await _within_deadline(conn, _execute(conn, statement, params))
 
+    async def _send(self, statement: Statement[P, Any], params: P) -> None:
+        """Runs a statement for its effect on a pooled connection: the listen check's notification."""
+        async with self._pool.connection() as conn:
+            await _within_deadline(conn, statements.execute_async(conn, statement, params))
+
     async def _listen(self) -> None:
         """Supervised for the database's lifetime: any failure is logged and retried with backoff.
         Ends for good where notifications do not arrive at all: `listening` stays false."""
@@ -204,7 +210,7 @@ class Database:
         while True:
             try:
                 async with await _connect(self._dsn, "queueworker-controller-listen") as conn:
-                    if not await _within_deadline(conn, notifications_arrive(conn, self._run),
+                    if not await _within_deadline(conn, notifications_arrive(conn, self._send),
                                                   LISTEN_CHECK_SECONDS + STATEMENT_DEADLINE_SECONDS):
                         log.warning("notifications do not reach the controller from %s (a PgBouncer in transaction "
                                     "pooling mode?): its QueueWorkers poll at their pollingIntervalSeconds",

@@ -187,7 +187,7 @@ def test_the_listen_check_fails_through_pgbouncer_and_passes_on_a_direct_connect
         conn = await db.connect(url, "queueworker-test-listen")
         sender = db.DutyConnection(url, "queueworker-test-notify")
         try:
-            return await notifications_arrive(conn, sender)
+            return await notifications_arrive(conn, sender.execute)
         finally:
             await conn.close()
             await sender.close()

@@ -22,12 +22,14 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import psycopg
 
 from ..db import connection as db
 from ..db.notify import (CANCEL_CHANNEL, CRON_CHANNEL, NOTIFY_CHANNEL, NOTIFY_CHECK, QUEUES_CHANNEL,
                          NotifyCheckParams, listen, unlisten)
+from ..db.statements import Statement
 from .. import metrics
 from ..events import parse_announcement
 from .. import dsn as dsn_text
@@ -39,13 +41,16 @@ log = logging.getLogger("queueworker.listener")
 # to work: milliseconds on a direct connection, never through a transaction pooler.
 LISTEN_CHECK_SECONDS = 5.0
 
+# Runs a statement for its effect on a connection of its own: DutyConnection.execute, or the like.
+Send = Callable[[Statement[NotifyCheckParams, Any], NotifyCheckParams], Awaitable[Any]]
 
-async def notifications_arrive(conn: psycopg.AsyncConnection, sender: db.DutyConnection) -> bool:
+
+async def notifications_arrive(conn: psycopg.AsyncConnection, send: Send) -> bool:
     """Whether NOTIFYs reach `conn` (autocommit, not listening to anything yet): it listens on a
-    channel of its own, to which `sender` (another connection) notifies once."""
+    channel of its own, to which `send` (another connection's statement runner) notifies once."""
     channel = f"queueworker_check_{uuid.uuid4().hex}"
     await listen(conn, channel)
-    await sender.execute(NOTIFY_CHECK, NotifyCheckParams(channel=channel))
+    await send(NOTIFY_CHECK, NotifyCheckParams(channel=channel))
     arrived = False
     async for notify in conn.notifies(timeout=LISTEN_CHECK_SECONDS):
         if notify.channel == channel:
@@ -92,7 +97,7 @@ class Listener:
             return self._poll_interval
         conn = self._live = await db.connect(self._dsn, "queueworker-listen")
         try:
-            if not await notifications_arrive(conn, self._conn):
+            if not await notifications_arrive(conn, self._conn.execute):
                 log.warning("notifications do not reach this worker (a PgBouncer in transaction pooling mode?): "
                             "polling every %g s instead of listening", self._poll_interval)
                 self.polling = True
