@@ -79,7 +79,8 @@ class WorkerSignals:
         self.heard: Signal[psycopg.Notify] = Signal()
         """A notification reached the listener, before the listener acts on it."""
         self.woken: Signal[None] = Signal()
-        """The fetch loop was woken to claim now (a notification, a due time, the listener's catch-up)."""
+        """The fetch loop was woken to claim now: tasks announced as due, the listener's catch-up, a
+        change of flow control."""
         self.claiming: Signal[str] = Signal()
         """A claim is about to be sent, for this queue."""
         self.claimed: Signal[list[ClaimedRow]] = Signal()

@@ -1,13 +1,15 @@
 """The worker process: the lease loop of docs/state-machine.md.
 
 The fetch loop claims pending tasks in batches sized by free slots and hands each attempt to
-its handler; the completer flushes outcomes in batches; the heartbeater keeps leases alive and
-fences attempts whose lease passed by its own clock; the rescuer, scheduler, cron duty and cleaner
-run the queue's background duties; the listener wakes the fetch loop (or polls, where LISTEN does
-not work). Every duty runs under the same supervisor (worker/runtime/supervisor.py): no error ends it. On a
-stop request (SIGTERM/SIGINT when it owns the signals) the worker drains within one shutdown budget: stop claiming, let attempts finish
-until the drain deadline, cancel the rest and hand their leases back without consuming an attempt,
-flush every outcome, deregister.
+its handler (worker/runtime/processing.py); the completer flushes outcomes in batches; the
+heartbeater keeps leases alive and fences attempts whose lease passed by its own clock; the
+rescuer, scheduler, cron duty and cleaner run the queue's background duties; the listener wakes
+the fetch loop (or polls, where LISTEN does not work). Every duty runs under the same supervisor
+(worker/runtime/supervisor.py): no error ends it. On a stop request (SIGTERM/SIGINT when it owns
+the signals) the worker drains within one shutdown budget (worker/runtime/shutdown.py): stop
+claiming, let attempts finish until the drain deadline, cancel the rest and hand their leases back
+without consuming an attempt, flush every outcome, deregister. `Worker.signals`
+(worker/runtime/signals.py) tells tests and applications what it does, as it does it.
 
 `Worker`, `run_worker` and `run_worker_async` are the public way to run one, inside an application
 as well as from the CLI (which uses `run_worker`): docs/embedding.md.
@@ -155,7 +157,7 @@ class Worker:
                                            (dsn, dsn_text.parse(dsn).get("password")), self._slot_freed)
         # Heartbeats have a connection of their own: a slow flush must never hold back the beat that
         # keeps every lease alive (a heartbeat that meets a row a flush just moved is re-run:
-        # db.met_moved_row).
+        # connection.met_moved_row).
         self.heartbeater = Heartbeater(self._heartbeat_conn, self.identity, settings.heartbeat_seconds,
                                        settings.lease_seconds, lambda: list(self._inflight.values()),
                                        lambda: self._draining, self._can_claim, self._leases_lost)
