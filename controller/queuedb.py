@@ -33,7 +33,7 @@ from typing import Any
 
 import psycopg
 from queueworker import dsn as dsn_text
-from queueworker.db import connection as db
+from queueworker.db import connection as db, statements
 from queueworker.db.depth import (
     LISTEN_FOR_ANNOUNCEMENTS, QUEUE_DEPTHS_BY_AGE, WORKER_LEASES, QueueDepthParams, QueueDepthRow, WorkerLeasesParams,
 )
@@ -206,6 +206,11 @@ class Database:
         async with self._pool.connection() as conn:
             return await _within_deadline(conn, db.run_statement(conn, statement, params))
 
+    async def _send(self, statement: Statement[P, Any], params: P) -> None:
+        """Runs a statement for its effect on a pooled connection: the listen check's notification."""
+        async with self._pool.connection() as conn:
+            await _within_deadline(conn, statements.execute_async(conn, statement, params))
+
     async def _listen(self) -> None:
         """Supervised for the database's lifetime: any failure is logged and retried with backoff.
         Ends for good where notifications do not arrive at all: `listening` stays false."""
@@ -213,7 +218,7 @@ class Database:
         while True:
             try:
                 async with await _connect(self._dsn, "queueworker-controller-listen") as conn:
-                    if not await _within_deadline(conn, notifications_arrive(conn, self._run),
+                    if not await _within_deadline(conn, notifications_arrive(conn, self._send),
                                                   LISTEN_CHECK_SECONDS + STATEMENT_DEADLINE_SECONDS):
                         log.warning("notifications do not reach the controller from %s (a PgBouncer in transaction "
                                     "pooling mode?): its QueueWorkers poll at their pollingIntervalSeconds",

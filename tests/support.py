@@ -190,27 +190,30 @@ class FreezableProxy:
 
 
 class WatchedDuty:
-    """A background duty of an in-process Worker, watched (wrap it before the worker runs): the
-    delay each pass returned, and whether the duty sleeps, so a test can let it settle into a wait
-    and then see the pass that something (a notification) caused."""
+    """A background duty of an in-process Worker, watched through the worker's signals (watch it
+    before the worker runs): the delay each pass returned, and whether the duty sleeps, so a test
+    can let it settle into a wait and then see the pass that something (a notification) caused.
+    `name` is the duty's (as the worker's log lines say it), `wake` the event that wakes it."""
 
-    def __init__(self, duty: Any, wake: asyncio.Event):
-        self._step = duty.step
+    def __init__(self, worker: Any, name: str, wake: asyncio.Event):
+        self._name = name
         self._wake = wake
-        duty.step = self._pass
         self.started = 0
         self.delays: list[float | None] = []
         self._running = False
+        worker.signals.duty_started.watch(self._started)
+        worker.signals.duty_ended.watch(self._ended)
 
-    async def _pass(self) -> float | None:
-        self.started += 1
-        self._running = True
-        try:
-            delay = await self._step()
-        finally:
+    def _started(self, duty: str) -> None:
+        if duty == self._name:
+            self.started += 1
+            self._running = True
+
+    def _ended(self, ended: Any) -> None:
+        if ended.duty == self._name:
             self._running = False
-        self.delays.append(delay)
-        return delay
+            if not ended.failed:
+                self.delays.append(ended.delay)
 
     async def asleep_after(self, started: int, timeout: float = 60.0) -> int:
         """Waits until a pass begun after the first `started` ones has ended and nothing has woken
@@ -237,13 +240,8 @@ async def start_listening(worker: Any, *watched: WatchedDuty) -> asyncio.Task:
     a wait after the look that listening starts with (so that a later pass has another cause);
     returns the task running it."""
     marks: list[list[int]] = []
-    heard = worker.listener._on_schedules  # called once LISTEN is in place, after the catch-up
-
-    def on_schedules() -> None:
-        marks.append([duty.started for duty in watched])
-        heard()
-
-    worker.listener._on_schedules = on_schedules
+    # The worker's `listening` signal comes once LISTEN is in place, after the catch-up.
+    worker.signals.listening.watch(lambda _: marks.append([duty.started for duty in watched]))
     running = asyncio.create_task(worker.run())
     await until(lambda: bool(marks) or running.done(), 60, "the listener to listen")
     assert not running.done() and not worker.listener.polling

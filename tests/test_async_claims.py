@@ -20,7 +20,7 @@ import uuid
 import psycopg
 import pytest
 
-from queueworker.db import sql
+from queueworker.db import lease, statements
 from queueworker.db.connection import connect
 from queueworker.dev.localpg import LocalPostgres, PostgresNotFound
 from queueworker.db.migrate import migrate
@@ -51,13 +51,11 @@ def _claim_then_crash(dsn: str, durable_commits: bool) -> tuple[int, int]:
         walwriter, = admin.execute(
             "SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'").fetchone()
 
-    async def claim() -> sql.ClaimedRow:
+    async def claim() -> lease.ClaimedRow | None:
         conn = await connect(dsn, "queueworker-claim", durable_commits)
         try:
-            cursor = await conn.execute(sql.CLAIM, {"queue": "default", "limit": 1, "worker": uuid.uuid4(),
-                                                    "lease_seconds": 60, "timeout_seconds": 60})
-            row = await cursor.fetchone()
-            return None if row is None else sql.ClaimedRow._make(row)
+            return await statements.fetch_one_async(conn, lease.CLAIM, lease.ClaimParams(
+                queue="default", limit=1, worker=uuid.uuid4(), lease_seconds=60, timeout_seconds=60))
         finally:
             await conn.close()
 
@@ -92,8 +90,8 @@ def _state_and_token(dsn: str, task_id: int) -> tuple[str, int | None]:
 
 def _complete(dsn: str, task_id: int, token: int) -> list:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        return conn.execute(sql.COMPLETE_SUCCEEDED, {"ids": [task_id], "tokens": [token], "results": [None]}
-                            ).fetchall()
+        return statements.fetch(conn, lease.COMPLETE_SUCCEEDED, lease.CompleteSucceededParams(
+            ids=[task_id], tokens=[token], results=[None]))
 
 
 def test_a_claim_lost_in_a_crash_puts_the_task_back_and_fences_its_holder(crashable_dsn):

@@ -432,7 +432,7 @@ def test_runtime_changes_reach_a_running_workers_cron_duty_by_notification(dsn, 
 
     async def scenario() -> int:
         worker = Worker(dsn, WorkerSettings(), Registry(), schedule=Schedule())
-        duty = WatchedDuty(worker.cron, worker.cron.wake)
+        duty = WatchedDuty(worker, "cron", worker.cron.wake)
         running = await start_listening(worker, duty)
         try:
             assert duty.delays[-1] == safety  # no schedule yet

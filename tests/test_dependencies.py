@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from queueworker import TaskSpec, enqueue, enqueue_chain, enqueue_many
 
-from queueworker.db import sql
+from queueworker.db import lease, statements, tasks
 from tests.support import WorkerProcess, query, wait_until
 
 pytestmark = pytest.mark.integration
@@ -31,18 +31,20 @@ def states(dsn: str, ids: list[int]) -> list[str]:
 
 
 def claim(conn, queue: str = "default", limit: int = 100) -> dict[int, int]:
-    rows = conn.execute(sql.CLAIM, {"queue": queue, "worker": uuid.uuid4(), "lease_seconds": 30,
-                                    "timeout_seconds": 60, "limit": limit}).fetchall()
-    return {row[0]: row[6] for row in rows}
+    rows = statements.fetch(conn, lease.CLAIM, lease.ClaimParams(queue=queue, worker=uuid.uuid4(), lease_seconds=30,
+                                                                 timeout_seconds=60, limit=limit))
+    return {row.id: row.lease_token for row in rows}
 
 
 def succeed(conn, task_id: int, tokens: dict[int, int]) -> None:
-    conn.execute(sql.COMPLETE_SUCCEEDED, {"ids": [task_id], "tokens": [tokens[task_id]], "results": [None]})
+    statements.fetch(conn, lease.COMPLETE_SUCCEEDED, lease.CompleteSucceededParams(
+        ids=[task_id], tokens=[tokens[task_id]], results=[None]))
 
 
 def fail(conn, task_id: int, tokens: dict[int, int]) -> None:
-    conn.execute(sql.COMPLETE_FAILED, {"ids": [task_id], "tokens": [tokens[task_id]], "retryables": [False],
-                                       "backoffs": [0.0], "errors": [Jsonb({"message": "broken"})]})
+    statements.fetch(conn, lease.COMPLETE_FAILED, lease.CompleteFailedParams(
+        ids=[task_id], tokens=[tokens[task_id]], retryables=[False], backoffs=[0.0],
+        errors=[Jsonb({"message": "broken"})]))
 
 
 def test_a_chain_runs_stage_by_stage_and_each_promotion_rides_the_success(dsn):
@@ -77,7 +79,7 @@ def test_a_failed_prerequisite_cancels_the_chain_and_its_retry_blocks_it_again(d
         assert errors[c]["message"] == f"prerequisite task {b} ended cancelled (after task {a} ended)"
         assert claim(conn) == {}, "nothing of the chain is claimable"
 
-        conn.execute(sql.RETRY_TASK, {"id": a})
+        statements.fetch(conn, tasks.RETRY_TASK, tasks.RetryTaskParams(id=a))
         assert states(dsn, [a, b, c]) == ["pending", "blocked", "blocked"]
         for stage in (a, b, c):
             tokens = claim(conn)

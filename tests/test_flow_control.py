@@ -194,7 +194,7 @@ def test_a_limit_set_at_runtime_reaches_a_running_worker_by_notification(dsn, mo
 
     async def scenario() -> int:
         worker = Worker(dsn, WorkerSettings(queues=("notified",)), Registry())
-        duty = WatchedDuty(worker.flow, worker.flow.wake)
+        duty = WatchedDuty(worker, "flow", worker.flow.wake)
         running = await start_listening(worker, duty)
         try:
             assert duty.delays[-1] > safety - 60 and not worker.flow.limited

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from queueworker import jsonvalue
 from queueworker.db.migrate import migrate
 from queueworker.client.producer import enqueue_many
-from queueworker.runtime.worker import RESULT_LIMIT_BYTES
+from queueworker.runtime.processing import RESULT_LIMIT_BYTES
 from tests.hostile_handlers import build
 from tests.support import WorkerProcess, query, scalar, wait_until
 

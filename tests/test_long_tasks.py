@@ -18,7 +18,7 @@ from psycopg.types.json import Jsonb
 
 from queueworker import Continue, RetryAfter, Snooze, TaskContext, cancel, cancel_many, enqueue, get_task, jsonvalue, wait_for
 from queueworker.client import results
-from queueworker.db import sql
+from queueworker.db import duties, lease, statements
 from tests.support import FAST_LEASES, WorkerProcess, query, scalar, wait_until
 
 HANDLERS = ("--handlers", "tests.long_task_handlers")
@@ -61,8 +61,8 @@ def test_save_checkpoint_needs_a_worker_and_storable_json():
 
 # -- the statements ---------------------------------------------------------------------------
 
-def _claim(conn) -> sql.ClaimedRow:
-    row, = [sql.ClaimedRow._make(r) for r in conn.execute(sql.CLAIM, {**CLAIM, "worker": uuid.uuid4()})]
+def _claim(conn) -> lease.ClaimedRow:
+    row, = statements.fetch(conn, lease.CLAIM, lease.ClaimParams(**CLAIM, worker=uuid.uuid4()))
     return row
 
 
@@ -74,16 +74,19 @@ def test_a_checkpoint_write_is_fenced_by_the_lease_and_reaches_the_next_attempt(
         assert first.checkpoint_json is None
         save = {"id": task_id, "token": first.lease_token, "checkpoint": Jsonb({"next": 5}),
                 "progress": Jsonb({"done": 5})}
-        assert conn.execute(sql.SAVE_CHECKPOINT, save).fetchall() == [(task_id, first.lease_token)]
+        assert statements.fetch(conn, lease.SAVE_CHECKPOINT, lease.SaveCheckpointParams(**save)) == [
+            (task_id, first.lease_token)]
         conn.execute("UPDATE queueworker.tasks SET leased_until = now() - interval '1 s' WHERE id = %s", (task_id,))
-        conn.execute(sql.RESCUE, {"lock_key": sql.RESCUER_LOCK_KEY, "deadline_grace": 60, "worker_ttl": 60,
-                                  "limit": 10})
+        statements.fetch(conn, duties.RESCUE, duties.RescueParams(lock_key=duties.RESCUER_LOCK_KEY, deadline_grace=60,
+                                                                  worker_ttl=60, limit=10))
         second = _claim(conn)
         assert json.loads(second.checkpoint_json) == {"next": 5}, "the rescued task resumes from its checkpoint"
         stale = {**save, "checkpoint": Jsonb({"next": 99})}
-        assert conn.execute(sql.SAVE_CHECKPOINT, stale).fetchall() == [], "the old lease writes nothing"
+        assert statements.fetch(conn, lease.SAVE_CHECKPOINT, lease.SaveCheckpointParams(**stale)) == [], \
+            "the old lease writes nothing"
         assert scalar(dsn, "SELECT checkpoint FROM queueworker.tasks WHERE id = %s", (task_id,)) == {"next": 5}
-        conn.execute(sql.COMPLETE_SUCCEEDED, {"ids": [task_id], "tokens": [second.lease_token], "results": [None]})
+        statements.fetch(conn, lease.COMPLETE_SUCCEEDED, lease.CompleteSucceededParams(
+            ids=[task_id], tokens=[second.lease_token], results=[None]))
     info = get_task(psycopg.connect(dsn), task_id)
     assert (info.state, info.checkpoint, info.progress) == ("succeeded", None, {"done": 5}), \
         "success drops the checkpoint and keeps the progress"
@@ -343,7 +346,8 @@ def test_cli_lists_tasks_with_progress_and_status_shows_stuck_ones(dsn):
         enqueue(conn, "b", queue="lst")
         conn.execute("UPDATE queueworker.tasks SET progress = %s WHERE id = %s",
                      (Jsonb({"done": 3, "total": 10, "message": "page 3"}), first))
-        conn.execute(sql.CLAIM, {**CLAIM, "queue": "lst", "limit": 1, "worker": uuid.uuid4()})
+        statements.fetch(conn, lease.CLAIM, lease.ClaimParams(**{**CLAIM, "queue": "lst", "limit": 1},
+                                                              worker=uuid.uuid4()))
         conn.execute("UPDATE queueworker.tasks SET leased_until = now() - interval '42 s' WHERE state = 'running'")
     listed = qw(dsn, "list", "--queue", "lst")
     assert listed.returncode == 0 and "3/10 page 3" in listed.stdout, listed

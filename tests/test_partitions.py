@@ -17,7 +17,7 @@ import pytest
 from prometheus_client import REGISTRY
 from psycopg.types.json import Jsonb
 
-from queueworker.db import sql
+from queueworker.db import lease, statements, tasks
 from queueworker.db.connection import DutyConnection
 from queueworker.db.migrate import available_migrations, migrate
 from queueworker.client.producer import enqueue
@@ -38,7 +38,8 @@ def _partition_of(dsn: str, task_id: int) -> str:
 
 
 def _claim_one(conn: psycopg.Connection) -> tuple[int, int]:
-    (task_id, token), = [(r[0], r[6]) for r in conn.execute(sql.CLAIM, {**CLAIM, "worker": uuid.uuid4()})]
+    (task_id, token), = [(r.id, r.lease_token) for r in statements.fetch(
+        conn, lease.CLAIM, lease.ClaimParams(**CLAIM, worker=uuid.uuid4()))]
     return task_id, token
 
 
@@ -49,7 +50,7 @@ def test_finishing_moves_the_row_to_the_finished_partition_and_retry_moves_it_ba
         _, token = _claim_one(conn)
         assert _fail_permanently(conn, task_id, token) == [(task_id, token, "failed")]
         assert _partition_of(dsn, task_id) == "queueworker.tasks_finished"
-        assert conn.execute(sql.RETRY_TASK, {"id": task_id}).fetchone()[0] == task_id
+        assert statements.fetch_one(conn, tasks.RETRY_TASK, tasks.RetryTaskParams(id=task_id)).id == task_id
     assert _partition_of(dsn, task_id) == "queueworker.tasks_active"
     assert query(dsn, "SELECT from_state::text, to_state::text FROM queueworker.task_events "
                       "WHERE task_id = %s ORDER BY id", (task_id,)) == [
@@ -60,12 +61,13 @@ def test_success_moves_rows_itself_and_audits_the_transition(dsn):
     worker = uuid.uuid4()
     with psycopg.connect(dsn, autocommit=True) as conn:
         task_id = enqueue(conn, "qw.noop", {"k": "v"}, priority=3)
-        (_, token), = [(r[0], r[6]) for r in conn.execute(sql.CLAIM, {**CLAIM, "worker": worker})]
-        stale = conn.execute(sql.COMPLETE_SUCCEEDED, {"ids": [task_id], "tokens": [token + 1],
-                                                      "results": [Jsonb(1)]}).fetchall()
+        (_, token), = [(r.id, r.lease_token) for r in statements.fetch(
+            conn, lease.CLAIM, lease.ClaimParams(**CLAIM, worker=worker))]
+        stale = statements.fetch(conn, lease.COMPLETE_SUCCEEDED, lease.CompleteSucceededParams(
+            ids=[task_id], tokens=[token + 1], results=[Jsonb(1)]))
         assert stale == [], "a stale token moves nothing"
-        assert conn.execute(sql.COMPLETE_SUCCEEDED, {"ids": [task_id], "tokens": [token],
-                                                     "results": [Jsonb({"ok": True})]}).fetchall() == [(task_id, token)]
+        assert statements.fetch(conn, lease.COMPLETE_SUCCEEDED, lease.CompleteSucceededParams(
+            ids=[task_id], tokens=[token], results=[Jsonb({"ok": True})])) == [(task_id, token)]
     assert _partition_of(dsn, task_id) == "queueworker.tasks_finished"
     assert query(dsn, "SELECT state::text, payload, priority, result, attempts, lease_owner, leased_until, "
                       "finished_at IS NOT NULL FROM queueworker.tasks WHERE id = %s", (task_id,)) == [
@@ -111,10 +113,10 @@ def _wait_for_lock_wait(dsn: str, application_name: str) -> None:
 
 
 def _fail_permanently(conn: psycopg.Connection, task_id: int, token: int) -> list[tuple]:
-    """COMPLETE_FAILED, which moves the row by an UPDATE routed through the partitioned parent."""
-    return conn.execute(sql.COMPLETE_FAILED, {"ids": [task_id], "tokens": [token], "retryables": [False],
-                                              "backoffs": [0.0], "errors": [Jsonb({"type": "E", "message": "x"})]
-                                              }).fetchall()
+    """complete_failed, which moves the row by an UPDATE routed through the partitioned parent."""
+    return statements.fetch(conn, lease.COMPLETE_FAILED, lease.CompleteFailedParams(
+        ids=[task_id], tokens=[token], retryables=[False], backoffs=[0.0],
+        errors=[Jsonb({"type": "E", "message": "x"})]))
 
 
 def test_a_heartbeat_that_meets_a_row_moved_meanwhile_is_rerun_not_failed(dsn):
@@ -132,10 +134,10 @@ def test_a_heartbeat_that_meets_a_row_moved_meanwhile_is_rerun_not_failed(dsn):
         heartbeat = DutyConnection(dsn, "qw-test-heartbeat")
         try:
             assert _fail_permanently(mover, task_id, token) == [(task_id, token, "failed")]
-            beat = asyncio.create_task(heartbeat.fetch(sql.HEARTBEAT, {
-                "worker": worker, "hostname": "h", "pod_name": None, "pod_namespace": None, "pid": 1,
-                "queues": ["default"], "concurrency": 1, "running": 1, "draining": False, "version": "t",
-                "lease_seconds": 30, "ids": [task_id], "tokens": [token], "progresses": [None]}))
+            beat = asyncio.create_task(heartbeat.fetch(lease.HEARTBEAT, lease.HeartbeatParams(
+                worker=worker, hostname="h", pod_name=None, pod_namespace=None, pid=1,
+                queues=["default"], concurrency=1, running=1, draining=False, version="t",
+                lease_seconds=30, ids=[task_id], tokens=[token], progresses=[None])))
             await asyncio.to_thread(_wait_for_lock_wait, dsn, "qw-test-heartbeat")
             mover.commit()
             return await asyncio.wait_for(beat, 10)
@@ -155,7 +157,8 @@ def test_cancel_racing_a_completion_explains_instead_of_failing(dsn, mover):
         task_id, token = _claim_one(conn)
     with psycopg.connect(dsn) as completer:
         if mover.startswith("success"):
-            completer.execute(sql.COMPLETE_SUCCEEDED, {"ids": [task_id], "tokens": [token], "results": [None]})
+            statements.fetch(completer, lease.COMPLETE_SUCCEEDED, lease.CompleteSucceededParams(
+                ids=[task_id], tokens=[token], results=[None]))
         else:
             _fail_permanently(completer, task_id, token)
         cancel = subprocess.Popen([sys.executable, "-m", "queueworker.cli", "cancel", str(task_id), "--dsn", dsn],

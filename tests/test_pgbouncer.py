@@ -15,11 +15,14 @@ import signal
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
 
 import psycopg
 import pytest
 
-from queueworker.db import connection as db, sql
+from queueworker.db import connection as db
+from queueworker.db.migration import SCHEMA_VERSION
+from queueworker.db.statements import NO_PARAMS, NoParams, Statement
 
 from queueworker import wait_for
 from queueworker.runtime.cron import POLL_SECONDS, SAFETY_POLL_SECONDS
@@ -38,6 +41,14 @@ POLLING = "notifications do not reach this worker"
 # A long lease: heartbeats (a third of it) are far apart, so a cancellation that reaches a worker
 # sooner came by the listener's polling, not by a heartbeat finding the lease gone.
 SLOW_HEARTBEATS = ["--lease-seconds", "600"]
+
+
+class PreparedRow(NamedTuple):
+    prepared: int
+
+
+# How many statements the connection has prepared (a test's own statement, run as the worker's are).
+PREPARED = Statement("test.prepared", "SELECT count(*) AS prepared FROM pg_prepared_statements", NoParams, PreparedRow)
 
 
 def qw(*args: str) -> subprocess.CompletedProcess:
@@ -70,7 +81,7 @@ def test_statements_are_never_prepared_on_shared_server_connections(pgbouncer_ds
         try:
             for _ in range(20):
                 for conn in conns:
-                    assert await conn.fetch(sql.SCHEMA_VERSION) == [(available_migrations()[-1].version,)]
+                    assert await conn.fetch(SCHEMA_VERSION, NO_PARAMS) == [(available_migrations()[-1].version,)]
         finally:
             for conn in conns:
                 await conn.close()
@@ -101,8 +112,8 @@ def test_a_workers_connections_prepare_their_statements_on_a_direct_connection(d
         try:
             for conn in conns:
                 for _ in range(2):
-                    await conn.fetch(sql.SCHEMA_VERSION)
-            return min([(await conn.fetch("SELECT count(*) FROM pg_prepared_statements"))[0][0] for conn in conns])
+                    await conn.fetch(SCHEMA_VERSION, NO_PARAMS)
+            return min([(await conn.fetch(PREPARED, NO_PARAMS))[0].prepared for conn in conns])
         finally:
             for conn in conns:
                 await conn.close()
@@ -176,7 +187,7 @@ def test_the_listen_check_fails_through_pgbouncer_and_passes_on_a_direct_connect
         conn = await db.connect(url, "queueworker-test-listen")
         sender = db.DutyConnection(url, "queueworker-test-notify")
         try:
-            return await notifications_arrive(conn, sender.fetch)
+            return await notifications_arrive(conn, sender.execute)
         finally:
             await conn.close()
             await sender.close()
@@ -210,14 +221,13 @@ def test_a_worker_on_a_direct_connection_keeps_listening(dsn, caplog):
 
     async def listen() -> None:
         worker = Worker(dsn, WorkerSettings(), Registry())
-        worker._wakeup = asyncio.Event()
         listening = asyncio.create_task(worker.listener.step())
         try:
             await asyncio.wait_for(worker.scheduler.poked.wait(), 30)  # caught up: it listens now
-            worker._wakeup.clear()
+            woken = worker.signals.woken.expect()
             with psycopg.connect(dsn, autocommit=True) as conn:
                 enqueue(conn, "qw.noop")
-            await asyncio.wait_for(worker._wakeup.wait(), 30)
+            await asyncio.wait_for(woken, 30)
             assert not worker.listener.polling and not listening.done()
         finally:
             listening.cancel()

@@ -12,7 +12,7 @@ import pytest
 from psycopg.types.json import Jsonb
 from pydantic import ValidationError
 
-from queueworker.db import sql
+from queueworker.db import depth, duties, lease, statements
 from queueworker.db.migrate import available_migrations
 from queueworker.client.producer import TaskSpec, enqueue, enqueue_many
 from tests.support import query, scalar
@@ -23,8 +23,8 @@ CLAIM_DEFAULTS = {"lease_seconds": 30, "timeout_seconds": 60}
 
 
 def _claim(conn, worker, limit=10, queue="default"):
-    return [sql.ClaimedRow._make(row) for row in conn.execute(sql.CLAIM, {
-        "queue": queue, "limit": limit, "worker": worker, **CLAIM_DEFAULTS})]
+    return statements.fetch(conn, lease.CLAIM, lease.ClaimParams(queue=queue, limit=limit, worker=worker,
+                                                                 **CLAIM_DEFAULTS))
 
 
 def test_enqueue_joins_the_callers_transaction(dsn):
@@ -95,8 +95,8 @@ def test_every_transition_out_of_running_is_fenced_by_the_lease_token(dsn):
         old_token = _claim(conn, old_worker)[0].lease_token
         conn.execute("UPDATE queueworker.tasks SET leased_until = now() - interval '1 second' WHERE id = %s",
                      (task_id,))
-        (held, requeued, failed, _, _), = conn.execute(sql.RESCUE, {
-            "lock_key": sql.RESCUER_LOCK_KEY, "deadline_grace": 60, "worker_ttl": 60, "limit": 100}).fetchall()
+        (held, requeued, failed, _, _), = statements.fetch(conn, duties.RESCUE, duties.RescueParams(
+            lock_key=duties.RESCUER_LOCK_KEY, deadline_grace=60, worker_ttl=60, limit=100))
         assert (held, requeued, failed) == (True, 1, 0)
         new_claim, = _claim(conn, new_worker)
         attempt, new_token = new_claim.attempts, new_claim.lease_token
@@ -105,15 +105,17 @@ def test_every_transition_out_of_running_is_fenced_by_the_lease_token(dsn):
         heartbeat = dict(stale, worker=old_worker, hostname="h", pod_name=None, pod_namespace=None, pid=1,
                          queues=["default"], concurrency=1, running=1, draining=False, version="t", lease_seconds=30,
                          progresses=[None])
-        assert conn.execute(sql.HEARTBEAT, heartbeat).fetchall() == []
-        assert conn.execute(sql.COMPLETE_SUCCEEDED, dict(stale, results=['"late"'])).fetchall() == []
-        assert conn.execute(sql.COMPLETE_FAILED, dict(stale, retryables=[True], backoffs=[1.0],
-                                                      errors=[Jsonb({"message": "late"})])).fetchall() == []
-        assert conn.execute(sql.RELEASE, {"worker": old_worker}).fetchall() == [], "the old worker holds nothing"
+        assert statements.fetch(conn, lease.HEARTBEAT, lease.HeartbeatParams(**heartbeat)) == []
+        assert statements.fetch(conn, lease.COMPLETE_SUCCEEDED,
+                                lease.CompleteSucceededParams(**stale, results=['"late"'])) == []
+        assert statements.fetch(conn, lease.COMPLETE_FAILED, lease.CompleteFailedParams(
+            **stale, retryables=[True], backoffs=[1.0], errors=[Jsonb({"message": "late"})])) == []
+        assert statements.fetch(conn, lease.RELEASE, lease.DeregisterWorkerParams(worker=old_worker)) == [], \
+            "the old worker holds nothing"
         assert query(dsn, "SELECT state::text, lease_owner, lease_token, rescues FROM queueworker.tasks") == [
             ("running", new_worker, new_token, 1)]
-        assert conn.execute(sql.COMPLETE_SUCCEEDED, {"ids": [task_id], "tokens": [new_token],
-                                                     "results": ['"ok"']}).fetchall() == [(task_id, new_token)]
+        assert statements.fetch(conn, lease.COMPLETE_SUCCEEDED, lease.CompleteSucceededParams(
+            ids=[task_id], tokens=[new_token], results=['"ok"'])) == [(task_id, new_token)]
     assert scalar(dsn, "SELECT result FROM queueworker.tasks") == "ok"
 
 
@@ -123,14 +125,14 @@ def test_a_heartbeat_keeps_reporting_a_lease_past_its_deadline_but_stops_extendi
         enqueue(conn, "qw.noop")
         claimed, = _claim(conn, worker)
         task_id, token = claimed.id, claimed.lease_token
-        beat = {"worker": worker, "hostname": "h", "pod_name": None, "pod_namespace": None, "pid": 1,
-                "queues": ["default"], "concurrency": 1, "running": 1, "draining": False, "version": "t",
-                "lease_seconds": 30, "ids": [task_id], "tokens": [token], "progresses": [None]}
-        assert conn.execute(sql.HEARTBEAT, beat).fetchall() == [(task_id, token, True)]
+        beat = lease.HeartbeatParams(worker=worker, hostname="h", pod_name=None, pod_namespace=None, pid=1,
+                                     queues=["default"], concurrency=1, running=1, draining=False, version="t",
+                                     lease_seconds=30, ids=[task_id], tokens=[token], progresses=[None])
+        assert statements.fetch(conn, lease.HEARTBEAT, beat) == [(task_id, token, True)]
         conn.execute("UPDATE queueworker.tasks SET deadline_at = now() - interval '1 second', "
                      "leased_until = now() + interval '5 seconds' WHERE id = %s", (task_id,))
         leased_until = scalar(dsn, "SELECT leased_until FROM queueworker.tasks WHERE id = %s", (task_id,))
-        assert conn.execute(sql.HEARTBEAT, beat).fetchall() == [(task_id, token, False)]
+        assert statements.fetch(conn, lease.HEARTBEAT, beat) == [(task_id, token, False)]
         assert scalar(dsn, "SELECT leased_until FROM queueworker.tasks WHERE id = %s", (task_id,)) == leased_until
 
 
@@ -139,8 +141,8 @@ def test_rescue_fails_a_task_whose_attempts_are_spent(dsn):
         task_id = enqueue(conn, "qw.noop", max_attempts=1)
         _claim(conn, uuid.uuid4())
         conn.execute("UPDATE queueworker.tasks SET leased_until = now() - interval '1 second'")
-        conn.execute(sql.RESCUE, {"lock_key": sql.RESCUER_LOCK_KEY, "deadline_grace": 60, "worker_ttl": 60,
-                                  "limit": 100})
+        statements.fetch(conn, duties.RESCUE, duties.RescueParams(lock_key=duties.RESCUER_LOCK_KEY, deadline_grace=60,
+                                                                  worker_ttl=60, limit=100))
     state, error = query(dsn, "SELECT state::text, error FROM queueworker.tasks WHERE id = %s", (task_id,))[0]
     assert state == "failed" and error["type"] == "LeaseExpired" and "lease expired" in error["message"]
 
@@ -197,5 +199,5 @@ def test_worker_leases_count_leases_taken_since_the_last_heartbeat(dsn):
         enqueue(conn, "qw.noop")
         enqueue(conn, "qw.noop")
         _claim(conn, worker)
-        rows = conn.execute(sql.WORKER_LEASES, {"namespace": "ns", "queue": "default"}).fetchall()
+        rows = statements.fetch(conn, depth.WORKER_LEASES, depth.WorkerLeasesParams(namespace="ns", queue="default"))
     assert [(pod, running, draining) for pod, running, draining, _ in rows] == [("pod-a", 2, False)]

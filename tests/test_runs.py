@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from queueworker.db import sql
+from queueworker.db import lease, sql, statements
 from queueworker import RunInfo, enqueue
 from queueworker.client.producer import start_run
 from tests.support import FAST_LEASES, WorkerProcess, query, scalar, wait_until
@@ -28,19 +28,19 @@ def run_row(dsn: str, run_id: int) -> sql.RunRow:
 
 
 def claim(conn, queue: str) -> dict[int, int]:
-    rows = conn.execute(sql.CLAIM, {"queue": queue, "worker": uuid.uuid4(), "lease_seconds": 30,
-                                    "timeout_seconds": 60, "limit": 100}).fetchall()
-    return {row[0]: row[6] for row in rows}
+    rows = statements.fetch(conn, lease.CLAIM, lease.ClaimParams(queue=queue, worker=uuid.uuid4(), lease_seconds=30,
+                                                                 timeout_seconds=60, limit=100))
+    return {row.id: row.lease_token for row in rows}
 
 
 def succeed(conn, tokens: dict[int, int]) -> None:
-    conn.execute(sql.COMPLETE_SUCCEEDED, {"ids": list(tokens), "tokens": list(tokens.values()),
-                                          "results": [None] * len(tokens)})
+    statements.fetch(conn, lease.COMPLETE_SUCCEEDED, lease.CompleteSucceededParams(
+        ids=list(tokens), tokens=list(tokens.values()), results=[None] * len(tokens)))
 
 
 def fail(conn, task_id: int, token: int) -> None:
-    conn.execute(sql.COMPLETE_FAILED, {"ids": [task_id], "tokens": [token], "retryables": [False],
-                                       "backoffs": [0.0], "errors": [Jsonb({"message": "source down"})]})
+    statements.fetch(conn, lease.COMPLETE_FAILED, lease.CompleteFailedParams(
+        ids=[task_id], tokens=[token], retryables=[False], backoffs=[0.0], errors=[Jsonb({"message": "source down"})]))
 
 
 def run_tasks(dsn: str, run_id: int) -> list[tuple]:
@@ -116,15 +116,15 @@ def test_a_claim_tells_partitions_and_the_consolidation_their_run(dsn):
         run_id = start_run(conn, "orders", [{"task": "p", "queue": "r"}] * 2, on_success={"task": "c", "queue": "r"},
                            watermark="orders")
         enqueue(conn, "plain", queue="r", priority=-1)
-        rows = [sql.ClaimedRow._make(row) for row in conn.execute(sql.CLAIM, {
-            "queue": "r", "worker": uuid.uuid4(), "lease_seconds": 30, "timeout_seconds": 60, "limit": 10})]
+        rows = statements.fetch(conn, lease.CLAIM, lease.ClaimParams(
+            queue="r", worker=uuid.uuid4(), lease_seconds=30, timeout_seconds=60, limit=10))
         partitions = sorted((RunInfo.from_json(row.run_json) for row in rows if row.task == "p"),
                             key=lambda run: run.partition)
         assert partitions == [RunInfo(run_id, "orders", index, "orders", "2026-01-01", False) for index in (0, 1)]
         assert [row.run_json for row in rows if row.task == "plain"] == [None], "tasks outside a run pay nothing"
         succeed(conn, {row.id: row.lease_token for row in rows if row.task == "p"})
-        consolidation, = [sql.ClaimedRow._make(row) for row in conn.execute(sql.CLAIM, {
-            "queue": "r", "worker": uuid.uuid4(), "lease_seconds": 30, "timeout_seconds": 60, "limit": 10})]
+        consolidation, = statements.fetch(conn, lease.CLAIM, lease.ClaimParams(
+            queue="r", worker=uuid.uuid4(), lease_seconds=30, timeout_seconds=60, limit=10))
         assert RunInfo.from_json(consolidation.run_json) == RunInfo(run_id, "orders", None, "orders", "2026-01-01",
                                                                     False)
 

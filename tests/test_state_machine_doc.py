@@ -15,7 +15,7 @@ from psycopg.types.json import Jsonb
 
 from queueworker import cancel, metrics
 
-from queueworker.db import sql
+from queueworker.db import duties, lease, runs, statements, tasks
 from queueworker.runtime.handlers import Registry
 from queueworker.db.migrate import migrate
 from queueworker.client.producer import enqueue, enqueue_chain, enqueue_many, start_run
@@ -110,10 +110,10 @@ def test_documented_worker_transitions_are_exactly_the_ones_a_worker_makes(dsn):
     failing = Worker(dsn, SETTINGS, Registry())
     calls = []
 
-    async def broken_claim(queue: str, limit: int) -> int:
+    def broken_claim(queue: str) -> None:  # raised where the claim was about to be sent
         calls.append(queue)
         raise RuntimeError("injected claim failure")
-    failing._claim = broken_claim
+    failing.signals.claiming.watch(broken_claim)
 
     async def failed_twice() -> bool:
         return len(calls) >= 2 and failing.state is State.ERROR_WAIT
@@ -123,13 +123,7 @@ def test_documented_worker_transitions_are_exactly_the_ones_a_worker_makes(dsn):
     with psycopg.connect(dsn) as conn:
         enqueue_many(conn, [{"task": "qw.sleep", "payload": {"seconds": 5}}] * 2)
     claiming = Worker(dsn, SETTINGS, Registry())
-    real_claim = claiming._claim
-
-    async def claim_then_stop(queue: str, limit: int) -> int:
-        claimed = await real_claim(queue, limit)
-        claiming.request_stop()
-        return claimed
-    claiming._claim = claim_then_stop
+    claiming.signals.claimed.watch(lambda rows: claiming.request_stop())  # as the claim returns
     assert asyncio.run(_run(claiming, lambda: asyncio.sleep(0, False))) == 0
 
     # A stop request arrives during the start-up rescue pass.
@@ -149,35 +143,42 @@ def test_documented_worker_transitions_are_exactly_the_ones_a_worker_makes(dsn):
 @pytest.mark.integration
 def test_documented_task_transitions_are_exactly_the_ones_the_sql_makes(dsn):
     worker = uuid.uuid4()
-    claim = {"queue": "default", "worker": worker, "lease_seconds": 30, "timeout_seconds": 60}
-    rescue = {"lock_key": sql.RESCUER_LOCK_KEY, "deadline_grace": 0, "worker_ttl": 60, "limit": 100}
+    claim = lease.ClaimParams(queue="default", worker=worker, lease_seconds=30, timeout_seconds=60, limit=100)
+    rescue = duties.RescueParams(lock_key=duties.RESCUER_LOCK_KEY, deadline_grace=0, worker_ttl=60, limit=100)
 
     def claimed_token(conn, task_id):
-        rows = conn.execute(sql.CLAIM, {**claim, "limit": 100}).fetchall()
-        return next(r[6] for r in rows if r[0] == task_id)
+        rows = statements.fetch(conn, lease.CLAIM, claim)
+        return next(r.lease_token for r in rows if r.id == task_id)
 
     def fail(conn, task_id, token, retryable):
-        conn.execute(sql.COMPLETE_FAILED, {"ids": [task_id], "tokens": [token], "retryables": [retryable],
-                                           "backoffs": [0.0], "errors": [Jsonb({"message": "x"})]})
+        statements.fetch(conn, lease.COMPLETE_FAILED, lease.CompleteFailedParams(
+            ids=[task_id], tokens=[token], retryables=[retryable], backoffs=[0.0], errors=[Jsonb({"message": "x"})]))
+
+    def retry(conn, task_id):
+        statements.fetch(conn, tasks.RETRY_TASK, tasks.RetryTaskParams(id=task_id))
+
+    def succeed(conn, task_id):
+        statements.fetch(conn, lease.COMPLETE_SUCCEEDED, lease.CompleteSucceededParams(
+            ids=[task_id], tokens=[claimed_token(conn, task_id)], results=[None]))
 
     def expire(conn, task_id):
         conn.execute("UPDATE queueworker.tasks SET leased_until = now() - interval '1s' WHERE id = %s", (task_id,))
 
     with psycopg.connect(dsn, autocommit=True) as conn:
         ok = enqueue(conn, "qw.noop")
-        conn.execute(sql.COMPLETE_SUCCEEDED, {"ids": [ok], "tokens": [claimed_token(conn, ok)], "results": [None]})
+        succeed(conn, ok)
 
         retried = enqueue(conn, "qw.noop", max_attempts=2)
         fail(conn, retried, claimed_token(conn, retried), retryable=True)               # running -> retrying
-        conn.execute(sql.PROMOTE_DUE, {"lock_key": sql.SCHEDULER_LOCK_KEY, "limit": 10})  # retrying -> pending
+        statements.fetch(conn, duties.PROMOTE_DUE, duties.PromoteDueParams(
+            lock_key=duties.SCHEDULER_LOCK_KEY, limit=10))                              # retrying -> pending
         fail(conn, retried, claimed_token(conn, retried), retryable=True)               # attempts spent -> failed
-        conn.execute(sql.RETRY_TASK, {"id": retried})                                   # failed -> pending
+        retry(conn, retried)                                                            # failed -> pending
 
         first, second = enqueue_chain(conn, [{"task": "qw.noop"}, {"task": "qw.noop"}])  # (none) -> blocked
         fail(conn, first, claimed_token(conn, first), retryable=False)                 # blocked -> cancelled
-        conn.execute(sql.RETRY_TASK, {"id": first})                                     # cancelled -> blocked
-        conn.execute(sql.COMPLETE_SUCCEEDED, {"ids": [first], "tokens": [claimed_token(conn, first)],
-                                              "results": [None]})                       # blocked -> pending
+        retry(conn, first)                                                              # cancelled -> blocked
+        succeed(conn, first)                                                            # blocked -> pending
         cancel(conn, enqueue(conn, "qw.noop", depends_on=[second]))  # blocked -> cancelled
 
         enqueue(conn, "qw.noop", {"v": 1}, dedupe_key="doc")
@@ -185,36 +186,39 @@ def test_documented_task_transitions_are_exactly_the_ones_the_sql_makes(dsn):
 
         released = enqueue(conn, "qw.noop")
         claimed_token(conn, released)
-        conn.execute(sql.RELEASE, {"worker": worker})                                   # running -> pending
+        statements.fetch(conn, lease.RELEASE, lease.DeregisterWorkerParams(worker=worker))  # running -> pending
 
         unknown = enqueue(conn, "no.such.task")                                          # running -> pending
-        conn.execute(sql.HAND_BACK, {"ids": [unknown], "tokens": [claimed_token(conn, unknown)], "delays": [10.0],
-                                     "errors": [Jsonb({"message": "x"})], "graces": [600.0]})
+        statements.fetch(conn, lease.HAND_BACK, lease.HandBackParams(
+            ids=[unknown], tokens=[claimed_token(conn, unknown)], delays=[10.0], errors=[Jsonb({"message": "x"})],
+            graces=[600.0]))
         snoozed = enqueue(conn, "qw.noop")                                               # running -> pending
-        conn.execute(sql.HAND_BACK, {"ids": [snoozed], "tokens": [claimed_token(conn, snoozed)], "delays": [5.0],
-                                     "errors": [Jsonb({"type": "Snoozed", "message": "x"})], "graces": [None]})
+        statements.fetch(conn, lease.HAND_BACK, lease.HandBackParams(
+            ids=[snoozed], tokens=[claimed_token(conn, snoozed)], delays=[5.0],
+            errors=[Jsonb({"type": "Snoozed", "message": "x"})], graces=[None]))
         paged = enqueue(conn, "qw.noop")                                    # running -> succeeded, (none) -> pending
-        conn.execute(sql.COMPLETE_CONTINUED, {"ids": [paged], "tokens": [claimed_token(conn, paged)],
-                                              "results": [None], "next_payloads": [Jsonb({"page": 2})],
-                                              "next_delays": [0.0], "next_headers": [None]})
+        statements.fetch(conn, lease.COMPLETE_CONTINUED, lease.CompleteContinuedParams(
+            ids=[paged], tokens=[claimed_token(conn, paged)], results=[None], next_payloads=[Jsonb({"page": 2})],
+            next_delays=[0.0], next_headers=[None]))
 
         rescued = enqueue(conn, "qw.noop", max_attempts=2)
         claimed_token(conn, rescued)
         expire(conn, rescued)
-        conn.execute(sql.RESCUE, rescue)                                                # running -> pending
+        statements.fetch(conn, duties.RESCUE, rescue)                                   # running -> pending
         claimed_token(conn, rescued)
         expire(conn, rescued)
-        conn.execute(sql.RESCUE, rescue)                                                # running -> failed
+        statements.fetch(conn, duties.RESCUE, rescue)                                   # running -> failed
 
         for doomed_state in ("pending", "retrying", "running"):
             doomed = enqueue(conn, "qw.noop")
             if doomed_state != "pending":
                 token = claimed_token(conn, doomed)
                 if doomed_state == "retrying":
-                    conn.execute(sql.COMPLETE_FAILED, {"ids": [doomed], "tokens": [token], "retryables": [True],
-                                                       "backoffs": [3600.0], "errors": [Jsonb({"message": "x"})]})
+                    statements.fetch(conn, lease.COMPLETE_FAILED, lease.CompleteFailedParams(
+                        ids=[doomed], tokens=[token], retryables=[True], backoffs=[3600.0],
+                        errors=[Jsonb({"message": "x"})]))
             cancel(conn, doomed)
-        conn.execute(sql.RETRY_TASK, {"id": doomed})                                    # cancelled -> pending
+        retry(conn, doomed)                                                             # cancelled -> pending
 
     seen = {(from_state or "", to_state) for from_state, to_state in query(
         dsn, "SELECT DISTINCT from_state::text, to_state::text FROM queueworker.task_events")}
@@ -227,19 +231,22 @@ def documented_run_transitions() -> set[tuple[str, str]]:
 
 @pytest.mark.integration
 def test_documented_run_transitions_are_exactly_the_ones_the_run_events_record(dsn):
-    claim = {"queue": "default", "worker": uuid.uuid4(), "lease_seconds": 30, "timeout_seconds": 60, "limit": 100}
+    claim = lease.ClaimParams(queue="default", worker=uuid.uuid4(), lease_seconds=30, timeout_seconds=60, limit=100)
 
     def claim_all(conn) -> dict[int, int]:
-        return {row.id: row.lease_token for row in map(sql.ClaimedRow._make, conn.execute(sql.CLAIM, claim))}
+        return {row.id: row.lease_token for row in statements.fetch(conn, lease.CLAIM, claim)}
 
     def succeed(conn, tokens: dict[int, int]) -> None:
-        conn.execute(sql.COMPLETE_SUCCEEDED, {"ids": list(tokens), "tokens": list(tokens.values()),
-                                              "results": [None] * len(tokens)})
+        statements.fetch(conn, lease.COMPLETE_SUCCEEDED, lease.CompleteSucceededParams(
+            ids=list(tokens), tokens=list(tokens.values()), results=[None] * len(tokens)))
 
     def fail(conn, tokens: dict[int, int]) -> None:
-        conn.execute(sql.COMPLETE_FAILED, {"ids": list(tokens), "tokens": list(tokens.values()),
-                                           "retryables": [False] * len(tokens), "backoffs": [0.0] * len(tokens),
-                                           "errors": [Jsonb({"message": "x"})] * len(tokens)})
+        statements.fetch(conn, lease.COMPLETE_FAILED, lease.CompleteFailedParams(
+            ids=list(tokens), tokens=list(tokens.values()), retryables=[False] * len(tokens),
+            backoffs=[0.0] * len(tokens), errors=[Jsonb({"message": "x"})] * len(tokens)))
+
+    def retry(conn, task_id: int) -> None:
+        statements.fetch(conn, tasks.RETRY_TASK, tasks.RetryTaskParams(id=task_id))
 
     def named(conn, tokens: dict[int, int], task: str) -> dict[int, int]:
         names = dict(conn.execute("SELECT id, task FROM queueworker.tasks WHERE id = ANY(%s)", (list(tokens),)))
@@ -261,13 +268,13 @@ def test_documented_run_transitions_are_exactly_the_ones_the_run_events_record(d
         troubled = start_run(conn, "troubled", [{"task": "p"}], on_success=consolidate, on_failure=alert)
         partition, = claim_all(conn).items()
         fail(conn, dict([partition]))
-        conn.execute(sql.RETRY_TASK, {"id": partition[0]})
+        retry(conn, partition[0])
         partition, = (item for item in claim_all(conn).items() if item[0] == partition[0])
         fail(conn, dict([partition]))
-        conn.execute(sql.FINALIZE_RUN, {"id": troubled})
+        statements.fetch(conn, runs.FINALIZE_RUN, runs.RunParams(id=troubled))
         consolidation = named(conn, claim_all(conn), "consolidate")
         fail(conn, consolidation)
-        conn.execute(sql.RETRY_TASK, {"id": next(iter(consolidation))})
+        retry(conn, next(iter(consolidation)))
         succeed(conn, named(conn, claim_all(conn), "consolidate"))
 
     assert events(happy) == [(None, "running"), ("running", "running"), ("running", "succeeded")]

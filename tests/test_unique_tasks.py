@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from queueworker import TaskSpec, cancel, enqueue, enqueue_async, enqueue_many, retry
 
-from queueworker.db import sql
+from queueworker.db import lease, statements
 from queueworker.client.operations import RetryRefused
 from tests.support import query
 
@@ -26,18 +26,20 @@ pytestmark = pytest.mark.integration
 
 def claim(conn, queue: str = "default") -> dict[int, int]:
     """Leases every claimable task of `queue`: {id: lease token}."""
-    rows = conn.execute(sql.CLAIM, {"queue": queue, "worker": uuid.uuid4(), "lease_seconds": 30,
-                                    "timeout_seconds": 60, "limit": 100}).fetchall()
-    return {row[0]: row[6] for row in rows}
+    rows = statements.fetch(conn, lease.CLAIM, lease.ClaimParams(queue=queue, worker=uuid.uuid4(), lease_seconds=30,
+                                                                 timeout_seconds=60, limit=100))
+    return {row.id: row.lease_token for row in rows}
 
 
 def succeed(conn, task_id: int, token: int) -> None:
-    conn.execute(sql.COMPLETE_SUCCEEDED, {"ids": [task_id], "tokens": [token], "results": [None]})
+    statements.fetch(conn, lease.COMPLETE_SUCCEEDED, lease.CompleteSucceededParams(
+        ids=[task_id], tokens=[token], results=[None]))
 
 
 def fail_for_good(conn, task_id: int, token: int) -> None:
-    conn.execute(sql.COMPLETE_FAILED, {"ids": [task_id], "tokens": [token], "retryables": [False],
-                                       "backoffs": [0.0], "errors": [psycopg.types.json.Jsonb({"message": "no"})]})
+    statements.fetch(conn, lease.COMPLETE_FAILED, lease.CompleteFailedParams(
+        ids=[task_id], tokens=[token], retryables=[False], backoffs=[0.0],
+        errors=[psycopg.types.json.Jsonb({"message": "no"})]))
 
 
 def test_every_task_gets_the_sha256_of_its_canonical_spec(dsn):

@@ -16,10 +16,8 @@ import psycopg
 import pytest
 
 from queueworker import metrics
-from queueworker.runtime.completer import Completer
 from queueworker.runtime.handlers import Registry, TaskContext
 from queueworker.runtime.heartbeat import Heartbeater
-from queueworker.runtime.listener import Listener
 from queueworker.runtime.attempt import Attempt
 from queueworker.runtime.cleaner import Cleaner
 from queueworker.client.producer import enqueue_many
@@ -79,18 +77,28 @@ def _enqueue(dsn: str, count: int, task: str = "qw.noop", **options) -> list[int
         return enqueue_many(conn, [{"task": task, **options}] * count)
 
 
-# (duty label, class, method): every duty's pass, and where it goes wrong.
-DUTIES = [("rescue", Rescuer, "rescue_once"), ("schedule", Scheduler, "promote_once"), ("clean", Cleaner, "clean_once"),
-          ("heartbeat", Heartbeater, "beat"), ("fence", Heartbeater, "fence"), ("listen", Listener, "_handle"),
-          ("complete", Completer, "_write_successes"), ("claim", Worker, "_claim")]
+def _ignore(value: object) -> None:
+    """A signal's watcher that does nothing: made flaky, it fails where the signal is emitted."""
 
 
-@pytest.mark.parametrize("duty, owner, method", DUTIES, ids=[d[0] for d in DUTIES])
-def test_an_unexpected_error_in_any_duty_is_logged_counted_and_survived(dsn, monkeypatch, caplog, duty, owner,
-                                                                         method):
+# (duty label, where it goes wrong): every duty's pass, and a public method of its class (class,
+# method) or one of the worker's signals emitted inside the pass, whose watcher raises.
+DUTIES = [("rescue", (Rescuer, "rescue_once")), ("schedule", (Scheduler, "promote_once")),
+          ("clean", (Cleaner, "clean_once")), ("heartbeat", (Heartbeater, "beat")), ("fence", (Heartbeater, "fence")),
+          ("listen", "heard"), ("complete", "completing"), ("claim", "claiming")]
+
+
+@pytest.mark.parametrize("duty, fault", DUTIES, ids=[d[0] for d in DUTIES])
+def test_an_unexpected_error_in_any_duty_is_logged_counted_and_survived(dsn, monkeypatch, caplog, duty, fault):
     # Calls 2 and 3 fail: the first call of some duties happens at start-up, outside the duty.
-    patched = flaky(getattr(owner, method), failing_calls={2, 3})
-    monkeypatch.setattr(owner, method, patched)
+    worker = Worker(dsn, FAST, Registry())
+    if isinstance(fault, str):
+        patched = flaky(_ignore, failing_calls={2, 3})
+        getattr(worker.signals, fault).watch(patched)
+    else:
+        owner, method = fault
+        patched = flaky(getattr(owner, method), failing_calls={2, 3})
+        monkeypatch.setattr(owner, method, patched)
     before = metrics.UNEXPECTED_ERRORS.labels(duty)._value.get()
     first = _enqueue(dsn, 10)
 
@@ -102,7 +110,7 @@ def test_an_unexpected_error_in_any_duty_is_logged_counted_and_survived(dsn, mon
         return state_counts(dsn).get("pending", 0) == 0 and state_counts(dsn).get("running", 0) == 0
 
     caplog.set_level(logging.ERROR, logger="queueworker")
-    code = asyncio.run(run_worker_until(Worker(dsn, FAST, Registry()), progressed))
+    code = asyncio.run(run_worker_until(worker, progressed))
     assert code == 0
     assert metrics.UNEXPECTED_ERRORS.labels(duty)._value.get() - before == 2
     tracebacks = [r for r in caplog.records if "Traceback" in _traceback_text(r)
@@ -116,11 +124,12 @@ def test_an_unexpected_error_in_any_duty_is_logged_counted_and_survived(dsn, mon
 def test_a_worker_that_cannot_claim_stops_heartbeating_and_exits_non_zero(dsn, monkeypatch):
     claims: list[float] = []
     beats: list[float] = []
-    monkeypatch.setattr(Worker, "_claim", flaky(Worker._claim, None, spy=claims))
+    worker = Worker(dsn, FAST, Registry())
+    worker.signals.claiming.watch(flaky(_ignore, None, spy=claims))
     monkeypatch.setattr(Heartbeater, "beat", flaky(Heartbeater.beat, set(), spy=beats))
     _enqueue(dsn, 3)
     started = time.monotonic()
-    code = asyncio.run(run_worker_until(Worker(dsn, FAST, Registry()), lambda: False))
+    code = asyncio.run(run_worker_until(worker, lambda: False))
     assert code == 1
     assert len(claims) == CLAIM_FAILURES_BEFORE_EXIT
     assert not [t for t in beats if t > claims[0]], "heartbeats went on while the worker could not claim"
@@ -137,7 +146,6 @@ def test_a_late_outcome_of_an_old_attempt_never_evicts_the_current_one(dsn):
     old, new = (Attempt(1, token, "default", "qw.noop", "{}", token, 10, 0.0, ctx, lease_expires=0.0)
                 for token in (1, 2))
     worker._inflight[new.key] = new
-    worker._slot_freed = asyncio.Event()  # made by run(), which this test does not start
     worker._flushed([old])
     worker._leases_lost([old], "test")
     assert worker._inflight == {(1, 2): new}

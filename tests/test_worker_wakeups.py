@@ -14,8 +14,9 @@ import pytest
 
 from queueworker import enqueue_many
 
-from queueworker.db import sql
+from queueworker.db import cron, flow
 from queueworker.db.connection import DutyConnection
+from queueworker.db.statements import Statement
 from queueworker.runtime.handlers import Registry
 from queueworker.settings import WorkerSettings
 from queueworker.runtime.worker import Worker
@@ -32,7 +33,7 @@ def test_many_future_due_times_keep_one_timer_for_the_earliest():
     async def announce() -> None:
         loop = asyncio.get_running_loop()
         worker = Worker(DSN, WorkerSettings(), Registry())
-        worker._wakeup = asyncio.Event()
+        woken = worker.signals.woken.expect()
         baseline = len(_live_timers(loop))
         now = time.time()
         due_times = [now + 60 + i * 0.001 for i in range(100_000)]
@@ -43,7 +44,7 @@ def test_many_future_due_times_keep_one_timer_for_the_earliest():
         assert len(timers) - baseline == 1
         assert worker._due_timer.due_at == min(due_times)
         worker._wake_at(now - 1)  # due already: a wake-up now, no timer
-        assert worker._wakeup.is_set() and len(_live_timers(loop)) - baseline == 1
+        assert woken.done() and len(_live_timers(loop)) - baseline == 1
         worker._due_timer.cancel()
 
     asyncio.run(announce())
@@ -56,14 +57,14 @@ def test_a_listener_that_starts_listening_has_the_scheduler_look_for_what_it_mis
     announcement is lost. Listening pokes the scheduler, whose next pass finds the task."""
     async def start_listening() -> float:
         worker = Worker(dsn, WorkerSettings(scheduler_max_interval_seconds=600), Registry())
-        worker._wakeup = asyncio.Event()
+        woken = worker.signals.woken.expect()
         assert await worker.scheduler.step() == 600  # nothing waits yet
         with psycopg.connect(dsn, autocommit=True) as conn:  # announced to nobody
             enqueue_many(conn, [{"task": "t", "delay": 60}])
         listening = asyncio.create_task(worker.listener.step())
         try:
             await asyncio.wait_for(worker.scheduler.poked.wait(), 10)
-            assert worker._wakeup.is_set()
+            assert woken.done()
             return await worker.scheduler.step()
         finally:
             listening.cancel()
@@ -75,26 +76,28 @@ def test_a_listener_that_starts_listening_has_the_scheduler_look_for_what_it_mis
 @pytest.mark.integration
 def test_an_idle_worker_makes_at_most_half_a_statement_a_second_and_polls_no_settings_or_schedules(dsn, monkeypatch):
     """An idle worker with default settings, its statements counted over 30 s once started (its claim
-    poll then backs off towards 30 s) where all of them go through, DutyConnection.fetch: a few
-    heartbeats, rescues and claim polls and a scheduler pass or two (the listener's own LISTENs come
-    at start). Its queue has no flow control and there is no schedule, so neither is read again: a
+    poll then backs off towards 30 s) where all of them go through, DutyConnection.fetch or execute:
+    a few heartbeats, rescues and claim polls and a scheduler pass or two (the listener's own LISTENs
+    come at start). Its queue has no flow control and there is no schedule, so neither is read again: a
     change to either would notify. Timers only run late on a loaded machine, so the count can only
     be lower there."""
     settle, window = 5.0, 30.0
-    statements: list[tuple[float, str]] = []
-    fetch = DutyConnection.fetch
+    statements: list[tuple[float, Statement]] = []
 
-    async def counted(self: DutyConnection, query: str, *args: object, **kwargs: object) -> list:
-        statements.append((time.monotonic(), query))
-        return await fetch(self, query, *args, **kwargs)
+    def counting(run):
+        async def counted(self: DutyConnection, statement: Statement, *args: object, **kwargs: object) -> object:
+            statements.append((time.monotonic(), statement))
+            return await run(self, statement, *args, **kwargs)
+        return counted
 
-    monkeypatch.setattr(DutyConnection, "fetch", counted)
+    monkeypatch.setattr(DutyConnection, "fetch", counting(DutyConnection.fetch))
+    monkeypatch.setattr(DutyConnection, "execute", counting(DutyConnection.execute))
     started = time.monotonic()
     assert asyncio.run(run_worker_until(Worker(dsn, WorkerSettings(queues=("idle",)), Registry()),
                                         lambda: time.monotonic() - started > settle + window,
                                         timeout=settle + window + 30)) == 0
     counted_window = [query for at, query in statements if started + settle <= at < started + settle + window]
     polled = [query for query in counted_window
-              if query in (sql.LIMITED_QUEUES, sql.DUE_CRON_JOBS, sql.NEXT_CRON_SLOT_IN)]
+              if query in (flow.LIMITED_QUEUES, cron.DUE_CRON_JOBS, cron.NEXT_CRON_SLOT_IN)]
     assert polled == []
     assert len(counted_window) <= 0.5 * window, counted_window

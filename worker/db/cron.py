@@ -54,7 +54,7 @@ class DueCronJobRow(NamedTuple):
 
 
 class NextCronSlotRow(NamedTuple):
-    next_in: float
+    next_in: float | None  # None: no schedule is active
 
 
 class EnqueueCronSlotsParams(Params):

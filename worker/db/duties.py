@@ -1,4 +1,8 @@
-"""The worker's background duties that keep the queue moving: rescue, promote, clean. The statements are in duties.sql."""
+"""The statements of a worker's background duties that keep the queue moving: rescue, promote,
+clean (queueworker.runtime.rescuer, .scheduler, .cleaner). The statements are in duties.sql.
+
+Every worker runs these duties; each statement first tries a transaction-scoped advisory lock of
+its own, so one worker at a time does the work and the others' passes cost one lock attempt."""
 
 from __future__ import annotations
 
@@ -7,6 +11,12 @@ from typing import NamedTuple
 from .statements import Params, SqlFile
 
 _SQL = SqlFile("duties")
+
+# Advisory lock keys: arbitrary constants in queueworker's own range of keys (0x71770001 is the
+# migrator's, queueworker.db.migrate).
+RESCUER_LOCK_KEY = 0x71770002
+SCHEDULER_LOCK_KEY = 0x71770003
+CLEANER_LOCK_KEY = 0x71770004
 
 
 class RescueParams(Params):
@@ -17,6 +27,8 @@ class RescueParams(Params):
 
 
 class RescueRow(NamedTuple):
+    """Whether this worker held the lock (else it did nothing), and the counts of what it did."""
+
     held: bool
     requeued: int
     failed: int
@@ -30,9 +42,12 @@ class PromoteDueParams(Params):
 
 
 class PromotedRow(NamedTuple):
+    """What was admitted, and in how many seconds the next waiting task is due (None: none waits;
+    negative: one is due already, left for the next batch or another worker's pass)."""
+
     promoted: int
     notified: int
-    next_due_in: float
+    next_due_in: float | None
 
 
 class CleanFinishedParams(Params):
@@ -42,6 +57,8 @@ class CleanFinishedParams(Params):
 
 
 class CleanedRow(NamedTuple):
+    """A finished task deleted, with its audit rows."""
+
     id: int
 
 

@@ -1,10 +1,13 @@
--- The worker's background duties that keep the queue moving: rescue, promote, clean.
--- Each statement is declared, with its parameter and row types, in queueworker/db/duties.py.
+-- The worker's background duties that keep the queue moving: rescue, promote, clean. Every worker
+-- runs them; each statement is guarded by a transaction-scoped advisory lock (`lock_key`), so one
+-- worker at a time does the work and the others change nothing.
+-- Each statement is declared, with its parameter and row types, in queueworker.db.duties.
 
 -- name: rescue
--- Rescuer: returns tasks whose lease expired (or whose hard deadline passed long ago) to the
--- queue, or fails them when their attempts are spent, and forgets workers that stopped
--- heartbeating. Guarded by a transaction-scoped advisory lock so one worker does it at a time.
+-- Rescuer: returns tasks whose lease expired (or whose hard deadline passed `deadline_grace`
+-- seconds ago) to the queue, or fails them when their attempts are spent, wakes the queues they
+-- return to, and forgets workers whose last heartbeat is older than `worker_ttl` seconds. Rows a
+-- completion is writing are locked, and skipped: a rescue never races a completion.
 WITH guard AS MATERIALIZED (
     SELECT pg_try_advisory_xact_lock(%(lock_key)s) AS held
 ), expired AS (
@@ -46,7 +49,8 @@ SELECT (SELECT held FROM guard) AS held,
 -- name: promote_due
 -- Scheduler: admits tasks whose time has come to the claim index (retrying -> pending when the
 -- backoff is over; delayed pending tasks when due), wakes their queues, and says when the next
--- one is due so it can sleep exactly that long.
+-- one is due so it can sleep exactly that long. Admitting a delayed task is no change of state,
+-- so it writes no audit row.
 WITH guard AS MATERIALIZED (
     SELECT pg_try_advisory_xact_lock(%(lock_key)s) AS held
 ), due AS (
@@ -69,7 +73,8 @@ SELECT (SELECT count(*) FROM promoted) AS promoted,
 
 -- name: clean_finished
 -- Cleaner: deletes finished tasks (and their audit rows) older than the retention, oldest first,
--- in batches, so history never grows without bound. Guarded like the other duties. A SECURITY
+-- in batches, so history never grows without bound. Guarded like the other duties (the lock is
+-- taken inside the function). A SECURITY
 -- DEFINER function (migration 003): the worker role may run it, but holds no DELETE on the history
 -- or the audit trail (docs/security.md).
 SELECT id FROM queueworker.clean_finished(%(lock_key)s::bigint, %(retention_seconds)s::float8, %(limit)s::integer)

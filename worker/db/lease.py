@@ -1,4 +1,6 @@
-"""The lease loop: claim, heartbeat, checkpoint, complete, hand back and release (queueworker.runtime). The statements are in lease.sql."""
+"""The statements of a worker's lease loop (queueworker.runtime): claim, heartbeat, checkpoint,
+complete, hand back and release. The statements are in lease.sql; the claim and the completions
+are the hot path."""
 
 from __future__ import annotations
 
@@ -11,6 +13,9 @@ _SQL = SqlFile("lease")
 
 
 class ClaimParams(Params):
+    """`claim` and `claim_limited`: up to `limit` tasks of `queue`, leased to `worker` for
+    `lease_seconds`, with `timeout_seconds` as the deadline of tasks that set none."""
+
     queue: str
     limit: int
     worker: UUID
@@ -40,6 +45,8 @@ class LockQueueParams(Params):
 
 
 class RegisterWorkerParams(Params):
+    """A worker's `workers` row."""
+
     worker: UUID
     hostname: str
     pod_name: str | None
@@ -52,17 +59,10 @@ class RegisterWorkerParams(Params):
     version: str
 
 
-class HeartbeatParams(Params):
-    worker: UUID
-    hostname: str
-    pod_name: str | None
-    pod_namespace: str | None
-    pid: int
-    queues: list[str]
-    concurrency: int
-    running: int
-    draining: bool
-    version: str
+class HeartbeatParams(RegisterWorkerParams):
+    """The worker's row, and the leases it holds (with the progress their handlers last reported)
+    to extend by `lease_seconds`."""
+
     lease_seconds: float
     ids: list[int]
     tokens: list[int]
@@ -101,25 +101,34 @@ class CancelledTaskRow(NamedTuple):
 
 
 class DeregisterWorkerParams(Params):
+    """A worker, by id: `deregister_worker`, and `release` of every lease it still holds."""
+
     worker: UUID
 
 
 class CompleteSucceededParams(Params):
+    """One entry per attempt, in step: task ids, lease tokens, results (None: the handler returned none)."""
+
     ids: list[int]
     tokens: list[int]
-    results: list[JsonText]
+    results: list[JsonText | None]
 
 
 class CompleteContinuedParams(Params):
+    """As CompleteSucceededParams, and each next page: its payload, its delay, its headers (None:
+    the task's own)."""
+
     ids: list[int]
     tokens: list[int]
-    results: list[JsonText]
+    results: list[JsonText | None]
     next_payloads: list[JsonText]
     next_delays: list[float]
     next_headers: list[JsonText | None]
 
 
 class CompleteFailedParams(Params):
+    """One entry per attempt, in step: whether it may be retried, after which backoff, and its error."""
+
     ids: list[int]
     tokens: list[int]
     retryables: list[bool]
@@ -136,12 +145,17 @@ class FailedRow(NamedTuple):
 
 
 class ReleasedRow(NamedTuple):
+    """A task handed back by `release`; `notified` is the same in every row: the queues woken."""
+
     id: int
     queue: str
     notified: int
 
 
 class HandBackParams(Params):
+    """One entry per attempt, in step: its delay, its error, and the grace period within which
+    (since the task was created) it may be handed back at all (None: always, a snooze)."""
+
     ids: list[int]
     tokens: list[int]
     delays: list[float]

@@ -1,9 +1,20 @@
--- The lease loop: claim, heartbeat, checkpoint, complete, hand back and release (queueworker.runtime).
--- Each statement is declared, with its parameter and row types, in queueworker/db/lease.py.
+-- The lease loop of a worker (queueworker.runtime): claim, heartbeat, checkpoint, complete, hand
+-- back, release. Every write of an attempt is fenced: it matches (id, lease_token, state = 'running'),
+-- so a worker that lost its lease (expired, rescued, re-claimed, cancelled) changes nothing; only
+-- `release` matches the worker instead (it runs once the worker's outcomes are all written).
+-- Each statement is declared, with its parameter and row types, in queueworker.db.lease.
 
 -- name: claim
--- A queue with flow control (a row in queueworker.queues that sets something: migration 009) is
--- claimed by CLAIM_LIMITED only: here its limit is 0, an index probe of a tiny table per statement.
+-- Leases up to `limit` pending tasks of a queue: highest priority first, then earliest due, then oldest.
+-- `picked` is MATERIALIZED so the planner cannot turn the LIMIT into a nested loop that updates
+-- more rows than asked for; FOR NO KEY UPDATE does not block the foreign keys that point at tasks;
+-- SKIP LOCKED lets concurrent claimers take different rows instead of waiting for each other. Aimed
+-- at the `tasks_active` partition (no routing through the parent), so it writes its own audit rows
+-- (`audited`), which costs less than the parent's transition-table trigger. A queue with flow
+-- control (a row in queueworker.queues that sets something: migration 009) is claimed by
+-- `claim_limited` only: here the guard picks nothing from it, an index probe of a tiny table per
+-- statement, run once (an InitPlan: the LIMIT stays a plain parameter, so the planner keeps the
+-- index scan).
 WITH picked AS MATERIALIZED (
     SELECT id, priority, run_after FROM queueworker.tasks_active
     WHERE state = 'pending' AND NOT delayed AND queue = %(queue)s AND run_after <= now()
@@ -18,7 +29,7 @@ WITH picked AS MATERIALIZED (
         leased_until = now() + make_interval(secs => %(lease_seconds)s),
         deadline_at = now() + make_interval(secs => coalesce(t.timeout_seconds, %(timeout_seconds)s)),
         started_at = now(), updated_at = now()
-    FROM picked picked
+    FROM picked
     WHERE t.id = picked.id AND t.state = 'pending'
     RETURNING t.id, t.queue, t.task, t.payload::text AS payload_json, t.attempts, t.max_attempts, t.lease_token,
               extract(epoch FROM t.deadline_at - now())::float8 AS seconds_to_deadline,
@@ -38,20 +49,21 @@ SELECT id, queue, task, payload_json, attempts, max_attempts, lease_token, secon
 FROM claimed;
 
 -- name: lock_queue
--- Locks a flow-controlled queue's row in the claim's transaction before CLAIM_LIMITED runs. It must
+-- Locks a flow-controlled queue's row in the claim's transaction before `claim_limited` runs. It must
 -- be a statement of its own: in READ COMMITTED a statement reads from a snapshot taken when it
 -- starts, so a claim that waited for the row inside its own statement would count the running tasks
 -- as they were before the claim it waited for (two claimers would each fill the whole cap).
 SELECT FROM queueworker.queues WHERE name = %(queue)s FOR NO KEY UPDATE;
 
 -- name: claim_limited
--- A queue with flow control, after LOCK_QUEUE. Its row is locked, so concurrent claimers take turns
--- and every limit holds exactly: nothing while paused or while the breaker is open; one probe task once the
--- breaker's cooldown has passed (the breaker goes half-open; a probe lost without an outcome lets
--- another one through after the cooldown); no more than the token bucket holds (refilled at
--- `rate_per_second`, at most `burst`), and no more than `max_running` minus the queue's running
--- tasks. The bucket is charged for what was claimed. A queue whose row went away meanwhile is
--- claimed up to the limit, as the plain claim would.
+-- The claim of a queue with flow control, after `lock_queue` in the same transaction. Its row is
+-- locked, so concurrent claimers take turns and every limit holds exactly: nothing while paused or
+-- while the breaker is open; one probe task once the breaker's cooldown has passed (the breaker goes
+-- half-open; a probe lost without an outcome lets another one through after the cooldown); no more
+-- than the token bucket holds (refilled at `rate_per_second`, at most `burst`), and no more than
+-- `max_running` minus the queue's running tasks. The bucket is charged for what was claimed. A
+-- queue whose row went away meanwhile is claimed up to the limit, as the plain claim would.
+-- Otherwise as `claim`: `chosen` narrows what `picked` locked to what the limits allow.
 WITH settings AS MATERIALIZED (
     SELECT q.*, CASE WHEN q.rate_per_second IS NOT NULL
                      THEN least(q.burst, q.tokens + q.rate_per_second * extract(epoch FROM now() - q.tokens_at))
@@ -88,8 +100,8 @@ WITH settings AS MATERIALIZED (
         leased_until = now() + make_interval(secs => %(lease_seconds)s),
         deadline_at = now() + make_interval(secs => coalesce(t.timeout_seconds, %(timeout_seconds)s)),
         started_at = now(), updated_at = now()
-    FROM chosen picked
-    WHERE t.id = picked.id AND t.state = 'pending'
+    FROM chosen
+    WHERE t.id = chosen.id AND t.state = 'pending'
     RETURNING t.id, t.queue, t.task, t.payload::text AS payload_json, t.attempts, t.max_attempts, t.lease_token,
               extract(epoch FROM t.deadline_at - now())::float8 AS seconds_to_deadline,
               CASE WHEN t.run_id IS NOT NULL THEN (
@@ -116,7 +128,8 @@ SELECT id, queue, task, payload_json, attempts, max_attempts, lease_token, secon
 FROM claimed;
 
 -- name: register_worker
--- Registers a worker (its `workers` row), or refreshes the row of one already registered.
+-- Registers a worker (its `workers` row) at start, before its first claim, or refreshes the row of
+-- one already registered. `heartbeat` does the same in its first step.
 INSERT INTO queueworker.workers
         (id, hostname, pod_name, pod_namespace, pid, queues, concurrency, running, draining, version)
     VALUES (%(worker)s, %(hostname)s, %(pod_name)s, %(pod_namespace)s, %(pid)s, %(queues)s,
@@ -155,14 +168,25 @@ RETURNING id, lease_token;
 
 -- name: cancelled_among
 -- Which of the leases a heartbeat found gone were cancelled (the worker stops those handlers with
--- the reason "cancelled" rather than "lease lost").
+-- the reason "cancelled" rather than "lease lost"); also what a worker that cannot listen polls for.
 SELECT id FROM queueworker.tasks
 WHERE id = ANY(%(ids)s::bigint[]) AND state = 'cancelled';
 
 -- name: deregister_worker
+-- The last statement of a worker's clean stop. A worker killed instead is forgotten by `rescue`
+-- once its row is older than the worker TTL.
 DELETE FROM queueworker.workers WHERE id = %(worker)s;
 
 -- name: complete_succeeded
+-- Moves the rows from `tasks_active` to `tasks_finished` itself and writes their audit rows, in
+-- one statement: as cheap as an in-place UPDATE, where an UPDATE routed through the partitioned
+-- parent costs Postgres 15 about twice as much per row. DML aimed at a partition does not fire
+-- the parent's audit triggers, hence the explicit `audited` step (as in `claim`); `settled` makes
+-- the tasks waiting on these pending in this same statement (migration 006; one advisory lock and
+-- one index probe when nothing waits); `announced` tells `wait_for` (channel queueworker_finished)
+-- of the tasks enqueued with notify_on_finish; `counted` counts them for the runs they belong to
+-- (nothing to do for tasks of no run). Lists every column of queueworker.tasks: keep it in step
+-- with the migrations (as `complete_continued`).
 WITH done AS (
     DELETE FROM queueworker.tasks_active t
     USING unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(results)s::jsonb[]) AS c(id, token, result)
@@ -204,7 +228,8 @@ SELECT id, lease_token FROM moved LEFT JOIN counted ON true, settled, (SELECT co
 -- the same statement (same task, queue, priority, attempts allowed, timeout and run partition;
 -- `continued_from` links them; its headers are the attempt's trace context when tracing, else the
 -- task's own), so there is never one without the other. A page of a run's partition
--- is not the partition's outcome: the last page's is, so this statement counts nothing.
+-- is not the partition's outcome: the last page's is, so this statement counts nothing. The rest
+-- is `complete_succeeded`'s; `woken` notifies the next pages' queues as an enqueue does.
 WITH done AS (
     DELETE FROM queueworker.tasks_active t
     USING unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(results)s::jsonb[],
@@ -251,7 +276,9 @@ SELECT m.id, m.lease_token FROM moved m, settled, (SELECT count(*) FROM woken) A
        (SELECT count(*) FROM announced) AS a;
 
 -- name: complete_failed
--- A retryable failure with attempts left waits out its backoff in `retrying`; anything else fails.
+-- A retryable failure with attempts left waits out its backoff in `retrying` (the scheduler's
+-- `promote_due` admits it again); anything else fails. Through the parent table: its triggers
+-- write the audit rows and settle the failed tasks' dependents.
 UPDATE queueworker.tasks t
 SET state = CASE WHEN c.retryable AND t.attempts < t.max_attempts
                  THEN 'retrying' ELSE 'failed' END::queueworker.task_state,
@@ -269,7 +296,8 @@ RETURNING t.id, t.lease_token, t.state::text AS state;
 -- attempt, every task the database says this worker still holds, whatever the worker remembers
 -- (attempts cut short by the drain, attempts it cancelled when their lease ran out by its own clock,
 -- a claim whose answer never arrived), and wakes other workers. The task's error (and so its audit
--- row) says it was interrupted by a drain; queueworker_tasks_released_total counts them.
+-- row) says it was interrupted by a drain; queueworker_tasks_released_total counts them. The
+-- notification is a queue's plain wake-up (channel queueworker, payload the queue).
 WITH released AS (
     UPDATE queueworker.tasks t
     SET state = 'pending', attempts = greatest(t.attempts - 1, 0), run_after = now(), updated_at = now(),

@@ -1,11 +1,34 @@
-"""Notifications that are not part of another statement: the listener's self-check and a queue's wake-up. The statements are in notify.sql."""
+"""The channels queueworker notifies on, listening to one, and the notifications that are not
+part of another statement: a listener's self-check and a queue's wake-up. The statements are in
+notify.sql.
+
+A channel's name is part of the statements that notify on it (pg_notify('queueworker', ...) in
+lease.sql, duties.sql, ...) and of the migrations' functions: the names below are what a listener
+LISTENs to, and must stay in step with them."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import psycopg
+from psycopg import sql
 
 from .statements import Params, SqlFile
 
 _SQL = SqlFile("notify")
+
+# Tasks became claimable: payload `queue` (due now) or `queue <epoch>` (a batch due then; the
+# scheduler admits it), from every statement that enqueues, promotes, releases or rescues tasks.
+NOTIFY_CHANNEL = "queueworker"
+# A running task was cancelled: payload `worker-id task-id lease-token`, for the worker holding it.
+CANCEL_CHANNEL = "queueworker_cancel"
+# A queue's flow-control settings changed (payload: the queue): workers re-read them.
+QUEUES_CHANNEL = "queueworker_queues"
+# A cron schedule was added, changed, paused, resumed or deleted (payload: its name): the workers'
+# cron duties look again. Moving a schedule's next slot on tells nobody: it only makes it due later.
+CRON_CHANNEL = "queueworker_cron"
+# A task enqueued with notify_on_finish ended (payload: its id): what `wait_for` listens to.
+FINISHED_CHANNEL = "queueworker_finished"
 
 
 class NotifyCheckParams(Params):
@@ -14,6 +37,17 @@ class NotifyCheckParams(Params):
 
 class NotifyQueueParams(Params):
     queue: str
+
+
+async def listen(conn: psycopg.AsyncConnection[Any], channel: str) -> None:
+    """LISTEN to `channel` on `conn`. The channel is a name, not a parameter: it goes into the
+    statement itself, quoted as an identifier (every channel name here is lower case, as the
+    unquoted name would be)."""
+    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+
+
+async def unlisten(conn: psycopg.AsyncConnection[Any], channel: str) -> None:
+    await conn.execute(sql.SQL("UNLISTEN {}").format(sql.Identifier(channel)))
 
 
 NOTIFY_CHECK = _SQL.statement("notify_check", NotifyCheckParams)

@@ -1,9 +1,13 @@
--- Notifications that are not part of another statement: the listener's self-check and a queue's wake-up.
--- Each statement is declared, with its parameter and row types, in queueworker/db/notify.py.
+-- Notifications that are not part of another statement: a listener's self-check and a queue's wake-up.
+-- Each statement is declared, with its parameter type, in queueworker.db.notify (with the channels).
 
 -- name: notify_check
--- A listener's check that notifications reach it at all (worker/runtime/listener.py): to its own channel.
+-- A listener's check that notifications reach it at all (queueworker.runtime.listener), on a
+-- channel of its own: through a PgBouncer in transaction pooling mode none ever do.
 SELECT pg_notify(%(channel)s, '');
 
 -- name: notify_queue
+-- Wakes a queue's workers (channel queueworker) where tasks became claimable by a statement that
+-- does not notify by itself: `queueworker.retry`, in the transaction that retries the task (like
+-- every notification, delivered when it commits).
 SELECT pg_notify('queueworker', %(queue)s);

@@ -9,8 +9,8 @@ from __future__ import annotations
 import logging
 
 from .. import metrics
-from ..db import sql
 from ..db.connection import DutyConnection
+from ..db.duties import CLEAN_FINISHED, CLEANER_LOCK_KEY, CleanFinishedParams
 
 log = logging.getLogger("queueworker.cleaner")
 
@@ -27,8 +27,8 @@ class Cleaner:
         """Deletes expired history in batches until none is left; returns how many tasks went."""
         total = 0
         while True:
-            rows = await self._conn.fetch(sql.CLEAN_FINISHED, {
-                "lock_key": sql.CLEANER_LOCK_KEY, "retention_seconds": self._retention_seconds, "limit": BATCH})
+            rows = await self._conn.fetch(CLEAN_FINISHED, CleanFinishedParams(
+                lock_key=CLEANER_LOCK_KEY, retention_seconds=self._retention_seconds, limit=BATCH))
             total += len(rows)
             if len(rows) < BATCH:
                 if total:

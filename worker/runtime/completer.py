@@ -19,10 +19,12 @@ from typing import Any
 import psycopg
 
 from .. import jsonvalue, metrics
-from ..db import sql
 from .attempt import Attempt
 from ..db.connection import CLIENT_TIMEOUT_SECONDS, DutyConnection
+from ..db.lease import (COMPLETE_CONTINUED, COMPLETE_FAILED, COMPLETE_SUCCEEDED, HAND_BACK, CompleteContinuedParams,
+                        CompleteFailedParams, CompleteSucceededParams, FencedRow, HandBackParams)
 from .flow import FlowControl
+from .signals import WorkerSignals
 
 log = logging.getLogger("queueworker.completer")
 
@@ -65,7 +67,7 @@ class Failure:
 
     @property
     def label(self) -> str:
-        attempt = self.attempt  # as COMPLETE_FAILED decides
+        attempt = self.attempt  # as complete_failed decides
         return "retrying" if self.retryable and attempt.attempt < attempt.max_attempts else "failed"
 
 
@@ -101,8 +103,9 @@ Outcome = Success | Continued | Failure | HandBack
 class Completer:
     def __init__(self, conn: DutyConnection, flush_interval: float, max_batch: int,
                  on_flushed: Callable[[list[Attempt]], None], on_waiting: Callable[[], None],
-                 unknown_task_grace_seconds: float, flow: FlowControl | None = None):
+                 unknown_task_grace_seconds: float, signals: WorkerSignals, flow: FlowControl | None = None):
         self._conn = conn
+        self._signals = signals  # told of every completion statement before it goes out
         self._on_waiting = on_waiting  # tasks now wait for a time: the scheduler must know when they are due
         self._flush_interval = flush_interval
         self._max_batch = max_batch
@@ -204,6 +207,7 @@ class Completer:
         Any other error puts the batch back and is raised (the supervisor logs it and retries)."""
         write = self._writes[kind]
         try:
+            self._signals.completing.emit(len(batch))
             return await write(batch, timeout)
         except Exception as exc:
             if not refused_for_content(exc):
@@ -216,6 +220,7 @@ class Completer:
         done: list[Attempt] = []
         for position, outcome in enumerate(batch):
             try:
+                self._signals.completing.emit(1)
                 done += await write([outcome], timeout)
             except Exception as exc:
                 if not refused_for_content(exc):
@@ -243,22 +248,22 @@ class Completer:
         return []
 
     async def _write_successes(self, batch: list[Success], timeout: float) -> list[Attempt]:
-        rows = await self._conn.fetch(sql.COMPLETE_SUCCEEDED, {
-            "ids": [s.attempt.id for s in batch], "tokens": [s.attempt.token for s in batch],
-            "results": [s.result_json for s in batch]}, row=sql.FencedRow, timeout=timeout)
+        rows = await self._conn.fetch(COMPLETE_SUCCEEDED, CompleteSucceededParams(
+            ids=[s.attempt.id for s in batch], tokens=[s.attempt.token for s in batch],
+            results=[s.result_json for s in batch]), timeout=timeout)
         return self._count_succeeded(batch, rows, "succeeded")
 
     async def _write_continued(self, batch: list[Continued], timeout: float) -> list[Attempt]:
-        rows = await self._conn.fetch(sql.COMPLETE_CONTINUED, {
-            "ids": [c.attempt.id for c in batch], "tokens": [c.attempt.token for c in batch],
-            "results": [c.result_json for c in batch], "next_payloads": [c.next_payload_json for c in batch],
-            "next_delays": [c.delay_seconds for c in batch],
-            "next_headers": [c.next_headers_json for c in batch]}, row=sql.FencedRow, timeout=timeout)
+        rows = await self._conn.fetch(COMPLETE_CONTINUED, CompleteContinuedParams(
+            ids=[c.attempt.id for c in batch], tokens=[c.attempt.token for c in batch],
+            results=[c.result_json for c in batch], next_payloads=[c.next_payload_json for c in batch],
+            next_delays=[c.delay_seconds for c in batch],
+            next_headers=[c.next_headers_json for c in batch]), timeout=timeout)
         if any(c.delay_seconds for c in batch):
             self._on_waiting()
         return self._count_succeeded(batch, rows, "continued")
 
-    def _count_succeeded(self, batch: list[Success] | list[Continued], rows: list[sql.FencedRow],
+    def _count_succeeded(self, batch: list[Success] | list[Continued], rows: list[FencedRow],
                          outcome: str) -> list[Attempt]:
         attempts = [s.attempt for s in batch]
         if len(rows) == len(batch):  # every lease was still held: the common case, checked cheaply
@@ -282,10 +287,10 @@ class Completer:
                     self._flow.note(queue, succeeded)
 
     async def _write_failures(self, batch: list[Failure], timeout: float) -> list[Attempt]:
-        rows = await self._conn.fetch(sql.COMPLETE_FAILED, {
-            "ids": [f.attempt.id for f in batch], "tokens": [f.attempt.token for f in batch],
-            "retryables": [f.retryable for f in batch], "backoffs": [f.backoff_seconds for f in batch],
-            "errors": [_error_json(f.error) for f in batch]}, row=sql.FailedRow, timeout=timeout)
+        rows = await self._conn.fetch(COMPLETE_FAILED, CompleteFailedParams(
+            ids=[f.attempt.id for f in batch], tokens=[f.attempt.token for f in batch],
+            retryables=[f.retryable for f in batch], backoffs=[f.backoff_seconds for f in batch],
+            errors=[_error_json(f.error) for f in batch]), timeout=timeout)
         recorded = {(row.id, row.lease_token): row.state for row in rows}
         if "retrying" in recorded.values():
             self._on_waiting()
@@ -305,10 +310,10 @@ class Completer:
         """Snoozes and young unknown tasks go back to pending; an unknown task past its grace becomes
         a permanent failure, written right after (in this flush, or the next when the failure buffer
         holds more than a batch)."""
-        rows = await self._conn.fetch(sql.HAND_BACK, {
-            "ids": [h.attempt.id for h in batch], "tokens": [h.attempt.token for h in batch],
-            "delays": [h.delay_seconds for h in batch], "errors": [_error_json(h.error) for h in batch],
-            "graces": [h.grace_seconds for h in batch]}, row=sql.FencedRow, timeout=timeout)
+        rows = await self._conn.fetch(HAND_BACK, HandBackParams(
+            ids=[h.attempt.id for h in batch], tokens=[h.attempt.token for h in batch],
+            delays=[h.delay_seconds for h in batch], errors=[_error_json(h.error) for h in batch],
+            graces=[h.grace_seconds for h in batch]), timeout=timeout)
         handed_back = {(row.id, row.lease_token) for row in rows}
         if handed_back:
             self._on_waiting()

@@ -9,9 +9,9 @@ before its time, so the controller's lookahead sees it coming and the scheduler 
 time. What a schedule is: queueworker.client.cron.
 
 Between passes the duty sleeps until the earliest next slot is due for enqueueing. Every statement
-that changes a schedule notifies (sql.CRON_CHANNEL), and the listener wakes the duty, so a
-schedule added or resumed at runtime is seen at once; a worker that listens looks on its own only
-every SAFETY_POLL_SECONDS, one that cannot listen every POLL_SECONDS.
+that changes a schedule notifies (queueworker.db.notify.CRON_CHANNEL), and the listener wakes the
+duty, so a schedule added or resumed at runtime is seen at once; a worker that listens looks on its
+own only every SAFETY_POLL_SECONDS, one that cannot listen every POLL_SECONDS.
 """
 
 from __future__ import annotations
@@ -25,8 +25,11 @@ from datetime import datetime, timedelta, timezone
 
 from .. import metrics
 from ..client.cron import CronError, Schedule, first_slot_after, slots_from, zone
-from ..db import sql
 from ..db.connection import DutyConnection
+from ..db.cron import (DATABASE_NOW, DUE_CRON_JOBS, ENQUEUE_CRON_SLOTS, NEXT_CRON_SLOT_IN, RUNTIME_CRON_JOBS_AMONG,
+                       UPSERT_CODE_CRON_JOB, DueCronJobRow, DueCronJobsParams, EnqueueCronSlotsParams,
+                       RuntimeCronJobsAmongParams, UpsertCodeCronJobParams)
+from ..db.statements import NO_PARAMS
 
 log = logging.getLogger("queueworker.cron")
 
@@ -136,21 +139,21 @@ class CronDuty:
         jobs = self._schedule.jobs()
         if not jobs:
             return
-        (now,), = await self._conn.fetch(sql.DATABASE_NOW)
+        now = (await self._conn.fetch(DATABASE_NOW, NO_PARAMS))[0].now
         for job in jobs:
             first_slot = first_slot_after(job.expression, job.timezone, now)
-            await self._conn.fetch(sql.UPSERT_CODE_CRON_JOB, job.params(first_slot))
-        for (name,) in await self._conn.fetch(sql.RUNTIME_CRON_JOBS_AMONG, {"names": [job.name for job in jobs]}):
+            await self._conn.fetch(UPSERT_CODE_CRON_JOB, UpsertCodeCronJobParams(**job.params(first_slot)))
+        for row in await self._conn.fetch(RUNTIME_CRON_JOBS_AMONG,
+                                          RuntimeCronJobsAmongParams(names=[job.name for job in jobs])):
             log.warning("schedule %s was added at runtime: its declaration in code is ignored (`queueworker cron "
-                        "delete %s` hands it back to the code)", name, name, extra={"cron_job": name})
+                        "delete %s` hands it back to the code)", row.name, row.name, extra={"cron_job": row.name})
 
     async def enqueue_due(self) -> float:
         """Enqueues the slots of every schedule due within ENQUEUE_AHEAD_SECONDS; returns how long
         to wait until the next one is, at most SAFETY_POLL_SECONDS (POLL_SECONDS when not listening)."""
-        due = await self._conn.fetch(sql.DUE_CRON_JOBS, {"ahead": ENQUEUE_AHEAD_SECONDS, "limit": DUE_BATCH},
-                                     row=sql.DueCronJobRow)
+        due = await self._conn.fetch(DUE_CRON_JOBS, DueCronJobsParams(ahead=ENQUEUE_AHEAD_SECONDS, limit=DUE_BATCH))
         if not due:
-            (next_in,), = await self._conn.fetch(sql.NEXT_CRON_SLOT_IN)
+            next_in = (await self._conn.fetch(NEXT_CRON_SLOT_IN, NO_PARAMS))[0].next_in
             if next_in is None:
                 return self._poll_seconds()
             return min(self._poll_seconds(), max(MIN_SLEEP, next_in - ENQUEUE_AHEAD_SECONDS))
@@ -170,15 +173,15 @@ class CronDuty:
         # wait. A schedule that cannot be computed is looked at again only every POLL_SECONDS.
         return MIN_SLEEP if planned else POLL_SECONDS
 
-    async def _enqueue(self, job: sql.DueCronJobRow, plan: SlotPlan) -> None:
-        (advanced, enqueued), = await self._conn.fetch(sql.ENQUEUE_CRON_SLOTS, {
-            "name": job.name, "seen": job.next_slot, "expression": job.expression, "timezone": job.timezone,
-            "next_slot": plan.next_slot, "last_slot": plan.slots[-1] if plan.slots else None,
-            "slots": plan.slots, "dedupe_keys": [dedupe_key(job.name, slot) for slot in plan.slots]})
-        if not advanced:
+    async def _enqueue(self, job: DueCronJobRow, plan: SlotPlan) -> None:
+        result = (await self._conn.fetch(ENQUEUE_CRON_SLOTS, EnqueueCronSlotsParams(
+            name=job.name, seen=job.next_slot, expression=job.expression, timezone=job.timezone,
+            next_slot=plan.next_slot, last_slot=plan.slots[-1] if plan.slots else None,
+            slots=plan.slots, dedupe_keys=[dedupe_key(job.name, slot) for slot in plan.slots])))[0]
+        if not result.advanced:
             return  # another worker handled these slots first, or the schedule changed meanwhile
-        if enqueued:
-            metrics.CRON_SLOTS_ENQUEUED.labels(job.name).inc(enqueued)
+        if result.enqueued:
+            metrics.CRON_SLOTS_ENQUEUED.labels(job.name).inc(result.enqueued)
         for slot in plan.slots:
             log.debug("enqueued slot %s of schedule %s", slot.isoformat(), job.name,
                       extra={"cron_job": job.name, "slot": slot.isoformat()})

@@ -1,10 +1,10 @@
 """A worker's side of flow control (docs/flow-control.md): which of its queues are limited, and the
 outcomes that feed their circuit breakers.
 
-The limits themselves are enforced in the database, by CLAIM_LIMITED under the queue's row lock
-(taken by LOCK_QUEUE in the same transaction, so the claim's snapshot sees the claim before it),
+The limits themselves are enforced in the database, by `claim_limited` under the queue's row lock
+(taken by `lock_queue` in the same transaction, so the claim's snapshot sees the claim before it),
 so they hold however many workers claim. A worker only has to pick that statement for a limited
-queue (the plain CLAIM claims nothing from one, so a worker that has not heard of a new limit
+queue (the plain `claim` claims nothing from one, so a worker that has not heard of a new limit
 yet stays safe), come back when its bucket has a token again, and report outcomes to the breaker,
 claiming nothing more from a queue while a failure it saw there is not yet reported (that failure
 may be the one that opens the breaker).
@@ -17,13 +17,15 @@ import logging
 from collections.abc import Callable
 
 from .. import metrics
-from ..db import sql
 from ..db.connection import DutyConnection
+from ..db.flow import LIMITED_QUEUES, RECORD_BREAKER, LimitedQueueRow, LimitedQueuesParams, RecordBreakerParams
+from ..db.lease import CLAIM, CLAIM_LIMITED, LOCK_QUEUE, ClaimedRow, ClaimParams, LockQueueParams
+from ..db.statements import Bound, Statement
 
 log = logging.getLogger("queueworker.flow")
 
-# Every change of a queue's settings notifies (sql.QUEUES_CHANNEL), and a listener that (re)starts
-# listening, or polls, has them re-read. Besides, they are re-read this often while one of the
+# Every change of a queue's settings notifies (queueworker.db.notify.QUEUES_CHANNEL), and a listener
+# that (re)starts listening, or polls, has them re-read. Besides, they are re-read this often while one of the
 # worker's queues has flow control (its breaker's state, which other workers' outcomes change
 # without a notification, is exported)...
 REFRESH_SECONDS = 5.0
@@ -37,7 +39,7 @@ class FlowControl:
     def __init__(self, conn: DutyConnection, queues: tuple[str, ...], on_change: Callable[[], None]):
         self._conn = conn
         self._queues = list(queues)
-        self.limited: dict[str, sql.LimitedQueueRow] = {}
+        self.limited: dict[str, LimitedQueueRow] = {}
         self.breaker_queues: frozenset[str] = frozenset()
         # Per queue with a breaker, outcomes since the last report: (any succeeded, failures since).
         self._outcomes: dict[str, tuple[bool, int]] = {}
@@ -46,9 +48,12 @@ class FlowControl:
         self.wake = asyncio.Event()
         self._on_change = on_change  # limits changed, or failures were reported: claim again
 
-    def claim_statements(self, queue: str) -> tuple[str | None, str]:
+    def claim_statements(self, queue: str) -> tuple[Bound[LockQueueParams] | None,
+                                                      Statement[ClaimParams, ClaimedRow]]:
         """The statement that locks the queue first (None when nothing is limited), and the claim."""
-        return (sql.LOCK_QUEUE, sql.CLAIM_LIMITED) if queue in self.limited else (None, sql.CLAIM)
+        if queue in self.limited:
+            return Bound(LOCK_QUEUE, LockQueueParams(queue=queue)), CLAIM_LIMITED
+        return None, CLAIM
 
     def token_interval(self, queue: str) -> float | None:
         """Seconds between tokens of a rate-limited queue: when a claim it limited is worth trying again."""
@@ -94,7 +99,7 @@ class FlowControl:
         return max(0.0, self._refresh_due - loop.time())
 
     async def refresh(self) -> None:
-        rows = await self._conn.fetch(sql.LIMITED_QUEUES, {"queues": self._queues}, row=sql.LimitedQueueRow)
+        rows = await self._conn.fetch(LIMITED_QUEUES, LimitedQueuesParams(queues=self._queues))
         limited = {row.name: row for row in rows}
         changed = {name: row.rate_per_second for name, row in limited.items()} != {
             name: row.rate_per_second for name, row in self.limited.items()}
@@ -108,9 +113,8 @@ class FlowControl:
             self._on_change()
 
     async def _report(self, queue: str, any_succeeded: bool, failures: int) -> None:
-        for row in await self._conn.fetch(sql.RECORD_BREAKER, {
-                "queue": queue, "any_succeeded": any_succeeded, "trailing_failures": failures},
-                row=sql.BreakerRow):
+        for row in await self._conn.fetch(RECORD_BREAKER, RecordBreakerParams(
+                queue=queue, any_succeeded=any_succeeded, trailing_failures=failures)):
             metrics.BREAKER_STATE.labels(queue).set(BREAKER_STATES[row.now_state])
             if row.now_state != row.was:
                 metrics.BREAKER_TRANSITIONS.labels(queue, row.now_state).inc()

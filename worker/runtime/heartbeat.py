@@ -22,9 +22,10 @@ from typing import Any
 
 from .. import metrics
 from .._version import __version__
-from ..db import sql
 from .attempt import Attempt
 from ..db.connection import DutyConnection
+from ..db.lease import (CANCELLED_AMONG, HEARTBEAT, REGISTER_WORKER, CancelledAmongParams, HeartbeatParams,
+                        RegisterWorkerParams)
 from .handlers import CANCELLED, LEASE_LOST
 
 log = logging.getLogger("queueworker.heartbeat")
@@ -73,7 +74,7 @@ class Heartbeater:
         self.now.set()
 
     def _worker_row(self, running: int) -> dict[str, Any]:
-        """The parameters of sql.REGISTER_WORKER: the worker's `workers` row."""
+        """The worker's `workers` row: RegisterWorkerParams, and the first fields of HeartbeatParams."""
         ident = self._identity
         return {"worker": ident.id, "hostname": ident.hostname, "pod_name": ident.pod_name,
                 "pod_namespace": ident.pod_namespace, "pid": ident.pid, "queues": list(ident.queues),
@@ -84,17 +85,17 @@ class Heartbeater:
         """Registers the worker at start, before it claims: it holds no lease yet, so the heartbeat's
         lease update would have nothing to extend, and planning it on the partitioned table costs a
         new connection milliseconds before the first claim."""
-        await self._conn.fetch(sql.REGISTER_WORKER, self._worker_row(running=0), timeout=self.interval)
+        await self._conn.execute(REGISTER_WORKER, RegisterWorkerParams(**self._worker_row(running=0)),
+                                 timeout=self.interval)
 
     async def beat(self) -> None:
         """Registers or refreshes the worker row and extends held leases; reports lost ones."""
         held = self._held()
         sent_at = asyncio.get_running_loop().time()  # the database extends from a later moment
-        rows = await self._conn.fetch(sql.HEARTBEAT, {
-            **self._worker_row(running=len(held)), "lease_seconds": self._lease_seconds,
-            "ids": [a.id for a in held], "tokens": [a.token for a in held],
-            "progresses": [a.ctx.progress_json for a in held]},
-            row=sql.HeldRow, timeout=self.interval)
+        rows = await self._conn.fetch(HEARTBEAT, HeartbeatParams(
+            **self._worker_row(running=len(held)), lease_seconds=self._lease_seconds,
+            ids=[a.id for a in held], tokens=[a.token for a in held],
+            progresses=[a.ctx.progress_json for a in held]), timeout=self.interval)
         still_held = {(row.id, row.lease_token): row.extended for row in rows}
         lost = []
         for attempt in held:
@@ -104,8 +105,8 @@ class Heartbeater:
             elif extended is None and not attempt.reporting and not attempt.abandoned:
                 lost.append(attempt)
         if lost:
-            cancelled = {row[0] for row in await self._conn.fetch(sql.CANCELLED_AMONG, {
-                "ids": [attempt.id for attempt in lost]}, timeout=self.interval)}
+            cancelled = {row.id for row in await self._conn.fetch(CANCELLED_AMONG, CancelledAmongParams(
+                ids=[attempt.id for attempt in lost]), timeout=self.interval)}
             for reason, stop_reason, attempts in (
                     ("the task was cancelled", CANCELLED, [a for a in lost if a.id in cancelled]),
                     ("lease lost (expired or re-claimed)", LEASE_LOST, [a for a in lost if a.id not in cancelled])):

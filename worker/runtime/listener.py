@@ -26,10 +26,14 @@ from typing import Any
 
 import psycopg
 
-from ..db import connection as db, sql
+from ..db import connection as db
+from ..db.notify import (CANCEL_CHANNEL, CRON_CHANNEL, NOTIFY_CHANNEL, NOTIFY_CHECK, QUEUES_CHANNEL,
+                         NotifyCheckParams, listen, unlisten)
+from ..db.statements import Statement
 from .. import metrics
 from ..events import parse_announcement
 from .. import dsn as dsn_text
+from .signals import WorkerSignals
 
 log = logging.getLogger("queueworker.listener")
 
@@ -37,22 +41,23 @@ log = logging.getLogger("queueworker.listener")
 # to work: milliseconds on a direct connection, never through a transaction pooler.
 LISTEN_CHECK_SECONDS = 5.0
 
-Send = Callable[[str, dict[str, Any]], Awaitable[Any]]
+# Runs a statement for its effect on a connection of its own: DutyConnection.execute, or the like.
+Send = Callable[[Statement[NotifyCheckParams, Any], NotifyCheckParams], Awaitable[Any]]
 
 
 async def notifications_arrive(conn: psycopg.AsyncConnection, send: Send) -> bool:
     """Whether NOTIFYs reach `conn` (autocommit, not listening to anything yet): it listens on a
     channel of its own, to which `send` (another connection's statement runner) notifies once."""
     channel = f"queueworker_check_{uuid.uuid4().hex}"
-    await conn.execute(f"LISTEN {channel}")
-    await send(sql.NOTIFY_CHECK, {"channel": channel})
+    await listen(conn, channel)
+    await send(NOTIFY_CHECK, NotifyCheckParams(channel=channel))
     arrived = False
     async for notify in conn.notifies(timeout=LISTEN_CHECK_SECONDS):
         if notify.channel == channel:
             arrived = True
             break  # the generator holds the connection until the loop has ended
     if arrived:
-        await conn.execute(f"UNLISTEN {channel}")
+        await unlisten(conn, channel)
     return arrived
 
 
@@ -60,7 +65,7 @@ class Listener:
     def __init__(self, dsn: str, conn: db.DutyConnection, queues: tuple[str, ...], wake: Callable[[float], None],
                  worker_id: str, on_cancel: Callable[[int, int], None], on_settings: Callable[[], None],
                  on_schedules: Callable[[], None], catch_up: Callable[[], None],
-                 poll_cancelled: Callable[[], Awaitable[None]],
+                 poll_cancelled: Callable[[], Awaitable[None]], signals: WorkerSignals,
                  listen: bool = True, poll_interval: float = 1.0):
         self._dsn = dsn
         self._conn = conn  # sends the check's notification
@@ -76,6 +81,7 @@ class Listener:
         # everything a notification could have said (tasks due now or later, settings).
         self._catch_up = catch_up
         self._poll_cancelled = poll_cancelled  # stops the handlers of running tasks found cancelled
+        self._signals = signals
         self.polling = not listen
         self._poll_interval = poll_interval
         self._live: psycopg.AsyncConnection | None = None  # while connected
@@ -91,26 +97,26 @@ class Listener:
             return self._poll_interval
         conn = self._live = await db.connect(self._dsn, "queueworker-listen")
         try:
-            if not await notifications_arrive(conn, self._conn.fetch):
+            if not await notifications_arrive(conn, self._conn.execute):
                 log.warning("notifications do not reach this worker (a PgBouncer in transaction pooling mode?): "
                             "polling every %g s instead of listening", self._poll_interval)
                 self.polling = True
                 self._on_schedules()
                 return 0.0
-            await conn.execute(f"LISTEN {sql.NOTIFY_CHANNEL}")
-            await conn.execute(f"LISTEN {sql.CANCEL_CHANNEL}")
-            await conn.execute(f"LISTEN {sql.QUEUES_CHANNEL}")
-            await conn.execute(f"LISTEN {sql.CRON_CHANNEL}")
+            for channel in (NOTIFY_CHANNEL, CANCEL_CHANNEL, QUEUES_CHANNEL, CRON_CHANNEL):
+                await listen(conn, channel)
             self._catch_up()
             self._on_schedules()
+            self._signals.listening.emit(None)
             try:
                 async for notify in conn.notifies():
-                    if notify.channel == sql.CANCEL_CHANNEL:
+                    self._signals.heard.emit(notify)
+                    if notify.channel == CANCEL_CHANNEL:
                         self._handle_cancel(notify.payload)
-                    elif notify.channel == sql.QUEUES_CHANNEL:
+                    elif notify.channel == QUEUES_CHANNEL:
                         if notify.payload in self._queues:
                             self._on_settings()
-                    elif notify.channel == sql.CRON_CHANNEL:
+                    elif notify.channel == CRON_CHANNEL:
                         self._on_schedules()  # every worker's duty handles every schedule
                     else:
                         self._handle(notify.payload)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import logging
 
 from .. import metrics
-from ..db import sql
 from ..db.connection import DutyConnection
+from ..db.duties import RESCUE, RESCUER_LOCK_KEY, RescueParams
 
 log = logging.getLogger("queueworker.rescuer")
 
@@ -26,17 +26,17 @@ class Rescuer:
         """One pass; returns (requeued, failed). Repeats while full batches come back."""
         total_requeued = total_failed = 0
         while True:
-            (held, requeued, failed, reaped, _), = await self._conn.fetch(sql.RESCUE, {
-                "lock_key": sql.RESCUER_LOCK_KEY, "deadline_grace": self._deadline_grace,
-                "worker_ttl": self._worker_ttl, "limit": BATCH})
-            if requeued or failed or reaped:
-                metrics.LEASES_RECOVERED.labels("requeued").inc(requeued)
-                metrics.LEASES_RECOVERED.labels("failed").inc(failed)
+            rescued = (await self._conn.fetch(RESCUE, RescueParams(
+                lock_key=RESCUER_LOCK_KEY, deadline_grace=self._deadline_grace, worker_ttl=self._worker_ttl,
+                limit=BATCH)))[0]
+            if rescued.requeued or rescued.failed or rescued.reaped:
+                metrics.LEASES_RECOVERED.labels("requeued").inc(rescued.requeued)
+                metrics.LEASES_RECOVERED.labels("failed").inc(rescued.failed)
                 log.warning("rescued expired leases: %d back to pending, %d failed (attempts spent); "
-                            "forgot %d dead workers", requeued, failed, reaped)
-            total_requeued += requeued
-            total_failed += failed
-            if not held or requeued + failed < BATCH:
+                            "forgot %d dead workers", rescued.requeued, rescued.failed, rescued.reaped)
+            total_requeued += rescued.requeued
+            total_failed += rescued.failed
+            if not rescued.held or rescued.requeued + rescued.failed < BATCH:
                 return total_requeued, total_failed
 
     async def step(self) -> float:

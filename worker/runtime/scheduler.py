@@ -11,8 +11,8 @@ import asyncio
 import logging
 
 from .. import metrics
-from ..db import sql
 from ..db.connection import DutyConnection
+from ..db.duties import PROMOTE_DUE, SCHEDULER_LOCK_KEY, PromoteDueParams
 
 log = logging.getLogger("queueworker.scheduler")
 
@@ -33,13 +33,12 @@ class Scheduler:
     async def promote_once(self) -> float | None:
         """Promotes due tasks; returns seconds until the next one is due (None: none waiting)."""
         while True:
-            (promoted, _, next_due_in), = await self._conn.fetch(sql.PROMOTE_DUE, {
-                "lock_key": sql.SCHEDULER_LOCK_KEY, "limit": BATCH})
-            if promoted:
-                metrics.TASKS_PROMOTED.inc(promoted)
-                log.debug("admitted %d due tasks to the claim index", promoted)
-            if promoted < BATCH:
-                return next_due_in
+            due = (await self._conn.fetch(PROMOTE_DUE, PromoteDueParams(lock_key=SCHEDULER_LOCK_KEY, limit=BATCH)))[0]
+            if due.promoted:
+                metrics.TASKS_PROMOTED.inc(due.promoted)
+                log.debug("admitted %d due tasks to the claim index", due.promoted)
+            if due.promoted < BATCH:
+                return due.next_due_in
 
     async def step(self) -> float:
         """One pass of the scheduler duty; returns how long to sleep (until the next task is due)."""

@@ -21,6 +21,7 @@ from .. import dsn as dsn_text
 from .. import metrics
 from ..backoff import error_wait
 from ..events import wait_event
+from .signals import DutyPass, WorkerSignals
 
 # SQLSTATE classes of errors that heal by themselves: connection exceptions, insufficient
 # resources, operator intervention (admin shutdown, crash recovery, statement or lock timeout
@@ -81,15 +82,16 @@ class ErrorStreak:
 Step = Callable[[], Awaitable[float | None]]
 
 
-async def supervise(duty: str, step: Step, log: logging.Logger, *, wake: asyncio.Event | None = None,
-                    first_delay: float | None = 0.0, jitter: float = 0.0, dsn: str | None = None,
-                    error_cap_seconds: float = 10.0) -> None:
+async def supervise(duty: str, step: Step, log: logging.Logger, signals: WorkerSignals, *,
+                    wake: asyncio.Event | None = None, first_delay: float | None = 0.0, jitter: float = 0.0,
+                    dsn: str | None = None, error_cap_seconds: float = 10.0) -> None:
     """Runs `step` forever. It returns the seconds to wait before the next pass (None: until
     woken, for duties that have a `wake` event); `wake` cuts such a wait short, but never an
     ErrorWait (a duty that fails must not hammer the database however often it is woken), which
     grows up to `error_cap_seconds`. `jitter` spreads every wait by ±that fraction, so workers
     started together do not meet at the same moment. A CancelledError that does not come from
-    cancelling the duty itself is an error like any other."""
+    cancelling the duty itself is an error like any other. Each pass's start and end are told to
+    the worker's `signals`."""
     streak = ErrorStreak(duty, log, dsn, cap_seconds=error_cap_seconds)
     delay = first_delay
     while True:
@@ -104,7 +106,13 @@ async def supervise(duty: str, step: Step, log: logging.Logger, *, wake: asyncio
         if wake is not None:
             wake.clear()
         try:
-            delay = await step()
+            signals.duty_started.emit(duty)
+            try:
+                delay = await step()
+            except BaseException:
+                signals.duty_ended.emit(DutyPass(duty, None, failed=True))
+                raise
+            signals.duty_ended.emit(DutyPass(duty, delay))
             if delay is None and wake is None:
                 raise TypeError(f"{duty}: a duty without a wake event must say when to run next")
         except asyncio.CancelledError as exc:

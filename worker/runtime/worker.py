@@ -1,13 +1,15 @@
 """The worker process: the lease loop of docs/state-machine.md.
 
 The fetch loop claims pending tasks in batches sized by free slots and hands each attempt to
-its handler; the completer flushes outcomes in batches; the heartbeater keeps leases alive and
-fences attempts whose lease passed by its own clock; the rescuer, scheduler, cron duty and cleaner
-run the queue's background duties; the listener wakes the fetch loop (or polls, where LISTEN does
-not work). Every duty runs under the same supervisor (worker/runtime/supervisor.py): no error ends it. On a
-stop request (SIGTERM/SIGINT when it owns the signals) the worker drains within one shutdown budget: stop claiming, let attempts finish
-until the drain deadline, cancel the rest and hand their leases back without consuming an attempt,
-flush every outcome, deregister.
+its handler (worker/runtime/processing.py); the completer flushes outcomes in batches; the
+heartbeater keeps leases alive and fences attempts whose lease passed by its own clock; the
+rescuer, scheduler, cron duty and cleaner run the queue's background duties; the listener wakes
+the fetch loop (or polls, where LISTEN does not work). Every duty runs under the same supervisor
+(worker/runtime/supervisor.py): no error ends it. On a stop request (SIGTERM/SIGINT when it owns
+the signals) the worker drains within one shutdown budget (worker/runtime/shutdown.py): stop
+claiming, let attempts finish until the drain deadline, cancel the rest and hand their leases back
+without consuming an attempt, flush every outcome, deregister. `Worker.signals`
+(worker/runtime/signals.py) tells tests and applications what it does, as it does it.
 
 `Worker`, `run_worker` and `run_worker_async` are the public way to run one, inside an application
 as well as from the CLI (which uses `run_worker`): docs/embedding.md.
@@ -20,51 +22,47 @@ import enum
 import logging
 import signal
 import time
-import traceback
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from .. import dsn as dsn_text
-from .. import jsonvalue, metrics, tracing
-from ..db import sql
+from .. import metrics, tracing
+from ..client.cron import Schedule, default_schedule
+from ..db.connection import DutyConnection
+from ..db.lease import (CANCELLED_AMONG, DEREGISTER_WORKER, RELEASE, SAVE_CHECKPOINT, CancelledAmongParams,
+                        ClaimParams, DeregisterWorkerParams, SaveCheckpointParams)
+from ..db.migrate import latest_version, migrate
+from ..db.migration import SCHEMA_EXISTS, SCHEMA_VERSION
+from ..db.statements import NO_PARAMS
+from ..events import DueTimer, wait_event
+from ..settings import WorkerSettings
 from .attempt import Attempt
-from ..backoff import retry_delay
 from .builtin_tasks import register_builtin_tasks
 from .cleaner import Cleaner
 from .completer import BACKLOG_RESULT_BYTES, Completer
-from ..client.cron import Schedule, default_schedule
 from .cron import CronDuty
-from ..db.connection import DutyConnection
-from ..events import DueTimer, wait_event
 from .flow import FlowControl
-from .handlers import CANCELLED, LEASE_LOST, SHUTDOWN, CancelledByHandler, Continue, DeadlineExceeded, HandlerThreads, PermanentError, Registry, RetryAfter, RunInfo, Snooze, TaskContext, UnknownTaskError, default_registry, run_handler
+from .handlers import CANCELLED, LEASE_LOST, SHUTDOWN, HandlerThreads, Registry, TaskContext, default_registry
 from .heartbeat import Heartbeater, WorkerIdentity
 from .listener import Listener
-from ..db.migrate import latest_version, migrate
+from .processing import AttemptProcessor
 from .rescuer import Rescuer
 from .scheduler import Scheduler
-from ..settings import WorkerSettings
+from .shutdown import sever, stop_fetching, within_budget
+from .signals import WorkerSignals
 from .supervisor import ErrorStreak, supervise
 from .watchdog import LoopWatchdog
 
 log = logging.getLogger("queueworker.worker")
 task_log = logging.getLogger("queueworker.task")
 
-TRACEBACK_LIMIT = 4000
-MESSAGE_LIMIT = 2000
-# Results larger than this fail their task ("result not storable"): a queue row is no blob store,
-# and Postgres refuses jsonb values past 256 MB anyway.
-RESULT_LIMIT_BYTES = 64 * 1024 * 1024
 # Consecutive claim failures that are not database hiccups (a bug, a missing grant) after which the
 # worker stops: it cannot take work, so it must not pretend to (its pod restarts and says why).
 CLAIM_FAILURES_BEFORE_EXIT = 5
 # Stop signal to exit: time kept back from the drain for releasing, flushing and deregistering.
 SHUTDOWN_RESERVE_SECONDS = 3.0
 EXIT_UNCLEAN = 1
-# After severing connections, the moment their statements need to fail on their own (psycopg
-# notices within its 0.1 s wait interval), so that cancelling their callers is immediate.
-SEVERED_SETTLE_SECONDS = 0.2
 
 
 class State(enum.Enum):
@@ -98,7 +96,9 @@ class Worker:
     removed again when it stops. `on_ready` is called once the worker is registered, has
     recovered expired leases and claims; `on_stopped` once it has drained and deregistered.
     With the default registry (that `@task` fills) come the schedules that `periodic` and
-    `@task(cron=...)` declare; with a registry of its own, only those of `schedule`.
+    `@task(cron=...)` declare; with a registry of its own, only those of `schedule`. `signals`
+    (queueworker.runtime.signals) tells whoever watches of its claims, wake-ups, duty passes and
+    notifications, as they happen.
     """
 
     def __init__(self, dsn: str, settings: WorkerSettings | None = None, registry: Registry | None = None,
@@ -110,8 +110,6 @@ class Worker:
         registry = default_registry if registry is None else registry
         if schedule is None and registry is default_registry:
             schedule = default_schedule
-        # Handlers may put the worker's own connection string in an error message: never store it.
-        self._secrets = (dsn, dsn_text.parse(dsn).get("password"))
         self.settings = settings
         self.registry = registry
         register_builtin_tasks(registry)
@@ -144,6 +142,7 @@ class Worker:
         self._on_ready = on_ready
         self._on_stopped = on_stopped
         self.ready = False
+        self.signals = WorkerSignals()
         self._claim_errors = ErrorStreak("claim", log, dsn)
         self._finished: Counter[str] = Counter()  # outcomes written since the last summary line
         self.scheduler = Scheduler(self._duty_conn, settings.scheduler_max_interval_seconds)
@@ -151,10 +150,14 @@ class Worker:
         self.flow = FlowControl(self._duty_conn, settings.queues, on_change=lambda: self._wake_at(0.0))
         self.completer = Completer(self._complete_conn, settings.flush_interval_seconds, settings.flush_max_batch,
                                    self._flushed, on_waiting=self.scheduler.poke,
-                                   unknown_task_grace_seconds=settings.unknown_task_grace_seconds, flow=self.flow)
+                                   unknown_task_grace_seconds=settings.unknown_task_grace_seconds,
+                                   signals=self.signals, flow=self.flow)
+        # Handlers may put the worker's own connection string in an error message: never store it.
+        self._processor = AttemptProcessor(registry, self._threads, self.completer, settings,
+                                           (dsn, dsn_text.parse(dsn).get("password")), self._slot_freed)
         # Heartbeats have a connection of their own: a slow flush must never hold back the beat that
         # keeps every lease alive (a heartbeat that meets a row a flush just moved is re-run:
-        # db.met_moved_row).
+        # connection.met_moved_row).
         self.heartbeater = Heartbeater(self._heartbeat_conn, self.identity, settings.heartbeat_seconds,
                                        settings.lease_seconds, lambda: list(self._inflight.values()),
                                        lambda: self._draining, self._can_claim, self._leases_lost)
@@ -164,8 +167,8 @@ class Worker:
         self.cron = CronDuty(self._duty_conn, schedule or Schedule(), listening=lambda: not self.listener.polling)
         self.listener = Listener(dsn, self._duty_conn, settings.queues, self._wake_at, str(self.identity.id),
                                  self._cancelled_task, self.flow.settings_changed, self.cron.changed,
-                                 catch_up=self._catch_up,
-                                 poll_cancelled=self._poll_cancelled, listen=settings.listen,
+                                 catch_up=self._catch_up, poll_cancelled=self._poll_cancelled,
+                                 signals=self.signals, listen=settings.listen,
                                  poll_interval=settings.poll_interval_seconds)
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -202,8 +205,8 @@ class Worker:
             self._set_state(State.RECOVERY)
             await self._recover_at_start()
             fetch = asyncio.create_task(self._fetch_loop(), name="fetch")  # first: its claim goes out first
-            duties = [asyncio.create_task(supervise(name, step, log, dsn=self._dsn, **options), name=name)
-                      for name, step, options in self._duties()]
+            duties = [asyncio.create_task(supervise(name, step, log, self.signals, dsn=self._dsn, **options),
+                                          name=name) for name, step, options in self._duties()]
             self.ready = True
             await self._call_hook("on_ready", self._on_ready, self)
             stop = asyncio.create_task(self._stop_requested.wait())
@@ -320,8 +323,8 @@ class Worker:
                 raise outcome
 
     async def _check_schema(self) -> None:
-        (exists,), = await self._duty_conn.fetch(sql.SCHEMA_EXISTS)
-        version = (await self._duty_conn.fetch(sql.SCHEMA_VERSION))[0][0] if exists else 0
+        exists = (await self._duty_conn.fetch(SCHEMA_EXISTS, NO_PARAMS))[0].exists
+        version = (await self._duty_conn.fetch(SCHEMA_VERSION, NO_PARAMS))[0].version if exists else 0
         if version < latest_version():
             raise SchemaNotReady(f"database schema is at version {version}, this worker needs "
                                  f"{latest_version()}: run `queueworker migrate` (or start the worker with --migrate)")
@@ -406,10 +409,10 @@ class Worker:
         loop = asyncio.get_running_loop()
         sent_at = loop.time()  # the database starts the lease later than this: our clock is on the safe side
         lock, claim = self.flow.claim_statements(queue)
-        rows = await self._claim_conn.fetch(claim, {
-            "queue": queue, "limit": limit, "worker": self.identity.id,
-            "lease_seconds": self.settings.lease_seconds,
-            "timeout_seconds": self.settings.task_timeout_seconds}, row=sql.ClaimedRow, lock=lock)
+        self.signals.claiming.emit(queue)
+        rows = await self._claim_conn.fetch(claim, ClaimParams(
+            queue=queue, limit=limit, worker=self.identity.id, lease_seconds=self.settings.lease_seconds,
+            timeout_seconds=self.settings.task_timeout_seconds), lock=lock)
         now = loop.time()
         for row in rows:
             ctx = TaskContext(row.id, row.task, row.queue, row.attempts, row.max_attempts, task_log)
@@ -419,78 +422,18 @@ class Worker:
                               checkpoint_json=row.checkpoint_json, headers_json=row.headers_json, started=now)
             ctx.attach(self._checkpoint_saver, loop, attempt.key)
             self._inflight[attempt.key] = attempt
-            attempt.runner = asyncio.create_task(self._traced_attempt(attempt) if tracing.sdk_configured()
-                                                 else self._attempt(attempt))
+            attempt.runner = asyncio.create_task(self._processor.traced(attempt) if tracing.sdk_configured()
+                                                 else self._processor.run(attempt))
         if rows:
             metrics.TASKS_CLAIMED.labels(queue).inc(len(rows))
             metrics.IN_FLIGHT.set(len(self._inflight))
+        self.signals.claimed.emit(rows)
         token_interval = self.flow.token_interval(queue)
         if token_interval is not None and len(rows) < limit:  # the bucket may be what stopped it
             self._wake_at(time.time() + token_interval)
         return len(rows)
 
-    # -- processing -----------------------------------------------------------------------
-
-    async def _traced_attempt(self, attempt: Attempt) -> None:
-        """The attempt in a span of its own, when tracing is set up (queueworker.tracing)."""
-        with tracing.attempt_span(attempt) as span:
-            tracing.record_outcome(span, *await self._attempt(attempt))
-
-    async def _attempt(self, attempt: Attempt) -> tuple[str, str | None]:
-        """Processing, then ReportingSuccess or ReportingFailure (through the completer). Returns the
-        outcome (tracing.record_outcome) and the error's type, if any."""
-        loop = asyncio.get_running_loop()
-        try:
-            try:
-                payload = jsonvalue.decode(attempt.payload_json)
-            except jsonvalue.Undecodable as exc:
-                raise PermanentError(f"payload cannot be decoded: {exc}") from None
-            if attempt.run_json is not None:
-                try:
-                    attempt.ctx.run = RunInfo.from_json(attempt.run_json)
-                except jsonvalue.Undecodable as exc:
-                    raise PermanentError(f"the run's watermark cannot be decoded: {exc}") from None
-            if attempt.checkpoint_json is not None:
-                try:
-                    attempt.ctx.checkpoint = jsonvalue.decode(attempt.checkpoint_json)
-                except jsonvalue.Undecodable as exc:
-                    raise PermanentError(f"the checkpoint cannot be decoded: {exc}") from None
-            handler = self.registry.get(attempt.task)
-            result = await run_handler(handler, payload, attempt.ctx, attempt.deadline - loop.time(), self._threads)
-            continuation = result if isinstance(result, Continue) else None
-            if continuation is not None:
-                result = continuation.result
-                if attempt.ctx.run is not None and attempt.ctx.run.partition is None:
-                    raise PermanentError("a run's consolidation or alert cannot continue: the run ends with it")
-            try:
-                encoded = None if result is None else jsonvalue.encode(result, RESULT_LIMIT_BYTES)
-            except jsonvalue.NotStorable as exc:
-                raise PermanentError(f"result not storable: {exc}") from None
-            if continuation is not None:
-                try:
-                    next_payload = jsonvalue.encode(continuation.payload, RESULT_LIMIT_BYTES)
-                except jsonvalue.NotStorable as exc:
-                    raise PermanentError(f"the continuation's payload is not storable: {exc}") from None
-        except asyncio.CancelledError:
-            if not attempt.abandoned:  # nobody here cancelled it: the handler cancelled its own task
-                return self._report_failure(attempt, CancelledByHandler("the handler cancelled its own task"))
-        except BaseException as exc:  # noqa: BLE001 - every handler failure is reported, never lost
-            if not attempt.abandoned:
-                return self._report_failure(attempt, exc)
-        else:
-            if not attempt.abandoned:
-                if continuation is None:
-                    self.completer.succeed(attempt, encoded)
-                else:
-                    next_headers = tracing.current_headers()  # the next page's parent: this attempt
-                    self.completer.continue_with(attempt, encoded, next_payload, continuation.delay or 0.0,
-                                                 None if next_headers is None else jsonvalue.encode(next_headers))
-                self._slot_freed.set()
-                return attempt.outcome, None
-        finally:
-            metrics.task_duration(attempt.queue, attempt.task if attempt.task in self.registry
-                                  else "unknown").observe(loop.time() - attempt.started)
-        return (attempt.ctx.cancel_reason or CANCELLED).replace(" ", "_"), None  # abandoned: its stop reason
+    # -- attempts -------------------------------------------------------------------------
 
     async def _save_checkpoint(self, key: tuple[int, int], checkpoint_json: str, progress_json: str | None) -> bool:
         """ctx.save_checkpoint's write: fenced by the attempt's lease. An attempt this worker has
@@ -500,37 +443,10 @@ class Worker:
             return False
         saved = False
         if not attempt.abandoned and not attempt.reporting:
-            saved = bool(await self._checkpoint_conn.fetch(sql.SAVE_CHECKPOINT, {
-                "id": attempt.id, "token": attempt.token, "checkpoint": checkpoint_json,
-                "progress": progress_json}))
+            saved = bool(await self._checkpoint_conn.fetch(SAVE_CHECKPOINT, SaveCheckpointParams(
+                id=attempt.id, token=attempt.token, checkpoint=checkpoint_json, progress=progress_json)))
         metrics.CHECKPOINT_WRITES.labels(attempt.queue, "saved" if saved else "refused").inc()
         return saved
-
-    def _report_failure(self, attempt: Attempt, exc: BaseException) -> tuple[str, str | None]:
-        """Hands the failure to the completer; returns the outcome (as the completer labels it) and
-        the error's type."""
-        if isinstance(exc, Snooze):
-            self.completer.snooze(attempt, exc.seconds, {"type": "Snoozed", "message": str(exc), "retryable": True,
-                                                          "attempt": attempt.attempt})
-            self._slot_freed.set()
-            return attempt.outcome, None
-        retryable = not isinstance(exc, PermanentError)
-        error_type = "DeadlineExceeded" if isinstance(exc, DeadlineExceeded) else type(exc).__name__
-        error: dict[str, Any] = {"type": error_type, "message": self._storable_text(_describe(exc), MESSAGE_LIMIT),
-                                 "retryable": retryable, "attempt": attempt.attempt}
-        if not isinstance(exc, (UnknownTaskError, DeadlineExceeded, CancelledByHandler, RetryAfter)):
-            error["traceback"] = self._storable_text(_format_traceback(exc), TRACEBACK_LIMIT, keep_end=True)
-        if isinstance(exc, UnknownTaskError):
-            self.completer.hand_back_unknown(attempt, error)
-        else:
-            backoff = (min(exc.seconds, self.settings.retry_max_seconds) if isinstance(exc, RetryAfter) else
-                       retry_delay(attempt.attempt, self.settings.retry_base_seconds, self.settings.retry_max_seconds))
-            self.completer.fail(attempt, retryable, backoff, error)
-        self._slot_freed.set()
-        return attempt.outcome, error_type
-
-    def _storable_text(self, text: str, limit: int, keep_end: bool = False) -> str:
-        return jsonvalue.safe_text(dsn_text.scrub(text, self._secrets), limit=limit, keep_end=keep_end)
 
     def _flushed(self, attempts: list[Attempt]) -> None:
         """Outcomes written: their slots are free for good."""
@@ -590,8 +506,8 @@ class Worker:
         that were cancelled."""
         running = [a for a in self._inflight.values() if not a.reporting and not a.abandoned]
         if running:
-            cancelled = {row[0] for row in await self._duty_conn.fetch(sql.CANCELLED_AMONG, {
-                "ids": [attempt.id for attempt in running]})}
+            cancelled = {row.id for row in await self._duty_conn.fetch(CANCELLED_AMONG, CancelledAmongParams(
+                ids=[attempt.id for attempt in running]))}
             for attempt in running:
                 if attempt.id in cancelled:
                     self._cancelled_task(*attempt.key)
@@ -621,6 +537,7 @@ class Worker:
         finds every later task and sleeps until the next one itself."""
         if due_epoch <= time.time():
             self._wakeup.set()
+            self.signals.woken.emit(None)
             return
         self._due_timer.at(due_epoch)
 
@@ -659,7 +576,7 @@ class Worker:
         self._set_state(State.DRAINING)
         self._draining = True
         self.heartbeater.beat_soon()
-        clean = await self._stop_fetching(fetch, drain_end)
+        clean = await stop_fetching(fetch, drain_end, self._claim_conn)
         running = [a.runner for a in self._inflight.values() if a.runner and not a.runner.done()]
         if running and drain_end > loop.time():
             # All attempts finishing, a second signal, or the drain deadline: whichever is first.
@@ -670,18 +587,16 @@ class Worker:
             hurry.cancel()
         for attempt in [a for a in self._inflight.values() if not a.reporting]:
             self._abandon(attempt, SHUTDOWN)
-        clean = await self._until(end, "flush", self.completer.drain) and clean
-        released = await self._until(end, "release", self._release)
+        clean = await within_budget(end, "flush", self.completer.drain, self._dsn) and clean
+        released = await within_budget(end, "release", self._release, self._dsn)
         clean = released and clean
         if not released:  # the database is not answering: duties must not wait on it as they stop
-            for conn in (*self._connections(), self.listener):
-                conn.sever()
-            await asyncio.sleep(SEVERED_SETTLE_SECONDS)  # their statements fail now, not when cancelled
+            await sever((*self._connections(), self.listener))
         for duty in duties:
             duty.cancel()
         await asyncio.gather(*duties, return_exceptions=True)
-        clean = await self._until(end, "deregister", lambda timeout: self._duty_conn.fetch(
-            sql.DEREGISTER_WORKER, {"worker": self.identity.id}, timeout=timeout)) and clean
+        clean = await within_budget(end, "deregister", lambda timeout: self._duty_conn.execute(
+            DEREGISTER_WORKER, DeregisterWorkerParams(worker=self.identity.id), timeout=timeout), self._dsn) and clean
         left = 0 if released else len(self._inflight)
         log.info("worker stopped", extra={"clean": clean, "unrecorded": left})
         if left:
@@ -689,51 +604,17 @@ class Worker:
                       "returns them to the queue", left)
         return max(self._exit_code, 0 if clean else EXIT_UNCLEAN)
 
-    async def _stop_fetching(self, fetch: asyncio.Task, deadline: float) -> bool:
-        """Lets the fetch loop stop on its own (cancelling it mid-claim could lose claimed rows);
-        if a hung claim keeps it past the drain deadline, cancels it, and the stop is not clean."""
-        try:
-            async with asyncio.timeout_at(max(deadline, asyncio.get_running_loop().time())):
-                await asyncio.gather(fetch, return_exceptions=True)
-            return True
-        except TimeoutError:
-            self._claim_conn.sever()
-            await asyncio.sleep(SEVERED_SETTLE_SECONDS)
-            fetch.cancel()
-            await asyncio.gather(fetch, return_exceptions=True)
-            log.error("a claim was still waiting for the database at the drain deadline; its tasks, if it "
-                      "took any, return to the queue when their lease expires")
-            return False
-
     async def _release(self, timeout: float) -> None:
         """Hands back every task the database says this worker still holds (attempts not consumed):
         attempts the drain cut short, and any the worker no longer tracks (fenced, or claimed by a
         statement whose answer never arrived). Nothing it claimed is `running` any more after it."""
-        rows = await self._claim_conn.fetch(sql.RELEASE, {"worker": self.identity.id}, row=sql.ReleasedRow,
-                                            timeout=timeout)
+        rows = await self._claim_conn.fetch(RELEASE, DeregisterWorkerParams(worker=self.identity.id), timeout=timeout)
         for row in rows:
             metrics.TASKS_RELEASED.labels(row.queue).inc()
         self._inflight.clear()
         metrics.IN_FLIGHT.set(0)
         log.info("released %d leases back to pending (attempts not consumed)", len(rows),
                  extra={"task_ids": sorted(row.id for row in rows)})
-
-    async def _until(self, end: float, what: str, step: Callable[[float], Awaitable[Any]]) -> bool:
-        """Retries a shutdown step until it succeeds or the shutdown budget is spent. The step is
-        given the time left and passes it on as its statements' deadline, which severs a hung
-        statement at once (cancelling one would wait for the server)."""
-        loop = asyncio.get_running_loop()
-        errors = ErrorStreak(what, log, self._dsn, cap_seconds=1.0)
-        while True:
-            remaining = end - loop.time()
-            if remaining <= 0:
-                log.error("shutdown %s did not finish within the shutdown budget", what)
-                return False
-            try:
-                await step(remaining)
-                return True
-            except Exception as exc:  # noqa: BLE001 - logged and retried within the budget
-                await asyncio.sleep(min(errors.record(exc), max(0.0, end - loop.time())))
 
 
 async def run_worker_async(dsn: str, settings: WorkerSettings | None = None, registry: Registry | None = None, *,
@@ -779,21 +660,6 @@ def _running_here(loop: asyncio.AbstractEventLoop) -> bool:
         return asyncio.get_running_loop() is loop
     except RuntimeError:
         return False
-
-
-def _describe(exc: BaseException) -> str:
-    """str(exc), which is user code and may itself raise."""
-    try:
-        return str(exc) or type(exc).__name__
-    except Exception:  # noqa: BLE001 - a broken __str__ must not lose the failure
-        return f"{type(exc).__name__} (its message could not be rendered)"
-
-
-def _format_traceback(exc: BaseException) -> str:
-    try:
-        return "".join(traceback.format_exception(exc))
-    except Exception:  # noqa: BLE001 - same as above: the traceback renders the message too
-        return "".join(traceback.format_tb(exc.__traceback__))
 
 
 class SchemaNotReady(Exception):

@@ -1,0 +1,67 @@
+"""The steps of a worker's shutdown that stand on their own; `Worker` runs them in order when it
+drains (docs/state-machine.md, Draining): stop the fetch loop, then flush, release and deregister,
+each retried within what is left of the shutdown budget, severing connections whose database no
+longer answers so that nothing waits on it while the worker stops."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Protocol
+
+from .supervisor import ErrorStreak
+
+log = logging.getLogger("queueworker.worker")
+
+# After severing connections, the moment their statements need to fail on their own (psycopg
+# notices within its 0.1 s wait interval), so that cancelling their callers is immediate.
+SEVERED_SETTLE_SECONDS = 0.2
+
+
+class Severable(Protocol):
+    def sever(self) -> None: ...
+
+
+async def sever(connections: Iterable[Severable]) -> None:
+    """Makes the statements under way on `connections` fail now, not when their callers are
+    cancelled (which would wait for a server that does not answer)."""
+    for conn in connections:
+        conn.sever()
+    await asyncio.sleep(SEVERED_SETTLE_SECONDS)
+
+
+async def stop_fetching(fetch: asyncio.Task, deadline: float, claim_conn: Severable) -> bool:
+    """Lets the fetch loop stop on its own (cancelling it mid-claim could lose claimed rows);
+    if a hung claim keeps it past the drain deadline (loop time), cancels it, and the stop is not
+    clean (False)."""
+    try:
+        async with asyncio.timeout_at(max(deadline, asyncio.get_running_loop().time())):
+            await asyncio.gather(fetch, return_exceptions=True)
+        return True
+    except TimeoutError:
+        await sever([claim_conn])
+        fetch.cancel()
+        await asyncio.gather(fetch, return_exceptions=True)
+        log.error("a claim was still waiting for the database at the drain deadline; its tasks, if it "
+                  "took any, return to the queue when their lease expires")
+        return False
+
+
+async def within_budget(end: float, what: str, step: Callable[[float], Awaitable[Any]], dsn: str) -> bool:
+    """Retries a shutdown step until it succeeds (True) or the shutdown budget, which runs out at
+    `end` (loop time), is spent. The step is given the time left and passes it on as its
+    statements' deadline, which severs a hung statement at once (cancelling one would wait for the
+    server)."""
+    loop = asyncio.get_running_loop()
+    errors = ErrorStreak(what, log, dsn, cap_seconds=1.0)
+    while True:
+        remaining = end - loop.time()
+        if remaining <= 0:
+            log.error("shutdown %s did not finish within the shutdown budget", what)
+            return False
+        try:
+            await step(remaining)
+            return True
+        except Exception as exc:  # noqa: BLE001 - logged and retried within the budget
+            await asyncio.sleep(min(errors.record(exc), max(0.0, end - loop.time())))
