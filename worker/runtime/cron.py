@@ -27,6 +27,7 @@ from .. import metrics
 from ..client.cron import CronError, Schedule, first_slot_after, slots_from, zone
 from ..db import sql
 from ..db.connection import DutyConnection
+from ..db.cron import UPSERT_CODE_CRON_JOB
 
 log = logging.getLogger("queueworker.cron")
 
@@ -139,7 +140,7 @@ class CronDuty:
         (now,), = await self._conn.fetch(sql.DATABASE_NOW)
         for job in jobs:
             first_slot = first_slot_after(job.expression, job.timezone, now)
-            await self._conn.fetch(sql.UPSERT_CODE_CRON_JOB, job.params(first_slot))
+            await self._conn.fetch(UPSERT_CODE_CRON_JOB, job.params(first_slot))
         for (name,) in await self._conn.fetch(sql.RUNTIME_CRON_JOBS_AMONG, {"names": [job.name for job in jobs]}):
             log.warning("schedule %s was added at runtime: its declaration in code is ignored (`queueworker cron "
                         "delete %s` hands it back to the code)", name, name, extra={"cron_job": name})
