@@ -135,12 +135,12 @@ LISTEN_FINISHED = _SQL.statement("listen_finished", NoParams)
 UNLISTEN_FINISHED = _SQL.statement("unlisten_finished", NoParams)
 # The channel LISTEN_FINISHED listens on; a notification's payload is the finished task's id.
 FINISHED_CHANNEL = "queueworker_finished"
-TASK_STATE_COUNTS = _SQL.statement("task_state_counts", TaskIdsParams, StateCountRow)
 LIST_TASKS = _SQL.statement("list_tasks", ListTasksParams, ListedTaskRow)
 STUCK_TASKS = _SQL.statement("stuck_tasks", QueueFilterParams, StuckTaskRow)
 STATUS_COUNTS = _SQL.statement("status_counts", QueueFilterParams, StatusCountRow)
 OLDEST_PENDING_AGE = _SQL.statement("oldest_pending_age", QueueFilterParams, OldestPendingRow)
 LIVE_WORKERS = _SQL.statement("live_workers", QueueFilterParams, LiveWorkerRow)
+TASK_STATE_COUNTS = _SQL.statement("task_state_counts", TaskIdsParams, StateCountRow)
 WORKER_LOADS = _SQL.statement("worker_loads", WorkerLoadsParams, WorkerLoadRow)
 
 _SQL.check_all_declared()

@@ -23,11 +23,8 @@ FROM queueworker.task_events WHERE task_id = %(id)s ORDER BY id LIMIT %(limit)s;
 LISTEN queueworker_finished;
 
 -- name: unlisten_finished
+-- When `wait_for` returns: the connection is the caller's, and must not go on collecting notifications.
 UNLISTEN queueworker_finished;
-
--- name: task_state_counts
--- The given tasks by state (the demo's burst, in a database that may hold other tasks too).
-SELECT state::text AS state, count(*)::int AS n FROM queueworker.tasks WHERE id = ANY(%(ids)s::bigint[]) GROUP BY state;
 
 -- name: list_tasks
 -- `queueworker list`: the newest tasks, by queue and state.
@@ -72,6 +69,12 @@ SELECT w.id::text AS id, w.hostname, w.pod_name, w.pod_namespace, w.pid, w.queue
 FROM queueworker.workers w
 WHERE %(queue)s::text IS NULL OR %(queue)s = ANY(w.queues)
 ORDER BY w.started_at;
+
+-- name: task_state_counts
+-- The given tasks by state (the demo's burst, in a database that may hold other tasks too).
+SELECT state::text AS state, count(*)::int AS n
+FROM queueworker.tasks WHERE id = ANY(%(ids)s::bigint[])
+GROUP BY state;
 
 -- name: worker_loads
 -- Leased tasks per live worker process of one host: how busy each is, for the demo to pick the one
