@@ -29,7 +29,6 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..client.producer import TaskSpec, enqueue_many
 from ..db import statements
-from ..db.depth import QUEUE_DEPTH, QueueDepthParams
 from ..db.inspect import TASK_STATE_COUNTS, WORKER_LOADS, TaskIdsParams, WorkerLoadsParams
 from ..db.migrate import migrate
 from ..names import QUEUE_PATTERN
@@ -343,6 +342,7 @@ def _supervise(conn: psycopg.Connection, fleet: WorkerFleet, ids: list[int], con
                shutdown: Shutdown, display: Display) -> Summary:
     """The controller's loop with processes for pods: read the queue, decide, scale, report.
     Ends once every task is finished and the fleet is back at its minimum."""
+    from ..db.depth import QUEUE_DEPTH, QueueDepthParams
     from ..scaling.policy import PolicyInputs, QueueDepth, decide
 
     hostname = socket.gethostname()
