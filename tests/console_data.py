@@ -10,13 +10,14 @@ from dataclasses import dataclass
 import psycopg
 from psycopg.types.json import Jsonb
 
-from queueworker import enqueue
-
-from queueworker.db import sql
+from queueworker import enqueue, jsonvalue
 from queueworker.client.operations import pause, set_limits
 from queueworker.client.producer import start_run
+from queueworker.db import statements
+from queueworker.db.lease import (
+    CLAIM, COMPLETE_FAILED, COMPLETE_SUCCEEDED, HEARTBEAT, ClaimedRow, ClaimParams, CompleteFailedParams,
+    CompleteSucceededParams, HeartbeatParams)
 
-CLAIM_DEFAULTS = {"lease_seconds": 300, "timeout_seconds": 600}
 # A payload nested deeper than Python's json module reads (Postgres stores it happily).
 DEEP_NESTING = 5000
 
@@ -35,16 +36,15 @@ class Demo:
     run_id: int
 
 
-def _claim(conn: psycopg.Connection, worker: uuid.UUID, queue: str, limit: int) -> list[sql.ClaimedRow]:
-    return [sql.ClaimedRow._make(row) for row in conn.execute(sql.CLAIM, {
-        "queue": queue, "limit": limit, "worker": worker, **CLAIM_DEFAULTS})]
+def _claim(conn: psycopg.Connection, worker: uuid.UUID, queue: str, limit: int) -> list[ClaimedRow]:
+    return statements.fetch(conn, CLAIM, ClaimParams(queue=queue, limit=limit, worker=worker, lease_seconds=300,
+                                                     timeout_seconds=600))
 
 
 def register_worker(conn: psycopg.Connection, worker: uuid.UUID, queues: list[str], pod: str) -> None:
-    conn.execute(sql.HEARTBEAT, {
-        "worker": worker, "hostname": pod, "pod_name": pod, "pod_namespace": "jobs", "pid": 7, "queues": queues,
-        "concurrency": 8, "running": 0, "draining": False, "version": "0.1.0", "lease_seconds": 300,
-        "ids": [], "tokens": [], "progresses": []})
+    statements.fetch(conn, HEARTBEAT, HeartbeatParams(
+        worker=worker, hostname=pod, pod_name=pod, pod_namespace="jobs", pid=7, queues=queues, concurrency=8,
+        running=0, draining=False, version="0.1.0", lease_seconds=300, ids=[], tokens=[], progresses=[]))
 
 
 def fill(dsn: str) -> Demo:
@@ -56,15 +56,15 @@ def fill(dsn: str) -> Demo:
             enqueue(conn, "send_welcome_email", {"user_id": 1000 + n, "template": "welcome-v2"}, queue="emails")
         succeeded = []
         for claimed in _claim(conn, worker, "emails", 8):
-            succeeded += [r[0] for r in conn.execute(sql.COMPLETE_SUCCEEDED, {
-                "ids": [claimed.id], "tokens": [claimed.lease_token],
-                "results": [Jsonb({"message_id": f"<{claimed.id}@mail.example.com>"})]})]
+            succeeded += [row.id for row in statements.fetch(conn, COMPLETE_SUCCEEDED, CompleteSucceededParams(
+                ids=[claimed.id], tokens=[claimed.lease_token],
+                results=[jsonvalue.encode({"message_id": f"<{claimed.id}@mail.example.com>"})]))]
         failed = []
         for claimed in _claim(conn, worker, "emails", 2):
-            failed += [r[0] for r in conn.execute(sql.COMPLETE_FAILED, {
-                "ids": [claimed.id], "tokens": [claimed.lease_token], "retryables": [False], "backoffs": [0.0],
-                "errors": [Jsonb({"type": "SMTPRecipientsRefused", "message": "550 mailbox unavailable",
-                                  "retryable": False})]})]
+            failed += [row.id for row in statements.fetch(conn, COMPLETE_FAILED, CompleteFailedParams(
+                ids=[claimed.id], tokens=[claimed.lease_token], retryables=[False], backoffs=[0.0],
+                errors=[jsonvalue.encode({"type": "SMTPRecipientsRefused", "message": "550 mailbox unavailable",
+                                          "retryable": False})]))]
         for n in range(4):
             enqueue(conn, "render_report", {"report": "monthly-revenue", "month": f"2026-{n + 7:02d}"},
                     queue="reports")

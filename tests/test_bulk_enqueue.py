@@ -14,13 +14,11 @@ from hypothesis import given, settings, strategies as st
 from pydantic import ValidationError
 
 from queueworker import TaskSpec, enqueue_many
-
-from queueworker.client import producer
-
-from queueworker.db import sql
 from queueworker.cli import main as cli_main
-from queueworker.runtime.handlers import Registry
+from queueworker.client import producer
 from queueworker.client.producer import COPY_THRESHOLD, enqueue_batch, enqueue_many_async
+from queueworker.db.enqueue import COPY_STAGING
+from queueworker.runtime.handlers import Registry
 from queueworker.names import INT4_MAX
 from queueworker.settings import WorkerSettings
 from queueworker.runtime.worker import Worker
@@ -246,7 +244,7 @@ def test_the_cli_sends_many_copies_with_copy(dsn, monkeypatch, capsys):
     monkeypatch.setattr(psycopg.Cursor, "copy", spying_copy)
     assert cli_main(["enqueue", "-q", "qw.noop", "--dsn", dsn, "--count", str(COPY_THRESHOLD + 1)]) == 0
     ids = [int(line) for line in capsys.readouterr().out.split()]
-    assert statements == [sql.COPY_STAGING]
+    assert statements == [COPY_STAGING.text]
     assert len(ids) == COPY_THRESHOLD + 1 and ids == sorted(ids)
     assert query(dsn, "SELECT count(*) FROM queueworker.task_events WHERE task_id = ANY(%s) AND to_state = 'pending'",
                  (ids,)) == [(len(ids),)]

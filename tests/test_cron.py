@@ -20,7 +20,9 @@ from queueworker import cli
 
 from queueworker.runtime import cron
 
-from queueworker.db import sql
+from queueworker.db import statements
+from queueworker.db.cron import DUE_CRON_JOBS, ENQUEUE_CRON_SLOTS, DueCronJobsParams, EnqueueCronSlotsParams
+from queueworker.db.depth import QUEUE_DEPTH, QueueDepthParams
 from queueworker.client.cron import CronError, Schedule, cron_job, first_slot_after
 from queueworker.runtime.cron import ENQUEUE_AHEAD_SECONDS, MAX_CATCH_UP_SLOTS, POLL_SECONDS, CronDuty, dedupe_key, plan_slots
 from queueworker.db.connection import DutyConnection
@@ -234,17 +236,16 @@ def test_a_pass_that_read_a_slot_another_worker_has_enqueued_and_run_since_chang
     async def stale_pass() -> tuple[int, int]:
         (slow, slow_conn), (fast, fast_conn) = _duties(dsn, 2)
         try:
-            (job,) = await slow_conn.fetch(sql.DUE_CRON_JOBS, {"ahead": ENQUEUE_AHEAD_SECONDS, "limit": 10},
-                                           row=sql.DueCronJobRow)
+            (job,) = await slow_conn.fetch(DUE_CRON_JOBS, DueCronJobsParams(ahead=ENQUEUE_AHEAD_SECONDS, limit=10))
             plan = plan_slots(job.expression, job.timezone, job.catch_up, job.next_slot, job.now)
             await fast.enqueue_due()
             finished = scalar(dsn, "WITH f AS (UPDATE queueworker.tasks SET state = 'succeeded', finished_at = now() "
                                    "WHERE dedupe_key LIKE 'cron:job:%%' RETURNING 1) SELECT count(*) FROM f")
-            (advanced, enqueued), = await slow_conn.fetch(sql.ENQUEUE_CRON_SLOTS, {
-                "name": job.name, "seen": job.next_slot, "expression": job.expression, "timezone": job.timezone,
-                "next_slot": plan.next_slot, "last_slot": plan.slots[-1], "slots": plan.slots,
-                "dedupe_keys": [dedupe_key(job.name, slot) for slot in plan.slots]})
-            return finished, advanced + enqueued
+            (outcome,) = await slow_conn.fetch(ENQUEUE_CRON_SLOTS, EnqueueCronSlotsParams(
+                name=job.name, seen=job.next_slot, expression=job.expression, timezone=job.timezone,
+                next_slot=plan.next_slot, last_slot=plan.slots[-1], slots=plan.slots,
+                dedupe_keys=[dedupe_key(job.name, slot) for slot in plan.slots]))
+            return finished, outcome.advanced + outcome.enqueued
         finally:
             await slow_conn.close()
             await fast_conn.close()
@@ -296,8 +297,8 @@ def test_slots_enqueued_ahead_are_counted_by_the_controllers_lookahead(dsn):
     asyncio.run(_one_pass(dsn))  # the next minute is always within the minute ahead
     assert all(count == 1 for _, count, _ in _slot_tasks(dsn, "soon"))
     with psycopg.connect(dsn) as conn, conn.cursor(row_factory=psycopg.rows.namedtuple_row) as cursor:
-        depth = cursor.execute(sql.QUEUE_DEPTH, {"queues": ["cron-soon"], "lookaheads": [120.0], "cap": 1000,
-                                                  "throughput": False}).fetchone()
+        depth = statements.fetch(conn, QUEUE_DEPTH, QueueDepthParams(queues=["cron-soon"], lookaheads=[120.0], cap=1000,
+                                                                     throughput=False))[0]
         delayed = cursor.execute("SELECT count(*) AS n FROM queueworker.tasks WHERE queue = 'cron-soon' "
                                  "AND state = 'pending' AND delayed").fetchone().n
     assert delayed >= 1, "the next slot waits as a delayed task"

@@ -15,7 +15,8 @@ import psycopg
 import pytest
 
 from queueworker import cli
-from queueworker.dev.devdb import EXIT_NOT_RUNNING, STATE_FILE, run_dev_db
+from queueworker.cli.local import cmd_dev_db
+from queueworker.dev.devdb import EXIT_NOT_RUNNING, STATE_FILE
 from queueworker.dev.localpg import PostgresNotFound, find_bin_dir
 
 
@@ -44,7 +45,7 @@ def dev_db_dir():
     directory = Path(tempfile.mkdtemp(prefix="queueworker-dev-db-"))
     directory.chmod(0o755)
     yield directory / "dev-db"
-    run_dev_db(argparse.Namespace(dev_db_action="stop", dir=directory / "dev-db"))
+    cmd_dev_db(argparse.Namespace(dev_db_action="stop", dir=directory / "dev-db"))
     shutil.rmtree(directory, ignore_errors=True)
 
 

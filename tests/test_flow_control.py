@@ -18,8 +18,11 @@ from queueworker.runtime import flow
 
 from queueworker.client import operations
 
-from queueworker.db import sql
+from queueworker.db import statements
 from queueworker.db.connection import DutyConnection
+from queueworker.db.flow import RECORD_BREAKER, RecordBreakerParams
+from queueworker.db.lease import CLAIM, CLAIM_LIMITED, LOCK_QUEUE, ClaimParams, LockQueueParams
+from queueworker.db.statements import Bound, Statement
 from queueworker.runtime.flow import REFRESH_SECONDS
 from queueworker.runtime.handlers import Registry
 from queueworker.client.operations import parse_duration, parse_rate
@@ -65,9 +68,9 @@ def test_bad_settings_are_refused_before_the_database():
 
 # -- the statements -----------------------------------------------------------------------------
 
-def _claim(conn, statement: str, queue: str, limit: int = 100) -> list[int]:
-    return [row[0] for row in conn.execute(statement, {"queue": queue, "limit": limit, "worker": uuid.uuid4(),
-                                                       "lease_seconds": 30, "timeout_seconds": 60})]
+def _claim(conn, statement: Statement, queue: str, limit: int = 100) -> list[int]:
+    return [row.id for row in statements.fetch(conn, statement, ClaimParams(
+        queue=queue, limit=limit, worker=uuid.uuid4(), lease_seconds=30, timeout_seconds=60))]
 
 
 @pytest.mark.integration
@@ -75,33 +78,34 @@ def test_the_claim_statements_hold_each_limit(dsn):
     with psycopg.connect(dsn, autocommit=True) as conn:
         enqueue_many(conn, [{"task": "t", "queue": "q"}] * 50)
         operations.pause(conn, "q")
-        assert _claim(conn, sql.CLAIM, "q") == [], "the plain claim steps aside for a limited queue"
-        assert _claim(conn, sql.CLAIM_LIMITED, "q") == [], "paused"
+        assert _claim(conn, CLAIM, "q") == [], "the plain claim steps aside for a limited queue"
+        assert _claim(conn, CLAIM_LIMITED, "q") == [], "paused"
         operations.resume(conn, "q")
-        assert _claim(conn, sql.CLAIM, "q", 1) != [], "a queue whose settings are all gone is plain again"
+        assert _claim(conn, CLAIM, "q", 1) != [], "a queue whose settings are all gone is plain again"
 
         operations.set_limits(conn, "q", rate_per_second=2, burst=3)
-        assert len(_claim(conn, sql.CLAIM_LIMITED, "q")) == 3, "a full bucket"
-        assert _claim(conn, sql.CLAIM_LIMITED, "q") == [], "an empty one"
+        assert len(_claim(conn, CLAIM_LIMITED, "q")) == 3, "a full bucket"
+        assert _claim(conn, CLAIM_LIMITED, "q") == [], "an empty one"
         time.sleep(0.6)
-        assert len(_claim(conn, sql.CLAIM_LIMITED, "q")) == 1, "one token back after half a second at 2/s"
+        assert len(_claim(conn, CLAIM_LIMITED, "q")) == 1, "one token back after half a second at 2/s"
 
         operations.set_limits(conn, "q", max_running=5)
         running = scalar(dsn, "SELECT count(*) FROM queueworker.tasks WHERE queue = 'q' AND state = 'running'")
-        assert len(_claim(conn, sql.CLAIM_LIMITED, "q")) == 5 - running
+        assert len(_claim(conn, CLAIM_LIMITED, "q")) == 5 - running
 
         operations.set_limits(conn, "q")
         operations.set_breaker(conn, "q", failures=2, cooldown_seconds=0.5)
         for state in ("closed", "open"):
-            row, = conn.execute(sql.RECORD_BREAKER, {"queue": "q", "any_succeeded": False, "trailing_failures": 1})
-            assert row == (state, "closed" if state == "closed" else "open") or row[1] == "open"
-        assert _claim(conn, sql.CLAIM_LIMITED, "q") == [], "open: nothing"
+            row, = statements.fetch(conn, RECORD_BREAKER, RecordBreakerParams(queue="q", any_succeeded=False,
+                                                                              trailing_failures=1))
+            assert row == (state, "closed" if state == "closed" else "open") or row.now_state == "open"
+        assert _claim(conn, CLAIM_LIMITED, "q") == [], "open: nothing"
         time.sleep(0.6)
-        assert len(_claim(conn, sql.CLAIM_LIMITED, "q")) == 1, "after the cooldown: one probe"
-        assert _claim(conn, sql.CLAIM_LIMITED, "q") == [], "half-open: only that probe"
-        assert conn.execute(sql.RECORD_BREAKER, {"queue": "q", "any_succeeded": True,
-                                                 "trailing_failures": 0}).fetchall() == [("half_open", "closed")]
-        assert len(_claim(conn, sql.CLAIM_LIMITED, "q", 4)) == 4, "closed again"
+        assert len(_claim(conn, CLAIM_LIMITED, "q")) == 1, "after the cooldown: one probe"
+        assert _claim(conn, CLAIM_LIMITED, "q") == [], "half-open: only that probe"
+        assert statements.fetch(conn, RECORD_BREAKER, RecordBreakerParams(
+            queue="q", any_succeeded=True, trailing_failures=0)) == [("half_open", "closed")]
+        assert len(_claim(conn, CLAIM_LIMITED, "q", 4)) == 4, "closed again"
     changes = [change for change, in query(dsn, "SELECT change FROM queueworker.queue_events WHERE queue = 'q' "
                                                 "ORDER BY id")]
     assert changes == ["paused", "resumed", "limits", "limits", "limits", "limits", "breaker_open",
@@ -117,15 +121,16 @@ def test_a_claim_that_waited_for_the_queue_sees_the_claim_it_waited_for(dsn):
     with psycopg.connect(dsn, autocommit=True) as conn:
         operations.set_limits(conn, "q", max_running=3)
         enqueue_many(conn, [{"task": "t", "queue": "q"}] * 20)
-    params = {"queue": "q", "limit": 10, "worker": uuid.uuid4(), "lease_seconds": 30, "timeout_seconds": 60}
+    params = ClaimParams(queue="q", limit=10, worker=uuid.uuid4(), lease_seconds=30, timeout_seconds=60)
+    lock = Bound(LOCK_QUEUE, LockQueueParams(queue="q"))
 
     async def race() -> tuple[int, int]:
         holder = await psycopg.AsyncConnection.connect(dsn)
         waiter = DutyConnection(dsn, "test-waiter")
         try:
-            await holder.execute(sql.LOCK_QUEUE, params)
-            first = await (await holder.execute(sql.CLAIM_LIMITED, params)).fetchall()
-            second = asyncio.create_task(waiter.fetch(sql.CLAIM_LIMITED, params, lock=sql.LOCK_QUEUE))
+            await statements.execute_async(holder, lock.statement, lock.params)
+            first = await statements.fetch_async(holder, CLAIM_LIMITED, params)
+            second = asyncio.create_task(waiter.fetch(CLAIM_LIMITED, params, lock=lock))
             await wait_for_lock_wait(dsn)
             await holder.commit()
             return len(first), len(await second)

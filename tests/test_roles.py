@@ -21,7 +21,10 @@ from psycopg import sql as pgsql
 from queueworker.scaling.policy import QueueDepth
 from queueworker_controller.queuedb import QueueDatabases
 
-from queueworker.db import sql
+from queueworker.db import statements
+from queueworker.db.enqueue import STAGING_STATE
+from queueworker.db.lease import CLAIM, ClaimParams
+from queueworker.db.statements import NO_PARAMS
 from queueworker.runtime.cleaner import Cleaner
 from queueworker.db.connection import DutyConnection
 from queueworker.db.migrate import available_migrations
@@ -143,9 +146,8 @@ def test_each_role_runs_its_flows_with_only_its_grants(installation):
     heartbeaten = int(enqueued.stdout)  # runs 4 s on a 3 s lease: only heartbeats keep it
     # A worker that died holding `orphan`: its lease is over, the real worker must rescue it.
     with psycopg.connect(login["worker"], autocommit=True) as conn:
-        assert [row[0] for row in conn.execute(sql.CLAIM, {
-            "queue": RESCUE_QUEUE, "limit": 1, "worker": uuid.uuid4(), "lease_seconds": 0,
-            "timeout_seconds": 60})] == [orphan]
+        assert [row.id for row in statements.fetch(conn, CLAIM, ClaimParams(
+            queue=RESCUE_QUEUE, limit=1, worker=uuid.uuid4(), lease_seconds=0, timeout_seconds=60))] == [orphan]
 
     worker = WorkerProcess(login["worker"], "--queue", QUEUE, "--queue", RESCUE_QUEUE, "--concurrency", "4",
                            "--handlers", "tests.cron_handlers",
@@ -351,7 +353,7 @@ def test_a_producer_copies_without_setting_the_spec_hash_and_without_temp_does_n
     producer_dsn = installation.logins["producer"]
     specs = [{"task": "t", "payload": {"n": n}} for n in range(COPY_THRESHOLD)]
     with psycopg.connect(producer_dsn) as conn:
-        assert conn.execute(sql.STAGING_STATE).fetchone() == (False, True, False), "may stage, may not hash"
+        assert statements.fetch_one(conn, STAGING_STATE, NO_PARAMS) == (False, True, False), "may stage, may not hash"
         ids = enqueue_many(conn, specs)
         assert conn.execute(STAGED).fetchone()[0]
     with psycopg.connect(installation.admin, autocommit=True) as conn:

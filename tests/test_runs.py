@@ -13,34 +13,43 @@ import uuid
 
 import psycopg
 import pytest
-from psycopg.types.json import Jsonb
 
-from queueworker.db import lease, sql, statements
-from queueworker import RunInfo, enqueue
+from queueworker import RunInfo, enqueue, jsonvalue
+from queueworker.client import runs
 from queueworker.client.producer import start_run
+from queueworker.db import statements
+from queueworker.db.lease import (
+    CLAIM, COMPLETE_FAILED, COMPLETE_SUCCEEDED, ClaimParams, CompleteFailedParams, CompleteSucceededParams)
+from queueworker.db.runs import RunRow
+from queueworker.db.tasks import RETRY_TASK, TaskParams
 from tests.support import FAST_LEASES, WorkerProcess, query, scalar, wait_until
 
 pytestmark = pytest.mark.integration
 
 
-def run_row(dsn: str, run_id: int) -> sql.RunRow:
-    return sql.RunRow._make(query(dsn, sql.RUN, {"id": run_id})[0])
+def run_row(dsn: str, run_id: int) -> RunRow:
+    with psycopg.connect(dsn) as conn:
+        return runs.run(conn, run_id)
+
+
+def claimed(conn, queue: str, limit: int = 100) -> list:
+    return statements.fetch(conn, CLAIM, ClaimParams(queue=queue, worker=uuid.uuid4(), lease_seconds=30,
+                                                     timeout_seconds=60, limit=limit))
 
 
 def claim(conn, queue: str) -> dict[int, int]:
-    rows = statements.fetch(conn, lease.CLAIM, lease.ClaimParams(queue=queue, worker=uuid.uuid4(), lease_seconds=30,
-                                                                 timeout_seconds=60, limit=100))
-    return {row.id: row.lease_token for row in rows}
+    return {row.id: row.lease_token for row in claimed(conn, queue)}
 
 
 def succeed(conn, tokens: dict[int, int]) -> None:
-    statements.fetch(conn, lease.COMPLETE_SUCCEEDED, lease.CompleteSucceededParams(
+    statements.fetch(conn, COMPLETE_SUCCEEDED, CompleteSucceededParams(
         ids=list(tokens), tokens=list(tokens.values()), results=[None] * len(tokens)))
 
 
 def fail(conn, task_id: int, token: int) -> None:
-    statements.fetch(conn, lease.COMPLETE_FAILED, lease.CompleteFailedParams(
-        ids=[task_id], tokens=[token], retryables=[False], backoffs=[0.0], errors=[Jsonb({"message": "source down"})]))
+    statements.fetch(conn, COMPLETE_FAILED, CompleteFailedParams(
+        ids=[task_id], tokens=[token], retryables=[False], backoffs=[0.0],
+        errors=[jsonvalue.encode({"message": "source down"})]))
 
 
 def run_tasks(dsn: str, run_id: int) -> list[tuple]:
@@ -87,7 +96,7 @@ def test_a_failed_partition_fails_the_run_alerts_once_and_a_retry_brings_the_con
         assert (run.state, run.succeeded, run.failed, run.success_task_id) == ("failed", 2, 1, None)
         assert len(claim(conn, "alerts")) == 1 and claim(conn, "final") == {}, "alerted once, no consolidation"
 
-        conn.execute(sql.RETRY_TASK, {"id": bad})
+        statements.fetch(conn, RETRY_TASK, TaskParams(id=bad))
         assert (run_row(dsn, run_id).state, run_row(dsn, run_id).failed) == ("running", 0)
         succeed(conn, claim(conn, "parts"))
         consolidation = claim(conn, "final")
@@ -116,15 +125,13 @@ def test_a_claim_tells_partitions_and_the_consolidation_their_run(dsn):
         run_id = start_run(conn, "orders", [{"task": "p", "queue": "r"}] * 2, on_success={"task": "c", "queue": "r"},
                            watermark="orders")
         enqueue(conn, "plain", queue="r", priority=-1)
-        rows = statements.fetch(conn, lease.CLAIM, lease.ClaimParams(
-            queue="r", worker=uuid.uuid4(), lease_seconds=30, timeout_seconds=60, limit=10))
+        rows = claimed(conn, "r", limit=10)
         partitions = sorted((RunInfo.from_json(row.run_json) for row in rows if row.task == "p"),
                             key=lambda run: run.partition)
         assert partitions == [RunInfo(run_id, "orders", index, "orders", "2026-01-01", False) for index in (0, 1)]
         assert [row.run_json for row in rows if row.task == "plain"] == [None], "tasks outside a run pay nothing"
         succeed(conn, {row.id: row.lease_token for row in rows if row.task == "p"})
-        consolidation, = statements.fetch(conn, lease.CLAIM, lease.ClaimParams(
-            queue="r", worker=uuid.uuid4(), lease_seconds=30, timeout_seconds=60, limit=10))
+        consolidation, = claimed(conn, "r", limit=10)
         assert RunInfo.from_json(consolidation.run_json) == RunInfo(run_id, "orders", None, "orders", "2026-01-01",
                                                                     False)
 

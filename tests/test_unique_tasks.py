@@ -15,10 +15,11 @@ import psycopg
 import pytest
 from pydantic import ValidationError
 
-from queueworker import TaskSpec, cancel, enqueue, enqueue_async, enqueue_many, retry
-
-from queueworker.db import lease, statements
+from queueworker import TaskSpec, cancel, enqueue, enqueue_async, enqueue_many, jsonvalue, retry
 from queueworker.client.operations import RetryRefused
+from queueworker.db import statements
+from queueworker.db.lease import (
+    CLAIM, COMPLETE_FAILED, COMPLETE_SUCCEEDED, ClaimParams, CompleteFailedParams, CompleteSucceededParams)
 from tests.support import query
 
 pytestmark = pytest.mark.integration
@@ -26,20 +27,19 @@ pytestmark = pytest.mark.integration
 
 def claim(conn, queue: str = "default") -> dict[int, int]:
     """Leases every claimable task of `queue`: {id: lease token}."""
-    rows = statements.fetch(conn, lease.CLAIM, lease.ClaimParams(queue=queue, worker=uuid.uuid4(), lease_seconds=30,
-                                                                 timeout_seconds=60, limit=100))
+    rows = statements.fetch(conn, CLAIM, ClaimParams(queue=queue, worker=uuid.uuid4(), lease_seconds=30,
+                                                     timeout_seconds=60, limit=100))
     return {row.id: row.lease_token for row in rows}
 
 
 def succeed(conn, task_id: int, token: int) -> None:
-    statements.fetch(conn, lease.COMPLETE_SUCCEEDED, lease.CompleteSucceededParams(
-        ids=[task_id], tokens=[token], results=[None]))
+    statements.fetch(conn, COMPLETE_SUCCEEDED, CompleteSucceededParams(ids=[task_id], tokens=[token], results=[None]))
 
 
 def fail_for_good(conn, task_id: int, token: int) -> None:
-    statements.fetch(conn, lease.COMPLETE_FAILED, lease.CompleteFailedParams(
-        ids=[task_id], tokens=[token], retryables=[False], backoffs=[0.0],
-        errors=[psycopg.types.json.Jsonb({"message": "no"})]))
+    statements.fetch(conn, COMPLETE_FAILED, CompleteFailedParams(ids=[task_id], tokens=[token], retryables=[False],
+                                                                 backoffs=[0.0],
+                                                                 errors=[jsonvalue.encode({"message": "no"})]))
 
 
 def test_every_task_gets_the_sha256_of_its_canonical_spec(dsn):

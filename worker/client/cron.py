@@ -4,7 +4,8 @@ A schedule is a row of `queueworker.cron_jobs` (migration 011): a name, a cron e
 fields, or six with seconds last), an IANA time zone, a catch-up rule and the task each slot
 enqueues. Schedules are declared in code (`periodic`, `@task(cron=...)`: every worker writes them
 at start) or at runtime (`queueworker cron add`, or the console). The worker's cron duty
-(queueworker.runtime.cron) enqueues each slot exactly once.
+(queueworker.runtime.cron) enqueues each slot exactly once. Runtime schedules are added, listed,
+paused, resumed and deleted by the functions at the end of this module, in the caller's transaction.
 
 Time zones and daylight saving time follow croniter: a slot in a gap (02:30 on the night clocks go
 forward) runs at the first time that exists after it (03:00); a slot in an overlap (02:30 on the
@@ -20,19 +21,24 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Literal
 
+import psycopg
 from pydantic import TypeAdapter, ValidationError
 
 # croniter (and dateutil with it) is imported by the functions that work out slots, not here: a
 # worker without schedules never needs it, and starts sooner without it.
-from .producer import TaskSpec
+from ..db import statements
+from ..db.cron import (
+    CRON_JOB_SOURCE, CRON_JOBS, CRON_SCHEDULE_FOR_UPDATE, DATABASE_NOW, DELETE_CRON_JOB, PAUSE_CRON_JOB,
+    RESUME_CRON_JOB, UPSERT_RUNTIME_CRON_JOB, CronJobNameParams, CronJobRow, ResumeCronJobParams, UpsertCronJobParams)
+from ..db.statements import NO_PARAMS
 from ..names import TaskName
+from .producer import TaskSpec
 
 CatchUp = Literal["none", "latest", "all"]
 CATCH_UP: tuple[CatchUp, ...] = ("none", "latest", "all")
 MAX_EXPRESSION_LENGTH = 200
 _JOB_NAME = TypeAdapter(TaskName)
 _CATCH_UP = TypeAdapter(CatchUp)
-
 
 
 class CronError(ValueError):
@@ -93,12 +99,12 @@ class CronJob:
     catch_up: CatchUp
     spec: TaskSpec
 
-    def params(self, first_slot: datetime) -> dict[str, Any]:
-        """The parameters of sql.UPSERT_CODE_CRON_JOB and UPSERT_RUNTIME_CRON_JOB."""
-        return {"name": self.name, "expression": self.expression, "timezone": self.timezone,
-                "task": self.spec.task, "payload": self.spec.payload_json, "queue": self.spec.queue,
-                "priority": self.spec.priority, "max_attempts": self.spec.max_attempts,
-                "catch_up": self.catch_up, "first_slot": first_slot}
+    def params(self, first_slot: datetime) -> UpsertCronJobParams:
+        """The parameters of cron.sql's upsert_code_cron_job and upsert_runtime_cron_job."""
+        return UpsertCronJobParams(name=self.name, expression=self.expression, timezone=self.timezone,
+                                   task=self.spec.task, payload=self.spec.payload_json, queue=self.spec.queue,
+                                   priority=self.spec.priority, max_attempts=self.spec.max_attempts,
+                                   catch_up=self.catch_up, first_slot=first_slot)
 
 
 def schedule_name(name: str) -> str:
@@ -152,8 +158,68 @@ def periodic(name: str, cron: str, task: str, payload: Any = None, *, queue: str
     """Declares a schedule in code: task `task` with `payload` on `queue`, at every slot of the cron
     expression `cron` (five fields, or six with seconds last) in the IANA `timezone`. `catch_up`
     says what happens to slots missed while no worker ran: "none" (skipped), "latest" (the most
-    recent one runs) or "all" (each runs, at most queueworker.runtime.cron.MAX_CATCH_UP_SLOTS). Every worker that imports the
-    declaration writes it to the database at start; a schedule of the same name added at runtime
-    (`queueworker cron add`) wins over it."""
+    recent one runs) or "all" (each runs, at most queueworker.runtime.cron.MAX_CATCH_UP_SLOTS).
+    Every worker that imports the declaration writes it to the database at start; a schedule of the
+    same name added at runtime (`queueworker cron add`) wins over it."""
     return default_schedule.add(cron_job(name, cron, task, payload, queue=queue, timezone=timezone,
                                          catch_up=catch_up, priority=priority, max_attempts=max_attempts))
+
+
+# -- runtime schedules (`queueworker cron`) ------------------------------------------------------
+
+Added = Literal["added", "replaced", "unchanged"]
+
+
+def add_schedule(conn: psycopg.Connection, job: CronJob) -> Added:
+    """Adds `job` as a runtime schedule, or replaces the runtime schedule of its name; says which
+    (unchanged: it was the same already). Its first slot is the first after the database's clock.
+    CronError when a schedule declared in code holds the name."""
+    now = statements.fetch(conn, DATABASE_NOW, NO_PARAMS)[0].now
+    changed = statements.fetch_one(conn, UPSERT_RUNTIME_CRON_JOB,
+                                   job.params(first_slot_after(job.expression, job.timezone, now)))
+    if changed is not None:
+        return "added" if changed.created else "replaced"
+    holder = statements.fetch_one(conn, CRON_JOB_SOURCE, CronJobNameParams(name=job.name))
+    if holder is not None and holder.source == "code":
+        raise CronError(f"schedule {job.name!r} is declared in code: change it there, or give this one another name")
+    return "unchanged"
+
+
+def schedules(conn: psycopg.Connection) -> list[CronJobRow]:
+    """Every schedule, declared in code or at runtime, by name."""
+    return statements.fetch(conn, CRON_JOBS, NO_PARAMS)
+
+
+def pause_schedule(conn: psycopg.Connection, name: str) -> None:
+    """Enqueues no more slots of the schedule until it is resumed. CronError when there is none of
+    that name."""
+    if not statements.fetch(conn, PAUSE_CRON_JOB, CronJobNameParams(name=schedule_name(name))):
+        raise _no_schedule(name)
+
+
+def resume_schedule(conn: psycopg.Connection, name: str) -> datetime | None:
+    """Goes on from the schedule's first slot after now (slots of the pause are skipped); that slot,
+    or None when the schedule was not paused. CronError when there is none of that name, or its
+    expression no longer has a slot."""
+    params = CronJobNameParams(name=schedule_name(name))
+    with conn.transaction():
+        schedule = statements.fetch_one(conn, CRON_SCHEDULE_FOR_UPDATE, params)
+        if schedule is None:
+            raise _no_schedule(name)
+        try:
+            next_slot = first_slot_after(schedule.expression, schedule.timezone, schedule.now)
+        except CronError as exc:
+            raise CronError(f"schedule {name!r} cannot be resumed: {exc}") from None
+        resumed = statements.fetch(conn, RESUME_CRON_JOB, ResumeCronJobParams(name=name, next_slot=next_slot))
+    return next_slot if resumed else None
+
+
+def delete_schedule(conn: psycopg.Connection, name: str) -> None:
+    """Removes the schedule (one declared in code comes back when a worker declaring it starts).
+    CronError when there is none of that name."""
+    if not statements.fetch(conn, DELETE_CRON_JOB, CronJobNameParams(name=schedule_name(name))):
+        raise _no_schedule(name)
+
+
+def _no_schedule(name: str) -> CronError:
+    return CronError(f"no schedule named {name[:200]!r}")

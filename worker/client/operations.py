@@ -9,14 +9,23 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import psycopg
 from pydantic import TypeAdapter
 
 from .. import jsonvalue
-from ..db import sql
-from ..db.connection import met_moved_row, typed_rows
+from ..db import statements
+from ..db.connection import met_moved_row
+from ..db.flow import (
+    BREAKER_QUEUE, LIMIT_QUEUE, PAUSE_QUEUE, QUEUE_SETTINGS, RESUME_QUEUE, BreakerQueueParams, LimitQueueParams,
+    PauseQueueParams, QueueRow, QueueSettingsParams, ResumeQueueParams)
+from ..db.notify import NOTIFY_QUEUE, NotifyQueueParams
+from ..db.statements import Params, Statement
+from ..db.tasks import (
+    CANCEL_TASKS, DEDUPE_HOLDER, RETRY_TASK, CancelledRow, CancelTasksParams, RetriedTaskRow, TaskParams)
 from ..names import QueueName
+from .inspect import task_states
 
 _QUEUE_NAME = TypeAdapter(QueueName)
 
@@ -35,7 +44,7 @@ def cancel(conn: psycopg.Connection, task_id: int, *, reason: str = "cancelled")
 
 
 def cancel_many(conn: psycopg.Connection, *, ids: Iterable[int] | None = None, queue: str | None = None,
-                states: Sequence[str] = CANCELLABLE, reason: str = "cancelled") -> list[sql.CancelledRow]:
+                states: Sequence[str] = CANCELLABLE, reason: str = "cancelled") -> list[CancelledRow]:
     """Cancels the tasks given by id, or every task of `queue`, that are in one of `states`;
     returns one row per task cancelled (its id and the state it was in)."""
     if (ids is None) == (queue is None):
@@ -46,13 +55,13 @@ def cancel_many(conn: psycopg.Connection, *, ids: Iterable[int] | None = None, q
         raise ValueError(f"states must be some of {', '.join(CANCELLABLE)}; not {', '.join(unknown) or 'none'}")
     if not isinstance(reason, str) or not reason.strip():
         raise ValueError("the reason must be a non-empty string")
-    params = {"ids": id_list, "queue": queue, "states": list(states),
-              "reason": jsonvalue.safe_text(reason.strip(), limit=REASON_LIMIT)}
+    params = CancelTasksParams(ids=id_list, queue=queue, states=list(states),
+                               reason=jsonvalue.safe_text(reason.strip(), limit=REASON_LIMIT))
     attempt = 1
     while True:
         try:
-            with conn.transaction(), conn.cursor(row_factory=typed_rows(sql.CancelledRow)) as cursor:
-                return cursor.execute(sql.CANCEL_TASKS, params, prepare=False).fetchall()
+            with conn.transaction():
+                return statements.fetch(conn, CANCEL_TASKS, params)
         except psycopg.Error as exc:
             if not met_moved_row(exc) or attempt >= MOVED_ROW_ATTEMPTS:
                 raise
@@ -64,20 +73,19 @@ class RetryRefused(ValueError):
     held by another unfinished task)."""
 
 
-def retry(conn: psycopg.Connection, task_id: int) -> sql.RetriedTaskRow:
+def retry(conn: psycopg.Connection, task_id: int) -> RetriedTaskRow:
     """Puts a failed or cancelled task back to pending (with one more attempt if it had spent
     them) and wakes its queue's workers. Raises RetryRefused when that is not possible, saying
     why: a task whose dedupe key another unfinished task holds is refused, since a retry would
     make two unfinished tasks with one key."""
-    params = {"id": _task_id(task_id)}
+    params = TaskParams(id=_task_id(task_id))
 
     def refuse_if_key_held() -> None:
-        with conn.cursor(row_factory=typed_rows(sql.DedupeHolderRow)) as cursor:
-            for holder in cursor.execute(sql.DEDUPE_HOLDER, params, prepare=False):
-                raise RetryRefused(
-                    f"task {task_id} cannot be retried: its dedupe key {holder.dedupe_key!r} on queue {holder.queue} "
-                    f"is held by unfinished task {holder.id} ({holder.state}); retry it once that task has "
-                    "finished, or cancel that one first")
+        for holder in statements.fetch(conn, DEDUPE_HOLDER, params):
+            raise RetryRefused(
+                f"task {task_id} cannot be retried: its dedupe key {holder.dedupe_key!r} on queue {holder.queue} "
+                f"is held by unfinished task {holder.id} ({holder.state}); retry it once that task has "
+                "finished, or cancel that one first")
 
     attempt = 1
     while True:
@@ -85,19 +93,17 @@ def retry(conn: psycopg.Connection, task_id: int) -> sql.RetriedTaskRow:
             with conn.transaction():
                 refuse_if_key_held()
                 try:
-                    with conn.transaction(), conn.cursor(row_factory=typed_rows(sql.RetriedTaskRow)) as cursor:
-                        row = cursor.execute(sql.RETRY_TASK, params, prepare=False).fetchone()
+                    with conn.transaction():
+                        row = statements.fetch_one(conn, RETRY_TASK, params)
                 except psycopg.errors.UniqueViolation:
                     refuse_if_key_held()  # taken between the check and the change
                     raise
                 if row is None:
-                    with conn.cursor(row_factory=typed_rows(sql.TaskStateRow)) as cursor:
-                        current = cursor.execute(sql.TASK_STATES, {"ids": [task_id]}, prepare=False).fetchone()
-                    if current is None:
+                    state = task_states(conn, [task_id]).get(task_id)
+                    if state is None:
                         raise RetryRefused(f"no task with id {task_id}")
-                    raise RetryRefused(f"task {task_id} is {current.state}; only failed or cancelled tasks can be "
-                                       "retried")
-                conn.execute(sql.NOTIFY_QUEUE, {"queue": row.queue}, prepare=False)
+                    raise RetryRefused(f"task {task_id} is {state}; only failed or cancelled tasks can be retried")
+                statements.execute(conn, NOTIFY_QUEUE, NotifyQueueParams(queue=row.queue))
                 return row
         except psycopg.Error as exc:
             if not met_moved_row(exc) or attempt >= MOVED_ROW_ATTEMPTS:
@@ -144,23 +150,23 @@ def parse_rate(text: str) -> float:
     return rate
 
 
-def pause(conn: psycopg.Connection, queue: str, *, seconds: float | None = None) -> sql.QueueRow:
+def pause(conn: psycopg.Connection, queue: str, *, seconds: float | None = None) -> QueueRow:
     """Claims skip the queue until resumed, or for `seconds`; running tasks finish. Workers wake
     when a timed pause ends."""
     if seconds is not None and not 0 < seconds <= MAX_DURATION_SECONDS:
         raise ValueError(f"pause for 0 to {MAX_DURATION_SECONDS:,} seconds, not {seconds!r}")
     until = None if seconds is None else datetime.now(timezone.utc) + timedelta(seconds=seconds)
-    return _change(conn, sql.PAUSE_QUEUE, queue, until="infinity" if until is None else until,
-                   wake=until is not None, wake_at=until)
+    return _change(conn, PAUSE_QUEUE, PauseQueueParams(
+        queue=_queue_name(queue), until="infinity" if until is None else until, wake=until is not None, wake_at=until))
 
 
-def resume(conn: psycopg.Connection, queue: str) -> sql.QueueRow | None:
+def resume(conn: psycopg.Connection, queue: str) -> QueueRow | None:
     """Ends a pause and wakes the queue's workers; None if the queue has no settings."""
-    return _change(conn, sql.RESUME_QUEUE, queue, wake=True, wake_at=None)
+    return _change(conn, RESUME_QUEUE, ResumeQueueParams(queue=_queue_name(queue), wake=True, wake_at=None))
 
 
 def set_limits(conn: psycopg.Connection, queue: str, *, rate_per_second: float | None = None,
-               burst: int | None = None, max_running: int | None = None) -> sql.QueueRow:
+               burst: int | None = None, max_running: int | None = None) -> QueueRow:
     """A rate limit (`burst` defaults to one second's worth, at least 1) and a cap on the queue's
     running tasks across all workers. None removes a limit."""
     if rate_per_second is not None and not 0 < rate_per_second <= MAX_RATE_PER_SECOND:
@@ -171,12 +177,12 @@ def set_limits(conn: psycopg.Connection, queue: str, *, rate_per_second: float |
         raise ValueError("max_running is 1 to 1,000,000")
     if rate_per_second is not None and burst is None:
         burst = max(1, math.ceil(rate_per_second))
-    return _change(conn, sql.LIMIT_QUEUE, queue, rate=rate_per_second, burst=burst, max_running=max_running,
-                   wake=True, wake_at=None)
+    return _change(conn, LIMIT_QUEUE, LimitQueueParams(queue=_queue_name(queue), rate=rate_per_second, burst=burst,
+                                                       max_running=max_running, wake=True, wake_at=None))
 
 
 def set_breaker(conn: psycopg.Connection, queue: str, *, failures: int | None,
-                cooldown_seconds: float | None = None) -> sql.QueueRow:
+                cooldown_seconds: float | None = None) -> QueueRow:
     """A circuit breaker: `failures` consecutive failures open it (claims skip the queue); after
     `cooldown_seconds` one probe task runs; its success closes it. failures=None removes it."""
     if failures is not None:
@@ -184,16 +190,23 @@ def set_breaker(conn: psycopg.Connection, queue: str, *, failures: int | None,
             raise ValueError("failures is 1 to 1,000,000")
         if cooldown_seconds is None or not 0 < cooldown_seconds <= MAX_DURATION_SECONDS:
             raise ValueError("a breaker needs a cooldown of up to a year")
-    return _change(conn, sql.BREAKER_QUEUE, queue, failures=failures,
-                   cooldown=None if failures is None else cooldown_seconds, wake=failures is None, wake_at=None)
+    return _change(conn, BREAKER_QUEUE, BreakerQueueParams(
+        queue=_queue_name(queue), failures=failures, cooldown=None if failures is None else cooldown_seconds,
+        wake=failures is None, wake_at=None))
 
 
-def queue_settings(conn: psycopg.Connection, queue: str | None = None) -> list[sql.QueueRow]:
-    with conn.cursor(row_factory=typed_rows(sql.QueueRow)) as cursor:
-        return cursor.execute(sql.QUEUE_SETTINGS, {"queue": queue}, prepare=False).fetchall()
+def queue_settings(conn: psycopg.Connection, queue: str | None = None) -> list[QueueRow]:
+    """Every queue's flow control settings (those with a row), or one queue's."""
+    return statements.fetch(conn, QUEUE_SETTINGS, QueueSettingsParams(queue=queue))
 
 
-def _change(conn: psycopg.Connection, statement: str, queue: str, **params: object) -> sql.QueueRow | None:
-    queue = _QUEUE_NAME.validate_python(queue)
-    with conn.transaction(), conn.cursor(row_factory=typed_rows(sql.QueueRow)) as cursor:
-        return cursor.execute(statement, {"queue": queue, **params}, prepare=False).fetchone()
+def _queue_name(queue: str) -> str:
+    """The queue, checked as TaskSpec checks it (pydantic's ValidationError otherwise)."""
+    return _QUEUE_NAME.validate_python(queue)
+
+
+def _change(conn: psycopg.Connection, statement: Statement[Any, QueueRow], params: Params) -> QueueRow | None:
+    """Runs one change of a queue's settings; the settings as they are now, None if the change found no
+    row (resume of a queue without settings)."""
+    with conn.transaction():
+        return statements.fetch_one(conn, statement, params)

@@ -44,12 +44,17 @@ import psycopg
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from .. import jsonvalue, tracing
+from ..db import statements
+from ..db.enqueue import (
+    COPY_STAGING, CREATE_STAGING, EMPTY_STAGING, ENQUEUE, ENQUEUE_EXISTING, ENQUEUE_REPLACE, ENQUEUE_STAGED,
+    ENQUEUE_STAGED_HASHED, ENQUEUE_STAGED_WITH_HEADERS, ENQUEUE_STAGED_WITH_HEADERS_HASHED, ENQUEUE_TASKS,
+    ENQUEUE_TASKS_WITH_HEADERS, ENQUEUE_WITH_HEADERS, NOTIFY_ON_FINISH, STAGING_STATE, EnqueueExistingParams,
+    EnqueueReplaceParams, NotifyOnFinishParams)
+from ..db.runs import START_RUN, StartRunParams
+from ..db.statements import NO_PARAMS, NoParams, Params, Statement
 from ..names import (
-    DEFAULT_MAX_ATTEMPTS, INT4_MAX, MAX_ATTEMPTS, MAX_PREREQUISITES, MAX_SECONDS, MAX_TASK_NAME, QUEUE_PATTERN, DedupeKey,
-    QueueName, TaskId, TaskName,
-    printable, printable_or_empty)
-from ..db import sql
-from ..db.connection import typed_rows
+    DEFAULT_MAX_ATTEMPTS, INT4_MAX, MAX_ATTEMPTS, MAX_PREREQUISITES, MAX_SECONDS, MAX_TASK_NAME, QUEUE_PATTERN,
+    DedupeKey, QueueName, TaskId, TaskName, printable, printable_or_empty)
 
 BATCH_SIZE = 5000
 # The fewest plain specs of a batch that go through COPY (see the module's docstring): below it the
@@ -138,8 +143,8 @@ class TaskSpec(BaseModel):
 
     @property
     def plain(self) -> bool:
-        """Neither unique nor dependent: enqueued by the plain INSERT (sql.ENQUEUE, or
-        sql.ENQUEUE_WITH_HEADERS)."""
+        """Neither unique nor dependent: enqueued by the plain INSERT (enqueue.sql's `enqueue`, or
+        a statement like it)."""
         return not self.unique and not self.depends_on
 
     @property
@@ -161,7 +166,7 @@ def _due_at(run_after: datetime | None, delay: float | None, now: datetime) -> d
 class PlainTask(NamedTuple):
     """A plain spec (neither unique nor dependent, no finish notification, no headers of its own)
     that `_plain_task` checked: what a dict of the common fields becomes without a TaskSpec, whose
-    validation costs several times more. Read like a TaskSpec by `_params` and `_plan`."""
+    validation costs several times more. Read like a TaskSpec by `_columns` and `_plan`."""
 
     task: str
     payload_json: str
@@ -227,7 +232,9 @@ def _headers_json(spec: TaskSpec, trace_context: dict[str, str] | None) -> str |
     return jsonvalue.encode(trace_context if spec.headers is None else {**trace_context, **spec.headers})
 
 
-def _params(specs: Sequence[TaskSpec]) -> dict[str, list]:
+def _columns(specs: Sequence[TaskSpec | PlainTask]) -> dict[str, list]:
+    """The specs column by column, as every enqueue statement takes them (and the staging table holds
+    them): the parameters the statements have in common, and each spec's headers."""
     now = datetime.now(timezone.utc)
     trace_context = tracing.current_headers()
     return {
@@ -242,17 +249,30 @@ def _params(specs: Sequence[TaskSpec]) -> dict[str, list]:
     }
 
 
-def _special_params(specs: Sequence[TaskSpec], run_id: int | None = None,
-                    partitions: Sequence[int | None] | None = None) -> dict[str, list]:
-    """ENQUEUE_TASKS's parameters: _params, the keys, the edges by 1-based spec position, and the
-    run and partition number of each spec (for a run's partitions)."""
+def _insert(variants: tuple[Statement[Any, Any], Statement[Any, Any]], columns: dict[str, list],
+            **more: list) -> Step:
+    """The step inserting a batch: of the two `variants`, the one that stores headers only when a spec
+    has some, so a schema from before headers (migration 012) still takes batches without them. `more`
+    are the parameters beyond the columns."""
+    without, with_headers = variants
+    if any(headers is not None for headers in columns["headers"]):
+        return with_headers, with_headers.params(**columns, **more)
+    return without, without.params(**{name: values for name, values in columns.items() if name != "headers"}, **more)
+
+
+def _insert_special(specs: Sequence[TaskSpec], run_id: int | None = None,
+                    partitions: Sequence[int | None] | None = None) -> Step:
+    """The step inserting unique or dependent specs, or a run's partitions (enqueue_tasks): the columns,
+    the keys, the edges by 1-based spec position, and the run and partition number of each spec (for a
+    run's partitions)."""
     edges = [(position, prerequisite) for position, spec in enumerate(specs, 1) for prerequisite in spec.depends_on]
-    return {**_params(specs), "dedupe_keys": [s.dedupe_key for s in specs],
-            "run_ids": [run_id] * len(specs), "run_partitions": list(partitions or [None] * len(specs)),
-            "by_spec": [s.dedupe == "spec" for s in specs],
-            "cancel_on_failure": [s.on_dependency_failure == "cancel" for s in specs],
-            "prerequisite_ords": [position for position, _ in edges],
-            "prerequisite_ids": [prerequisite for _, prerequisite in edges]}
+    return _insert((ENQUEUE_TASKS, ENQUEUE_TASKS_WITH_HEADERS), _columns(specs),
+                   dedupe_keys=[s.dedupe_key for s in specs],
+                   run_ids=[run_id] * len(specs), run_partitions=list(partitions or [None] * len(specs)),
+                   by_spec=[s.dedupe == "spec" for s in specs],
+                   cancel_on_failure=[s.on_dependency_failure == "cancel" for s in specs],
+                   prerequisite_ords=[position for position, _ in edges],
+                   prerequisite_ids=[prerequisite for _, prerequisite in edges])
 
 
 def _batches(specs: Iterable[TaskSpec | dict]) -> Iterable[list[TaskSpec | PlainTask]]:
@@ -284,15 +304,15 @@ class Copy(NamedTuple):
     text and cast them in the insert; psycopg writes binary rows only a little faster (33 against
     51 ms per 100,000 rows, measured 2026-11-26)."""
 
-    prepare: str
-    statement: str
+    prepare: Statement[NoParams, None]
+    statement: Statement[NoParams, None]
     rows: Iterable[tuple]
 
 
-# A batch's statements, as a generator: it yields (statement, parameters, row type) or a Copy, is
-# sent the rows (none for a Copy), and returns what was enqueued. One plan, driven by a sync and by
-# an async connection.
-Step = tuple[str, dict[str, Any], type] | Copy
+# A batch's statements, as a generator: it yields a statement with its parameters, or a Copy, is sent
+# the statement's rows (none for a Copy), and returns what was enqueued. One plan, driven by a sync and
+# by an async connection.
+Step = tuple[Statement[Any, Any], Params] | Copy
 Plan = Generator[Step, list, Enqueued]
 
 # How often a duplicate whose holder vanished between the insert and the lookup (it finished and
@@ -300,17 +320,17 @@ Plan = Generator[Step, list, Enqueued]
 UNIQUE_ROUNDS = 3
 
 
-def _with_headers(params: dict[str, list], without: str, with_headers: str) -> str:
-    """The statement for a batch: the one that stores headers only when a spec has some, so a schema
-    from before headers (migration 012) still takes batches without them."""
-    return without if all(headers is None for headers in params["headers"]) else with_headers
+# The insert from the staging table, by whether the batch has headers and whether the role may set
+# the spec hash (staging_state says).
+_ENQUEUE_STAGED = {(False, False): ENQUEUE_STAGED, (True, False): ENQUEUE_STAGED_WITH_HEADERS,
+                   (False, True): ENQUEUE_STAGED_HASHED, (True, True): ENQUEUE_STAGED_WITH_HEADERS_HASHED}
 
 
-def _staged_rows(params: dict[str, list]) -> Iterator[tuple]:
-    """ENQUEUE's parameters as the staging table's rows (sql.COPY_STAGING)."""
-    return zip(range(len(params["queues"])), params["queues"], params["tasks"], params["payloads"],
-               params["priorities"], params["run_afters"], params["max_attempts"], params["timeouts"],
-               params["headers"])
+def _staged_rows(columns: dict[str, list]) -> Iterator[tuple]:
+    """The columns as the staging table's rows (in the order of enqueue.sql's copy_staging)."""
+    return zip(range(len(columns["queues"])), columns["queues"], columns["tasks"], columns["payloads"],
+               columns["priorities"], columns["run_afters"], columns["max_attempts"], columns["timeouts"],
+               columns["headers"])
 
 
 def _copies(conn: psycopg.Connection | psycopg.AsyncConnection) -> bool:
@@ -321,16 +341,15 @@ def _copies(conn: psycopg.Connection | psycopg.AsyncConnection) -> bool:
 def _insert_plain(specs: Sequence[TaskSpec | PlainTask], copy: bool) -> Generator[Step, list, list[int]]:
     """Inserts plain specs, with COPY (if `copy`) when there are COPY_THRESHOLD of them and the role
     may create the staging table; returns their ids in order."""
-    params = _params(specs)
+    columns = _columns(specs)
     if copy and len(specs) >= COPY_THRESHOLD:
-        (state,) = yield sql.STAGING_STATE, {}, sql.StagingStateRow
+        state = (yield STAGING_STATE, NO_PARAMS)[0]
         if state.allowed:
-            yield Copy(sql.EMPTY_STAGING if state.exists else sql.CREATE_STAGING, sql.COPY_STAGING,
-                       _staged_rows(params))
-            headers = any(headers is not None for headers in params["headers"])
-            rows = yield sql.enqueue_staged(headers, state.spec_hash), {}, sql.EnqueuedRow
+            yield Copy(EMPTY_STAGING if state.exists else CREATE_STAGING, COPY_STAGING, _staged_rows(columns))
+            headers = any(headers is not None for headers in columns["headers"])
+            rows = yield _ENQUEUE_STAGED[headers, state.spec_hash], NO_PARAMS
             return [row.id for row in rows]
-    rows = yield _with_headers(params, sql.ENQUEUE, sql.ENQUEUE_WITH_HEADERS), params, sql.EnqueuedRow
+    rows = yield _insert((ENQUEUE, ENQUEUE_WITH_HEADERS), columns)
     return [row.id for row in rows]
 
 
@@ -348,10 +367,8 @@ def _plan(batch: Sequence[TaskSpec | PlainTask], run: tuple[int, int] | None = N
     for _ in range(UNIQUE_ROUNDS):
         if not pending:
             break
-        params = _special_params([batch[i] for i in pending], run[0] if run else None,
-                                 [run[1] + i for i in pending] if run else None)
-        rows = yield _with_headers(params, sql.ENQUEUE_TASKS, sql.ENQUEUE_TASKS_WITH_HEADERS), params, \
-            sql.TaskEnqueuedRow
+        rows = yield _insert_special([batch[i] for i in pending], run[0] if run else None,
+                                     [run[1] + i for i in pending] if run else None)
         missing = []
         for i, row in zip(pending, rows):
             if row.id is None:
@@ -361,9 +378,9 @@ def _plan(batch: Sequence[TaskSpec | PlainTask], run: tuple[int, int] | None = N
         pending = [i for i, _ in missing]
         if not missing:
             break
-        found = yield sql.ENQUEUE_EXISTING, {"ords": [i for i, _ in missing],
-                                             "queues": [row.queue for _, row in missing],
-                                             "dedupe_keys": [row.dedupe_key for _, row in missing]}, sql.ExistingTaskRow
+        found = yield ENQUEUE_EXISTING, EnqueueExistingParams(ords=[i for i, _ in missing],
+                                                              queues=[row.queue for _, row in missing],
+                                                              dedupe_keys=[row.dedupe_key for _, row in missing])
         for row in found:
             ids[row.ord] = row.id
             duplicates.append(row.ord)
@@ -372,14 +389,12 @@ def _plan(batch: Sequence[TaskSpec | PlainTask], run: tuple[int, int] | None = N
         raise RuntimeError(f"could not enqueue {len(pending)} unique tasks: their keys kept changing hands")
     replace = [i for i in duplicates if batch[i].on_conflict == "replace"]
     if replace:
-        specs = [batch[i] for i in replace]
-        params = _params(specs)
-        yield sql.ENQUEUE_REPLACE, {"ids": [ids[i] for i in replace], "payloads": params["payloads"],
-                                    "priorities": params["priorities"], "run_afters": params["run_afters"]}, \
-            sql.ReplacedRow
+        columns = _columns([batch[i] for i in replace])
+        yield ENQUEUE_REPLACE, EnqueueReplaceParams(ids=[ids[i] for i in replace], payloads=columns["payloads"],
+                                                    priorities=columns["priorities"], run_afters=columns["run_afters"])
     notify = [ids[i] for i, spec in enumerate(batch) if spec.notify_on_finish]
     if notify:
-        yield sql.NOTIFY_ON_FINISH, {"ids": notify}, sql.MarkedRow
+        yield NOTIFY_ON_FINISH, NotifyOnFinishParams(ids=notify)
     return Enqueued(ids, sorted(duplicates))
 
 
@@ -401,16 +416,11 @@ def _run(conn: psycopg.Connection, plan: Plan) -> Enqueued:
                 if isinstance(step, Copy):
                     if _copy_needs_transaction(conn):
                         transaction.enter_context(conn.transaction())
-                    with conn.cursor() as cursor:
-                        cursor.execute(step.prepare, prepare=False)
-                        with cursor.copy(step.statement) as copy:
-                            for row in step.rows:
-                                copy.write_row(row)
+                    statements.execute(conn, step.prepare, NO_PARAMS)
+                    statements.copy_rows(conn, step.statement, step.rows)
                     rows = []
-                    continue
-                statement, params, row_type = step
-                with conn.cursor(row_factory=typed_rows(row_type)) as cursor:
-                    rows = cursor.execute(statement, params, prepare=False).fetchall()
+                else:
+                    rows = statements.fetch(conn, *step)
         except StopIteration as done:
             return done.value
 
@@ -425,17 +435,11 @@ async def _run_async(conn: psycopg.AsyncConnection, plan: Plan) -> Enqueued:
                 if isinstance(step, Copy):
                     if _copy_needs_transaction(conn):
                         await transaction.enter_async_context(conn.transaction())
-                    async with conn.cursor() as cursor:
-                        await cursor.execute(step.prepare, prepare=False)
-                        async with cursor.copy(step.statement) as copy:
-                            for row in step.rows:
-                                await copy.write_row(row)
+                    await statements.execute_async(conn, step.prepare, NO_PARAMS)
+                    await statements.copy_rows_async(conn, step.statement, step.rows)
                     rows = []
-                    continue
-                statement, params, row_type = step
-                async with conn.cursor(row_factory=typed_rows(row_type)) as cursor:
-                    await cursor.execute(statement, params, prepare=False)
-                    rows = await cursor.fetchall()
+                else:
+                    rows = await statements.fetch_async(conn, *step)
         except StopIteration as done:
             return done.value
 
@@ -502,10 +506,9 @@ def start_run(conn: psycopg.Connection, name: str, partitions: Iterable[TaskSpec
         raise ValueError("a run needs at least one partition")
     if not 1 <= len(name) <= 200 or not name.isprintable():
         raise ValueError("a run's name is printable text of 1 to 200 characters")
-    params = {"name": name, "expected": len(specs), "on_success": _run_task_spec(on_success),
-              "on_failure": _run_task_spec(on_failure), "watermark": watermark}
-    with conn.cursor(row_factory=typed_rows(sql.StartedRunRow)) as cursor:
-        run_id = cursor.execute(sql.START_RUN, params, prepare=False).fetchone().id
+    params = StartRunParams(name=name, expected=len(specs), on_success=_run_task_spec(on_success),
+                            on_failure=_run_task_spec(on_failure), watermark=watermark)
+    run_id = statements.fetch(conn, START_RUN, params)[0].id
     for first in range(0, len(specs), BATCH_SIZE):
         _run(conn, _plan(specs[first:first + BATCH_SIZE], (run_id, first)))
     return run_id

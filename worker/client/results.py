@@ -1,4 +1,5 @@
-"""Reading tasks back: `get_task` and `wait_for` for applications, and what `queueworker show` prints."""
+"""Reading tasks back for applications: `get_task`, a task as stored now, its JSON decoded, and
+`wait_for`, which waits until it has finished."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from typing import Any
 import psycopg
 
 from .. import jsonvalue
-from ..db import sql
-from ..db.connection import typed_rows
+from ..db import statements
+from ..db.inspect import FINISHED_CHANNEL, LISTEN_FINISHED, UNLISTEN_FINISHED, TaskRow
+from ..db.statements import NO_PARAMS
+from .inspect import task as task_row
 
 
 @dataclass(frozen=True)
@@ -48,12 +51,11 @@ class TaskInfo:
 
 def get_task(conn: psycopg.Connection, task_id: int) -> TaskInfo | None:
     """The task with this id, or None (never enqueued, or deleted after the retention period)."""
-    with conn.cursor(row_factory=typed_rows(sql.TaskRow)) as cursor:
-        row = cursor.execute(sql.TASK, {"id": task_id}, prepare=False).fetchone()
+    row = task_row(conn, task_id)
     return None if row is None else task_info(row)
 
 
-def task_info(row: sql.TaskRow) -> TaskInfo:
+def task_info(row: TaskRow) -> TaskInfo:
     decoded = {}
     for field in ("payload", "result", "error", "progress", "checkpoint"):
         text = getattr(row, f"{field}_json")
@@ -84,7 +86,7 @@ def wait_for(conn: psycopg.Connection, task_id: int, timeout: float, listen: boo
     deadline = time.monotonic() + timeout
     listening = listen and conn.autocommit
     if listening:
-        conn.execute(f"LISTEN {sql.FINISHED_CHANNEL}")
+        statements.execute(conn, LISTEN_FINISHED, NO_PARAMS)
     try:
         while True:
             info = get_task(conn, task_id)
@@ -98,10 +100,10 @@ def wait_for(conn: psycopg.Connection, task_id: int, timeout: float, listen: boo
             wait = min(left, WAIT_POLL_SECONDS)
             if listening:
                 for notice in conn.notifies(timeout=wait):
-                    if notice.channel == sql.FINISHED_CHANNEL and notice.payload == str(task_id):
+                    if notice.channel == FINISHED_CHANNEL and notice.payload == str(task_id):
                         break
             else:
                 time.sleep(wait)
     finally:
         if listening:
-            conn.execute(f"UNLISTEN {sql.FINISHED_CHANNEL}")
+            statements.execute(conn, UNLISTEN_FINISHED, NO_PARAMS)

@@ -1,24 +1,32 @@
 """What the console's pages show, read from Postgres (and from the cluster, when it can be reached).
 
-Every page reads in a read-only transaction with a statement timeout, through statements of
-queueworker.sql that walk an index and return a bounded number of rows (see the `console` section
-there), so a page costs the same on a history of ten rows or ten million.
+Every page reads in a read-only transaction with a statement timeout, through statements that walk
+an index and return a bounded number of rows, so a page costs the same on a history of ten rows or
+ten million. What the CLI shows too (a task and its events, runs, workers, queue settings) is read
+by the same functions of queueworker.client; the reads only the console makes are in console.sql.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
 
 import psycopg
 from psycopg_pool import ConnectionPool
 
 from .. import jsonvalue
-from ..db import sql
-from ..db.connection import typed_rows
+from ..client import inspect as client_inspect, runs as client_runs
 from ..client.operations import queue_settings
-from ..client.status import STATES, describe_flow, describe_progress, flow_control
+from ..client.status import STATES, describe_flow, describe_progress, flow_control, live_workers
+from ..db import statements
+from ..db.console import (
+    FINISH_RATES, KEY_HOLDERS, LEASES_BY_WORKER, QUEUE_NAMES, SET_STATEMENT_TIMEOUT, TASK_PAGE, FinishRateRow,
+    FinishRatesParams, KeyHolderRow, KeyHoldersParams, LeasesByWorkerParams, QueueNamesParams, StatementTimeoutParams,
+    TaskPageParams, TaskPageRow, WorkerLeasesRow)
+from ..db.depth import QUEUE_DEPTH, QueueDepthParams, QueueDepthRow
+from ..db.flow import QueueRow
+from ..db.inspect import LiveWorkerRow, TaskEventRow, TaskRow
+from ..db.runs import RunEventRow, RunRow, RunTaskRow
 
 FINISHED_STATES = ("succeeded", "failed", "cancelled")
 ACTIVE_STATES = tuple(s for s in STATES if s not in FINISHED_STATES)
@@ -40,9 +48,9 @@ POOL_WAIT_SECONDS = 5
 @dataclass
 class QueueSummary:
     name: str
-    depth: sql.QueueDepthRow | None
-    rates: sql.ConsoleFinishRateRow | None
-    settings: sql.QueueRow | None
+    depth: QueueDepthRow | None
+    rates: FinishRateRow | None
+    settings: QueueRow | None
 
     @property
     def flow(self) -> str:
@@ -56,10 +64,10 @@ class QueueSummary:
 
 @dataclass
 class TaskPage:
-    tasks: list[sql.ConsoleTaskRow]
+    tasks: list[TaskPageRow]
     scanned: int
     next_before: int | None   # where the next page starts (ids below it), None at the end
-    holders: list[sql.ConsoleKeyHolderRow] = field(default_factory=list)
+    holders: list[KeyHolderRow] = field(default_factory=list)
 
 
 @dataclass
@@ -104,7 +112,7 @@ class ConsoleDatabase:
 
     @staticmethod
     def _configure(conn: psycopg.Connection) -> None:
-        conn.execute(f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}")
+        statements.execute(conn, SET_STATEMENT_TIMEOUT, StatementTimeoutParams(milliseconds=str(STATEMENT_TIMEOUT_MS)))
         conn.commit()
         conn.read_only = True
 
@@ -123,55 +131,51 @@ class ConsoleDatabase:
             return exc
         return psycopg.OperationalError("no database connection became free in time")
 
-    def _rows(self, statement: str, params: dict[str, Any], row: type) -> list:
-        with self.pool.connection() as conn, conn.cursor(row_factory=typed_rows(row)) as cursor:
-            return cursor.execute(statement, params).fetchall()
-
     def queues(self) -> list[QueueSummary]:
-        names = [r.name for r in self._rows(sql.CONSOLE_QUEUE_NAMES, {"limit": MAX_QUEUES}, sql.ConsoleQueueNameRow)]
-        depths = {r.queue: r for r in self._rows(
-            sql.QUEUE_DEPTH, {"queues": names, "lookaheads": [None] * len(names), "cap": DEPTH_CAP,
-                              "throughput": False}, sql.QueueDepthRow)}
-        rates = {r.queue: r for r in self._rows(sql.CONSOLE_FINISH_RATES, {"window": RATE_WINDOW_SECONDS},
-                                                 sql.ConsoleFinishRateRow)}
         with self.pool.connection() as conn:
-            settings = {r.name: r for r in queue_settings(conn)}
+            names = [row.name for row in statements.fetch(conn, QUEUE_NAMES, QueueNamesParams(limit=MAX_QUEUES))]
+            depths = {row.queue: row for row in statements.fetch(conn, QUEUE_DEPTH, QueueDepthParams(
+                queues=names, lookaheads=[None] * len(names), cap=DEPTH_CAP, throughput=False))}
+            rates = {row.queue: row for row in statements.fetch(conn, FINISH_RATES,
+                                                                FinishRatesParams(window=RATE_WINDOW_SECONDS))}
+            settings = {row.name: row for row in queue_settings(conn)}
         return [QueueSummary(name, depths.get(name), rates.get(name), settings.get(name)) for name in names]
 
     def tasks(self, *, queue: str | None, state: str | None, task: str | None, dedupe_key: str | None,
               before: int | None) -> TaskPage:
-        rows = self._rows(sql.CONSOLE_TASKS, {
-            "before": BIGINT_MAX if before is None else before, "partition_states": partition_states(state),
-            "scan": SCAN_BUDGET, "queue": queue, "state": state, "task": task, "dedupe_key": dedupe_key,
-            "limit": PAGE_SIZE}, sql.ConsoleTaskRow)
-        tasks = [r for r in rows if r.id is not None]
+        with self.pool.connection() as conn:
+            rows = statements.fetch(conn, TASK_PAGE, TaskPageParams(
+                before=BIGINT_MAX if before is None else before, partition_states=partition_states(state),
+                scan=SCAN_BUDGET, queue=queue, state=state, task=task, dedupe_key=dedupe_key, limit=PAGE_SIZE))
+            holders = statements.fetch(conn, KEY_HOLDERS, KeyHoldersParams(dedupe_key=dedupe_key)) if dedupe_key else []
+        tasks = [row for row in rows if row.id is not None]
         scanned, lowest = rows[0].scanned, rows[0].lowest_scanned
         if len(tasks) == PAGE_SIZE:
             next_before = tasks[-1].id
         else:
             next_before = lowest if scanned == SCAN_BUDGET else None
-        holders = self._rows(sql.CONSOLE_KEY_HOLDERS, {"dedupe_key": dedupe_key},
-                             sql.ConsoleKeyHolderRow) if dedupe_key else []
         return TaskPage(tasks, scanned, next_before, holders)
 
-    def task(self, task_id: int) -> tuple[sql.TaskRow | None, list[sql.TaskEventRow]]:
-        found = self._rows(sql.TASK, {"id": task_id}, sql.TaskRow)
-        if not found:
-            return None, []
-        return found[0], self._rows(sql.CONSOLE_TASK_EVENTS, {"id": task_id, "limit": EVENTS_SHOWN}, sql.TaskEventRow)
+    def task(self, task_id: int) -> tuple[TaskRow | None, list[TaskEventRow]]:
+        with self.pool.connection() as conn:
+            found = client_inspect.task(conn, task_id)
+            return found, [] if found is None else client_inspect.task_events(conn, task_id, limit=EVENTS_SHOWN)
 
-    def workers(self) -> tuple[list[sql.LiveWorkerRow], dict[str, sql.ConsoleWorkerLeasesRow]]:
-        workers = self._rows(sql.LIVE_WORKERS, {"queue": None}, sql.LiveWorkerRow)
-        leases = {r.worker: r for r in self._rows(sql.CONSOLE_WORKER_LEASES, {"shown": LEASES_SHOWN},
-                                                  sql.ConsoleWorkerLeasesRow)}
+    def workers(self) -> tuple[list[LiveWorkerRow], dict[str, WorkerLeasesRow]]:
+        with self.pool.connection() as conn:
+            workers = live_workers(conn)
+            leases = {row.worker: row for row in statements.fetch(conn, LEASES_BY_WORKER,
+                                                                  LeasesByWorkerParams(shown=LEASES_SHOWN))}
         return workers, leases
 
-    def runs(self, name: str | None) -> list[sql.RunRow]:
-        return self._rows(sql.RUNS, {"name": name, "limit": RUNS_SHOWN}, sql.RunRow)
+    def runs(self, name: str | None) -> list[RunRow]:
+        with self.pool.connection() as conn:
+            return client_runs.runs(conn, name=name, limit=RUNS_SHOWN)
 
-    def run(self, run_id: int) -> tuple[sql.RunRow | None, list[sql.RunTaskRow], list[sql.RunEventRow]]:
-        found = self._rows(sql.RUN, {"id": run_id}, sql.RunRow)
-        if not found:
-            return None, [], []
-        return (found[0], self._rows(sql.CONSOLE_RUN_TASKS, {"id": run_id, "limit": RUN_TASKS_SHOWN}, sql.RunTaskRow),
-                self._rows(sql.RUN_EVENTS, {"id": run_id}, sql.RunEventRow))
+    def run(self, run_id: int) -> tuple[RunRow | None, list[RunTaskRow], list[RunEventRow]]:
+        with self.pool.connection() as conn:
+            found = client_runs.run(conn, run_id)
+            if found is None:
+                return None, [], []
+            return (found, client_runs.run_tasks(conn, run_id, limit=RUN_TASKS_SHOWN),
+                    client_runs.run_events(conn, run_id))

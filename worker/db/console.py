@@ -1,38 +1,41 @@
-"""`queueworker console`: bounded reads over a history of any size (queueworker.console.data). The statements are in console.sql."""
+"""`queueworker console`: bounded reads over a history of any size (queueworker.console.data). The
+statements are in console.sql."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import NamedTuple
 
-from .inspect import TaskEventRow
-from .runs import RunTaskRow
 from .statements import Params, SqlFile
 
 _SQL = SqlFile("console")
 
 
-class ConsoleQueueNamesParams(Params):
+class StatementTimeoutParams(Params):
+    milliseconds: str
+
+
+class QueueNamesParams(Params):
     limit: int
 
 
-class ConsoleQueueNameRow(NamedTuple):
+class QueueNameRow(NamedTuple):
     name: str
 
 
-class ConsoleFinishRatesParams(Params):
-    window: float
+class FinishRatesParams(Params):
+    window: float  # seconds
 
 
-class ConsoleFinishRateRow(NamedTuple):
+class FinishRateRow(NamedTuple):
     queue: str
     succeeded: int
     failed: int
     cancelled: int
-    seconds: float
+    seconds: float  # what the counts cover
 
 
-class ConsoleTasksParams(Params):
+class TaskPageParams(Params):
     before: int
     partition_states: list[str]
     scan: int
@@ -43,7 +46,7 @@ class ConsoleTasksParams(Params):
     limit: int
 
 
-class ConsoleTaskRow(NamedTuple):
+class TaskPageRow(NamedTuple):
     id: int | None  # None: the row that only says what was scanned
     queue: str | None
     task: str | None
@@ -59,37 +62,31 @@ class ConsoleTaskRow(NamedTuple):
     lowest_scanned: int | None
 
 
-class ConsoleKeyHoldersParams(Params):
+class KeyHoldersParams(Params):
     dedupe_key: str
 
 
-class ConsoleKeyHolderRow(NamedTuple):
+class KeyHolderRow(NamedTuple):
     id: int
     queue: str
     state: str
 
 
-class ConsoleWorkerLeasesParams(Params):
+class LeasesByWorkerParams(Params):
     shown: int
 
 
-class ConsoleWorkerLeasesRow(NamedTuple):
+class WorkerLeasesRow(NamedTuple):
     worker: str
     leases: int
     task_ids: list[int]
 
 
-class ConsoleByIdParams(Params):
-    id: int
-    limit: int
-
-
-CONSOLE_QUEUE_NAMES = _SQL.statement("console_queue_names", ConsoleQueueNamesParams, ConsoleQueueNameRow)
-CONSOLE_FINISH_RATES = _SQL.statement("console_finish_rates", ConsoleFinishRatesParams, ConsoleFinishRateRow)
-CONSOLE_TASKS = _SQL.statement("console_tasks", ConsoleTasksParams, ConsoleTaskRow)
-CONSOLE_KEY_HOLDERS = _SQL.statement("console_key_holders", ConsoleKeyHoldersParams, ConsoleKeyHolderRow)
-CONSOLE_WORKER_LEASES = _SQL.statement("console_worker_leases", ConsoleWorkerLeasesParams, ConsoleWorkerLeasesRow)
-CONSOLE_TASK_EVENTS = _SQL.statement("console_task_events", ConsoleByIdParams, TaskEventRow)
-CONSOLE_RUN_TASKS = _SQL.statement("console_run_tasks", ConsoleByIdParams, RunTaskRow)
+SET_STATEMENT_TIMEOUT = _SQL.statement("set_statement_timeout", StatementTimeoutParams)
+QUEUE_NAMES = _SQL.statement("queue_names", QueueNamesParams, QueueNameRow)
+FINISH_RATES = _SQL.statement("finish_rates", FinishRatesParams, FinishRateRow)
+TASK_PAGE = _SQL.statement("task_page", TaskPageParams, TaskPageRow)
+KEY_HOLDERS = _SQL.statement("key_holders", KeyHoldersParams, KeyHolderRow)
+LEASES_BY_WORKER = _SQL.statement("leases_by_worker", LeasesByWorkerParams, WorkerLeasesRow)
 
 _SQL.check_all_declared()

@@ -1,7 +1,16 @@
--- `queueworker console`: bounded reads over a history of any size (queueworker.console.data).
+-- `queueworker console`: bounded reads over a history of any size (queueworker.console.data), so a page
+-- costs the same on a history of ten rows or ten million. What the console shows as the CLI does
+-- (a task, its events, runs, workers, queue settings) it reads through the client's statements.
 -- Each statement is declared, with its parameter and row types, in queueworker/db/console.py.
 
--- name: console_queue_names
+-- name: set_statement_timeout
+-- Every connection of the console's pool, once: no page waits on the database longer than this (in
+-- milliseconds, for the session; a function, so the value can be a parameter).
+SELECT set_config('statement_timeout', %(milliseconds)s, false);
+
+-- name: queue_names
+-- Every queue worth a line: with unfinished tasks, with settings, worked by a live worker, or with tasks
+-- finished within the hour (among the newest 20,000 finished: the history is not scanned).
 SELECT name FROM (
     SELECT queue AS name FROM queueworker.tasks_active
     UNION SELECT name FROM queueworker.queues
@@ -13,9 +22,9 @@ SELECT name FROM (
 ) AS n
 ORDER BY name LIMIT %(limit)s;
 
--- name: console_finish_rates
--- Finished tasks per queue and outcome over the last %(window)s seconds: the newest
--- CONSOLE_FINISH_SAMPLE of them, and the seconds that sample covers (the whole window unless it filled).
+-- name: finish_rates
+-- Finished tasks per queue and outcome over the last %(window)s seconds: the newest 20,000 of them, and
+-- the seconds that sample covers (the whole window unless it filled).
 WITH recent AS MATERIALIZED (
     SELECT queue, state, finished_at FROM queueworker.tasks
     WHERE state IN ('succeeded', 'failed', 'cancelled') AND finished_at > now() - make_interval(secs => %(window)s)
@@ -30,9 +39,9 @@ SELECT queue, count(*) FILTER (WHERE state = 'succeeded') AS succeeded,
        (SELECT seconds FROM covered) AS seconds
 FROM recent GROUP BY queue;
 
--- name: console_tasks
+-- name: task_page
 -- A page of tasks, newest first, below id %(before)s: the newest %(scan)s tasks of the partitions
--- holding %(states)s are read through the primary key, and those matching the filters are returned
+-- holding %(partition_states)s are read through the primary key, and those matching the filters are returned
 -- (at most %(limit)s). Every row also says how many tasks were read and the lowest id among them, so
 -- a page with few matches continues below what was read; one row of NULL task columns when none match.
 WITH scanned AS MATERIALIZED (
@@ -54,21 +63,13 @@ FROM (SELECT count(*) AS scanned, min(id) AS lowest_scanned FROM scanned) AS s
 LEFT JOIN matched m ON true
 ORDER BY m.id DESC;
 
--- name: console_key_holders
+-- name: key_holders
 -- The unfinished tasks holding a dedupe key, on any queue: one probe of tasks_dedupe per queue.
 SELECT id, queue, state::text AS state FROM queueworker.tasks_active
 WHERE dedupe_key = %(dedupe_key)s ORDER BY id LIMIT 100;
 
--- name: console_worker_leases
--- Leases held right now, per worker, through tasks_running (bounded by the fleet's concurrency).
+-- name: leases_by_worker
+-- Leases held right now, per worker, with the first %(shown)s task ids, through the partial index of
+-- running tasks, tasks_running (bounded by the fleet's concurrency).
 SELECT lease_owner::text AS worker, count(*) AS leases, (array_agg(id ORDER BY id))[1:%(shown)s] AS task_ids
 FROM queueworker.tasks WHERE state = 'running' GROUP BY lease_owner;
-
--- name: console_task_events
--- Bounded versions of the statements `queueworker show` and `queueworker run show` print in full.
-SELECT at, from_state::text AS from_state, to_state::text AS to_state, worker, lease_token, detail::text AS detail_json
-FROM queueworker.task_events WHERE task_id = %(id)s ORDER BY id LIMIT %(limit)s;
-
--- name: console_run_tasks
-SELECT id, run_partition AS partition, state::text AS state, attempts, error ->> 'message' AS error
-FROM queueworker.tasks WHERE run_id = %(id)s ORDER BY run_partition NULLS LAST, id LIMIT %(limit)s;

@@ -1,4 +1,5 @@
-"""Periodic tasks (migration 011): the cron duty (queueworker.runtime.cron) and `queueworker cron`. The statements are in cron.sql."""
+"""Periodic tasks (migration 011): the cron duty (queueworker.runtime.cron) and the runtime schedules of
+queueworker.client.cron (`queueworker cron`). The statements are in cron.sql."""
 
 from __future__ import annotations
 
@@ -14,7 +15,10 @@ class DatabaseNowRow(NamedTuple):
     now: datetime
 
 
-class UpsertCodeCronJobParams(Params):
+class UpsertCronJobParams(Params):
+    """A schedule as CronJob.params gives it: its first slot is used only when it is new, or its
+    expression or time zone changed."""
+
     name: str
     expression: str
     timezone: str
@@ -91,7 +95,7 @@ class CronJobRow(NamedTuple):
     updated_at: datetime
 
 
-class CronScheduleForUpdateParams(Params):
+class CronJobNameParams(Params):
     name: str
 
 
@@ -111,17 +115,17 @@ class CronJobSourceRow(NamedTuple):
 
 
 DATABASE_NOW = _SQL.statement("database_now", NoParams, DatabaseNowRow)
-UPSERT_CODE_CRON_JOB = _SQL.statement("upsert_code_cron_job", UpsertCodeCronJobParams, UpsertedCronJobRow)
-UPSERT_RUNTIME_CRON_JOB = _SQL.statement("upsert_runtime_cron_job", UpsertCodeCronJobParams, UpsertedCronJobRow)
+UPSERT_CODE_CRON_JOB = _SQL.statement("upsert_code_cron_job", UpsertCronJobParams, UpsertedCronJobRow)
+UPSERT_RUNTIME_CRON_JOB = _SQL.statement("upsert_runtime_cron_job", UpsertCronJobParams, UpsertedCronJobRow)
 RUNTIME_CRON_JOBS_AMONG = _SQL.statement("runtime_cron_jobs_among", RuntimeCronJobsAmongParams, CronJobNameRow)
 DUE_CRON_JOBS = _SQL.statement("due_cron_jobs", DueCronJobsParams, DueCronJobRow)
 NEXT_CRON_SLOT_IN = _SQL.statement("next_cron_slot_in", NoParams, NextCronSlotRow)
 ENQUEUE_CRON_SLOTS = _SQL.statement("enqueue_cron_slots", EnqueueCronSlotsParams, EnqueuedSlotsRow)
 CRON_JOBS = _SQL.statement("cron_jobs", NoParams, CronJobRow)
-CRON_SCHEDULE_FOR_UPDATE = _SQL.statement("cron_schedule_for_update", CronScheduleForUpdateParams, CronScheduleRow)
-PAUSE_CRON_JOB = _SQL.statement("pause_cron_job", CronScheduleForUpdateParams, CronJobNameRow)
+CRON_SCHEDULE_FOR_UPDATE = _SQL.statement("cron_schedule_for_update", CronJobNameParams, CronScheduleRow)
+PAUSE_CRON_JOB = _SQL.statement("pause_cron_job", CronJobNameParams, CronJobNameRow)
 RESUME_CRON_JOB = _SQL.statement("resume_cron_job", ResumeCronJobParams, CronJobNameRow)
-CRON_JOB_SOURCE = _SQL.statement("cron_job_source", CronScheduleForUpdateParams, CronJobSourceRow)
-DELETE_CRON_JOB = _SQL.statement("delete_cron_job", CronScheduleForUpdateParams, CronJobSourceRow)
+CRON_JOB_SOURCE = _SQL.statement("cron_job_source", CronJobNameParams, CronJobSourceRow)
+DELETE_CRON_JOB = _SQL.statement("delete_cron_job", CronJobNameParams, CronJobSourceRow)
 
 _SQL.check_all_declared()

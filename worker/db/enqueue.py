@@ -1,4 +1,7 @@
-"""Enqueueing: the producer's statements (queueworker.client.producer). The statements are in enqueue.sql."""
+"""Enqueueing: the producer's statements (queueworker.client.producer). The statements are in enqueue.sql.
+
+The parameter types of the variants with headers extend those without: a batch without headers
+leaves out the column, so a schema from before migration 012 still takes it."""
 
 from __future__ import annotations
 
@@ -11,28 +14,23 @@ _SQL = SqlFile("enqueue")
 
 
 class EnqueueParams(Params):
+    """A batch of plain specs, one array element each, in spec order."""
+
     queues: list[str]
     tasks: list[str]
     payloads: list[JsonText]
     priorities: list[int]
-    run_afters: list[datetime | None]
+    run_afters: list[datetime | None]  # None: due now, by the database's clock
     max_attempts: list[int]
     timeouts: list[int | None]
 
 
 class EnqueuedRow(NamedTuple):
     id: int
-    notified: int
+    notified: int  # queues woken
 
 
-class EnqueueWithHeadersParams(Params):
-    queues: list[str]
-    tasks: list[str]
-    payloads: list[JsonText]
-    priorities: list[int]
-    run_afters: list[datetime | None]
-    max_attempts: list[int]
-    timeouts: list[int | None]
+class EnqueueWithHeadersParams(EnqueueParams):
     headers: list[JsonText | None]
 
 
@@ -42,19 +40,14 @@ class StagingStateRow(NamedTuple):
     spec_hash: bool
 
 
-class EnqueueTasksParams(Params):
-    queues: list[str]
-    tasks: list[str]
-    payloads: list[JsonText]
-    priorities: list[int]
-    run_afters: list[datetime | None]
-    max_attempts: list[int]
-    timeouts: list[int | None]
+class EnqueueTasksParams(EnqueueParams):
+    """A batch of unique or dependent specs, or of a run's partitions."""
+
     dedupe_keys: list[str | None]
-    by_spec: list[bool]
+    by_spec: list[bool]  # dedupe="spec": the spec hash is the key
     cancel_on_failure: list[bool]
-    prerequisite_ords: list[int]
-    prerequisite_ids: list[int]
+    prerequisite_ords: list[int]  # the 1-based position of the spec that depends on ...
+    prerequisite_ids: list[int]   # ... this task
     run_ids: list[int | None]
     run_partitions: list[int | None]
 
@@ -63,25 +56,11 @@ class TaskEnqueuedRow(NamedTuple):
     ord: int
     queue: str
     dedupe_key: str | None
-    id: int | None
+    id: int | None  # None: another task holds the key (enqueue_existing finds it)
     notified: int
 
 
-class EnqueueTasksWithHeadersParams(Params):
-    queues: list[str]
-    tasks: list[str]
-    payloads: list[JsonText]
-    priorities: list[int]
-    run_afters: list[datetime | None]
-    max_attempts: list[int]
-    timeouts: list[int | None]
-    dedupe_keys: list[str | None]
-    by_spec: list[bool]
-    cancel_on_failure: list[bool]
-    prerequisite_ords: list[int]
-    prerequisite_ids: list[int]
-    run_ids: list[int | None]
-    run_partitions: list[int | None]
+class EnqueueTasksWithHeadersParams(EnqueueTasksParams):
     headers: list[JsonText | None]
 
 
@@ -128,7 +107,8 @@ ENQUEUE_STAGED_WITH_HEADERS = _SQL.statement("enqueue_staged_with_headers", NoPa
 ENQUEUE_STAGED_HASHED = _SQL.statement("enqueue_staged_hashed", NoParams, EnqueuedRow)
 ENQUEUE_STAGED_WITH_HEADERS_HASHED = _SQL.statement("enqueue_staged_with_headers_hashed", NoParams, EnqueuedRow)
 ENQUEUE_TASKS = _SQL.statement("enqueue_tasks", EnqueueTasksParams, TaskEnqueuedRow)
-ENQUEUE_TASKS_WITH_HEADERS = _SQL.statement("enqueue_tasks_with_headers", EnqueueTasksWithHeadersParams, TaskEnqueuedRow)
+ENQUEUE_TASKS_WITH_HEADERS = _SQL.statement("enqueue_tasks_with_headers", EnqueueTasksWithHeadersParams,
+                                            TaskEnqueuedRow)
 ENQUEUE_EXISTING = _SQL.statement("enqueue_existing", EnqueueExistingParams, ExistingTaskRow)
 ENQUEUE_REPLACE = _SQL.statement("enqueue_replace", EnqueueReplaceParams, ReplacedRow)
 NOTIFY_ON_FINISH = _SQL.statement("notify_on_finish", NotifyOnFinishParams, MarkedRow)

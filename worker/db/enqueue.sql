@@ -1,7 +1,16 @@
--- Enqueueing: the producer's statements (queueworker.client.producer).
+-- Enqueueing: the producer's statements (queueworker.client.producer), run in the caller's transaction.
 -- Each statement is declared, with its parameter and row types, in queueworker/db/enqueue.py.
+--
+-- Every insert wakes idle workers with one NOTIFY per queue per statement (delivered at commit, so it
+-- rides the caller's transaction); a batch that is only due later carries its due time, so listeners
+-- schedule a precise wake-up instead of polling. The NOTIFY is spelled out rather than calling
+-- queueworker.wake_queue (migration 004), so that plain enqueues keep working against a schema not yet
+-- migrated that far; for the same reason a batch without headers (migration 012) is inserted by the
+-- statements without `headers` in their names.
 
 -- name: enqueue
+-- Plain specs (neither unique nor dependent), one row per element of the array parameters, in order:
+-- one statement for any batch size.
 WITH inserted AS (
     INSERT INTO queueworker.tasks (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds)
     SELECT s.queue, s.task, s.payload, s.priority, coalesce(s.run_after, now()), coalesce(s.run_after > now(), false),
@@ -20,8 +29,10 @@ WITH inserted AS (
 SELECT id, (SELECT count(*) FROM notified) AS notified FROM inserted ORDER BY id;
 
 -- name: enqueue_with_headers
+-- The same, for a batch in which some spec has headers.
 WITH inserted AS (
-    INSERT INTO queueworker.tasks (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds, headers)
+    INSERT INTO queueworker.tasks (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds,
+                                   headers)
     SELECT s.queue, s.task, s.payload, s.priority, coalesce(s.run_after, now()), coalesce(s.run_after > now(), false),
            s.max_attempts, s.timeout_seconds, s.headers
     FROM unnest(%(queues)s::text[], %(tasks)s::text[], %(payloads)s::jsonb[], %(priorities)s::int[],
@@ -50,21 +61,29 @@ SELECT to_regclass('pg_temp.queueworker_staged_tasks') IS NOT NULL AS exists,
             THEN has_column_privilege('queueworker.tasks', 'spec_hash', 'INSERT') ELSE false END AS spec_hash;
 
 -- name: create_staging
--- The columns ENQUEUE takes, typed as the table's, so the COPY parses payloads and headers once.
+-- The fast path of a big batch of plain specs (producer.COPY_THRESHOLD): COPY into a temporary staging
+-- table, then one of the enqueue_staged statements inserts them in one statement, as `enqueue` does with
+-- arrays. Sending the rows costs the client a fraction of what binding them as array parameters does,
+-- and the server parses them while the client is still sending. The table has the columns `enqueue`
+-- takes, typed as the table's, so the COPY parses payloads and headers once; it is dropped when the
+-- transaction ends.
 CREATE TEMPORARY TABLE queueworker_staged_tasks (
     ord bigint NOT NULL, queue text NOT NULL, task text NOT NULL, payload jsonb NOT NULL, priority integer NOT NULL,
     run_after timestamptz, max_attempts integer NOT NULL, timeout_seconds integer, headers jsonb
 ) ON COMMIT DROP;
 
 -- name: empty_staging
+-- Before each further batch that reuses this transaction's staging table.
 TRUNCATE pg_temp.queueworker_staged_tasks;
 
 -- name: copy_staging
--- Text format (producer.Copy says why).
-COPY pg_temp.queueworker_staged_tasks (ord, queue, task, payload, priority, run_after, max_attempts, timeout_seconds, headers)
+-- Text format (producer.Copy says why); the columns in the order of producer._staged_rows.
+COPY pg_temp.queueworker_staged_tasks (ord, queue, task, payload, priority, run_after, max_attempts, timeout_seconds,
+                                   headers)
 FROM STDIN;
 
 -- name: enqueue_staged
+-- `enqueue`, from the staging table that copy_staging filled.
 WITH inserted AS (
     INSERT INTO queueworker.tasks (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds)
     SELECT s.queue, s.task, s.payload, s.priority, coalesce(s.run_after, now()), coalesce(s.run_after > now(), false),
@@ -81,8 +100,10 @@ WITH inserted AS (
 SELECT id, (SELECT count(*) FROM notified) AS notified FROM inserted ORDER BY id;
 
 -- name: enqueue_staged_with_headers
+-- The same, for a batch in which some spec has headers.
 WITH inserted AS (
-    INSERT INTO queueworker.tasks (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds, headers)
+    INSERT INTO queueworker.tasks (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds,
+                                   headers)
     SELECT s.queue, s.task, s.payload, s.priority, coalesce(s.run_after, now()), coalesce(s.run_after > now(), false),
            s.max_attempts, s.timeout_seconds, s.headers
     FROM pg_temp.queueworker_staged_tasks s
@@ -97,8 +118,12 @@ WITH inserted AS (
 SELECT id, (SELECT count(*) FROM notified) AS notified FROM inserted ORDER BY id;
 
 -- name: enqueue_staged_hashed
+-- enqueue_staged, computing the spec hash in the statement (the row trigger of migration 004 then skips
+-- the row), which costs the database less than a trigger call per row; for a role that may insert it
+-- (staging_state says).
 WITH inserted AS (
-    INSERT INTO queueworker.tasks (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds, spec_hash)
+    INSERT INTO queueworker.tasks (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds,
+                                   spec_hash)
     SELECT s.queue, s.task, s.payload, s.priority, coalesce(s.run_after, now()), coalesce(s.run_after > now(), false),
            s.max_attempts, s.timeout_seconds, queueworker.spec_hash(s.queue, s.task, s.payload)
     FROM pg_temp.queueworker_staged_tasks s
@@ -113,8 +138,10 @@ WITH inserted AS (
 SELECT id, (SELECT count(*) FROM notified) AS notified FROM inserted ORDER BY id;
 
 -- name: enqueue_staged_with_headers_hashed
+-- enqueue_staged_with_headers, computing the spec hash as enqueue_staged_hashed does.
 WITH inserted AS (
-    INSERT INTO queueworker.tasks (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds, headers, spec_hash)
+    INSERT INTO queueworker.tasks (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds,
+                                   headers, spec_hash)
     SELECT s.queue, s.task, s.payload, s.priority, coalesce(s.run_after, now()), coalesce(s.run_after > now(), false),
            s.max_attempts, s.timeout_seconds, s.headers, queueworker.spec_hash(s.queue, s.task, s.payload)
     FROM pg_temp.queueworker_staged_tasks s
@@ -147,7 +174,7 @@ FROM queueworker.enqueue_tasks(%(queues)s::text[], %(tasks)s::text[], %(payloads
                                %(run_ids)s::bigint[], %(run_partitions)s::int[]);
 
 -- name: enqueue_tasks_with_headers
--- The same with each spec's headers, for batches that have some (as ENQUEUE_WITH_HEADERS).
+-- The same with each spec's headers, for batches that have some (as enqueue_with_headers).
 SELECT ord, queue, dedupe_key, id, notified
 FROM queueworker.enqueue_tasks(%(queues)s::text[], %(tasks)s::text[], %(payloads)s::jsonb[], %(priorities)s::int[],
                                %(run_afters)s::timestamptz[], %(max_attempts)s::int[], %(timeouts)s::int[],
@@ -156,7 +183,7 @@ FROM queueworker.enqueue_tasks(%(queues)s::text[], %(tasks)s::text[], %(payloads
                                %(run_ids)s::bigint[], %(run_partitions)s::int[], %(headers)s::jsonb[]);
 
 -- name: enqueue_existing
--- The task holding each key, for the specs ENQUEUE_UNIQUE did not insert: the unfinished one, else
+-- The task holding each key, for the specs enqueue_tasks did not insert: the unfinished one, else
 -- (it finished since) the newest finished one. A new statement, so it sees the duplicate that the
 -- insert waited for.
 SELECT k.ord, t.id, t.state::text AS state
@@ -180,6 +207,7 @@ FROM queueworker.replace_pending(%(ids)s::bigint[], %(payloads)s::jsonb[], %(pri
                                  %(run_afters)s::timestamptz[]);
 
 -- name: notify_on_finish
--- Marks tasks just enqueued (in the producer's transaction) to notify FINISHED_CHANNEL when they end.
+-- Marks tasks just enqueued (in the producer's transaction) to notify the channel queueworker_finished
+-- when they end (the complete statements of lease.sql), which queueworker.wait_for listens to.
 UPDATE queueworker.tasks SET notify_on_finish = true WHERE id = ANY(%(ids)s::bigint[]) AND NOT notify_on_finish
 RETURNING id;

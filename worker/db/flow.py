@@ -1,4 +1,5 @@
-"""Flow control (migration 009): queue settings, the worker's view of them, circuit breakers. The statements are in flow.sql."""
+"""Flow control (migration 009): queue settings (queueworker.client.operations), the worker's view of
+them and circuit breakers (queueworker.runtime.flow). The statements are in flow.sql."""
 
 from __future__ import annotations
 

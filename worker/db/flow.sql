@@ -1,5 +1,12 @@
 -- Flow control (migration 009): queue settings, the worker's view of them, circuit breakers.
 -- Each statement is declared, with its parameter and row types, in queueworker/db/flow.py.
+--
+-- A queue's settings are returned as a QueueRow, with `paused_until` NULL for a pause until resumed
+-- (stored as 'infinity', which Python cannot represent). The four changes of queueworker.client.operations
+-- (pause_queue, resume_queue, limit_queue, breaker_queue) apply the change in a CTE `changed`, tell the
+-- workers to re-read the queue's settings (channel queueworker_queues, payload: the queue), and, when
+-- %(wake)s, wake them at %(wake_at)s: now when the change may let tasks through sooner, or when a timed
+-- pause ends.
 
 -- name: pause_queue
 -- Paused until `until` ('infinity': until resumed). Running tasks finish; the workers wake when it ends.
@@ -17,9 +24,11 @@ WITH changed AS (
 )
 SELECT name, coalesce(paused_until > now(), false) AS paused,
        CASE WHEN isfinite(paused_until) THEN paused_until END AS paused_until, rate_per_second, burst, max_running,
-       breaker_failures, breaker_cooldown_seconds, breaker_state, consecutive_failures, breaker_changed_at, limited FROM changed, (SELECT count(*) FROM told) AS t, (SELECT count(*) FROM woken) AS w;
+       breaker_failures, breaker_cooldown_seconds, breaker_state, consecutive_failures, breaker_changed_at, limited
+FROM changed, (SELECT count(*) FROM told) AS t, (SELECT count(*) FROM woken) AS w;
 
 -- name: resume_queue
+-- No row: the queue has no settings, so it was not paused.
 WITH changed AS (
     UPDATE queueworker.queues SET paused_until = NULL, updated_at = now()
     WHERE name = %(queue)s
@@ -34,7 +43,8 @@ WITH changed AS (
 )
 SELECT name, coalesce(paused_until > now(), false) AS paused,
        CASE WHEN isfinite(paused_until) THEN paused_until END AS paused_until, rate_per_second, burst, max_running,
-       breaker_failures, breaker_cooldown_seconds, breaker_state, consecutive_failures, breaker_changed_at, limited FROM changed, (SELECT count(*) FROM told) AS t, (SELECT count(*) FROM woken) AS w;
+       breaker_failures, breaker_cooldown_seconds, breaker_state, consecutive_failures, breaker_changed_at, limited
+FROM changed, (SELECT count(*) FROM told) AS t, (SELECT count(*) FROM woken) AS w;
 
 -- name: limit_queue
 -- A rate limit (token bucket, full at first) and a global cap on running tasks; NULLs clear them.
@@ -59,7 +69,8 @@ WITH changed AS (
 )
 SELECT name, coalesce(paused_until > now(), false) AS paused,
        CASE WHEN isfinite(paused_until) THEN paused_until END AS paused_until, rate_per_second, burst, max_running,
-       breaker_failures, breaker_cooldown_seconds, breaker_state, consecutive_failures, breaker_changed_at, limited FROM changed, (SELECT count(*) FROM told) AS t, (SELECT count(*) FROM woken) AS w;
+       breaker_failures, breaker_cooldown_seconds, breaker_state, consecutive_failures, breaker_changed_at, limited
+FROM changed, (SELECT count(*) FROM told) AS t, (SELECT count(*) FROM woken) AS w;
 
 -- name: breaker_queue
 -- A circuit breaker (NULLs remove it); a new or changed one starts closed.
@@ -80,12 +91,15 @@ WITH changed AS (
 )
 SELECT name, coalesce(paused_until > now(), false) AS paused,
        CASE WHEN isfinite(paused_until) THEN paused_until END AS paused_until, rate_per_second, burst, max_running,
-       breaker_failures, breaker_cooldown_seconds, breaker_state, consecutive_failures, breaker_changed_at, limited FROM changed, (SELECT count(*) FROM told) AS t, (SELECT count(*) FROM woken) AS w;
+       breaker_failures, breaker_cooldown_seconds, breaker_state, consecutive_failures, breaker_changed_at, limited
+FROM changed, (SELECT count(*) FROM told) AS t, (SELECT count(*) FROM woken) AS w;
 
 -- name: queue_settings
+-- Every queue's settings, or one queue's: `queueworker status` and the console.
 SELECT name, coalesce(paused_until > now(), false) AS paused,
        CASE WHEN isfinite(paused_until) THEN paused_until END AS paused_until, rate_per_second, burst, max_running,
-       breaker_failures, breaker_cooldown_seconds, breaker_state, consecutive_failures, breaker_changed_at, limited FROM queueworker.queues
+       breaker_failures, breaker_cooldown_seconds, breaker_state, consecutive_failures, breaker_changed_at, limited
+FROM queueworker.queues
 WHERE %(queue)s::text IS NULL OR name = %(queue)s ORDER BY name;
 
 -- name: limited_queues
@@ -119,6 +133,6 @@ FROM decided d WHERE q.name = d.name
 RETURNING d.was, d.now_state;
 
 -- name: queue_events
--- The queue's audit trail of settings and breaker states, newest first.
+-- The queue's audit trail of settings and breaker states (written by a trigger), newest first.
 SELECT at, change, detail::text AS detail_json, by_user FROM queueworker.queue_events
 WHERE queue = %(queue)s ORDER BY id DESC LIMIT %(limit)s;

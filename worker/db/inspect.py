@@ -1,4 +1,5 @@
-"""Reading tasks and workers back: `get_task`, `queueworker show`, `list` and `status`. The statements are in inspect.sql."""
+"""Reading tasks and workers back: `get_task` and `wait_for`, `queueworker show`, `list` and `status`, the
+console and the demo. The statements are in inspect.sql."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from datetime import datetime
 from typing import NamedTuple
 from uuid import UUID
 
-from .statements import Params, SqlFile
+from .statements import NoParams, Params, SqlFile
 
 _SQL = SqlFile("inspect")
 
@@ -40,6 +41,11 @@ class TaskRow(NamedTuple):
     updated_at: datetime
 
 
+class TaskEventsParams(Params):
+    id: int
+    limit: int | None  # None: all of them
+
+
 class TaskEventRow(NamedTuple):
     at: datetime
     from_state: str | None  # None: the task was enqueued
@@ -67,8 +73,8 @@ class ListedTaskRow(NamedTuple):
     updated_at: datetime
 
 
-class StuckTasksParams(Params):
-    queue: str | None
+class QueueFilterParams(Params):
+    queue: str | None  # None: every queue
 
 
 class StuckTaskRow(NamedTuple):
@@ -104,12 +110,37 @@ class LiveWorkerRow(NamedTuple):
     started_at: datetime
 
 
+class TaskIdsParams(Params):
+    ids: list[int]
+
+
+class StateCountRow(NamedTuple):
+    state: str
+    n: int
+
+
+class WorkerLoadsParams(Params):
+    hostname: str
+    pids: list[int]
+
+
+class WorkerLoadRow(NamedTuple):
+    pid: int
+    leased: int
+
+
 TASK = _SQL.statement("task", TaskParams, TaskRow)
-TASK_EVENTS = _SQL.statement("task_events", TaskParams, TaskEventRow)
+TASK_EVENTS = _SQL.statement("task_events", TaskEventsParams, TaskEventRow)
+LISTEN_FINISHED = _SQL.statement("listen_finished", NoParams)
+UNLISTEN_FINISHED = _SQL.statement("unlisten_finished", NoParams)
+# The channel LISTEN_FINISHED listens on; a notification's payload is the finished task's id.
+FINISHED_CHANNEL = "queueworker_finished"
 LIST_TASKS = _SQL.statement("list_tasks", ListTasksParams, ListedTaskRow)
-STUCK_TASKS = _SQL.statement("stuck_tasks", StuckTasksParams, StuckTaskRow)
-STATUS_COUNTS = _SQL.statement("status_counts", StuckTasksParams, StatusCountRow)
-OLDEST_PENDING_AGE = _SQL.statement("oldest_pending_age", StuckTasksParams, OldestPendingRow)
-LIVE_WORKERS = _SQL.statement("live_workers", StuckTasksParams, LiveWorkerRow)
+STUCK_TASKS = _SQL.statement("stuck_tasks", QueueFilterParams, StuckTaskRow)
+STATUS_COUNTS = _SQL.statement("status_counts", QueueFilterParams, StatusCountRow)
+OLDEST_PENDING_AGE = _SQL.statement("oldest_pending_age", QueueFilterParams, OldestPendingRow)
+LIVE_WORKERS = _SQL.statement("live_workers", QueueFilterParams, LiveWorkerRow)
+TASK_STATE_COUNTS = _SQL.statement("task_state_counts", TaskIdsParams, StateCountRow)
+WORKER_LOADS = _SQL.statement("worker_loads", WorkerLoadsParams, WorkerLoadRow)
 
 _SQL.check_all_declared()

@@ -1,4 +1,5 @@
--- Reading tasks and workers back: `get_task`, `queueworker show`, `list` and `status`.
+-- Reading tasks and workers back: `get_task` and `wait_for`, `queueworker show`, `list` and `status`, the
+-- console and the demo (queueworker.client.inspect, .results and .status).
 -- Each statement is declared, with its parameter and row types, in queueworker/db/inspect.py.
 
 -- name: task
@@ -11,9 +12,19 @@ SELECT id, queue, task, state::text AS state, attempts, max_attempts, priority, 
 FROM queueworker.tasks WHERE id = %(id)s;
 
 -- name: task_events
--- A task's audit trail, oldest first.
+-- A task's audit trail, oldest first: all of it (%(limit)s NULL) for `queueworker show`, its first
+-- %(limit)s events for the console, whose page stays bounded however often a task was retried.
 SELECT at, from_state::text AS from_state, to_state::text AS to_state, worker, lease_token, detail::text AS detail_json
-FROM queueworker.task_events WHERE task_id = %(id)s ORDER BY id;
+FROM queueworker.task_events WHERE task_id = %(id)s ORDER BY id LIMIT %(limit)s;
+
+-- name: listen_finished
+-- `wait_for` hears at once of a task enqueued with notify_on_finish (the complete statements of lease.sql
+-- notify this channel with the task's id), on a connection in autocommit mode.
+LISTEN queueworker_finished;
+
+-- name: unlisten_finished
+-- When `wait_for` returns: the connection is the caller's, and must not go on collecting notifications.
+UNLISTEN queueworker_finished;
 
 -- name: list_tasks
 -- `queueworker list`: the newest tasks, by queue and state.
@@ -42,6 +53,7 @@ GROUP BY queue, state
 ORDER BY queue, state;
 
 -- name: oldest_pending_age
+-- How long the oldest ready task of each queue has waited.
 SELECT queue, extract(epoch FROM now() - min(run_after))::float8 AS age
 FROM queueworker.tasks
 WHERE state = 'pending' AND NOT delayed AND (%(queue)s::text IS NULL OR queue = %(queue)s)
@@ -57,3 +69,18 @@ SELECT w.id::text AS id, w.hostname, w.pod_name, w.pod_namespace, w.pid, w.queue
 FROM queueworker.workers w
 WHERE %(queue)s::text IS NULL OR %(queue)s = ANY(w.queues)
 ORDER BY w.started_at;
+
+-- name: task_state_counts
+-- The given tasks by state (the demo's burst, in a database that may hold other tasks too).
+SELECT state::text AS state, count(*)::int AS n
+FROM queueworker.tasks WHERE id = ANY(%(ids)s::bigint[])
+GROUP BY state;
+
+-- name: worker_loads
+-- Leased tasks per live worker process of one host: how busy each is, for the demo to pick the one
+-- to scale in.
+SELECT w.pid, count(t.id)::int AS leased
+FROM queueworker.workers w
+LEFT JOIN queueworker.tasks t ON t.lease_owner = w.id AND t.state = 'running'
+WHERE w.hostname = %(hostname)s AND w.pid = ANY(%(pids)s::int[])
+GROUP BY w.pid;

@@ -1,4 +1,5 @@
-"""Partitioned runs (migrations 006 and 007): start, read, retry and finalize. The statements are in runs.sql."""
+"""Partitioned runs (migrations 006 and 007): start (queueworker.client.producer), read, retry and finalize
+(queueworker.client.runs). The statements are in runs.sql."""
 
 from __future__ import annotations
 
@@ -50,6 +51,11 @@ class RunParams(Params):
     id: int
 
 
+class RunTasksParams(Params):
+    id: int
+    limit: int | None  # None: all of them
+
+
 class RunTaskRow(NamedTuple):
     id: int
     partition: int | None
@@ -78,7 +84,7 @@ class FinalizedRunRow(NamedTuple):
 START_RUN = _SQL.statement("start_run", StartRunParams, StartedRunRow)
 RUNS = _SQL.statement("runs", RunsParams, RunRow)
 RUN = _SQL.statement("run", RunParams, RunRow)
-RUN_TASKS = _SQL.statement("run_tasks", RunParams, RunTaskRow)
+RUN_TASKS = _SQL.statement("run_tasks", RunTasksParams, RunTaskRow)
 RUN_EVENTS = _SQL.statement("run_events", RunParams, RunEventRow)
 RETRY_RUN = _SQL.statement("retry_run", RunParams, RetriedRunRow)
 FINALIZE_RUN = _SQL.statement("finalize_run", RunParams, FinalizedRunRow)

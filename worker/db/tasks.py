@@ -1,16 +1,14 @@
-"""What operators do to tasks that exist: retry and cancel (queueworker.client.operations). The statements are in tasks.sql."""
+"""What operators do to tasks that exist: retry and cancel (queueworker.client.operations). The
+statements are in tasks.sql."""
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
+from .inspect import TaskIdsParams, TaskParams
 from .statements import Params, SqlFile
 
 _SQL = SqlFile("tasks")
-
-
-class RetryTaskParams(Params):
-    id: int
 
 
 class RetriedTaskRow(NamedTuple):
@@ -21,8 +19,8 @@ class RetriedTaskRow(NamedTuple):
 
 
 class CancelTasksParams(Params):
-    ids: list[int] | None
-    queue: str
+    ids: list[int] | None  # None: every task of the queue
+    queue: str | None
     states: list[str]
     reason: str
 
@@ -40,18 +38,14 @@ class DedupeHolderRow(NamedTuple):
     dedupe_key: str
 
 
-class TaskStatesParams(Params):
-    ids: list[int]
-
-
 class TaskStateRow(NamedTuple):
     id: int
     state: str
 
 
-RETRY_TASK = _SQL.statement("retry_task", RetryTaskParams, RetriedTaskRow)
+RETRY_TASK = _SQL.statement("retry_task", TaskParams, RetriedTaskRow)
 CANCEL_TASKS = _SQL.statement("cancel_tasks", CancelTasksParams, CancelledRow)
-DEDUPE_HOLDER = _SQL.statement("dedupe_holder", RetryTaskParams, DedupeHolderRow)
-TASK_STATES = _SQL.statement("task_states", TaskStatesParams, TaskStateRow)
+DEDUPE_HOLDER = _SQL.statement("dedupe_holder", TaskParams, DedupeHolderRow)
+TASK_STATES = _SQL.statement("task_states", TaskIdsParams, TaskStateRow)
 
 _SQL.check_all_declared()

@@ -2,6 +2,8 @@
 -- Each statement is declared, with its parameter and row types, in queueworker/db/tasks.py.
 
 -- name: retry_task
+-- A failed or cancelled task, pending and due now again, with at least one more attempt. No row: the
+-- task is unfinished or unknown (task_states tells which). Its queue is woken by notify.notify_queue.
 UPDATE queueworker.tasks
 SET state = 'pending', delayed = false, run_after = now(), updated_at = now(), finished_at = NULL,
     max_attempts = greatest(max_attempts, attempts + 1)
@@ -9,6 +11,11 @@ WHERE id = %(id)s AND state IN ('failed', 'cancelled')
 RETURNING id, queue, attempts, max_attempts;
 
 -- name: cancel_tasks
+-- `queueworker.cancel` / `cancel_many` / `queueworker cancel`: the tasks given by id, or every task of a
+-- queue (%(ids)s NULL), in the given states. The error says who asked (the login) and why, so the audit
+-- row does too. The worker holding a running one hears of it at once (channel queueworker_cancel:
+-- "worker id lease token"), stops the handler and frees the slot; its heartbeat finds out too, should
+-- the notification be lost.
 WITH target AS (
     SELECT id, state, lease_owner, lease_token FROM queueworker.tasks
     WHERE (id = ANY(%(ids)s::bigint[]) OR (%(ids)s::bigint[] IS NULL AND queue = %(queue)s))
@@ -39,4 +46,5 @@ JOIN queueworker.tasks_active h ON h.queue = t.queue AND h.dedupe_key = t.dedupe
 WHERE t.id = %(id)s;
 
 -- name: task_states
+-- Why a retry or a cancel changed nothing: the tasks' states now (an id without a row: no such task).
 SELECT id, state::text AS state FROM queueworker.tasks WHERE id = ANY(%(ids)s::bigint[]);

@@ -27,26 +27,15 @@ from typing import TYPE_CHECKING
 import psycopg
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..db import sql
-from .localpg import LocalPostgres
-from ..db.migrate import migrate
 from ..client.producer import TaskSpec, enqueue_many
+from ..db import statements
+from ..db.inspect import TASK_STATE_COUNTS, WORKER_LOADS, TaskIdsParams, WorkerLoadsParams
+from ..db.migrate import migrate
 from ..names import QUEUE_PATTERN
+from .localpg import LocalPostgres
 
 if TYPE_CHECKING:  # imported where the demo scales: the CLI's parser imports this module for every command
     from ..scaling.policy import Decision, QueueDepth, ScalingParams
-
-# Leased tasks per live worker process of this host: how busy each is, to pick scale-in victims.
-WORKER_LOADS = """
-SELECT w.pid, count(t.id)::int AS leased
-FROM queueworker.workers w
-LEFT JOIN queueworker.tasks t ON t.lease_owner = w.id AND t.state = 'running'
-WHERE w.hostname = %(hostname)s AND w.pid = ANY(%(pids)s)
-GROUP BY w.pid
-"""
-
-# The demo's own tasks by state (the database may be shared when --dsn is given).
-BURST_STATES = "SELECT state::text, count(*)::int FROM queueworker.tasks WHERE id = ANY(%(ids)s) GROUP BY state"
 
 TERMINAL_STATES = ("succeeded", "failed", "cancelled")
 MAX_CRASHES = 3  # workers that exit unasked before the demo gives up (bad DSN, broken install)
@@ -325,7 +314,7 @@ def run_demo(config: DemoConfig) -> int:
                     display.note(f"stopping {len(fleet.active) + len(fleet.draining)} workers "
                                  f"(draining up to {config.drain_seconds:g}s)")
                 fleet.stop_all(config.drain_seconds + 10)
-            states = dict(conn.execute(BURST_STATES, {"ids": ids}).fetchall())
+            states = _states(conn, ids)
             summary.states, summary.leases_held_at_exit = states, states.get("running", 0)
         return _report(summary, fleet, display)
     finally:
@@ -353,6 +342,7 @@ def _supervise(conn: psycopg.Connection, fleet: WorkerFleet, ids: list[int], con
                shutdown: Shutdown, display: Display) -> Summary:
     """The controller's loop with processes for pods: read the queue, decide, scale, report.
     Ends once every task is finished and the fleet is back at its minimum."""
+    from ..db.depth import QUEUE_DEPTH, QueueDepthParams
     from ..scaling.policy import PolicyInputs, QueueDepth, decide
 
     hostname = socket.gethostname()
@@ -364,14 +354,15 @@ def _supervise(conn: psycopg.Connection, fleet: WorkerFleet, ids: list[int], con
     decision: Decision | None = None
 
     def loads(pids: list[int]) -> Mapping[int, int]:
-        return dict(conn.execute(WORKER_LOADS, {"hostname": hostname, "pids": pids}).fetchall())
+        """Leased tasks per worker process of this host: how busy each is, to pick scale-in victims."""
+        rows = statements.fetch(conn, WORKER_LOADS, WorkerLoadsParams(hostname=hostname, pids=pids))
+        return {row.pid: row.leased for row in rows}
 
     while not shutdown.requested.is_set():
         now = time.monotonic()
         fleet.reap()
-        row = sql.QueueDepthRow._make(conn.execute(sql.QUEUE_DEPTH, {
-            "queues": [config.queue], "lookaheads": [None], "cap": config.tasks, "throughput": False}).fetchone())
-        depth = QueueDepth.from_row(row)
+        depth = QueueDepth.from_row(statements.fetch(conn, QUEUE_DEPTH, QueueDepthParams(
+            queues=[config.queue], lookaheads=[None], cap=config.tasks, throughput=False))[0])
         decision = decide(PolicyInputs(
             params=params, current_replicas=len(fleet.active), depth=depth, now=time.time(),
             history=decision.history if decision else (),
@@ -380,7 +371,7 @@ def _supervise(conn: psycopg.Connection, fleet: WorkerFleet, ids: list[int], con
         summary.scale_ups += change > 0
         summary.scale_downs += change < 0
         summary.peak_workers = max(summary.peak_workers, len(fleet.active))
-        states = dict(conn.execute(BURST_STATES, {"ids": ids}).fetchall())
+        states = _states(conn, ids)
         tick = Tick(now - started, depth, states, config.tasks, decision, len(fleet.active), len(fleet.draining),
                     rate.add(now, sum(states.get(s, 0) for s in TERMINAL_STATES)))
         display.show(tick)
@@ -399,3 +390,8 @@ def _supervise(conn: psycopg.Connection, fleet: WorkerFleet, ids: list[int], con
     summary.seconds = (finished_at or time.monotonic()) - started
     summary.workers_started = fleet.started
     return summary
+
+
+def _states(conn: psycopg.Connection, ids: list[int]) -> dict[str, int]:
+    """The demo's own tasks by state (the database may be shared when --dsn is given)."""
+    return {row.state: row.n for row in statements.fetch(conn, TASK_STATE_COUNTS, TaskIdsParams(ids=ids))}

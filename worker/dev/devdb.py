@@ -5,20 +5,19 @@ One server per directory, $QUEUEWORKER_DEV_DB_DIR, else $XDG_DATA_HOME/queuework
 unprivileged user cannot enter. `start` makes it on first use (initdb, a free loopback port, a random
 password, fsync on: the data is meant to be kept) and starts it detached with pg_ctl; later starts reuse
 its data. The port and password are kept in `dev-db.json` (mode 0600) beside the server's directory, so
-`url` prints the same URL every time. The server is a `queueworker.localpg.LocalPostgres`: password
-auth on every connection, and as root it runs as the `postgres` (or `nobody`) user.
+`url` prints the same URL every time. The server is a `queueworker.dev.localpg.LocalPostgres`: password
+auth on every connection, and as root it runs as the `postgres` (or `nobody`) user. The command
+itself is queueworker.cli.local.
 """
 
 from __future__ import annotations
 
-import argparse
 import fcntl
 import json
 import os
-import sys
 from pathlib import Path
 
-from .localpg import LocalPostgres, PostgresNotFound
+from .localpg import LocalPostgres
 
 DIR_ENV = "QUEUEWORKER_DEV_DB_DIR"
 STATE_FILE = "dev-db.json"
@@ -107,45 +106,3 @@ class DevDb:
         with self._lock():
             server = self._existing()
             return server if server is not None and server.is_running() else None
-
-
-def add_dev_db_parser(sub: argparse._SubParsersAction) -> None:
-    """`dev-db ACTION`; it takes no --dsn: it is the database."""
-    parser = sub.add_parser("dev-db", help="a Postgres for development that keeps running: start, url, status, stop",
-                            description="A Postgres for development that outlives the command; its data is kept "
-                                        "between starts.")
-    parser.add_argument("dev_db_action", choices=("start", "stop", "url", "status"), metavar="start|stop|url|status",
-                        help="start (made on first use), stop, print its URL (password included: for "
-                             "`export DATABASE_URL=$(queueworker dev-db url)`), or say whether it runs "
-                             f"(exit {EXIT_NOT_RUNNING} when not)")
-    parser.add_argument("--dir", type=Path, default=None,
-                        help=f"where its data lives (default ${DIR_ENV}, else ~/.local/share/queueworker/dev-db; "
-                             "as root /var/lib/queueworker/dev-db)")
-
-
-def run_dev_db(args: argparse.Namespace) -> int:
-    db = DevDb(args.dir or default_dir())
-    try:
-        if args.dev_db_action == "start":
-            server, started = db.start()
-            print(f"queueworker dev-db {'started' if started else 'already running'} on 127.0.0.1:{server.port} "
-                  f"(data {server.data_dir}, log {server.log_file}); `export DATABASE_URL=$(queueworker dev-db url)`, "
-                  "`queueworker dev-db stop` to stop it", file=sys.stderr)
-            return 0
-        if args.dev_db_action == "stop":
-            print("queueworker dev-db stopped" if db.stop() else "queueworker dev-db was not running", file=sys.stderr)
-            return 0
-        server = db.running()
-        if server is None:
-            print(f"queueworker dev-db is not running (directory {db.directory}): `queueworker dev-db start`",
-                  file=sys.stderr)
-            return EXIT_NOT_RUNNING if args.dev_db_action == "status" else 1
-        if args.dev_db_action == "url":
-            print(server.dsn)
-        else:
-            print(f"queueworker dev-db running on 127.0.0.1:{server.port} (data {server.data_dir})")
-        return 0
-    except (DevDbError, PostgresNotFound, RuntimeError, OSError) as exc:
-        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        print(f"queueworker: dev-db {args.dev_db_action}: {message}", file=sys.stderr)
-        return 1

@@ -28,7 +28,7 @@ from ..client.cron import CronError, Schedule, first_slot_after, slots_from, zon
 from ..db.connection import DutyConnection
 from ..db.cron import (DATABASE_NOW, DUE_CRON_JOBS, ENQUEUE_CRON_SLOTS, NEXT_CRON_SLOT_IN, RUNTIME_CRON_JOBS_AMONG,
                        UPSERT_CODE_CRON_JOB, DueCronJobRow, DueCronJobsParams, EnqueueCronSlotsParams,
-                       RuntimeCronJobsAmongParams, UpsertCodeCronJobParams)
+                       RuntimeCronJobsAmongParams)
 from ..db.statements import NO_PARAMS
 
 log = logging.getLogger("queueworker.cron")
@@ -142,7 +142,7 @@ class CronDuty:
         now = (await self._conn.fetch(DATABASE_NOW, NO_PARAMS))[0].now
         for job in jobs:
             first_slot = first_slot_after(job.expression, job.timezone, now)
-            await self._conn.fetch(UPSERT_CODE_CRON_JOB, UpsertCodeCronJobParams(**job.params(first_slot)))
+            await self._conn.fetch(UPSERT_CODE_CRON_JOB, job.params(first_slot))
         for row in await self._conn.fetch(RUNTIME_CRON_JOBS_AMONG,
                                           RuntimeCronJobsAmongParams(names=[job.name for job in jobs])):
             log.warning("schedule %s was added at runtime: its declaration in code is ignored (`queueworker cron "
