@@ -24,11 +24,10 @@ pass `prepare=None`, leaving it to the connection's `prepare_threshold`.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from importlib import resources
+from pathlib import Path
 from typing import Annotated, Any, Generic, NamedTuple, TypeVar, dataclass_transform
 
 import psycopg
@@ -48,13 +47,49 @@ _PLACEHOLDER = re.compile(r"%\((\w+)\)s")
 
 @dataclass_transform(kw_only_default=True, frozen_default=True)
 class Params:
-    """Base of every statement's parameter type: subclasses are frozen, keyword-only dataclasses
-    (made so by subclassing), so a missing, misspelt or extra parameter fails where the statement
-    is called, and the values go to psycopg as the instance's own `__dict__`, without a copy."""
+    """Base of every statement's parameter type. A subclass declares one annotated field per
+    placeholder; instances take exactly those, by keyword (a missing, misspelt, extra or positional
+    parameter fails where the statement is called), cannot be changed, and hand their values to
+    psycopg as their own `__dict__`, without a copy.
+
+    Not a dataclass: generating one costs about a millisecond per class at import, and there are
+    a hundred of them on a worker's start-up path; this costs nothing until instances are made,
+    and making one costs what a dict does."""
+
+    # The placeholders in declaration order, set per subclass (not annotated: annotations are fields).
+    _fields = ()
+    _field_set = frozenset()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        dataclass(frozen=True, kw_only=True)(cls)
+        names = dict.fromkeys(name for klass in reversed(cls.__mro__)
+                              for name in vars(klass).get("__annotations__", {}) if not name.startswith("_"))
+        cls._fields = tuple(names)
+        cls._field_set = frozenset(names)
+
+    def __init__(self, **values: Any) -> None:
+        if values.keys() != self._field_set:
+            missing = sorted(self._field_set - values.keys())
+            unknown = sorted(values.keys() - self._field_set)
+            raise TypeError(f"{type(self).__name__}: " + "; ".join(
+                part for part in (f"missing {', '.join(missing)}" if missing else "",
+                                  f"unknown {', '.join(unknown)}" if unknown else "") if part))
+        object.__setattr__(self, "__dict__", values)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"{type(self).__name__} cannot be changed")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"{type(self).__name__} cannot be changed")
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and other.__dict__ == self.__dict__
+
+    def __hash__(self) -> int:
+        return hash((type(self), tuple(self.__dict__[name] for name in self._fields)))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{name}={self.__dict__[name]!r}' for name in self._fields)})"
 
 
 class NoParams(Params):
@@ -91,7 +126,8 @@ class SqlFile:
 
     def __init__(self, stem: str):
         self.stem = stem
-        self._texts = parse(resources.files(__package__).joinpath(f"{stem}.sql").read_text())
+        # A plain read beside this module (importlib.resources costs a worker's start-up several ms).
+        self._texts = parse(Path(__file__).with_name(f"{stem}.sql").read_text())
         self._declared: set[str] = set()
 
     def statement(self, name: str, params: type[P], row: type[R] | None = None) -> Statement[P, R]:
@@ -99,7 +135,7 @@ class SqlFile:
             text = self._texts[name]
         except KeyError:
             raise LookupError(f"{self.stem}.sql has no statement named {name!r}") from None
-        expected = {field.name for field in dataclasses.fields(params)}
+        expected = set(params._fields)
         used = set(_PLACEHOLDER.findall(text))
         if used != expected:
             raise TypeError(f"{self.stem}.{name} uses the parameters {sorted(used)}, {params.__name__} declares "
