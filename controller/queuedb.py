@@ -33,10 +33,11 @@ from typing import Any
 
 import psycopg
 from queueworker import dsn as dsn_text
-from queueworker.db import connection as db, statements
+from queueworker.db import connection as db
 from queueworker.db.depth import (
-    LISTEN_FOR_ANNOUNCEMENTS, QUEUE_DEPTHS_BY_AGE, WORKER_LEASES, QueueDepthParams, QueueDepthRow, WorkerLeasesParams,
+    QUEUE_DEPTHS_BY_AGE, WORKER_LEASES, QueueDepthParams, QueueDepthRow, WorkerLeasesParams,
 )
+from queueworker.db.notify import LISTEN_ANNOUNCEMENTS
 from queueworker.db.statements import NO_PARAMS, P, R, Statement
 from queueworker.events import parse_announcement
 from queueworker.runtime.listener import LISTEN_CHECK_SECONDS, notifications_arrive
@@ -199,17 +200,10 @@ class Database:
         return await batch.add(queue, cap, lookahead_seconds, throughput)
 
     async def fetch(self, statement: Statement[P, R], params: P) -> list[R]:
-        """Reads: one statement on a pooled connection under the client-side deadline."""
-        return await self._run(statement, params)
-
-    async def _run(self, statement: Statement[P, R], params: P) -> list[R]:
+        """One statement on a pooled connection under the client-side deadline: its rows, or none
+        for a statement run for its effect (the listen check's notification)."""
         async with self._pool.connection() as conn:
             return await _within_deadline(conn, db.run_statement(conn, statement, params))
-
-    async def _send(self, statement: Statement[P, Any], params: P) -> None:
-        """Runs a statement for its effect on a pooled connection: the listen check's notification."""
-        async with self._pool.connection() as conn:
-            await _within_deadline(conn, statements.execute_async(conn, statement, params))
 
     async def _listen(self) -> None:
         """Supervised for the database's lifetime: any failure is logged and retried with backoff.
@@ -218,13 +212,13 @@ class Database:
         while True:
             try:
                 async with await _connect(self._dsn, "queueworker-controller-listen") as conn:
-                    if not await _within_deadline(conn, notifications_arrive(conn, self._send),
+                    if not await _within_deadline(conn, notifications_arrive(conn, self.fetch),
                                                   LISTEN_CHECK_SECONDS + STATEMENT_DEADLINE_SECONDS):
                         log.warning("notifications do not reach the controller from %s (a PgBouncer in transaction "
                                     "pooling mode?): its QueueWorkers poll at their pollingIntervalSeconds",
                                     self._where)
                         return
-                    await _within_deadline(conn, db.run_statement(conn, LISTEN_FOR_ANNOUNCEMENTS, NO_PARAMS))
+                    await _within_deadline(conn, db.run_statement(conn, LISTEN_ANNOUNCEMENTS, NO_PARAMS))
                     failures = 0
                     self.listening = True
                     for owners in list(self.watched.values()):  # what was announced while not listening

@@ -12,7 +12,8 @@ import psycopg
 
 from .. import jsonvalue
 from ..db import statements
-from ..db.inspect import FINISHED_CHANNEL, LISTEN_FINISHED, UNLISTEN_FINISHED, TaskRow
+from ..db.inspect import TaskRow
+from ..db.notify import FINISHED_CHANNEL, LISTEN_FINISHED, UNLISTEN_FINISHED
 from ..db.statements import NO_PARAMS
 from .inspect import task as task_row
 

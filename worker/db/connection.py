@@ -29,7 +29,7 @@ import psycopg
 from .. import dsn as dsn_text
 from .. import metrics
 from . import statements
-from .statements import P, R, Bound, Statement, typed_rows  # noqa: F401  typed_rows: TRANSITIONAL
+from .statements import P, R, Bound, Statement
 
 log = logging.getLogger("queueworker.db")
 T = TypeVar("T")
@@ -191,8 +191,8 @@ class DutyConnection:
         self._conn: psycopg.AsyncConnection | None = None
         self._lock = asyncio.Lock()
 
-    async def fetch(self, statement: Statement[P, R], params: P = None, row: Any = None, *,  # TRANSITIONAL defaults
-                    timeout: float = CLIENT_TIMEOUT_SECONDS, lock: Bound | None = None) -> list[R]:
+    async def fetch(self, statement: Statement[P, R], params: P, *, timeout: float = CLIENT_TIMEOUT_SECONDS,
+                    lock: Bound | None = None) -> list[R]:
         """Runs one statement and returns its rows. Gives up after `timeout` seconds, waiting for the
         connection and connecting included (StatementTimedOut).
 
@@ -200,7 +200,7 @@ class DutyConnection:
         starts once the lock is held, so its snapshot sees whatever the previous holder committed. A
         lock taken inside the statement itself would not: it would go on reading from the snapshot
         it took before waiting."""
-        return await self._within_deadline(timeout, statement, params, lock, row)
+        return await self._within_deadline(timeout, statement, params, lock)
 
     async def execute(self, statement: Statement[P, Any], params: P, *,
                       timeout: float = CLIENT_TIMEOUT_SECONDS) -> None:
@@ -208,7 +208,7 @@ class DutyConnection:
         await self._within_deadline(timeout, statement, params, None)
 
     async def _within_deadline(self, timeout: float, statement: Statement[P, R], params: P,
-                               lock: Bound | None, row: Any = None) -> list[R]:
+                               lock: Bound | None) -> list[R]:
         deadline = asyncio.get_running_loop().time() + timeout
         if self._lock.locked():
             try:
@@ -222,7 +222,7 @@ class DutyConnection:
         try:
             conn = await self._connection(deadline, timeout)
             return await within_deadline(
-                conn, self._run(conn, statement, params, lock, row), deadline,
+                conn, self._run(conn, statement, params, lock), deadline,
                 lambda: StatementTimedOut(f"{self._application_name}: no answer from the database within "
                                           f"{timeout:.1f} s"))
         finally:
@@ -245,18 +245,15 @@ class DutyConnection:
         return self._conn
 
     async def _run(self, conn: psycopg.AsyncConnection, statement: Statement[P, R], params: P,
-                   lock: Bound | None, row: Any = None) -> list[R]:
+                   lock: Bound | None) -> list[R]:
         retries = 0
         while True:
             try:
                 if lock is None:
-                    return await run_statement(conn, statement, params, row)
+                    return await run_statement(conn, statement, params)
                 async with conn.transaction():
-                    if isinstance(statement, str):  # TRANSITIONAL: an untyped statement's lock is a string too
-                        await conn.execute(lock, params)
-                    else:
-                        await statements.execute_async(conn, lock.statement, lock.params, prepare=None)
-                    return await run_statement(conn, statement, params, row)
+                    await statements.execute_async(conn, lock.statement, lock.params, prepare=None)
+                    return await run_statement(conn, statement, params)
             except psycopg.Error as exc:
                 if conn.broken or conn.closed:
                     await self._discard()
@@ -286,23 +283,13 @@ class DutyConnection:
             await self._discard()
 
 
-async def run_statement(conn: psycopg.AsyncConnection, statement: Statement[P, R], params: P,
-                        row: Any = None) -> list[R]:
+async def run_statement(conn: psycopg.AsyncConnection, statement: Statement[P, R], params: P) -> list[R]:
     """Runs one statement and returns its rows, or none for a statement run for its effect;
     prepared as the connection's `prepare_threshold` says."""
-    if isinstance(statement, str):  # TRANSITIONAL: untyped callers, until each is converted
-        return await _untyped_rows(conn, statement, params, row)
     if statement.row is None:
         await statements.execute_async(conn, statement, params, prepare=None)
         return []
     return await statements.fetch_async(conn, statement, params, prepare=None)
-
-
-async def _untyped_rows(conn: psycopg.AsyncConnection, query: str, params: Any, row: Any) -> list[Any]:
-    """TRANSITIONAL: the old untyped path, until every caller runs a Statement."""
-    cursor = conn.cursor(row_factory=typed_rows(row)) if row else conn.cursor()
-    await cursor.execute(query, params)
-    return await cursor.fetchall() if cursor.description else []
 
 
 def shut_down(conn: psycopg.AsyncConnection) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from .statements import NoParams, Params, SqlFile
+from .statements import Params, SqlFile
 
 _SQL = SqlFile("depth")
 
@@ -54,6 +54,5 @@ QUEUE_DEPTH_WITHOUT_BLOCKED = _SQL.statement("queue_depth_without_blocked", Queu
 # Newest schema first: a database refuses the newer ones until it is migrated.
 QUEUE_DEPTHS_BY_AGE = (QUEUE_DEPTH, QUEUE_DEPTH_WITHOUT_FLOW, QUEUE_DEPTH_WITHOUT_BLOCKED)
 WORKER_LEASES = _SQL.statement("worker_leases", WorkerLeasesParams, WorkerLeaseRow)
-LISTEN_FOR_ANNOUNCEMENTS = _SQL.statement("listen_for_announcements", NoParams)
 
 _SQL.check_all_declared()

@@ -159,9 +159,3 @@ LEFT JOIN queueworker.tasks t ON t.lease_owner = w.id AND t.state = 'running'
 WHERE w.pod_namespace = %(namespace)s AND w.pod_name IS NOT NULL
   AND %(queue)s = ANY(w.queues)
 GROUP BY w.id, w.pod_name, w.running, w.draining;
-
--- name: listen_for_announcements
--- Producers (and the workers' scheduler) announce tasks on the channel `queueworker`, one
--- notification per queue per statement (queueworker.events.parse_announcement reads them): a
--- QueueWorker idle at zero replicas then ticks at once instead of at its next poll.
-LISTEN queueworker;

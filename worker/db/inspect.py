@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import NamedTuple
 from uuid import UUID
 
-from .statements import NoParams, Params, SqlFile
+from .statements import Params, SqlFile
 
 _SQL = SqlFile("inspect")
 
@@ -131,10 +131,6 @@ class WorkerLoadRow(NamedTuple):
 
 TASK = _SQL.statement("task", TaskParams, TaskRow)
 TASK_EVENTS = _SQL.statement("task_events", TaskEventsParams, TaskEventRow)
-LISTEN_FINISHED = _SQL.statement("listen_finished", NoParams)
-UNLISTEN_FINISHED = _SQL.statement("unlisten_finished", NoParams)
-# The channel LISTEN_FINISHED listens on; a notification's payload is the finished task's id.
-FINISHED_CHANNEL = "queueworker_finished"
 LIST_TASKS = _SQL.statement("list_tasks", ListTasksParams, ListedTaskRow)
 STUCK_TASKS = _SQL.statement("stuck_tasks", QueueFilterParams, StuckTaskRow)
 STATUS_COUNTS = _SQL.statement("status_counts", QueueFilterParams, StatusCountRow)

@@ -17,15 +17,6 @@ FROM queueworker.tasks WHERE id = %(id)s;
 SELECT at, from_state::text AS from_state, to_state::text AS to_state, worker, lease_token, detail::text AS detail_json
 FROM queueworker.task_events WHERE task_id = %(id)s ORDER BY id LIMIT %(limit)s;
 
--- name: listen_finished
--- `wait_for` hears at once of a task enqueued with notify_on_finish (the complete statements of lease.sql
--- notify this channel with the task's id), on a connection in autocommit mode.
-LISTEN queueworker_finished;
-
--- name: unlisten_finished
--- When `wait_for` returns: the connection is the caller's, and must not go on collecting notifications.
-UNLISTEN queueworker_finished;
-
 -- name: list_tasks
 -- `queueworker list`: the newest tasks, by queue and state.
 SELECT id, queue, task, state::text AS state, attempts, max_attempts, progress::text AS progress_json,

@@ -1,6 +1,6 @@
 """The channels queueworker notifies on, listening to one, and the notifications that are not
-part of another statement: a listener's self-check and a queue's wake-up. The statements are in
-notify.sql.
+part of another statement: a listener's self-check, a queue's wake-up, and the LISTENs on fixed
+channels. The statements are in notify.sql.
 
 A channel's name is part of the statements that notify on it (pg_notify('queueworker', ...) in
 lease.sql, duties.sql, ...) and of the migrations' functions: the names below are what a listener
@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from .statements import Params, SqlFile
+from .statements import NoParams, Params, SqlFile
 
 _SQL = SqlFile("notify")
 
@@ -52,5 +52,8 @@ async def unlisten(conn: psycopg.AsyncConnection[Any], channel: str) -> None:
 
 NOTIFY_CHECK = _SQL.statement("notify_check", NotifyCheckParams)
 NOTIFY_QUEUE = _SQL.statement("notify_queue", NotifyQueueParams)
+LISTEN_ANNOUNCEMENTS = _SQL.statement("listen_announcements", NoParams)
+LISTEN_FINISHED = _SQL.statement("listen_finished", NoParams)
+UNLISTEN_FINISHED = _SQL.statement("unlisten_finished", NoParams)
 
 _SQL.check_all_declared()
