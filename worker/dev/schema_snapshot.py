@@ -29,6 +29,7 @@ from importlib import resources
 from pathlib import Path
 
 import psycopg
+from psycopg import sql
 
 from .localpg import LocalPostgres, PostgresNotFound, find_bin_dir
 from ..db.migrate import migrate
@@ -77,7 +78,7 @@ def snapshot_major(text: str) -> int | None:
 
 def server_major(dsn: str) -> int:
     with psycopg.connect(dsn) as conn:
-        return int(conn.execute("SHOW server_version_num").fetchone()[0]) // 10000
+        return conn.info.server_version // 10000
 
 
 def dump(dsn: str, bin_dir: Path | None = None) -> str:
@@ -101,14 +102,14 @@ def fresh_snapshot(admin_dsn: str, bin_dir: Path | None = None) -> str:
     """Migrates a scratch database on the server of `admin_dsn`, dumps it and drops it."""
     name = f"queueworker_snapshot_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     try:
         scratch = psycopg.conninfo.make_conninfo(admin_dsn, dbname=name)
         migrate(scratch)
         return dump(scratch, bin_dir)
     finally:
         with psycopg.connect(admin_dsn, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 def stale_diff(current: str, fresh: str, path: Path) -> str:
