@@ -40,7 +40,7 @@ from queueworker.db.depth import (
 from queueworker.db.notify import LISTEN_ANNOUNCEMENTS
 from queueworker.db.statements import NO_PARAMS, P, R, Statement
 from queueworker.events import parse_announcement
-from queueworker.runtime.listener import LISTEN_CHECK_SECONDS, notifications_arrive
+from queueworker.db.notify import LISTEN_CHECK_SECONDS, notifications_arrive
 from queueworker.scaling.policy import QueueDepth
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ from queueworker.db.statements import NO_PARAMS, NoParams, Statement
 from queueworker import wait_for
 from queueworker.runtime.cron import POLL_SECONDS, SAFETY_POLL_SECONDS
 from queueworker.runtime.handlers import Registry
-from queueworker.runtime.listener import notifications_arrive
+from queueworker.db.notify import notifications_arrive
 from queueworker.db.migrate import available_migrations, migrate
 from queueworker.client.producer import enqueue, enqueue_many
 from queueworker.settings import WorkerSettings

@@ -8,12 +8,14 @@ LISTENs to, and must stay in step with them."""
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
-from .statements import NoParams, Params, SqlFile
+from .statements import NoParams, Params, SqlFile, Statement
 
 _SQL = SqlFile("notify")
 
@@ -48,6 +50,30 @@ async def listen(conn: psycopg.AsyncConnection[Any], channel: str) -> None:
 
 async def unlisten(conn: psycopg.AsyncConnection[Any], channel: str) -> None:
     await conn.execute(sql.SQL("UNLISTEN {}").format(sql.Identifier(channel)))
+
+
+# How long a notification a listener sends itself may take to arrive before LISTEN is judged not
+# to work: milliseconds on a direct connection, never through a transaction pooler.
+LISTEN_CHECK_SECONDS = 5.0
+
+# Runs a statement for its effect on a connection of its own: DutyConnection.execute, or the like.
+Send = Callable[[Statement[NotifyCheckParams, Any], NotifyCheckParams], Awaitable[Any]]
+
+
+async def notifications_arrive(conn: psycopg.AsyncConnection, send: Send) -> bool:
+    """Whether NOTIFYs reach `conn` (autocommit, not listening to anything yet): it listens on a
+    channel of its own, to which `send` (another connection's statement runner) notifies once."""
+    channel = f"queueworker_check_{uuid.uuid4().hex}"
+    await listen(conn, channel)
+    await send(NOTIFY_CHECK, NotifyCheckParams(channel=channel))
+    arrived = False
+    async for notify in conn.notifies(timeout=LISTEN_CHECK_SECONDS):
+        if notify.channel == channel:
+            arrived = True
+            break  # the generator holds the connection until the loop has ended
+    if arrived:
+        await unlisten(conn, channel)
+    return arrived
 
 
 NOTIFY_CHECK = _SQL.statement("notify_check", NotifyCheckParams)

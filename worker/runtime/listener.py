@@ -20,46 +20,18 @@ that notifications no longer reach it, polls at its own slower pace (worker/runt
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import psycopg
 
 from ..db import connection as db
-from ..db.notify import (CANCEL_CHANNEL, CRON_CHANNEL, NOTIFY_CHANNEL, NOTIFY_CHECK, QUEUES_CHANNEL,
-                         NotifyCheckParams, listen, unlisten)
-from ..db.statements import Statement
+from ..db.notify import CANCEL_CHANNEL, CRON_CHANNEL, NOTIFY_CHANNEL, QUEUES_CHANNEL, listen, notifications_arrive
 from .. import metrics
 from ..events import parse_announcement
 from .. import dsn as dsn_text
 from .signals import WorkerSignals
 
 log = logging.getLogger("queueworker.listener")
-
-# How long a notification a listener sends itself may take to arrive before LISTEN is judged not
-# to work: milliseconds on a direct connection, never through a transaction pooler.
-LISTEN_CHECK_SECONDS = 5.0
-
-# Runs a statement for its effect on a connection of its own: DutyConnection.execute, or the like.
-Send = Callable[[Statement[NotifyCheckParams, Any], NotifyCheckParams], Awaitable[Any]]
-
-
-async def notifications_arrive(conn: psycopg.AsyncConnection, send: Send) -> bool:
-    """Whether NOTIFYs reach `conn` (autocommit, not listening to anything yet): it listens on a
-    channel of its own, to which `send` (another connection's statement runner) notifies once."""
-    channel = f"queueworker_check_{uuid.uuid4().hex}"
-    await listen(conn, channel)
-    await send(NOTIFY_CHECK, NotifyCheckParams(channel=channel))
-    arrived = False
-    async for notify in conn.notifies(timeout=LISTEN_CHECK_SECONDS):
-        if notify.channel == channel:
-            arrived = True
-            break  # the generator holds the connection until the loop has ended
-    if arrived:
-        await unlisten(conn, channel)
-    return arrived
-
 
 class Listener:
     def __init__(self, dsn: str, conn: db.DutyConnection, queues: tuple[str, ...], wake: Callable[[float], None],
