@@ -33,6 +33,7 @@ from typing import Any
 
 import psycopg
 from queueworker import dsn as dsn_text
+from queueworker.backoff import backoff
 from queueworker.db import connection as db
 from queueworker.db.depth import (
     QUEUE_DEPTHS_BY_AGE, WORKER_LEASES, QueueDepthParams, QueueDepthRow, WorkerLeasesParams,
@@ -229,7 +230,7 @@ class Database:
             except Exception as exc:  # noqa: BLE001 - the loop must outlive any error (not cancellation)
                 self.listening = False
                 failures += 1
-                delay = min(LISTEN_RETRY_MAX_SECONDS, 2 ** failures)
+                delay = backoff(failures, 1.0, LISTEN_RETRY_MAX_SECONDS)
                 log.debug("LISTEN on %s failed (%s); polling only, retrying in %ss", self._where,
                           dsn_text.explain(exc, self._dsn), delay)
                 await asyncio.sleep(delay)

@@ -45,7 +45,6 @@ import hashlib
 import itertools
 import logging
 import os
-import random
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -57,6 +56,7 @@ import psycopg
 from pydantic import BaseModel, ConfigDict, Field
 
 from . import migration as stmt
+from ..backoff import backoff
 from .connection import NEVER_PREPARE
 from .migration import LockHolderRow
 from .statements import NO_PARAMS, execute, fetch
@@ -139,8 +139,7 @@ class LockPolicy(BaseModel):
 
     def retry_wait(self, attempt: int) -> float:
         """Seconds to wait after failed attempt number `attempt` (1-based)."""
-        return min(MAX_RETRY_WAIT_SECONDS, self.lock_timeout_seconds * 2.0 ** min(attempt - 1, 16)) \
-            * random.uniform(0.5, 1.0)
+        return backoff(attempt - 1, self.lock_timeout_seconds, MAX_RETRY_WAIT_SECONDS, (0.5, 1.0))
 
 
 class MigrationBlocked(psycopg.errors.LockNotAvailable):

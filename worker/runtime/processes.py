@@ -21,6 +21,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ..backoff import backoff
+
 log = logging.getLogger("queueworker.processes")
 
 EXIT_USAGE = 2
@@ -119,7 +121,7 @@ def _schedule_restart(slot: _Slot, code: int, now: float) -> None:
     if now - slot.started >= STABLE_RUN_SECONDS:
         slot.restarts = 0
     first, cap = RESTART_BACKOFF_SECONDS
-    wait = min(cap, first * 2 ** slot.restarts)
+    wait = backoff(slot.restarts, first, cap)
     slot.restarts += 1
     slot.restart_at = now + wait
     log.warning("worker %d ended on its own (exit %d): starting it again in %.0fs", slot.index, code, wait,

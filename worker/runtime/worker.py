@@ -28,6 +28,7 @@ from typing import Any
 
 from .. import dsn as dsn_text
 from .. import metrics, tracing
+from ..backoff import backoff
 from ..client.cron import Schedule, default_schedule
 from ..db.connection import DutyConnection
 from ..db.lease import (CANCELLED_AMONG, DEREGISTER_WORKER, RELEASE, SAVE_CHECKPOINT, CancelledAmongParams,
@@ -374,8 +375,7 @@ class Worker:
                     continue  # full batch: there may be more, claim again as soon as slots free up
             self._set_state(State.BACKOFF)
             idle_polls += 1
-            interval = min(self.settings.poll_max_seconds,
-                           self.settings.poll_min_seconds * 2 ** min(idle_polls - 1, 30))
+            interval = backoff(idle_polls - 1, self.settings.poll_min_seconds, self.settings.poll_max_seconds)
             self._set_state(State.IDLE)
             await self._sleep_unless_woken(interval)
 
