@@ -3,6 +3,7 @@ CRD for the cluster tier, a container engine and the images for the image tier."
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import os
 import uuid
@@ -54,18 +55,53 @@ def local_postgres(postgres):
 CLONE_STRATEGY = "WAL_LOG"
 
 
-@contextlib.contextmanager
-def throwaway_database(admin_dsn: str, template: str | None = None) -> Iterator[str]:
-    """A new database (a copy of `template`, else of template1), dropped afterwards; its DSN."""
+def create_database(admin_dsn: str, template: str | None = None) -> str:
+    """A new database, a copy of `template` (else of template1); its name."""
     name = f"qw_test_{uuid.uuid4().hex[:12]}"
     copy = f' TEMPLATE "{template}" STRATEGY {CLONE_STRATEGY}' if template else ""
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"{copy}')
+    return name
+
+
+def drop_database(admin_dsn: str, name: str) -> None:
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextlib.contextmanager
+def throwaway_database(admin_dsn: str, template: str | None = None) -> Iterator[str]:
+    """A new database (a copy of `template`, else of template1), dropped afterwards; its DSN."""
+    name = create_database(admin_dsn, template)
     try:
         yield psycopg.conninfo.make_conninfo(admin_dsn, dbname=name)
     finally:
-        with psycopg.connect(admin_dsn, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        drop_database(admin_dsn, name)
+
+
+class CopiesAhead:
+    """Copies of the migrated template, each made one test ahead on a thread of its own: making a
+    copy is most of a short test's setup, and overlaps the test before it this way. A copy nobody
+    has connected to is as fresh as one made at the test's start."""
+
+    def __init__(self, admin_dsn: str, template: str):
+        self._admin_dsn, self._template = admin_dsn, template
+        self._maker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="template-copies")
+        self._next = self._maker.submit(create_database, admin_dsn, template)
+
+    def take(self) -> str:
+        """The copy made ahead (made now if making it failed: the server was restarting, say); the
+        next one is started."""
+        made, self._next = self._next, self._maker.submit(create_database, self._admin_dsn, self._template)
+        try:
+            return made.result()
+        except psycopg.Error:
+            return create_database(self._admin_dsn, self._template)
+
+    def close(self) -> None:
+        self._maker.shutdown(wait=True)
+        if self._next.exception() is None:
+            drop_database(self._admin_dsn, self._next.result())
 
 
 @pytest.fixture(scope="session")
@@ -82,6 +118,16 @@ def migrated_template(postgres):
         yield name
 
 
+@pytest.fixture(scope="session")
+def template_copies(postgres, migrated_template):
+    _, admin_dsn = postgres
+    copies = CopiesAhead(admin_dsn, migrated_template)
+    try:
+        yield copies
+    finally:
+        copies.close()
+
+
 @pytest.fixture
 def blank_dsn(postgres):
     """A fresh, empty (unmigrated) database per test, dropped afterwards."""
@@ -91,11 +137,14 @@ def blank_dsn(postgres):
 
 
 @pytest.fixture
-def dsn(postgres, migrated_template):
+def dsn(postgres, template_copies):
     """A fresh, migrated database per test (a copy of the session's migrated template), dropped afterwards."""
     _, admin_dsn = postgres
-    with throwaway_database(admin_dsn, template=migrated_template) as url:
-        yield url
+    name = template_copies.take()
+    try:
+        yield psycopg.conninfo.make_conninfo(admin_dsn, dbname=name)
+    finally:
+        drop_database(admin_dsn, name)
 
 
 @pytest.fixture(scope="session")
