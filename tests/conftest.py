@@ -120,6 +120,7 @@ def migrated_template(postgres):
 
 @pytest.fixture(scope="session")
 def template_copies(postgres, migrated_template):
+    """Where `dsn` takes its copies; the one made ahead and not taken is dropped at the end."""
     _, admin_dsn = postgres
     copies = CopiesAhead(admin_dsn, migrated_template)
     try:
