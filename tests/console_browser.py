@@ -10,7 +10,6 @@ import os
 import shutil
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import uvicorn
 
 from queueworker.console import ConsoleConfig, create_app
 from queueworker.dev.localpg import free_port
+from tests.support import wait_until
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -43,11 +43,10 @@ def serve(config: ConsoleConfig) -> Iterator[str]:
                                            lifespan="on"))
     thread = threading.Thread(target=server.run, name="console-server", daemon=True)
     thread.start()
-    deadline = time.monotonic() + START_TIMEOUT_SECONDS
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the console server did not start")
-        time.sleep(0.05)
+    wait_until(lambda: server.started or not thread.is_alive(), timeout=START_TIMEOUT_SECONDS, interval=0.05,
+               message="the console server to start")
+    if not server.started:
+        raise RuntimeError("the console server did not start")
     try:
         yield f"http://127.0.0.1:{port}"
     finally:

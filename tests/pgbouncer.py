@@ -14,7 +14,6 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 import urllib.parse
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import psycopg
 import pytest
 
 from queueworker.dev.localpg import free_port
+from tests.support import wait_until
 
 # Small, so that clients take turns on the same server connections.
 POOL_SIZE = 3
@@ -86,18 +86,21 @@ pidfile = {self.base_dir / 'pgbouncer.pid'}
             return ""
 
     def _wait_until_listening(self) -> None:
-        deadline = time.monotonic() + START_SECONDS
-        while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                raise RuntimeError(f"pgbouncer exited ({self._process.returncode}): "
-                                   f"{self._process.stderr.read().decode(errors='replace')}\n{self.log_tail()}")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                return
-            except OSError:
-                time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"pgbouncer did not listen within {START_SECONDS:g} s\n{self.log_tail()}")
+        try:
+            wait_until(self._listening, timeout=START_SECONDS, message="pgbouncer to listen")
+        except AssertionError as exc:
+            self.stop()
+            raise RuntimeError(f"{exc}\n{self.log_tail()}") from None
+
+    def _listening(self) -> bool:
+        if self._process.poll() is not None:
+            raise RuntimeError(f"pgbouncer exited ({self._process.returncode}): "
+                               f"{self._process.stderr.read().decode(errors='replace')}\n{self.log_tail()}")
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+            return True
+        except OSError:
+            return False
 
     def stop(self) -> None:
         self._process.terminate()

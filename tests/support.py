@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import signal
 import subprocess
@@ -66,16 +67,32 @@ async def run_worker_until(worker: Any, done: Callable[[], bool], timeout: float
     return await running
 
 
+class _Deadline:
+    """The one polling loop's bookkeeping, shared by `wait_until` and `until`: a condition is
+    looked at until it returns something true or `timeout` seconds have passed; the failure says
+    what was awaited and the last value seen."""
+
+    def __init__(self, timeout: float, message: str):
+        self._timeout = timeout
+        self._message = message
+        self._ends = time.monotonic() + timeout
+
+    def reached(self, value: Any) -> bool:
+        if value:
+            return True
+        if time.monotonic() > self._ends:
+            raise AssertionError(f"timed out after {self._timeout:g}s waiting for {self._message} (last value {value!r})")
+        return False
+
+
 def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, interval: float = 0.1,
                message: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {message} (last value {value!r})")
+    """Calls `predicate` every `interval` seconds until it returns something true, and returns that;
+    fails after `timeout` seconds naming `message` and the last value."""
+    deadline = _Deadline(timeout, message)
+    while not deadline.reached(value := predicate()):
         time.sleep(interval)
+    return value
 
 
 def query(dsn: str, statement: str, params: Any = None) -> list[tuple]:
@@ -228,11 +245,18 @@ class WatchedDuty:
         return self.delays[ended]
 
 
-async def until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
-        await asyncio.sleep(0.02)
+async def until(condition: Callable[[], Any], timeout: float = 30.0, message: str = "condition",
+                interval: float = 0.02) -> Any:
+    """`wait_until` for a coroutine: `condition` may return an awaitable (an `async` lambda's
+    coroutine, `asyncio.to_thread(...)`), which is awaited; the event loop runs between looks."""
+    deadline = _Deadline(timeout, message)
+    while True:
+        value = condition()
+        if inspect.isawaitable(value):
+            value = await value
+        if deadline.reached(value):
+            return value
+        await asyncio.sleep(interval)
 
 
 async def start_listening(worker: Any, *watched: WatchedDuty) -> asyncio.Task:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import time
 import uuid
 
 import psycopg
@@ -25,6 +24,7 @@ from queueworker.db.connection import connect
 from queueworker.dev.localpg import LocalPostgres, PostgresNotFound
 from queueworker.db.migrate import migrate
 from queueworker.client.producer import enqueue_many
+from tests.support import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -70,17 +70,15 @@ def _claim_then_crash(dsn: str, durable_commits: bool) -> tuple[int, int]:
 
 
 def _wait_for_recovery(dsn: str) -> None:
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            with psycopg.connect(dsn, autocommit=True, connect_timeout=2) as conn:
-                if not conn.execute("SELECT pg_is_in_recovery()").fetchone()[0]:
-                    return
-        except psycopg.OperationalError:
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError("the server did not come back from the crash within 60 s")
-        time.sleep(0.2)
+    wait_until(lambda: _recovered(dsn), timeout=60, interval=0.2, message="the server to come back from the crash")
+
+
+def _recovered(dsn: str) -> bool:
+    try:
+        with psycopg.connect(dsn, autocommit=True, connect_timeout=2) as conn:
+            return not conn.execute("SELECT pg_is_in_recovery()").fetchone()[0]
+    except psycopg.OperationalError:
+        return False
 
 
 def _state_and_token(dsn: str, task_id: int) -> tuple[str, int | None]:

@@ -22,7 +22,7 @@ from queueworker.runtime.handlers import Registry
 from queueworker.names import INT4_MAX
 from queueworker.settings import WorkerSettings
 from queueworker.runtime.worker import Worker
-from tests.support import query, run_worker_until, scalar
+from tests.support import query, run_worker_until, scalar, until
 
 # Whether the transaction has a staging table: whether a batch of it went through COPY.
 STAGED = "SELECT to_regclass('pg_temp.queueworker_staged_tasks') IS NOT NULL"
@@ -208,8 +208,8 @@ def test_a_copied_batch_wakes_a_listening_worker(dsn):
     async def main() -> list[int]:
         worker = Worker(dsn, settings_, Registry())
         running = asyncio.create_task(run_worker_until(worker, lambda: bool(ids) and done(ids), timeout=120))
-        while not await asyncio.to_thread(done, [first]):  # the worker is up, listening, and idle again
-            await asyncio.sleep(0.1)
+        await until(lambda: asyncio.to_thread(done, [first]), 120,  # the worker is up, listening, and idle again
+                    "the first task to succeed", interval=0.1)
         with psycopg.connect(dsn) as conn:
             ids.extend(enqueue_many(conn, [{"task": "qw.noop"} for _ in range(COPY_THRESHOLD)]))
             assert conn.execute(STAGED).fetchone()[0]

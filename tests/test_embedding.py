@@ -17,7 +17,7 @@ import pytest
 
 import queueworker
 from queueworker import Registry, WorkerSettings, enqueue_many
-from tests.support import state_counts, wait_until
+from tests.support import state_counts, until, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -53,8 +53,7 @@ def test_an_asyncio_application_runs_a_worker_with_its_own_registry_and_keeps_it
         await asyncio.wait_for(ready.wait(), 30)
         with psycopg.connect(dsn, autocommit=True) as conn:
             enqueue_many(conn, [{"task": "app.add", "payload": {"n": n}} for n in range(20)])
-        while len(handled) < 20:
-            await asyncio.sleep(0.05)
+        await until(lambda: len(handled) >= 20, 60, "the 20 tasks to be handled", interval=0.05)
         worker.request_stop()
         code = await asyncio.wait_for(running, 30)
         # The worker never touched the application's signals: SIGTERM is still the default action,

@@ -4,11 +4,13 @@ import asyncio
 import logging
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from queueworker.runtime.external import CommandFailed, CommandTask, OutputTooLarge, register_commands
 from queueworker.runtime.handlers import PermanentError, Registry, TaskContext
+from tests.support import wait_until
 
 
 def _run(script: str, payload, timeout: float = 10.0, **options):
@@ -50,15 +52,26 @@ def test_garbage_on_stdout_is_a_permanent_error():
 
 
 def test_timeout_kills_the_whole_process_group(tmp_path):
-    marker = tmp_path / "child-alive"
-    script = (f"import subprocess,sys,time; subprocess.Popen([sys.executable,'-c',"
-              f"'import time,pathlib; time.sleep(1.5); pathlib.Path(r\"{marker}\").write_text(\"x\")']); time.sleep(60)")
+    marker, pid_file = tmp_path / "child-alive", tmp_path / "grandchild.pid"
+    script = (f"import pathlib,subprocess,sys,time; grandchild = subprocess.Popen([sys.executable,'-c',"
+              f"'import time,pathlib; time.sleep(1.5); pathlib.Path(r\"{marker}\").write_text(\"x\")']); "
+              f"pathlib.Path(r\"{pid_file}\").write_text(str(grandchild.pid)); time.sleep(60)")
     started = time.monotonic()
     with pytest.raises(TimeoutError):
         _run(script, {}, timeout=0.5)
     assert time.monotonic() - started < 8
-    time.sleep(2.0)
+    if pid_file.exists():  # else the kill came before the child started it
+        grandchild = int(pid_file.read_text())
+        wait_until(lambda: _ended(grandchild), timeout=5, interval=0.02, message="the grandchild to end")
     assert not marker.exists(), "the grandchild survived the kill"
+
+
+def _ended(pid: int) -> bool:
+    """Whether process `pid` has ended: gone, or a zombie its new parent has not reaped yet."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
 
 
 def test_register_commands_parses_name_equals_command():

@@ -7,10 +7,12 @@ import asyncio
 import bisect
 import math
 import time
+import urllib.request
 import uuid
 
 import psycopg
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from queueworker import enqueue_many
 
@@ -23,6 +25,7 @@ from queueworker.db.connection import DutyConnection
 from queueworker.db.flow import RECORD_BREAKER, RecordBreakerParams
 from queueworker.db.lease import CLAIM, CLAIM_LIMITED, LOCK_QUEUE, ClaimParams, LockQueueParams
 from queueworker.db.statements import Bound, Statement
+from queueworker.dev.localpg import free_port
 from queueworker.runtime.flow import REFRESH_SECONDS
 from queueworker.runtime.handlers import Registry
 from queueworker.client.operations import parse_duration, parse_rate
@@ -145,12 +148,10 @@ def test_a_claim_that_waited_for_the_queue_sees_the_claim_it_waited_for(dsn):
 async def wait_for_lock_wait(dsn: str) -> None:
     """Returns once some session of the database waits for a lock."""
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        for _ in range(200):
-            if (await (await conn.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                                          " AND datname = current_database()")).fetchone())[0]:
-                return
-            await asyncio.sleep(0.05)
-    raise AssertionError("no session started waiting for the queue's lock")
+        async def waiting() -> int:
+            return (await (await conn.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                                              " AND datname = current_database()")).fetchone())[0]
+        await until(waiting, 10, "a session to wait for the queue's lock", interval=0.05)
 
 
 # -- real workers -------------------------------------------------------------------------------
@@ -161,15 +162,32 @@ def claim_times(dsn: str, queue: str) -> list[float]:
         ON t.id = e.task_id WHERE t.queue = %s AND e.to_state = 'running' ORDER BY e.at""", (queue,))]
 
 
+def claim_passes(port: int) -> float:
+    """Claim passes a worker process has ended without a full batch (its fetch loop's transitions
+    from Claiming to Backoff), read from its metrics; 0 until it serves them."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+            text = response.read().decode()
+    except OSError:
+        return 0
+    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name == "queueworker_worker_state_transitions_total"
+               and sample.labels == {"from_state": "Claiming", "to_state": "Backoff"})
+
+
 @pytest.mark.integration
 def test_a_paused_queue_is_not_claimed_and_a_timed_pause_wakes_its_workers_when_it_ends(dsn):
     with psycopg.connect(dsn, autocommit=True) as conn:
         operations.pause(conn, "held")
-    worker = WorkerProcess(dsn, "--queue", "held", "--poll-max-seconds", "30")
+    port = free_port()
+    worker = WorkerProcess(dsn, "--queue", "held", "--poll-max-seconds", "30",
+                           "--metrics-port", str(port), "--metrics-address", "127.0.0.1")
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
             enqueue_many(conn, [{"task": "qw.noop", "queue": "held"}] * 20)
-        time.sleep(1.5)
+        # Two more claim passes ended: the second began after the tasks were in (the first may not have).
+        passes = claim_passes(port)
+        wait_until(lambda: claim_passes(port) >= passes + 2, timeout=40, message="two claim passes after the enqueue")
         assert claim_times(dsn, "held") == [], "nothing claimed while paused"
         with psycopg.connect(dsn, autocommit=True) as conn:
             operations.pause(conn, "held", seconds=1.0)
@@ -217,26 +235,47 @@ def test_a_limit_set_at_runtime_reaches_a_running_worker_by_notification(dsn, mo
     assert asyncio.run(scenario()) == 0
 
 
+def most_beyond_the_rate(times: list[float], rate: float) -> float:
+    """The most tasks claimed in any window [t_i, t_j] between two claims beyond `rate` × its
+    length: the token bucket promises at most its burst. With c(k) = k - rate × t_k a window holds
+    j - i + 1 = c(j) - c(i) + rate × (t_j - t_i) + 1 claims, so the answer is the largest rise of c."""
+    most, lowest = 0.0, math.inf
+    for k, at in enumerate(times):
+        level = k - rate * at
+        lowest = min(lowest, level)
+        most = max(most, level - lowest + 1)
+    return most
+
+
 @pytest.mark.integration
-def test_a_rate_limit_holds_across_four_workers_within_five_percent_and_never_beyond_its_burst(dsn):
-    rate, burst = 50, 10
+def test_a_rate_limit_holds_across_four_workers_never_beyond_its_bucket_and_keeps_the_queue_moving(dsn):
+    """What the limit promises: in no window do more tasks start than the bucket allows (its burst
+    plus the rate times the window's length; `rate + burst` in any second), and every task runs.
+    The rate reached is only bounded generously from below (at least half the limit), to show the
+    limit does not starve the queue without tying the test to the machine's speed."""
+    rate, burst, count = 50, 10, 600
     with psycopg.connect(dsn, autocommit=True) as conn:
         operations.set_limits(conn, "metered", rate_per_second=rate, burst=burst)
-        enqueue_many(conn, [{"task": "qw.noop", "queue": "metered"}] * 1100)
+        enqueue_many(conn, [{"task": "qw.noop", "queue": "metered"}] * count)
     workers = [WorkerProcess(dsn, "--queue", "metered", "--concurrency", "20") for _ in range(4)]
     try:
-        time.sleep(20.5)
+        wait_until(lambda: scalar(dsn, "SELECT count(*) FROM queueworker.tasks WHERE state = 'succeeded'") == count,
+                   timeout=4 * count / rate, message=f"all {count} tasks to succeed")
     finally:
         for worker in workers:
             worker.stop()
     times = claim_times(dsn, "metered")
-    start = times[0]
-    window = [t for t in times if t < start + 20]
-    measured = (len(window) - burst) / 20  # the first `burst` came from the full bucket at once
-    assert abs(measured - rate) <= 0.05 * rate, measured
+    assert len(times) == count
+    beyond = most_beyond_the_rate(times, rate)
     busiest = max(bisect.bisect_left(times, t + 1.0) - i for i, t in enumerate(times))
-    print(f"rate limit {rate}/s burst {burst}: {measured:.2f} tasks/s over 20 s, at most {busiest} in one second")
+    measured = (count - burst) / (times[-1] - times[0])  # the first `burst` came from the full bucket at once
+    print(f"rate limit {rate}/s burst {burst}: {measured:.2f} tasks/s over {times[-1] - times[0]:.1f} s, "
+          f"at most {busiest} in one second, at most {beyond:.2f} beyond the rate in any window")
+    # Less than one whole task of slack: a claim's time is its transaction's start, a little before
+    # it took the queue's lock, which orders the claims the bucket actually counted.
+    assert beyond < burst + 1, beyond
     assert busiest <= rate + burst, busiest
+    assert measured >= rate / 2, measured
 
 
 @pytest.mark.integration
@@ -276,7 +315,8 @@ def test_a_breaker_opens_after_n_failures_probes_after_its_cooldown_and_closes_o
     worker = WorkerProcess(dsn, *HANDLERS, "--queue", "scrape", "--concurrency", "1", *FAST_LEASES)
     try:
         wait_until(lambda: "breaker_open" in breaker_changes(dsn), timeout=20, message="the breaker to open")
-        time.sleep(0.5)
+        # Outcomes are written before the breaker counts them; a task run while it is open would
+        # show below, in the count once the probe has failed.
         failed_while_open = scalar(dsn, "SELECT count(*) FROM queueworker.tasks WHERE state = 'failed'")
         wait_until(lambda: breaker_changes(dsn).count("breaker_open") >= 2, timeout=20,
                    message="a failed probe to open it again")

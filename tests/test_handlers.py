@@ -13,6 +13,7 @@ from queueworker.runtime.builtin_tasks import register_builtin_tasks
 from queueworker.runtime.handlers import (STUCK_GRACE_SECONDS, CancelledByHandler, DeadlineExceeded, HandlerThreads,
                                   PermanentError, Registry, TaskContext, UnknownTaskError, run_handler)
 from queueworker.settings import WorkerSettings
+from tests.support import wait_until
 
 
 def _ctx() -> TaskContext:
@@ -64,9 +65,8 @@ def test_sync_handler_past_its_deadline_is_told_to_stop():
             await run_handler(handler, {}, _ctx(), 0.1, HandlerThreads())
 
     asyncio.run(run())
-    deadline = time.monotonic() + 5  # the handler's thread is a daemon nobody joins: give it its moment
-    while not seen and time.monotonic() < deadline:
-        time.sleep(0.01)
+    # The handler's thread is a daemon nobody joins: give it its moment.
+    wait_until(lambda: seen, timeout=5, interval=0.01, message="the handler to see its cancellation")
     assert seen == [True]
 
 
@@ -163,9 +163,7 @@ def test_stuck_sync_threads_are_counted_and_never_delay_the_next_attempts():
 
     asyncio.run(run())
     release.set()
-    deadline = time.monotonic() + 5
-    while threads.stuck and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: threads.stuck == 0, timeout=5, interval=0.01, message="the released threads to end")
     assert threads.stuck == 0
 
 

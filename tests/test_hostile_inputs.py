@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import math
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -224,6 +223,10 @@ def test_outputs_past_every_limit_fail_alone(hostile_db, hostile_worker):
     assert errors[2].startswith("command exited with status 1") and "\\x00" in errors[2] and len(errors[2]) < 2100
     assert scalar(hostile_db, "SELECT count(*) FROM queueworker.tasks WHERE id = ANY(%s) AND state = 'succeeded'",
                   (ids[3:],)) == 20
-    time.sleep(1)
+    # The worker lives on past them: it still claims new work.
+    with psycopg.connect(hostile_db) as conn:
+        after = enqueue_many(conn, [{"task": "ok", "payload": {"n": 0}}])
+    wait_until(lambda: scalar(hostile_db, "SELECT state::text FROM queueworker.tasks WHERE id = %s", (after[0],))
+               == "succeeded", timeout=30, message="new work done after the largest outputs")
     assert hostile_worker.proc.poll() is None
     assert _rss_mb(hostile_worker.pid) < RSS_LIMIT_MB

@@ -186,13 +186,15 @@ def test_a_hundred_pages_continue_once_each_and_in_order_through_a_sigkill(dsn):
 
 @pytest.mark.integration
 def test_snooze_waits_without_spending_an_attempt_and_retry_after_sets_the_delay(dsn):
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        until = time.time() + 1.5
-        snoozer = enqueue(conn, "long.wait_until", {"until": until}, max_attempts=1)
-        limited = enqueue(conn, "long.rate_limited", {"retry_after": 2.0})
-        checkpointer = enqueue(conn, "long.async_checkpoint")
     worker = WorkerProcess(dsn, *HANDLERS, "--retry-base-seconds", "30")
     try:
+        # Enqueued once the worker is up, so that it claims the snoozer well before `until`.
+        wait_until(lambda: scalar(dsn, "SELECT count(*) FROM queueworker.workers") == 1, message="the worker to start")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            until = time.time() + 1.5
+            snoozer = enqueue(conn, "long.wait_until", {"until": until}, max_attempts=1)
+            limited = enqueue(conn, "long.rate_limited", {"retry_after": 2.0})
+            checkpointer = enqueue(conn, "long.async_checkpoint")
         wait_until(lambda: scalar(dsn, "SELECT count(*) FROM queueworker.tasks WHERE state = 'succeeded'") == 3,
                    timeout=30, message="all three to succeed")
     finally:
@@ -224,9 +226,15 @@ def test_cancel_many_refuses_unclear_requests():
 
 
 def _wait_report(path, timeout: float = 30) -> dict:
-    wait_until(path.exists, timeout=timeout, message=f"{path.name} to be written")
-    time.sleep(0.05)  # written in one call; let it land
-    return json.loads(path.read_text())
+    return wait_until(lambda: _read_report(path), timeout=timeout, message=f"{path.name} to be written")
+
+
+def _read_report(path) -> dict | None:
+    """The report once written whole (a JSON object is not valid until its last byte is in)."""
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
 
 
 @pytest.mark.integration

@@ -33,7 +33,7 @@ from queueworker.client.producer import enqueue, enqueue_many
 from queueworker.settings import WorkerSettings
 from queueworker.runtime.worker import Worker
 from queueworker_controller.queuedb import QueueDatabases
-from tests.support import WorkerProcess, assert_each_succeeded_once, query, scalar, state_counts, wait_until
+from tests.support import WorkerProcess, assert_each_succeeded_once, query, scalar, state_counts, until, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -250,10 +250,7 @@ def test_the_controller_reads_queues_through_pgbouncer_and_knows_it_must_poll(pg
         checked = databases._databases[pgbouncer_dsn]._listener
         await asyncio.wait_for(asyncio.shield(checked), 60)  # the check ended it: nothing to listen to
         assert not databases.listening(pgbouncer_dsn)
-        for _ in range(600):
-            if databases.listening(dsn):
-                break
-            await asyncio.sleep(0.1)
+        await until(lambda: databases.listening(dsn), 60, "the direct database's listener to listen", interval=0.1)
         assert databases.listening(dsn)
 
     async def main() -> None:

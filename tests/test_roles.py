@@ -30,7 +30,7 @@ from queueworker.db.connection import DutyConnection
 from queueworker.db.migrate import available_migrations
 from queueworker.client.producer import COPY_THRESHOLD, enqueue, enqueue_chain, enqueue_many, start_run
 from tests.schema_history import migrate_to
-from tests.support import FAST_LEASES, WorkerProcess, query, scalar, wait_until
+from tests.support import FAST_LEASES, WorkerProcess, query, scalar, until, wait_until
 from tests.test_bulk_enqueue import STAGED
 
 pytestmark = pytest.mark.integration
@@ -262,15 +262,12 @@ async def _controller_flows(admin: str, controller: str, producer: str) -> tuple
         await asyncio.to_thread(wait_until, lambda: scalar(
             admin, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'queueworker-controller-listen' "
                    "AND query LIKE 'LISTEN%%'"), message="the controller's LISTEN")
-        await asyncio.sleep(0.2)
-        heard.clear()  # the catch-up announcement that follows every LISTEN
+        await until(lambda: heard, 10, "the catch-up announcement that follows every LISTEN")
+        heard.clear()
         with psycopg.connect(producer, autocommit=True) as conn:
             enqueue(conn, "qw.noop", queue=NOTIFY_QUEUE)
-        for _ in range(100):
-            if heard:
-                return depth, leases, True
-            await asyncio.sleep(0.1)
-        return depth, leases, False
+        return depth, leases, await until(lambda: bool(heard), 10, "the notification to reach the controller",
+                                          interval=0.1)
     finally:
         databases.close()
 

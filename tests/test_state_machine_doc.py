@@ -21,7 +21,7 @@ from queueworker.db.migrate import migrate
 from queueworker.client.producer import enqueue, enqueue_chain, enqueue_many, start_run
 from queueworker.settings import WorkerSettings
 from queueworker.runtime.worker import State, Worker
-from tests.support import query
+from tests.support import query, until
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "state-machine.md"
 
@@ -63,14 +63,17 @@ def _transitions_seen() -> Counter:
 SETTINGS = WorkerSettings(concurrency=2, lease_seconds=3, drain_seconds=1, poll_min_seconds=0.05)
 
 
-async def _run(worker: Worker, until) -> int:
+async def _run(worker: Worker, reached) -> int:
+    """Runs the worker until it stops by itself or `reached()` holds, then stops it; its exit code."""
     running = asyncio.create_task(worker.run())
-    for _ in range(300):
-        if running.done() or await until():
-            break
-        await asyncio.sleep(0.05)
-    if not running.done():
-        worker.request_stop()
+
+    async def stopped_or_reached() -> bool:
+        return running.done() or await reached()
+    try:
+        await until(stopped_or_reached, 30, "the worker to stop or reach the step's state", interval=0.05)
+    finally:
+        if not running.done():
+            worker.request_stop()
     return await running
 
 
