@@ -152,5 +152,5 @@ def dsn(postgres, template_copies):
 def controller_kubeconfig(control_plane, crd, tmp_path_factory):
     """The controller's kubeconfig on the process-kubelet cluster: its ServiceAccount with exactly
     the chart's rules (one per session, shared by every module that runs the controller)."""
-    from tests.test_controller_cluster import write_controller_kubeconfig
+    from tests.controller_cluster import write_controller_kubeconfig
     return write_controller_kubeconfig(control_plane, tmp_path_factory.mktemp("controller") / "kubeconfig")

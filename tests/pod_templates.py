@@ -1,6 +1,6 @@
 """QueueWorker `template`s a tenant may and may not use, shared by the controller's own check
 (tests/test_controller_podsecurity.py) and the CRD's CEL rules against the API server
-(tests/test_controller_cluster.py)."""
+(tests/test_controller_cluster.py, tests/test_controller_cluster_safety.py)."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from kubernetes import client, config
 
 from queueworker.dev.localpg import free_port
 from queueworker_controller.leader import EXIT_LEADERSHIP_LOST, ElectionTiming, LeaderElector
-from tests.test_controller_cluster import (
+from tests.controller_cluster import (
     DB_SECRET, SYSTEM_NAMESPACE, Cluster, enqueue_sleeps, start_controller, stop_controller, worker_spec,
 )
 

@@ -11,7 +11,7 @@ import yaml
 
 from queueworker.db.migrate import migrate
 from queueworker.scaling.resource import GROUP, PLURAL, VERSION
-from tests.test_controller_cluster import Cluster, cluster, enqueue_sleeps, task_report  # noqa: F401
+from tests.controller_cluster import Cluster, cluster, enqueue_sleeps, task_report  # noqa: F401
 
 pytestmark = [pytest.mark.cluster, pytest.mark.integration]
 

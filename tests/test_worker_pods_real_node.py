@@ -23,7 +23,7 @@ from kubernetes.stream import stream
 
 from queueworker.db.migrate import migrate
 from tests.cluster.fixtures import install_crd
-from tests.test_controller_cluster import (DB_SECRET, Cluster, enqueue_sleeps, lease_holders, running_controller,
+from tests.controller_cluster import (DB_SECRET, Cluster, enqueue_sleeps, lease_holders, running_controller,
                                            task_report, write_controller_kubeconfig)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.image, pytest.mark.integration]
