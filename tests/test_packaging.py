@@ -61,12 +61,16 @@ def test_python_m_build_makes_a_wheel_and_sdist_that_pass_twine_check(tmp_path: 
     assert sorted(n.removeprefix("queueworker/migrations/") for n in names
                   if n.startswith("queueworker/migrations/") and n.endswith(".sql")) == migrations
     assert "functions/10_audit.sql" in migrations
+    statements = sorted(p.name for p in (ROOT / "worker" / "db").glob("*.sql"))
+    assert sorted(n.removeprefix("queueworker/db/") for n in names
+                  if n.startswith("queueworker/db/") and n.endswith(".sql")) == statements
+    assert "lease.sql" in statements
     assert {"queueworker/_version.py", "queueworker/dev/devdb.py", "queueworker_controller/operator.py"} <= set(names)
     assert not any(n.startswith("tests/") for n in names)
 
     with tarfile.open(sdist) as archive:
         members = {Path(*Path(name).parts[1:]).as_posix() for name in archive.getnames()}
-    assert {f"migrations/{name}" for name in migrations} <= members
+    assert {f"migrations/{name}" for name in migrations} | {f"worker/db/{name}" for name in statements} <= members
     assert {"CHANGELOG.md", "README.md", "worker/_version.py", "charts/queueworker/Chart.yaml",
             "crds/queueworker.dev_queueworkers.yaml", "examples/queueworker.yaml"} <= members
     assert not any(m.startswith("tests/") or "__pycache__" in m for m in members)
