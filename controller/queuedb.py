@@ -201,8 +201,12 @@ class Database:
         return await batch.add(queue, cap, lookahead_seconds, throughput)
 
     async def fetch(self, statement: Statement[P, R], params: P) -> list[R]:
+        """Reads: one statement on a pooled connection under the client-side deadline."""
+        return await self._run(statement, params)
+
+    async def _run(self, statement: Statement[P, R], params: P) -> list[R]:
         """One statement on a pooled connection under the client-side deadline: its rows, or none
-        for a statement run for its effect (the listen check's notification)."""
+        for a statement run for its effect (the listen check's notification, which is no read)."""
         async with self._pool.connection() as conn:
             return await _within_deadline(conn, db.run_statement(conn, statement, params))
 
@@ -213,7 +217,7 @@ class Database:
         while True:
             try:
                 async with await _connect(self._dsn, "queueworker-controller-listen") as conn:
-                    if not await _within_deadline(conn, notifications_arrive(conn, self.fetch),
+                    if not await _within_deadline(conn, notifications_arrive(conn, self._run),
                                                   LISTEN_CHECK_SECONDS + STATEMENT_DEADLINE_SECONDS):
                         log.warning("notifications do not reach the controller from %s (a PgBouncer in transaction "
                                     "pooling mode?): its QueueWorkers poll at their pollingIntervalSeconds",

@@ -79,7 +79,7 @@ def test_a_failed_prerequisite_cancels_the_chain_and_its_retry_blocks_it_again(d
         assert errors[c]["message"] == f"prerequisite task {b} ended cancelled (after task {a} ended)"
         assert claim(conn) == {}, "nothing of the chain is claimable"
 
-        statements.fetch(conn, tasks.RETRY_TASK, tasks.RetryTaskParams(id=a))
+        statements.fetch(conn, tasks.RETRY_TASK, tasks.TaskParams(id=a))
         assert states(dsn, [a, b, c]) == ["pending", "blocked", "blocked"]
         for stage in (a, b, c):
             tokens = claim(conn)

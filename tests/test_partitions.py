@@ -50,7 +50,7 @@ def test_finishing_moves_the_row_to_the_finished_partition_and_retry_moves_it_ba
         _, token = _claim_one(conn)
         assert _fail_permanently(conn, task_id, token) == [(task_id, token, "failed")]
         assert _partition_of(dsn, task_id) == "queueworker.tasks_finished"
-        assert statements.fetch_one(conn, tasks.RETRY_TASK, tasks.RetryTaskParams(id=task_id)).id == task_id
+        assert statements.fetch_one(conn, tasks.RETRY_TASK, tasks.TaskParams(id=task_id)).id == task_id
     assert _partition_of(dsn, task_id) == "queueworker.tasks_active"
     assert query(dsn, "SELECT from_state::text, to_state::text FROM queueworker.task_events "
                       "WHERE task_id = %s ORDER BY id", (task_id,)) == [

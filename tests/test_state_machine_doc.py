@@ -158,7 +158,7 @@ def test_documented_task_transitions_are_exactly_the_ones_the_sql_makes(dsn):
             ids=[task_id], tokens=[token], retryables=[retryable], backoffs=[0.0], errors=[Jsonb({"message": "x"})]))
 
     def retry(conn, task_id):
-        statements.fetch(conn, tasks.RETRY_TASK, tasks.RetryTaskParams(id=task_id))
+        statements.fetch(conn, tasks.RETRY_TASK, tasks.TaskParams(id=task_id))
 
     def succeed(conn, task_id):
         statements.fetch(conn, lease.COMPLETE_SUCCEEDED, lease.CompleteSucceededParams(
@@ -249,7 +249,7 @@ def test_documented_run_transitions_are_exactly_the_ones_the_run_events_record(d
             backoffs=[0.0] * len(tokens), errors=[Jsonb({"message": "x"})] * len(tokens)))
 
     def retry(conn, task_id: int) -> None:
-        statements.fetch(conn, tasks.RETRY_TASK, tasks.RetryTaskParams(id=task_id))
+        statements.fetch(conn, tasks.RETRY_TASK, tasks.TaskParams(id=task_id))
 
     def named(conn, tokens: dict[int, int], task: str) -> dict[int, int]:
         names = dict(conn.execute("SELECT id, task FROM queueworker.tasks WHERE id = ANY(%s)", (list(tokens),)))
