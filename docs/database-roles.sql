@@ -86,7 +86,8 @@ $$;
 -- 4. Objects later migrations create. Functions are executable by PUBLIC unless revoked, and a
 --    new one may be a SECURITY DEFINER: none is callable until granted below. Operators may read
 --    every new table at once; every other role gets exactly the grants its statements need, here,
---    in the release that adds the object.
+--    in the release that adds the object. The statements named below (ENQUEUE, QUEUE_DEPTH, ...)
+--    are the named statements in worker/db/*.sql, in lower case there.
 ALTER DEFAULT PRIVILEGES FOR ROLE queueworker_migrator REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC;
 ALTER DEFAULT PRIVILEGES FOR ROLE queueworker_migrator IN SCHEMA queueworker
     GRANT SELECT ON TABLES TO queueworker_operator;
@@ -133,7 +134,7 @@ BEGIN
     -- reads it with every other table).
     REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA queueworker FROM PUBLIC;
 
-    -- Producer (sql.ENQUEUE, START_RUN): inserts the columns a TaskSpec sets, reads back what ENQUEUE returns.
+    -- Producer (ENQUEUE, START_RUN): inserts the columns a TaskSpec sets, reads back what ENQUEUE returns.
     -- It cannot choose a state, a lease or an id, so it cannot forge a task's history, and it
     -- cannot read other tasks' payloads, results or errors. Its audit row is written by the
     -- insert trigger, as the owner. Unique and dependent tasks go through definer functions
@@ -196,7 +197,7 @@ BEGIN
                                       text[], boolean[], boolean[], bigint[], bigint[], bigint[], integer[])
         TO queueworker_worker;
 
-    -- Controller (sql.QUEUE_DEPTH, sql.WORKER_LEASES): counts and leases, never payloads; a queue's
+    -- Controller (QUEUE_DEPTH, WORKER_LEASES): counts and leases, never payloads; a queue's
     -- flow control, which bounds what scaling can do.
     GRANT SELECT (id, queue, state, delayed, priority, run_after, lease_owner, started_at, finished_at)
         ON queueworker.tasks TO queueworker_controller;
@@ -204,13 +205,13 @@ BEGIN
         ON queueworker.workers TO queueworker_controller;
     GRANT SELECT ON queueworker.queues TO queueworker_controller;
 
-    -- Operator (sql.STATUS_COUNTS, OLDEST_PENDING_AGE, LIVE_WORKERS, TASK_STATES, RETRY_TASK, RUNS,
+    -- Operator (STATUS_COUNTS, OLDEST_PENDING_AGE, LIVE_WORKERS, TASK_STATES, RETRY_TASK, RUNS,
     -- RUN, RUN_TASKS, RUN_EVENTS, RETRY_RUN, FINALIZE_RUN (through queueworker.finalize_run),
     -- CANCEL_TASKS): reads everything, changes only what retry and cancel set. Its changes are
     -- audited by the update trigger.
     GRANT SELECT ON ALL TABLES IN SCHEMA queueworker TO queueworker_operator;
     GRANT EXECUTE ON FUNCTION queueworker.finalize_run(bigint) TO queueworker_operator;
-    -- pause, resume, limit and breaker (sql.PAUSE_QUEUE, RESUME_QUEUE, LIMIT_QUEUE, BREAKER_QUEUE).
+    -- pause, resume, limit and breaker (PAUSE_QUEUE, RESUME_QUEUE, LIMIT_QUEUE, BREAKER_QUEUE).
     GRANT INSERT, UPDATE ON queueworker.queues TO queueworker_operator;
     GRANT EXECUTE ON FUNCTION queueworker.wake_queue(text, timestamptz) TO queueworker_operator;
     GRANT UPDATE (state, delayed, run_after, max_attempts, lease_owner, leased_until, deadline_at, updated_at,

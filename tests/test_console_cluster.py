@@ -10,17 +10,16 @@ from kubernetes import client
 from starlette.testclient import TestClient
 
 from queueworker.console import ConsoleConfig, create_app
+from queueworker.scaling.resource import API_VERSION, GROUP, KIND, PLURAL, VERSION
 
 pytestmark = [pytest.mark.cluster, pytest.mark.integration]
-
-GROUP, VERSION, PLURAL = "queueworker.dev", "v1alpha1", "queueworkers"
 
 
 def test_scaling_page_shows_each_queueworkers_last_decision(control_plane, crd, cluster_namespace, dsn):
     with control_plane.api_client() as api:
         custom = client.CustomObjectsApi(api)
         custom.create_namespaced_custom_object(GROUP, VERSION, cluster_namespace, PLURAL, {
-            "apiVersion": f"{GROUP}/{VERSION}", "kind": "QueueWorker", "metadata": {"name": "mailer"},
+            "apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": "mailer"},
             "spec": {"queue": "emails", "image": "worker:1", "database": {"secretRef": {"name": "db"}}}})
         custom.patch_namespaced_custom_object_status(GROUP, VERSION, cluster_namespace, PLURAL, "mailer", {"status": {
             "replicas": 3, "desiredReplicas": 5, "readyReplicas": 2, "reason": "ScaledUp",

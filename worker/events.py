@@ -24,7 +24,7 @@ async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:
 
 
 def parse_announcement(payload: str) -> tuple[str, float] | None:
-    """A producer's notification on `sql.NOTIFY_CHANNEL`: `queue` (tasks due now: 0.0) or
+    """A producer's notification on `db.notify.NOTIFY_CHANNEL`: `queue` (tasks due now: 0.0) or
     `queue <epoch>` (a batch due then). None for anything else: queueworker never announces a
     time that is not a finite number."""
     queue, _, due = payload.partition(" ")

@@ -15,7 +15,7 @@
 -- search_path, hence `SET search_path = pg_catalog, pg_temp` and schema-qualified names throughout.
 
 -- What an audit row says about a transition beyond its states (one definition for the update
--- trigger and for sql.COMPLETE_SUCCEEDED).
+-- trigger and for `complete_succeeded` in worker/db/lease.sql).
 CREATE OR REPLACE FUNCTION queueworker.transition_detail(attempts integer, new_error jsonb, old_error jsonb)
 RETURNS jsonb LANGUAGE sql IMMUTABLE AS $$
     SELECT jsonb_strip_nulls(jsonb_build_object(
@@ -106,7 +106,8 @@ CREATE TRIGGER tasks_audit_update AFTER UPDATE ON queueworker.tasks
 
 -- DML aimed at a partition does not fire the parent's statement triggers. The hot path moves rows
 -- itself: a successful completion deletes them from `tasks_active`, inserts them into
--- `tasks_finished` and writes their audit rows in one statement (sql.COMPLETE_SUCCEEDED), which
+-- `tasks_finished` and writes their audit rows in one statement (`complete_succeeded` in
+-- worker/db/lease.sql), which
 -- costs what an in-place UPDATE did, where an UPDATE routed through the parent costs Postgres 15
 -- about twice as much per row; that statement audits itself (the state machine tests check that
 -- every transition the SQL makes leaves its audit row). Inserts aimed at `tasks_active` (the

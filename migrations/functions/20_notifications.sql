@@ -8,7 +8,7 @@
 -- must come from an earlier file, or from earlier in the same one. PL/pgSQL bodies are resolved
 -- when they run.
 
--- Wakes a queue's listeners for the rows of one group (as sql.ENQUEUE does): at once when one is due
+-- Wakes a queue's listeners for the rows of one group (as `enqueue` in worker/db/enqueue.sql does): at once when one is due
 -- now, else with the earliest due time, so listeners can schedule a precise wake-up.
 CREATE OR REPLACE FUNCTION queueworker.wake_queue(queue text, earliest timestamptz) RETURNS void
 LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$

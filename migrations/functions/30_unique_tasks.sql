@@ -48,7 +48,7 @@ CREATE TRIGGER tasks_active_spec_changed BEFORE UPDATE OF queue, task, payload O
 -- no right on the `tasks_active` partition (whose unique index the ON CONFLICT needs) nor a general
 -- UPDATE on tasks: enqueue_tasks (60_enqueue.sql) inserts, this one replaces.
 -- Gives pending tasks that have a dedupe key new values (the last of an id's entries wins), where
--- they change anything; returns the ids changed. Called by sql.ENQUEUE_REPLACE.
+-- they change anything; returns the ids changed. Called by `enqueue_replace` (worker/db/enqueue.sql).
 CREATE OR REPLACE FUNCTION queueworker.replace_pending(ids bigint[], payloads jsonb[], priorities integer[],
                                                        run_afters timestamptz[])
 RETURNS TABLE (id bigint, notified bigint)

@@ -130,7 +130,7 @@ END
 $$;
 
 -- Starts a run: its row, with the watermark as it stands. Its partitions are enqueued by the caller
--- (sql.ENQUEUE_TASKS with the run's id), in the same transaction.
+-- (`enqueue_tasks` in worker/db/enqueue.sql, with the run's id), in the same transaction.
 CREATE OR REPLACE FUNCTION queueworker.start_run(name text, expected integer, on_success jsonb, on_failure jsonb,
                                                  watermark text) RETURNS bigint
 LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$

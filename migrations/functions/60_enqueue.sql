@@ -15,7 +15,7 @@
 -- it was inserted (a duplicate's holder has its own). Rows are inserted with ids taken in spec
 -- order, so each spec finds its row. Aimed at `tasks_active`, whose unique index is the arbiter of
 -- the ON CONFLICT: one unfinished task per (queue, dedupe key). A definer function, so the producer
--- role needs no right on the partition. Called by sql.ENQUEUE_TASKS.
+-- role needs no right on the partition. Called by `enqueue_tasks` (worker/db/enqueue.sql).
 CREATE OR REPLACE FUNCTION queueworker.enqueue_tasks(queues text[], tasks text[], payloads jsonb[],
                                                      priorities integer[], run_afters timestamptz[],
                                                      max_attempts integer[], timeouts integer[], dedupe_keys text[],

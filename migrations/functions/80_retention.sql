@@ -12,7 +12,7 @@
 -- oldest first, at most `batch` of them, with their audit rows and their edges; returns their ids.
 -- A finished prerequisite has already had its say: its dependents were settled when it ended. The
 -- advisory lock (transaction-scoped) lets one worker at a time do it. A definer function: the worker
--- role may EXECUTE it and holds no DELETE on the history itself. Called by sql.CLEAN_FINISHED.
+-- role may EXECUTE it and holds no DELETE on the history itself. Called by `clean_finished` (worker/db/duties.sql).
 CREATE OR REPLACE FUNCTION queueworker.clean_finished(lock_key bigint, retention_seconds float8, batch integer)
 RETURNS SETOF bigint
 LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$

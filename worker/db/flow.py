@@ -82,18 +82,6 @@ class BreakerRow(NamedTuple):
     now_state: str
 
 
-class QueueEventsParams(Params):
-    queue: str
-    limit: int
-
-
-class QueueEventRow(NamedTuple):
-    at: datetime
-    change: str
-    detail_json: str
-    by_user: str
-
-
 PAUSE_QUEUE = _SQL.statement("pause_queue", PauseQueueParams, QueueRow)
 RESUME_QUEUE = _SQL.statement("resume_queue", ResumeQueueParams, QueueRow)
 LIMIT_QUEUE = _SQL.statement("limit_queue", LimitQueueParams, QueueRow)
@@ -101,6 +89,5 @@ BREAKER_QUEUE = _SQL.statement("breaker_queue", BreakerQueueParams, QueueRow)
 QUEUE_SETTINGS = _SQL.statement("queue_settings", QueueSettingsParams, QueueRow)
 LIMITED_QUEUES = _SQL.statement("limited_queues", LimitedQueuesParams, LimitedQueueRow)
 RECORD_BREAKER = _SQL.statement("record_breaker", RecordBreakerParams, BreakerRow)
-QUEUE_EVENTS = _SQL.statement("queue_events", QueueEventsParams, QueueEventRow)
 
 _SQL.check_all_declared()

@@ -131,8 +131,3 @@ SET consecutive_failures = d.streak, breaker_state = d.now_state,
     breaker_changed_at = CASE WHEN d.now_state <> d.was THEN now() ELSE q.breaker_changed_at END
 FROM decided d WHERE q.name = d.name
 RETURNING d.was, d.now_state;
-
--- name: queue_events
--- The queue's audit trail of settings and breaker states (written by a trigger), newest first.
-SELECT at, change, detail::text AS detail_json, by_user FROM queueworker.queue_events
-WHERE queue = %(queue)s ORDER BY id DESC LIMIT %(limit)s;
