@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple, TypeVar
 
 import psycopg
@@ -89,6 +89,7 @@ class ObjectMemory:
     lookahead_seconds: float = 0.0  # tasks announced as due later are looked at this much earlier
     reread_secret: bool = False  # the last depth read failed: the next tick reads the Secret anew
     rendered: RenderedDeployment | None = field(default=None, repr=False)
+    written: WrittenStatus | None = field(default=None, repr=False)
     _timer: DueTimer = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -140,10 +141,20 @@ class QueueWorkerObject:
     generation: int
     spec: dict[str, Any]
     status: dict[str, Any]
+    resource_version: str = ""  # of the view `status` comes from
 
     @property
     def key(self) -> tuple[str, str]:
         return self.namespace, self.name
+
+
+@dataclass(frozen=True)
+class WrittenStatus:
+    """The status as the controller's last write left it, and the resourceVersion of the object
+    that write was computed from."""
+
+    base_version: str
+    status: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -203,6 +214,23 @@ class DeploymentCache:
         self._items.pop((namespace, name), None)
 
 
+
+def with_written_status(obj: QueueWorkerObject, memory: ObjectMemory) -> QueueWorkerObject:
+    """The object with the status the controller's last write left, while the view of it has not
+    moved past the version that write was computed from. The view (kopf's, fed by a watch) brings
+    a status write back only when the watch delivers it, which on a loaded API server can be after
+    the next tick; a tick computed from the older status would announce a changed reason a second
+    time (a duplicate Warning Event) and leave unwritten a field that changed back. Once the view's
+    resourceVersion moves on, it holds that write or something newer, and is taken as it is."""
+    written = memory.written
+    if written is None:
+        return obj
+    if obj.resource_version == written.base_version:
+        return replace(obj, status=written.status)
+    memory.written = None
+    return obj
+
+
 class Reconciler:
     """Ticks QueueWorkers. Time comes from `wall_clock` (epoch seconds, for the status and the
     policy) and `monotonic` (for polling), and a loop sleeps with `wait` (an Event and a timeout:
@@ -247,7 +275,7 @@ class Reconciler:
         try:
             while not stopping():
                 memory.wake.clear()
-                obj = current()
+                obj = with_written_status(current(), memory)
                 seconds = self.seconds_until_due(obj, memory)
                 if seconds > 0:
                     await self.wait(memory.wake, seconds)
@@ -259,6 +287,9 @@ class Reconciler:
                 except Exception as exc:  # noqa: BLE001 - the next poll writes the status again
                     log.warning("%s/%s: could not write the status: %s", obj.namespace, obj.name,
                                 self.secrets.scrub(_first_line(exc)))
+                else:
+                    if result.status:
+                        memory.written = WrittenStatus(obj.resource_version, {**obj.status, **result.status})
         finally:
             memory.stop_timer()
 

@@ -9,6 +9,7 @@ Windows are shortened in the test QueueWorkers so the whole file stays within a 
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.request
 
@@ -199,11 +200,14 @@ def test_throughput_floor_keeps_the_pods_a_steady_flow_keeps_busy(cluster: Clust
     cluster.wait_for(lambda: cluster.replicas("steady") == 3, timeout=30, message="the floor of three")
     status = cluster.wait_for(lambda: (lambda s: s if s.get("reason") == "ThroughputFloor" else None)(
         cluster.queueworker("steady").get("status", {})), timeout=10, message="the floor holding three")
-    assert "keep 6 slots busy" in status["message"], status
-    assert status["queueDepth"]["finishRate"] == pytest.approx(2.0, rel=0.1)
+    # The history ages while the controller gets to it: a read a few seconds late finds fewer of its
+    # 120 finishes within the last minute. Three replicas of 2 slots hold for any rate above 4/3 a
+    # second (more than 4 slots busy), at most the 2 a second the history has: 5 or 6 slots.
+    assert re.search(r"keep [56] slots busy", status["message"]), status
+    assert 4 / 3 < status["queueDepth"]["finishRate"] <= 2.0, status
     assert status["queueDepth"]["recentTaskSeconds"] == pytest.approx(3.0, abs=0.05)
     (activated,) = cluster.wait_for(lambda: cluster.events("Activated"), timeout=10, message="the Activated Event")
-    assert "keep 6 slots busy" in activated.message
+    assert re.search(r"keep [56] slots busy", activated.message), activated.message
 
 
 def test_scale_down_spares_busy_pods_and_a_deleted_busy_pod_loses_nothing(cluster: Cluster, dsn: str):

@@ -17,6 +17,7 @@ from queueworker.scaling.policy import QueueDepth
 from queueworker.scaling.resource import QueueDepthField, StatusField
 from queueworker_controller.queuedb import WorkerLease
 from queueworker_controller.reconcile import ObjectMemory, QueueWorkerObject, Reconciler
+from queueworker_controller.status import TickResult
 from queueworker_controller.redaction import KnownSecrets
 from tests.pod_templates import REFUSED
 
@@ -352,6 +353,47 @@ def test_the_loop_ticks_when_due_and_sleeps_otherwise():
             reconciler.close()
     asyncio.run(main())
 
+
+
+def test_a_view_behind_the_last_status_write_announces_no_reason_twice():
+    """kopf's view of the object brings the controller's status write back only when the watch
+    delivers it. Ticks that come first compute from the status that write left, so a Ready=False
+    reason is announced once; a view that moved on is taken as it is."""
+    kube = FakeKube()
+    kube.secret = "ghp_0123456789abcdefTOKENTOKENTOKEN"
+    version = ["7"]
+    published: list[tuple[str, TickResult]] = []
+
+    async def publish(obj, result):
+        published.append((obj.resource_version, result))
+
+    async def scenario(reconciler: Reconciler, clock: ManualClock) -> None:
+        loop = asyncio.create_task(reconciler.run(
+            lambda: QueueWorkerObject("w", "ns", "uid", 1, SPEC, {}, version[0]), ObjectMemory(), publish))
+        poll = SPEC["scaling"]["pollingIntervalSeconds"]
+        try:
+            assert await clock.sleeps.get() == poll
+            for _ in range(2):  # the view stays at version 7, without the status written since
+                await clock.advance(poll)
+                assert await clock.sleeps.get() == poll
+            version[0] = "9"  # the view moved on: its status (empty here) is taken as it is
+            await clock.advance(poll)
+            assert await clock.sleeps.get() == poll
+        finally:
+            loop.cancel()
+
+    async def main() -> None:
+        clock = ManualClock()
+        reconciler = Reconciler(kube, FakeDatabases(QueueDepth(0, 0)), secrets=KnownSecrets(),  # type: ignore[arg-type]
+                                monotonic=clock.monotonic, wait=clock.wait)
+        try:
+            await asyncio.wait_for(scenario(reconciler, clock), 30)
+        finally:
+            reconciler.close()
+    asyncio.run(main())
+    assert [version for version, _ in published] == ["7", "7", "7", "9"]
+    warnings = [(version, e.reason) for version, result in published for e in result.events if e.type == "Warning"]
+    assert warnings == [("7", "InvalidDatabaseUrl"), ("9", "InvalidDatabaseUrl")]
 
 def test_a_deployment_owned_by_someone_else_is_left_alone():
     kube = FakeKube()
