@@ -84,7 +84,7 @@ async def scaling_loop(name: str, namespace: str, body: kopf.Body, memo: kopf.Me
     def current() -> QueueWorkerObject:
         meta = body.meta
         return QueueWorkerObject(name, namespace, meta["uid"], int(meta.get("generation", 0)), dict(body.spec),
-                                 dict(body.status), str(meta.get("resourceVersion", "")))
+                                 dict(body.status))
 
     async def publish(obj: QueueWorkerObject, result: TickResult) -> None:
         await reconciler.write_status(obj, result.status)  # checks the lead itself, as every write

@@ -89,7 +89,8 @@ class ObjectMemory:
     lookahead_seconds: float = 0.0  # tasks announced as due later are looked at this much earlier
     reread_secret: bool = False  # the last depth read failed: the next tick reads the Secret anew
     rendered: RenderedDeployment | None = field(default=None, repr=False)
-    written: WrittenStatus | None = field(default=None, repr=False)
+    # The status fields written since the view of the object last showed the controller's writes.
+    unseen_writes: dict[str, Any] | None = field(default=None, repr=False)
     _timer: DueTimer = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -141,20 +142,10 @@ class QueueWorkerObject:
     generation: int
     spec: dict[str, Any]
     status: dict[str, Any]
-    resource_version: str = ""  # of the view `status` comes from
 
     @property
     def key(self) -> tuple[str, str]:
         return self.namespace, self.name
-
-
-@dataclass(frozen=True)
-class WrittenStatus:
-    """The status as the controller's last write left it, and the resourceVersion of the object
-    that write was computed from."""
-
-    base_version: str
-    status: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -216,19 +207,19 @@ class DeploymentCache:
 
 
 def with_written_status(obj: QueueWorkerObject, memory: ObjectMemory) -> QueueWorkerObject:
-    """The object with the status the controller's last write left, while the view of it has not
-    moved past the version that write was computed from. The view (kopf's, fed by a watch) brings
-    a status write back only when the watch delivers it, which on a loaded API server can be after
-    the next tick; a tick computed from the older status would announce a changed reason a second
-    time (a duplicate Warning Event) and leave unwritten a field that changed back. Once the view's
-    resourceVersion moves on, it holds that write or something newer, and is taken as it is."""
-    written = memory.written
-    if written is None:
+    """The object with the status fields the controller wrote on top, until its view shows them.
+    The view (kopf's, fed by a watch) brings a status write back only when the watch delivers it,
+    which on a loaded API server can be after the next tick; a tick computed from the older status
+    would announce a changed reason a second time (a duplicate Warning Event) and leave unwritten a
+    field that changed back. Nobody else writes a QueueWorker's status, and a process that loses
+    the lead stops, so what it wrote last is what the API server holds."""
+    unseen = memory.unseen_writes
+    if unseen is None:
         return obj
-    if obj.resource_version == written.base_version:
-        return replace(obj, status=written.status)
-    memory.written = None
-    return obj
+    if all(obj.status.get(key) == value for key, value in unseen.items()):
+        memory.unseen_writes = None
+        return obj
+    return replace(obj, status={**obj.status, **unseen})
 
 
 class Reconciler:
@@ -289,7 +280,7 @@ class Reconciler:
                                 self.secrets.scrub(_first_line(exc)))
                 else:
                     if result.status:
-                        memory.written = WrittenStatus(obj.resource_version, {**obj.status, **result.status})
+                        memory.unseen_writes = {**(memory.unseen_writes or {}), **result.status}
         finally:
             memory.stop_timer()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
@@ -17,7 +18,6 @@ from queueworker.scaling.policy import QueueDepth
 from queueworker.scaling.resource import QueueDepthField, StatusField
 from queueworker_controller.queuedb import WorkerLease
 from queueworker_controller.reconcile import ObjectMemory, QueueWorkerObject, Reconciler
-from queueworker_controller.status import TickResult
 from queueworker_controller.redaction import KnownSecrets
 from tests.pod_templates import REFUSED
 
@@ -308,6 +308,20 @@ class ManualClock:
         return event.is_set()
 
 
+def run_on_a_manual_clock(kube: FakeKube, databases: FakeDatabases,
+                          scenario: Callable[[Reconciler, ManualClock], Awaitable[None]]) -> None:
+    """Runs `scenario` with a Reconciler whose time is a ManualClock (at most 30 s of real time)."""
+    async def main() -> None:
+        clock = ManualClock()
+        reconciler = Reconciler(kube, databases, secrets=KnownSecrets(),  # type: ignore[arg-type]
+                                monotonic=clock.monotonic, wait=clock.wait)
+        try:
+            await asyncio.wait_for(scenario(reconciler, clock), 30)
+        finally:
+            reconciler.close()
+    asyncio.run(main())
+
+
 def test_the_loop_ticks_when_due_and_sleeps_otherwise():
     """The daemon's loop: a tick at once, then one per NOTIFY (at most one a second) and one per spec
     change; a failing status write is logged and the loop goes on. Time is the test's: the loop
@@ -343,57 +357,46 @@ def test_the_loop_ticks_when_due_and_sleeps_otherwise():
         finally:
             loop.cancel()
 
-    async def main() -> None:
-        clock = ManualClock()
-        reconciler = Reconciler(kube, databases, secrets=KnownSecrets(),  # type: ignore[arg-type]
-                                monotonic=clock.monotonic, wait=clock.wait)
-        try:
-            await asyncio.wait_for(scenario(reconciler, clock), 30)
-        finally:
-            reconciler.close()
-    asyncio.run(main())
-
+    run_on_a_manual_clock(kube, databases, scenario)
 
 
 def test_a_view_behind_the_last_status_write_announces_no_reason_twice():
     """kopf's view of the object brings the controller's status write back only when the watch
-    delivers it. Ticks that come first compute from the status that write left, so a Ready=False
-    reason is announced once; a view that moved on is taken as it is."""
+    delivers it. Ticks that come first compute from the view with the fields written on top, so a
+    Ready=False reason is announced once; once the view shows the writes, it is taken as it is."""
     kube = FakeKube()
     kube.secret = "ghp_0123456789abcdefTOKENTOKENTOKEN"
-    version = ["7"]
-    published: list[tuple[str, TickResult]] = []
+    view: dict[str, Any] = {}
+    written: dict[str, Any] = {}
+    warnings: list[str] = []
 
     async def publish(obj, result):
-        published.append((obj.resource_version, result))
+        written.update(result.status)
+        warnings.extend(e.reason for e in result.events if e.type == "Warning")
 
     async def scenario(reconciler: Reconciler, clock: ManualClock) -> None:
+        memory = ObjectMemory()
         loop = asyncio.create_task(reconciler.run(
-            lambda: QueueWorkerObject("w", "ns", "uid", 1, SPEC, {}, version[0]), ObjectMemory(), publish))
+            lambda: QueueWorkerObject("w", "ns", "uid", 1, SPEC, dict(view)), memory, publish))
         poll = SPEC["scaling"]["pollingIntervalSeconds"]
         try:
             assert await clock.sleeps.get() == poll
-            for _ in range(2):  # the view stays at version 7, without the status written since
+            for _ in range(2):  # the view still without the status written
                 await clock.advance(poll)
                 assert await clock.sleeps.get() == poll
-            version[0] = "9"  # the view moved on: its status (empty here) is taken as it is
+            assert warnings == ["InvalidDatabaseUrl"] and memory.unseen_writes
+            view.update(written)  # the watch delivered the writes
             await clock.advance(poll)
             assert await clock.sleeps.get() == poll
+            assert warnings == ["InvalidDatabaseUrl"] and memory.unseen_writes is None
+            view.clear()  # the view is taken as it is: an empty status has no reason yet
+            await clock.advance(poll)
+            assert await clock.sleeps.get() == poll
+            assert warnings == ["InvalidDatabaseUrl", "InvalidDatabaseUrl"]
         finally:
             loop.cancel()
 
-    async def main() -> None:
-        clock = ManualClock()
-        reconciler = Reconciler(kube, FakeDatabases(QueueDepth(0, 0)), secrets=KnownSecrets(),  # type: ignore[arg-type]
-                                monotonic=clock.monotonic, wait=clock.wait)
-        try:
-            await asyncio.wait_for(scenario(reconciler, clock), 30)
-        finally:
-            reconciler.close()
-    asyncio.run(main())
-    assert [version for version, _ in published] == ["7", "7", "7", "9"]
-    warnings = [(version, e.reason) for version, result in published for e in result.events if e.type == "Warning"]
-    assert warnings == [("7", "InvalidDatabaseUrl"), ("9", "InvalidDatabaseUrl")]
+    run_on_a_manual_clock(kube, FakeDatabases(QueueDepth(0, 0)), scenario)
 
 def test_a_deployment_owned_by_someone_else_is_left_alone():
     kube = FakeKube()
