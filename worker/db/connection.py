@@ -269,6 +269,10 @@ class DutyConnection:
         if self._conn is not None:
             shut_down(self._conn)
 
+    def severing(self) -> bool:
+        """After `sever()`: whether the statement it made fail has not noticed yet."""
+        return statement_under_way(self._conn)
+
     async def _discard(self) -> None:
         """Drops the connection (closing never waits for the server, which may be what hangs)."""
         conn, self._conn = self._conn, None
@@ -290,6 +294,13 @@ async def run_statement(conn: psycopg.AsyncConnection, statement: Statement[P, R
         await statements.execute_async(conn, statement, params, prepare=None)
         return []
     return await statements.fetch_async(conn, statement, params, prepare=None)
+
+
+def statement_under_way(conn: psycopg.AsyncConnection | None) -> bool:
+    """Whether psycopg still waits for a statement on `conn`. After `shut_down`, until psycopg has
+    noticed: a statement cancelled before that makes psycopg send a cancel request and wait for the
+    server to confirm, up to 10 s; once it has noticed, the connection is broken and nothing waits."""
+    return conn is not None and not conn.closed and conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.ACTIVE
 
 
 def shut_down(conn: psycopg.AsyncConnection) -> None:

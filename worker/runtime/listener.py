@@ -107,6 +107,10 @@ class Listener:
         if self._live is not None:
             db.shut_down(self._live)
 
+    def severing(self) -> bool:
+        """After `sever()`: whether the statement it made fail has not noticed yet."""
+        return db.statement_under_way(self._live)
+
     def _handle(self, payload: str) -> None:
         queue = payload.partition(" ")[0]
         if queue not in self._queues:

@@ -14,21 +14,31 @@ from .supervisor import ErrorStreak
 
 log = logging.getLogger("queueworker.worker")
 
-# After severing connections, the moment their statements need to fail on their own (psycopg
-# notices within its 0.1 s wait interval), so that cancelling their callers is immediate.
-SEVERED_SETTLE_SECONDS = 0.2
+# After severing connections, the most their statements are given to fail on their own before
+# their callers are cancelled. psycopg looks at a socket every 0.1 s, when the event loop gets to
+# it, which on a busy machine can take longer.
+SEVERED_SETTLE_SECONDS = 2.0
+SEVERED_POLL_SECONDS = 0.02
 
 
 class Severable(Protocol):
     def sever(self) -> None: ...
 
+    def severing(self) -> bool: ...
+
 
 async def sever(connections: Iterable[Severable]) -> None:
-    """Makes the statements under way on `connections` fail now, not when their callers are
-    cancelled (which would wait for a server that does not answer)."""
-    for conn in connections:
+    """Makes the statements under way on `connections` fail now, and returns once each has noticed
+    (at most SEVERED_SETTLE_SECONDS later), so that cancelling their callers is immediate. A caller
+    cancelled while its statement still waits would make psycopg ask the server, which does not
+    answer, to cancel it, and wait up to 10 s for the answer."""
+    severed = list(connections)
+    for conn in severed:
         conn.sever()
-    await asyncio.sleep(SEVERED_SETTLE_SECONDS)
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + SEVERED_SETTLE_SECONDS
+    while any(conn.severing() for conn in severed) and loop.time() < give_up:
+        await asyncio.sleep(SEVERED_POLL_SECONDS)
 
 
 async def stop_fetching(fetch: asyncio.Task, deadline: float, claim_conn: Severable) -> bool:
