@@ -205,7 +205,6 @@ class DeploymentCache:
         self._items.pop((namespace, name), None)
 
 
-
 def with_written_status(obj: QueueWorkerObject, memory: ObjectMemory) -> QueueWorkerObject:
     """The object with the status fields the controller wrote on top, until its view shows them.
     The view (kopf's, fed by a watch) brings a status write back only when the watch delivers it,

@@ -83,13 +83,17 @@ def drop_database(admin_dsn: str, name: str) -> None:
 
 
 @contextlib.contextmanager
-def throwaway_database(admin_dsn: str, template: str | None = None) -> Iterator[str]:
-    """A new database (a copy of `template`, else of template1), dropped afterwards; its DSN."""
-    name = create_database(admin_dsn, template)
+def owned_database(admin_dsn: str, name: str) -> Iterator[str]:
+    """The DSN of database `name`, which is dropped afterwards."""
     try:
         yield psycopg.conninfo.make_conninfo(admin_dsn, dbname=name)
     finally:
         drop_database(admin_dsn, name)
+
+
+def throwaway_database(admin_dsn: str, template: str | None = None) -> contextlib.AbstractContextManager[str]:
+    """A new database (a copy of `template`, else of template1), dropped afterwards; its DSN."""
+    return owned_database(admin_dsn, create_database(admin_dsn, template))
 
 
 class CopiesAhead:
@@ -154,11 +158,8 @@ def blank_dsn(postgres):
 def dsn(postgres, template_copies):
     """A fresh, migrated database per test (a copy of the session's migrated template), dropped afterwards."""
     _, admin_dsn = postgres
-    name = template_copies.take()
-    try:
-        yield psycopg.conninfo.make_conninfo(admin_dsn, dbname=name)
-    finally:
-        drop_database(admin_dsn, name)
+    with owned_database(admin_dsn, template_copies.take()) as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from queueworker.dev.localpg import free_port
 from queueworker.client.producer import enqueue_many
 from queueworker_controller.deployment import OWNER_LABEL
-from queueworker.scaling.resource import GROUP, PLURAL, VERSION
+from queueworker.scaling.resource import API_VERSION, GROUP, KIND, PLURAL, VERSION
 
 REPO = Path(__file__).resolve().parent.parent
 RULES_FILE = REPO / "charts" / "queueworker" / "files" / "controller-rules.yaml"
@@ -80,6 +80,15 @@ def write_controller_kubeconfig(plane, path: Path) -> Path:
 
 # --- per test: a namespace with the database Secret and a running controller -------------------------
 
+
+def create_queueworker(api: client.ApiClient, namespace: str, name: str, spec: dict[str, Any],
+                       **options: Any) -> dict[str, Any]:
+    """Creates QueueWorker `name` with `spec`, its fields validated strictly (an unknown field is
+    refused, as `kubectl apply` refuses it); `options` go to the API call (dry_run="All", ...)."""
+    return client.CustomObjectsApi(api).create_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": name},
+                                            "spec": spec}, field_validation="Strict", **options)
+
 @dataclass
 class Cluster:
     """Helpers bound to one test namespace, acting as the admin."""
@@ -125,9 +134,7 @@ class Cluster:
         return client.CoreV1Api(self.api)
 
     def apply(self, name: str, spec: dict[str, Any]) -> dict[str, Any]:
-        return self.custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, {
-            "apiVersion": f"{GROUP}/{VERSION}", "kind": "QueueWorker", "metadata": {"name": name}, "spec": spec},
-            field_validation="Strict")
+        return create_queueworker(self.api, self.namespace, name, spec)
 
     def queueworker(self, name: str) -> dict[str, Any]:
         return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name)

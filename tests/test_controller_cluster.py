@@ -23,7 +23,7 @@ from queueworker.client.producer import enqueue_many
 from queueworker_controller.deployment import OWNER_LABEL
 from queueworker_controller.kube import DELETION_COST_ANNOTATION
 from queueworker.scaling.resource import GROUP, PLURAL, VERSION
-from tests.controller_cluster import Cluster, DB_SECRET, SYSTEM_NAMESPACE, announce, cluster, enqueue_sleeps, lease_holders, task_report, worker_spec  # noqa: F401 (cluster: a fixture)
+from tests.controller_cluster import Cluster, DB_SECRET, create_queueworker, SYSTEM_NAMESPACE, announce, cluster, enqueue_sleeps, lease_holders, task_report, worker_spec  # noqa: F401 (cluster: a fixture)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.integration]
 
@@ -386,10 +386,7 @@ def test_invalid_queueworkers_are_rejected_with_a_clear_message(control_plane, c
     spec = {k: v for k, v in spec.items() if v is not None}
     with control_plane.api_client() as api:
         with pytest.raises(ApiException) as raised:
-            client.CustomObjectsApi(api).create_namespaced_custom_object(
-                GROUP, VERSION, cluster_namespace, PLURAL,
-                {"apiVersion": f"{GROUP}/{VERSION}", "kind": "QueueWorker", "metadata": {"name": case}, "spec": spec},
-                field_validation="Strict")
+            create_queueworker(api, cluster_namespace, case, spec)
     assert raised.value.status in (400, 422)
     assert message in json.loads(raised.value.body)["message"]
 

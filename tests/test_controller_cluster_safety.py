@@ -13,13 +13,12 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from queueworker.db.migrate import migrate
 from queueworker_controller.deployment import SECRET_VERSION_ANNOTATION
 from queueworker.scaling.resource import GROUP, PLURAL, VERSION
-from tests.controller_cluster import Cluster, DB_SECRET, ERRORS, cluster, enqueue_sleeps, task_report, worker_spec  # noqa: F401 (cluster: a fixture)
+from tests.controller_cluster import Cluster, DB_SECRET, create_queueworker, ERRORS, cluster, enqueue_sleeps, task_report, worker_spec  # noqa: F401 (cluster: a fixture)
 from tests.hanging_servers import SilentServer, StalledPostgres
 from tests.pod_templates import ALLOWED, REFUSED
 
@@ -36,10 +35,7 @@ def test_the_api_server_refuses_privileged_templates(control_plane, crd, cluster
     spec = {"queue": "q", "image": "i", "database": {"secretRef": {"name": "db"}}, "template": case.template}
     with control_plane.api_client() as api:
         with pytest.raises(ApiException) as raised:
-            client.CustomObjectsApi(api).create_namespaced_custom_object(
-                GROUP, VERSION, cluster_namespace, PLURAL,
-                {"apiVersion": f"{GROUP}/{VERSION}", "kind": "QueueWorker", "metadata": {"name": case.id},
-                 "spec": spec}, field_validation="Strict")
+            create_queueworker(api, cluster_namespace, case.id, spec)
     assert raised.value.status == 422
     message = json.loads(raised.value.body)["message"]
     assert f"spec.template.{case.api_path}: Forbidden" in message, message
@@ -49,10 +45,7 @@ def test_the_api_server_refuses_privileged_templates(control_plane, crd, cluster
 def test_the_api_server_accepts_what_workers_legitimately_need(control_plane, crd, cluster_namespace, name):
     spec = {"queue": "q", "image": "i", "database": {"secretRef": {"name": "db"}}, "template": ALLOWED[name]}
     with control_plane.api_client() as api:
-        client.CustomObjectsApi(api).create_namespaced_custom_object(
-            GROUP, VERSION, cluster_namespace, PLURAL,
-            {"apiVersion": f"{GROUP}/{VERSION}", "kind": "QueueWorker", "metadata": {"name": name}, "spec": spec},
-            field_validation="Strict", dry_run="All")
+        create_queueworker(api, cluster_namespace, name, spec, dry_run="All")
 
 
 def test_the_controller_refuses_what_the_crd_cannot_see_and_leaves_the_deployment_alone(cluster: Cluster):

@@ -300,7 +300,8 @@ def statement_under_way(conn: psycopg.AsyncConnection | None) -> bool:
     """Whether psycopg still waits for a statement on `conn`. After `shut_down`, until psycopg has
     noticed: a statement cancelled before that makes psycopg send a cancel request and wait for the
     server to confirm, up to 10 s; once it has noticed, the connection is broken and nothing waits."""
-    return conn is not None and not conn.closed and conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.ACTIVE
+    return (conn is not None and not conn.closed
+            and conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.ACTIVE)
 
 
 def shut_down(conn: psycopg.AsyncConnection) -> None:
