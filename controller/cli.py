@@ -11,7 +11,7 @@ from prometheus_client import start_http_server
 
 from . import operator  # noqa: F401 - registers the handlers
 from . import redaction
-from .kube import load_config
+from .kube import Kube, load_config
 from .leader import ElectionTiming, LeaderElector, default_identity, default_namespace, standby_liveness
 
 
@@ -63,20 +63,29 @@ def main(argv: list[str] | None = None) -> int:
     redaction.install_everywhere()
     if args.metrics_port is not None:
         start_http_server(args.metrics_port, addr=args.metrics_address)
-    leader = _elect(args) if args.leader_election else None
+    leader = _elector(args) if args.leader_election else None
+    # Built before a standby waits: the Kubernetes client loads its API modules on first use (over a
+    # second of CPU), which a standby taking over must not spend between the Lease and its first write.
+    kube = Kube(load_config()) if leader is None else Kube(load_config(), before_write=leader.ensure_leading)
+    if leader is not None:
+        with standby_liveness(args.liveness):
+            leader.wait_until_leading()
+        leader.start_renewing()
     # kopf peering is not used: the Lease decides who acts (docs/controller.md), so kopf runs standalone.
     try:
         kopf.run(standalone=True, clusterwide=not args.namespaces, namespaces=args.namespaces,
                  liveness_endpoint=args.liveness,
-                 memo=kopf.Memo(allow_privileged_templates=args.allow_privileged_templates, leader=leader))
+                 memo=kopf.Memo(allow_privileged_templates=args.allow_privileged_templates, leader=leader,
+                                kube=kube))
     finally:
         if leader is not None:
             leader.release()
     return 0
 
 
-def _elect(args: argparse.Namespace) -> LeaderElector:
-    """Waits as a standby (answering the liveness probe) until this replica leads."""
+def _elector(args: argparse.Namespace) -> LeaderElector:
+    """This replica's candidate for the Lease the flags name, with a client of its own (renewals never
+    wait behind the operator's requests)."""
     namespace = args.leader_election_namespace or default_namespace()
     if not namespace:
         raise SystemExit("queueworker-controller: --leader-election needs --leader-election-namespace "
@@ -86,12 +95,8 @@ def _elect(args: argparse.Namespace) -> LeaderElector:
                                 args.leader_election_retry_seconds)
     except ValueError as exc:
         raise SystemExit(f"queueworker-controller: {exc}") from None
-    leader = LeaderElector(load_config(), namespace, args.leader_election_name,
-                           args.leader_election_identity or default_identity(), timing)
-    with standby_liveness(args.liveness):
-        leader.wait_until_leading()
-    leader.start_renewing()
-    return leader
+    return LeaderElector(load_config(), namespace, args.leader_election_name,
+                         args.leader_election_identity or default_identity(), timing)
 
 
 if __name__ == "__main__":

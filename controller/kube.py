@@ -14,6 +14,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 from kubernetes import client, config, dynamic
 from kubernetes.client.rest import ApiException
@@ -27,6 +28,12 @@ DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
 FIELD_MANAGER = "queueworker-controller"
 # (connect, read) seconds for every request.
 REQUEST_TIMEOUT = (5, 20)
+MERGE_PATCH = "application/merge-patch+json"
+# The collections the controller reads and writes (request_json's paths).
+DEPLOYMENTS = "/apis/apps/v1/namespaces/{namespace}/deployments"
+PODS = "/api/v1/namespaces/{namespace}/pods"
+SECRETS = "/api/v1/namespaces/{namespace}/secrets"
+QUEUEWORKERS = f"/apis/{GROUP}/{VERSION}/namespaces/{{namespace}}/{PLURAL}"
 
 
 class SecretUnavailable(Exception):
@@ -79,16 +86,12 @@ class Kube:
     """`before_write` runs before every write (leader election's check that this replica still leads)."""
 
     def __init__(self, api: client.ApiClient, before_write: Callable[[], None] = _always_allowed):
-        self._apps = client.AppsV1Api(api)
-        self._core = client.CoreV1Api(api)
-        self._custom = client.CustomObjectsApi(api)
         self._api = api
         self._before_write = before_write
 
     def read_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            return response_json(self._apps.read_namespaced_deployment(name, namespace, _preload_content=False,
-                                                               _request_timeout=REQUEST_TIMEOUT))
+            return request_json(self._api, "GET", _path(DEPLOYMENTS, namespace, name))
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -97,9 +100,7 @@ class Kube:
     def create_deployment(self, namespace: str, body: dict[str, Any], replicas: int) -> dict[str, Any]:
         self._before_write()
         body = {**body, "spec": {**body["spec"], "replicas": replicas}}
-        return response_json(self._apps.create_namespaced_deployment(namespace, body, field_manager=FIELD_MANAGER,
-                                                             _preload_content=False,
-                                                             _request_timeout=REQUEST_TIMEOUT))
+        return request_json(self._api, "POST", _path(DEPLOYMENTS, namespace), body=body)
 
     def update_deployment(self, current: dict[str, Any], rendered: dict[str, Any]) -> dict[str, Any]:
         """Replaces the Deployment with `rendered`, keeping its replica count, other writers' labels and
@@ -112,23 +113,19 @@ class Kube:
                              "labels": {**(meta.get("labels") or {}), **ours["labels"]},
                              "annotations": {**(meta.get("annotations") or {}), **ours["annotations"]}},
                 "spec": {**rendered["spec"], "replicas": current["spec"].get("replicas", 1)}}
-        return response_json(self._apps.replace_namespaced_deployment(meta["name"], meta["namespace"], body,
-                                                              field_manager=FIELD_MANAGER,
-                                                              _preload_content=False,
-                                                              _request_timeout=REQUEST_TIMEOUT))
+        return request_json(self._api, "PUT", _path(DEPLOYMENTS, meta["namespace"], meta["name"]), body=body)
 
     def scale_deployment(self, namespace: str, name: str, replicas: int) -> None:
         self._before_write()
-        self._apps.patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": replicas}},
-                                                     field_manager=FIELD_MANAGER, _request_timeout=REQUEST_TIMEOUT)
+        request_json(self._api, "PATCH", _path(DEPLOYMENTS, namespace, name, "scale"),
+                     body={"spec": {"replicas": replicas}}, content_type=MERGE_PATCH)
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         """A merge patch of a QueueWorker's status subresource (a QueueWorker deleted meanwhile is ignored)."""
         self._before_write()
         try:
-            self._custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, namespace, PLURAL, name, {"status": status}, field_manager=FIELD_MANAGER,
-                _content_type="application/merge-patch+json", _request_timeout=REQUEST_TIMEOUT)
+            request_json(self._api, "PATCH", _path(QUEUEWORKERS, namespace, name, "status"),
+                         body={"status": status}, content_type=MERGE_PATCH)
         except ApiException as exc:
             if exc.status != 404:
                 raise
@@ -173,8 +170,7 @@ class Kube:
         """The raw value of one key. SecretUnavailable (with a secret-free message) when the Secret
         or the key is missing or cannot be read."""
         try:
-            secret = response_json(self._core.read_namespaced_secret(name, namespace, _preload_content=False,
-                                                             _request_timeout=REQUEST_TIMEOUT))
+            secret = request_json(self._api, "GET", _path(SECRETS, namespace, name))
         except ApiException as exc:
             raise SecretUnavailable(f"Secret {namespace}/{name}: {exc.reason} ({exc.status})") from None
         data = secret.get("data") or {}
@@ -183,19 +179,43 @@ class Kube:
         return SecretValue(base64.b64decode(data[key]), secret["metadata"]["resourceVersion"])
 
     def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
-        return response_json(self._core.list_namespaced_pod(namespace, label_selector=label_selector,
-                                                    _preload_content=False, _request_timeout=REQUEST_TIMEOUT))["items"]
+        return request_json(self._api, "GET", _path(PODS, namespace), query={"labelSelector": label_selector})["items"]
 
     def set_deletion_cost(self, namespace: str, pod: str, cost: int) -> None:
         patch = {"metadata": {"annotations": {DELETION_COST_ANNOTATION: str(cost)}}}
         self._before_write()
         try:
-            self._core.patch_namespaced_pod(pod, namespace, patch, field_manager=FIELD_MANAGER,
-                                            _request_timeout=REQUEST_TIMEOUT)
+            request_json(self._api, "PATCH", _path(PODS, namespace, pod), body=patch, content_type=MERGE_PATCH)
         except ApiException as exc:
             if exc.status != 404:  # the pod went away meanwhile: nothing to price
                 raise
 
 
+def request_json(api: client.ApiClient, method: str, path: str, *, body: Any = None, query: dict[str, str] | None = None,
+                 content_type: str = "application/json") -> Any:
+    """One request through the client's configuration (credentials, TLS, token refresh), as JSON in
+    and out, without the client's typed API classes: importing those loads hundreds of model
+    classes, over a second of CPU before a controller (or a standby taking over) can act, to
+    describe objects the controller reads as plain JSON anyway. Non-2xx answers raise ApiException,
+    as the typed calls do; every write names the field manager."""
+    params = {**(query or {}), **({"fieldManager": FIELD_MANAGER} if method != "GET" else {})}
+    headers = {"Accept": "application/json", **({"Content-Type": content_type} if body is not None else {})}
+    method, url, headers, body, _ = api.param_serialize(method=method, resource_path=path, query_params=list(params.items()),
+                                                        header_params=headers, body=body, auth_settings=["BearerToken"])
+    response = api.call_api(method, url, header_params=headers, body=body, _request_timeout=REQUEST_TIMEOUT)
+    data = response.read()
+    if not 200 <= response.status <= 299:
+        raise ApiException.from_response(http_resp=response, body=data.decode("utf-8", "replace"), data=None)
+    return json.loads(data)
+
+
+def _path(collection: str, namespace: str, name: str | None = None, subresource: str | None = None) -> str:
+    """`collection` with `{namespace}` filled, then the object's name and subresource (each quoted)."""
+    parts = [collection.format(namespace=quote(namespace, safe=""))]
+    parts += [quote(part, safe="") for part in (name, subresource) if part is not None]
+    return "/".join(parts)
+
+
 def response_json(response: Any) -> Any:
+    """The JSON body of a typed call made with `_preload_content=False`."""
     return json.loads(response.data)

@@ -21,7 +21,6 @@ import kopf
 from queueworker.scaling.resource import GROUP, PLURAL, VERSION
 
 from .deployment import OWNER_LABEL
-from .kube import Kube, load_config
 from .leader import LeaderElector
 from .queuedb import QueueDatabases
 from .reconcile import ObjectMemory, QueueWorkerObject, Reconciler
@@ -61,9 +60,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # bounding the objects processed at once bounds that when a thousand QueueWorkers appear together.
     settings.queueing.worker_limit = EVENT_WORKERS
     asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(RESOLVER_THREADS, thread_name_prefix="resolve"))
-    leader: LeaderElector | None = memo.get("leader")
-    kube = Kube(load_config()) if leader is None else Kube(load_config(), before_write=leader.ensure_leading)
-    memo.reconciler = Reconciler(kube, QueueDatabases(),
+    memo.reconciler = Reconciler(memo.kube, QueueDatabases(),
                                  allow_privileged_templates=bool(memo.get("allow_privileged_templates")))
 
 

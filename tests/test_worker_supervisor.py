@@ -11,6 +11,7 @@ import psycopg
 import pytest
 
 from queueworker.client.producer import enqueue_many
+from queueworker.runtime.processes import metrics_ports
 from tests.support import WorkerProcess, query, scalar, state_counts, wait_until
 
 pytestmark = pytest.mark.integration
@@ -92,3 +93,16 @@ def test_arguments_every_worker_refuses_stop_the_supervisor_with_exit_2(dsn, sup
     proc = supervisor(dsn, "--processes", "2", "--handlers", "os")
     assert proc.wait(60) == 2, proc.log()
     assert "registers no task handlers" in proc.log()
+
+
+def test_each_worker_gets_a_metrics_port_of_its_own_or_any_free_one(dsn, supervisor):
+    assert metrics_ports(9100, 3) == [9100, 9101, 9102] and metrics_ports(None, 2) == [None, None]
+    with pytest.raises(ValueError, match="--metrics-port 65534 with 3 processes needs ports 65534-65536"):
+        metrics_ports(65534, 3)
+    proc = supervisor(dsn, "--processes", "2", "--metrics-port", "0")
+    children = wait_until(lambda: (lambda c: len(c) == 2 and c)(psutil.Process(proc.pid).children()),
+                          message="two worker processes")
+    # The last --metrics-port of each worker's command line is the one it serves on.
+    ports = [[value for flag, value in zip(c.cmdline(), c.cmdline()[1:]) if flag == "--metrics-port"][-1]
+             for c in children]
+    assert ports == ["0", "0"], "port 0 means any free port, for each worker"
