@@ -5,6 +5,8 @@ module over 700 lines, and rows are read by name, never by position, outside the
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -163,3 +165,19 @@ ok = (await conn.fetch(X, P()))[0].version
     assert [what for _, what in _positional_reads(ast.parse(source))] == [
         "a fetched row unpacked", "a fetched row unpacked", "a value indexed out of a fetched row", "._make()",
         ".fetchone()"]
+
+
+def test_every_public_name_resolves_and_a_producer_loads_no_worker():
+    """`queueworker/__init__` imports its names on first use: each must be where it says, and a
+    producer importing the client's names must not pay for the worker runtime or its metrics."""
+    import queueworker
+
+    assert [name for name in queueworker.__all__ if getattr(queueworker, name, None) is None] == []
+    assert set(queueworker.__all__) <= set(dir(queueworker))
+    loaded = subprocess.run([sys.executable, "-c", (
+        "import sys\nfrom queueworker import TaskSpec, enqueue, enqueue_many, get_task, wait_for\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('queueworker.runtime', 'queueworker.console', "
+        "'queueworker.dev', 'prometheus_client'))))")], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]"
+    with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
+        queueworker.nothing_here  # noqa: B018 - the lookup is the test

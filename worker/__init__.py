@@ -25,31 +25,42 @@ What applications import:
 - `Worker`, `run_worker`, `run_worker_async`, `Registry`: run a worker inside an application (sync,
   or on the application's asyncio loop), with the default registry that `@task` fills or one of
   its own (`registry.task`); the CLI's `worker` command runs through `run_worker` too
-  (docs/embedding.md). Imported on first use, so producers do not load the worker.
+  (docs/embedding.md).
 """
 
-from ._version import __version__  # noqa: E402
+import importlib
 
-from .runtime.handlers import Continue, PermanentError, Registry, RetryAfter, RunInfo, Snooze, TaskContext, task  # noqa: E402
-from .client.cron import periodic  # noqa: E402
-from .client.producer import TaskSpec, enqueue, enqueue_async, enqueue_chain, enqueue_chain_async, enqueue_many, enqueue_many_async, start_run
-from .client.operations import cancel, cancel_many, retry  # noqa: E402
-from .client.results import TaskInfo, get_task, wait_for  # noqa: E402
-from .settings import SettingsError, WorkerSettings  # noqa: E402
+from ._version import __version__
 
-__all__ = ["__version__", "Continue", "PermanentError", "Registry", "RetryAfter", "RunInfo", "SettingsError", "Snooze", "TaskContext",
-           "TaskInfo", "TaskSpec", "WorkerSettings", "cancel", "cancel_many", "enqueue", "enqueue_async",
-           "enqueue_chain", "enqueue_chain_async", "enqueue_many", "enqueue_many_async", "get_task", "periodic",
-           "retry", "start_run",
-           "task", "wait_for", "Worker", "run_worker", "run_worker_async"]
+# Where each public name lives. Imported on first use (PEP 562), so a command, a producer or a
+# handler module loads only what it touches: `import queueworker` alone costs a few milliseconds,
+# and the worker runtime is never loaded by a process that only enqueues.
+_PUBLIC = {
+    "Continue": "runtime.handlers", "PermanentError": "runtime.handlers", "Registry": "runtime.handlers",
+    "RetryAfter": "runtime.handlers", "RunInfo": "runtime.handlers", "Snooze": "runtime.handlers",
+    "TaskContext": "runtime.handlers", "task": "runtime.handlers",
+    "periodic": "client.cron",
+    "TaskSpec": "client.producer", "enqueue": "client.producer", "enqueue_async": "client.producer",
+    "enqueue_chain": "client.producer", "enqueue_chain_async": "client.producer",
+    "enqueue_many": "client.producer", "enqueue_many_async": "client.producer", "start_run": "client.producer",
+    "cancel": "client.operations", "cancel_many": "client.operations", "retry": "client.operations",
+    "TaskInfo": "client.results", "get_task": "client.results", "wait_for": "client.results",
+    "SettingsError": "settings", "WorkerSettings": "settings",
+    "Worker": "runtime.worker", "run_worker": "runtime.worker", "run_worker_async": "runtime.worker",
+}
 
-_WORKER_NAMES = ("Worker", "run_worker", "run_worker_async")
+__all__ = ["__version__", *sorted(_PUBLIC)]
 
 
 def __getattr__(name: str) -> object:
-    """The worker's names, imported when first used (PEP 562)."""
-    if name in _WORKER_NAMES:
-        from .runtime import worker
+    """A public name, imported from its module when first used and kept here afterwards."""
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'queueworker' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
 
-        return getattr(worker, name)
-    raise AttributeError(f"module 'queueworker' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_PUBLIC})
