@@ -1,5 +1,9 @@
 """The `queueworker` CLI: real subprocesses, real database. Bad input means one line on stderr,
-a non-zero exit (2 for usage errors), no traceback, and never a password in anything printed."""
+a non-zero exit (2 for usage errors), no traceback, and never a password in anything printed.
+
+The large families of bad input, which never get past validation, run `cli.main` in this process
+(`qw_here`: the same code from argument parsing to exit status, without a second of CPU to start
+a process for each); one case of each kind also runs as a real process."""
 
 from __future__ import annotations
 
@@ -37,6 +41,22 @@ def qw(*args: str, env: dict | None = None, stdin: bytes | None = None, timeout:
                             input=stdin, env={**environ, **(env or {})})
     return subprocess.CompletedProcess(result.args, result.returncode, result.stdout.decode(errors="replace"),
                                        result.stderr.decode(errors="replace"))
+
+
+def qw_here(monkeypatch: pytest.MonkeyPatch, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`qw` in this process: the same environment rules, stdout and stderr captured, argparse's exit
+    taken as the exit status."""
+    for key in [k for k in os.environ if k == "DATABASE_URL" or k.startswith("QUEUEWORKER_")]:
+        monkeypatch.delenv(key)
+    for key, value in (env or {}).items():
+        monkeypatch.setenv(key, value)
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            code = cli.main(list(args))
+        except SystemExit as exc:  # argparse
+            code = exc.code
+    return subprocess.CompletedProcess(["queueworker", *args], code, stdout.getvalue(), stderr.getvalue())
 
 
 def _one_clear_line(result: subprocess.CompletedProcess, code: int, fragment: str) -> None:
@@ -90,13 +110,14 @@ def test_unknown_option():
     (["--queue", "mail\n"], "--queue: String should match pattern"),
     (["--queue", "has space"], "--queue: String should match pattern"),
 ])
-def test_hostile_enqueue_input_is_one_line_before_the_database(args, fragment):
-    _one_clear_line(qw("enqueue", "qw.noop", *args, "--dsn", UNUSED_DSN), 2, fragment)
+def test_hostile_enqueue_input_is_one_line_before_the_database(args, fragment, monkeypatch):
+    _one_clear_line(qw_here(monkeypatch, "enqueue", "qw.noop", *args, "--dsn", UNUSED_DSN), 2, fragment)
 
 
 @pytest.mark.parametrize("name", ["tab\there", "esc\x1b[31mred", "del\x7f", "line\nbreak", "sep\u2028", " "])
-def test_task_names_must_be_printable(name):
-    _one_clear_line(qw("enqueue", name, "--dsn", UNUSED_DSN), 2, "TASK: must be printable text")
+def test_task_names_must_be_printable(name, monkeypatch):
+    _one_clear_line(qw_here(monkeypatch, "enqueue", name, "--dsn", UNUSED_DSN), 2, "TASK: must be printable text")
+
 
 
 def test_payloads_too_deep_or_not_text_from_a_file_or_stdin_are_one_line(tmp_path):
@@ -149,14 +170,25 @@ COMMANDS = [["migrate"], ["enqueue", "qw.noop"], ["worker"], ["status"], ["retry
     (command, source, url) for command in COMMANDS for source, url in BAD_URLS
     if not (command[0] == "demo" and source == "DATABASE_URL")  # the demo reads --dsn only
 ], ids=lambda value: value[0] if isinstance(value, list) else None)
-def test_a_malformed_database_url_stops_every_command_at_once_without_echoing_it(command, source, url):
+def test_a_malformed_database_url_stops_every_command_at_once_without_echoing_it(command, source, url, monkeypatch):
     if source == "DATABASE_URL":
-        result = qw(*command, env={"DATABASE_URL": url}, timeout=30)
+        result = qw_here(monkeypatch, *command, env={"DATABASE_URL": url})
     else:
-        result = qw(*command, "--dsn", url, timeout=30)
+        result = qw_here(monkeypatch, *command, "--dsn", url)
     _one_clear_line(result, 2, f"{source}: the database URL")
     secret = url if source == "DATABASE_URL" and "password" not in url else PASSWORD
     assert secret not in result.stdout + result.stderr
+
+
+def test_hostile_input_is_one_line_from_a_real_process_too():
+    _one_clear_line(qw("enqueue", "qw.noop", "--delay", "nan", "--dsn", UNUSED_DSN), 2,
+                    "--delay: Input should be a finite number")
+    _one_clear_line(qw("enqueue", "tab\there", "--dsn", UNUSED_DSN), 2, "TASK: must be printable text")
+    _one_clear_line(qw("worker", "--dsn", UNUSED_DSN, env={"QUEUEWORKER_RETENTION_HOURS": "inf"}), 2,
+                    "QUEUEWORKER_RETENTION_HOURS (as retention_seconds): Input")
+    result = qw("status", env={"DATABASE_URL": BAD_URLS[0][1]})
+    _one_clear_line(result, 2, "DATABASE_URL: the database URL")
+    assert BAD_URLS[0][1] not in result.stdout + result.stderr
 
 
 @pytest.mark.parametrize("args, env, fragment", [
@@ -178,8 +210,16 @@ def test_a_malformed_database_url_stops_every_command_at_once_without_echoing_it
     ([], {"QUEUEWORKER_LOG_FORMAT": "xml"}, "QUEUEWORKER_LOG_FORMAT: must be one of json, text"),
     (["--concurrency", "0"], {"QUEUEWORKER_CONCURRENCY": "5"}, "--concurrency: Input should be greater"),
 ])
-def test_a_bad_worker_setting_is_one_line_naming_its_flag_or_variable(args, env, fragment):
-    _one_clear_line(qw("worker", *args, "--dsn", UNUSED_DSN, env=env, timeout=30), 2, fragment)
+def test_a_bad_worker_setting_is_one_line_naming_its_flag_or_variable(args, env, fragment, monkeypatch):
+    _one_clear_line(qw_here(monkeypatch, "worker", *args, "--dsn", UNUSED_DSN, env=env), 2, fragment)
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--processes", "2", "--metrics-port", "65535"], "--metrics-port 65535 with 2 processes needs ports 65535-65536"),
+    (["--processes", "64", "--metrics-port", "65500"], "use a port of at most 65472"),
+])
+def test_worker_processes_need_a_metrics_port_for_each(args, fragment, monkeypatch):
+    _one_clear_line(qw_here(monkeypatch, "worker", *args, "--dsn", UNUSED_DSN), 2, fragment)
 
 
 def test_worker_help_shows_every_setting_with_the_models_default_and_its_variable():
