@@ -77,6 +77,13 @@ def test_unknown_errors_keep_their_first_line_scrubbed():
     assert explained == "weird failure near *** and ***"
 
 
+def test_a_secret_is_masked_as_a_token_not_inside_longer_words():
+    text = 'task bench_sleep failed in queueworker_bench: password "bench" for postgresql://u:bench@db/x (bench)'
+    assert dsn.scrub(text, ["bench"]) == \
+        'task bench_sleep failed in queueworker_bench: password "***" for postgresql://u:***@db/x (***)'
+    assert dsn.scrub("p@ss!-word and xp@ss!-word", ["p@ss!-word"]) == "*** and xp@ss!-word"
+
+
 def test_explain_on_an_unparseable_value_never_echoes_it():
     explained = dsn.explain(psycopg.ProgrammingError(f'missing "=" after "{TOKEN}" in connection info string'),
                             TOKEN)

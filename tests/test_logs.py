@@ -73,6 +73,15 @@ def test_url_passwords_are_redacted_even_with_no_secret_configured(captured):
     assert captured.getvalue()[9:] == "WARNING app: retrying postgresql://app:***@db.example:5432/app\n"
 
 
+def test_a_short_password_inside_names_leaves_them_readable(captured):
+    _configure(captured, "INFO", True, secrets=["bench"])
+    logging.getLogger("app").warning("task %s finished in %s", "bench_sleep", "queueworker_bench",
+                                     extra={"dsn": "postgresql://u:bench@db/queueworker_bench"})
+    line = json.loads(captured.getvalue())
+    assert line["msg"] == "task bench_sleep finished in queueworker_bench"
+    assert line["dsn"] == "postgresql://u:***@db/queueworker_bench"
+
+
 def test_text_lines_keep_the_fields_of_the_json_lines(captured):
     _configure(captured, "info", json_format=False)
     logging.getLogger("queueworker.worker").info("worker starting", extra={"queues": ["a", "b"], "concurrency": 10})

@@ -59,10 +59,13 @@ def redact(text: str) -> str:
 
 
 def scrub(text: str, secrets: Iterable[str | None]) -> str:
-    """`text` redacted, and with every literal occurrence of the given secret values masked too
-    (for values that are not recognisably URLs, such as a token stored by mistake)."""
+    """`text` redacted, and with every occurrence of the given secret values masked too (for values
+    that are not recognisably URLs, such as a token stored by mistake). A secret is masked where it
+    stands as a token of its own, not inside a longer word: with the password `bench`, the task
+    `bench_sleep` and the database `queueworker_bench` stay readable and say nothing of it, while
+    `password "bench"` or `:bench@` is masked."""
     for secret in sorted((s for s in secrets if s and len(s) >= 3), key=len, reverse=True):
-        text = text.replace(secret, MASK)
+        text = re.sub(rf"(?<![A-Za-z0-9_]){re.escape(secret)}(?![A-Za-z0-9_])", MASK, text)
     return redact(text)
 
 

@@ -97,12 +97,17 @@ def cmd_worker(args: argparse.Namespace) -> int:
     log_format = _process_option(args.log_format, "--log-format", "QUEUEWORKER_LOG_FORMAT", LOG_FORMATS,
                                  default_format())
     settings = settings_from({option.field: getattr(args, option.field) for option in SETTING_OPTIONS}, os.environ)
-    configure_logging(level, log_format == "json", secrets(args.dsn))
     processes = args.processes if args.processes is not None else _processes_from_environment()
     if processes > 1:
-        from ..runtime.processes import run_processes
+        from ..runtime.processes import metrics_ports, run_processes
 
-        return run_processes(args.argv, processes, settings.metrics_port)
+        try:
+            ports = metrics_ports(settings.metrics_port, processes)
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
+        configure_logging(level, log_format == "json", secrets(args.dsn))
+        return run_processes(args.argv, ports)
+    configure_logging(level, log_format == "json", secrets(args.dsn))
     _import_from_working_directory()
     try:
         default_registry.import_modules(args.handlers)

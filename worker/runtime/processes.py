@@ -33,6 +33,7 @@ POLL_SECONDS = 0.2
 # starts over once a worker has run this long.
 RESTART_BACKOFF_SECONDS = (1.0, 30.0)
 STABLE_RUN_SECONDS = 60.0
+MAX_PORT = 65535
 _PR_SET_PDEATHSIG = 1
 
 
@@ -41,6 +42,7 @@ class _Slot:
     """One worker process position: its current process and its restart history."""
 
     index: int
+    metrics_port: int | None
     process: subprocess.Popen | None = None
     started: float = 0.0
     restarts: int = 0
@@ -54,10 +56,24 @@ def worker_argv(argv: Sequence[str]) -> list[str]:
     return [sys.executable, "-m", "queueworker.cli", *argv, "--processes", "1"]
 
 
-def run_processes(argv: Sequence[str], count: int, metrics_port: int | None) -> int:
-    """Runs `count` workers until a stop signal and their drains; returns the exit code."""
+def metrics_ports(first: int | None, count: int) -> list[int | None]:
+    """The port each of `count` workers serves metrics on: worker i on `first` + i (each on 0, any
+    free port, when `first` is 0). ValueError, naming the range, when the last is not a port."""
+    if first is None or first == 0:
+        return [first] * count
+    last = first + count - 1
+    if last > MAX_PORT:
+        raise ValueError(f"--metrics-port {first} with {count} processes needs ports {first}-{last}, past "
+                         f"{MAX_PORT}: use a port of at most {MAX_PORT - count + 1}")
+    return [first + index for index in range(count)]
+
+
+def run_processes(argv: Sequence[str], ports: Sequence[int | None]) -> int:
+    """Runs one worker per entry of `ports` (its metrics port, from metrics_ports) until a stop
+    signal and their drains; returns the exit code."""
     command = worker_argv(argv)
-    slots = [_Slot(i) for i in range(count)]
+    count = len(ports)
+    slots = [_Slot(i, ports[i]) for i in range(count)]
     stops = 0
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -72,13 +88,13 @@ def run_processes(argv: Sequence[str], count: int, metrics_port: int | None) -> 
     try:
         log.info("starting %d worker processes", count, extra={"processes": count})
         for slot in slots:
-            _start(slot, command, metrics_port)
+            _start(slot, command)
         while True:
             now = time.monotonic()
             for slot in slots:
                 if slot.process is None:
                     if not stops and now >= slot.restart_at:
-                        _start(slot, command, metrics_port)
+                        _start(slot, command)
                     continue
                 code = slot.process.poll()
                 if code is None:
@@ -110,9 +126,9 @@ def run_processes(argv: Sequence[str], count: int, metrics_port: int | None) -> 
     return EXIT_UNCLEAN if failed or len(last) < count else 0
 
 
-def _start(slot: _Slot, command: list[str], metrics_port: int | None) -> None:
-    if metrics_port is not None:  # one port per process: worker i serves on the port + i
-        command = [*command, "--metrics-port", str(metrics_port + slot.index)]
+def _start(slot: _Slot, command: list[str]) -> None:
+    if slot.metrics_port is not None:
+        command = [*command, "--metrics-port", str(slot.metrics_port)]
     slot.process = subprocess.Popen(command, preexec_fn=_die_with_parent)
     slot.started = time.monotonic()
 
