@@ -66,15 +66,20 @@ def write_controller_kubeconfig(plane, path: Path) -> Path:
             "metadata": {"name": ACCOUNT},
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": ACCOUNT},
             "subjects": subjects})
-        token = core.create_namespaced_service_account_token(
-            ACCOUNT, SYSTEM_NAMESPACE, {"spec": {"expirationSeconds": 6 * 3600}}).status.token
-    admin = yaml.safe_load(plane.kubeconfig.read_text())
-    server = admin["clusters"][0]["cluster"]
+    return write_service_account_kubeconfig(plane, SYSTEM_NAMESPACE, ACCOUNT, path)
+
+
+def write_service_account_kubeconfig(plane, namespace: str, account: str, path: Path) -> Path:
+    """A kubeconfig acting as ServiceAccount `namespace/account` (a token valid for 6 hours)."""
+    with plane.api_client() as api:
+        token = client.CoreV1Api(api).create_namespaced_service_account_token(
+            account, namespace, {"spec": {"expirationSeconds": 6 * 3600}}).status.token
+    server = yaml.safe_load(plane.kubeconfig.read_text())["clusters"][0]["cluster"]
     path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "controller",
+        "apiVersion": "v1", "kind": "Config", "current-context": account,
         "clusters": [{"name": "test", "cluster": server}],
-        "users": [{"name": ACCOUNT, "user": {"token": token}}],
-        "contexts": [{"name": "controller", "context": {"cluster": "test", "user": ACCOUNT}}]}))
+        "users": [{"name": account, "user": {"token": token}}],
+        "contexts": [{"name": account, "context": {"cluster": "test", "user": account}}]}))
     return path
 
 
@@ -191,16 +196,18 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def running_controller(plane, namespace: str, kubeconfig: Path, database_url: str, tmp_path: Path
-                       ) -> Iterator[Cluster]:
+def running_controller(plane, namespace: str, kubeconfig: Path, database_url: str, tmp_path: Path,
+                       *extra_args: str) -> Iterator[Cluster]:
     """`namespace` with Secret `app-db` (key `url`) holding `database_url`, and the controller, as
-    production starts it, watching that namespace; QueueWorkers are deleted while it still runs."""
+    production starts it (plus `extra_args`), watching that namespace; QueueWorkers are deleted while
+    it still runs."""
     log_path = tmp_path / "controller.log"
     with plane.api_client() as api:
         helper = Cluster(plane, namespace, api, log_path, free_port(), free_port())
         helper.core.create_namespaced_secret(namespace, {
             "metadata": {"name": DB_SECRET}, "stringData": {"url": database_url}})
-        process = start_controller(kubeconfig, namespace, log_path, helper.metrics_port, helper.liveness_port)
+        process = start_controller(kubeconfig, namespace, log_path, helper.metrics_port, helper.liveness_port,
+                                   *extra_args)
         try:
             yield helper
             helper.delete_queueworkers()

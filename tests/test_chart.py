@@ -53,7 +53,8 @@ def test_defaults_render_a_locked_down_leader_and_standby(helm, tmp_path):
     assert {"--leader-election", "--leader-election-name=rel-queueworker-controller",
             "--leader-election-lease-seconds=8"} <= set(container["args"])
     assert {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"] if "valueFrom" in e} == {
-        "POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
+        "POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace",
+        "POD_SERVICE_ACCOUNT": "spec.serviceAccountName"}
     election = rendered.one("Role", "-leader-election")
     assert election["metadata"]["namespace"] == "qw-system"
     assert election["rules"] == yaml.safe_load((CHART / "files" / "leader-election-rules.yaml").read_text())
@@ -303,6 +304,20 @@ def test_network_policy_allows_only_what_the_controller_needs(helm, tmp_path):
     assert "NetworkPolicy" not in render(helm, tmp_path).kinds()
 
 
+def test_network_policy_lets_only_the_named_peers_reach_the_console(helm, tmp_path):
+    values = {"networkPolicy": {"enabled": True}, "console": {**READ_ONLY_CONSOLE, "enabled": True}}
+    rendered = render(helm, tmp_path, values)
+    controller, console = rendered.one("NetworkPolicy", "-controller")["spec"], rendered.one("NetworkPolicy", "-console")["spec"]
+    assert console["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "console"
+    assert console["ingress"] == [], "no consoleFrom: nobody (kubectl port-forward still works)"
+    assert console["egress"] == controller["egress"], "the API server, DNS and the databases, as the controller"
+    peers = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress"}}}]
+    values["networkPolicy"]["consoleFrom"] = peers
+    console = render(helm, tmp_path, values).one("NetworkPolicy", "-console")["spec"]
+    assert console["ingress"] == [{"from": peers, "ports": [{"port": "http", "protocol": "TCP"}]}]
+    assert len(render(helm, tmp_path, {"networkPolicy": {"enabled": True}}).all("NetworkPolicy")) == 1
+
+
 def test_metrics_and_liveness_bind_where_told(helm, tmp_path):
     args = controller_container(render(helm, tmp_path))["args"]
     assert "--metrics-address=0.0.0.0" in args and "--liveness=http://0.0.0.0:8081/healthz" in args
@@ -417,6 +432,11 @@ CONSOLE = {"console": {"enabled": True, "allowActions": True, "port": 8443,
                        "auth": {"secretRef": {"name": "console-auth", "key": "token"}}}}
 
 
+# Every page shows payloads, results and errors: a token is required whenever the console runs.
+READ_ONLY_CONSOLE = {"database": {"secretName": "db", "key": "url"},
+                     "auth": {"secretRef": {"name": "console-token", "key": "token"}}}
+
+
 def test_console_is_off_by_default_and_lints_when_on(helm, tmp_path):
     assert not [o for o in render(helm, tmp_path).objects if o["metadata"]["name"].endswith("-console")]
     result = run_helm(helm, "lint", "--strict", values=CONSOLE, tmp_path=tmp_path)
@@ -446,10 +466,11 @@ def test_console_deployment_serves_with_the_mounted_token_and_reads_queueworkers
     assert rendered.one("ClusterRole", "-console")["rules"] == [
         {"apiGroups": ["queueworker.dev"], "resources": ["queueworkers"], "verbs": ["get", "list"]}]
     assert rendered.one("ClusterRoleBinding", "-console")["subjects"][0]["name"] == pod["serviceAccountName"]
-    read_only = render(helm, tmp_path, {"console": {"enabled": True, "database": {"secretName": "db", "key": "url"}}})
+    read_only = render(helm, tmp_path, {"console": {**READ_ONLY_CONSOLE, "enabled": True}})
     (container,) = read_only.one("Deployment", "-console")["spec"]["template"]["spec"]["containers"]
-    assert "--allow-actions" not in container["args"] and len(container["env"]) == 1
-    own_image = render(helm, tmp_path, {"console": {"enabled": True, "database": {"secretName": "db", "key": "url"},
+    assert "--allow-actions" not in container["args"]
+    assert container["env"][1] == {"name": "QUEUEWORKER_CONSOLE_TOKEN_FILE", "value": "/var/run/queueworker-console/token"}
+    own_image = render(helm, tmp_path, {"console": {**READ_ONLY_CONSOLE, "enabled": True,
                                                     "image": {"repository": "registry.example/app", "tag": "2"}}})
     (container,) = own_image.one("Deployment", "-console")["spec"]["template"]["spec"]["containers"]
     assert container["image"] == "registry.example/app:2"
@@ -458,10 +479,13 @@ def test_console_deployment_serves_with_the_mounted_token_and_reads_queueworkers
 @pytest.mark.parametrize(("values", "message"), [
     ({"console": {"enabled": True, "allowActions": True, "database": {"secretName": "db", "key": "url"}}},
      "at '/console/auth/secretRef/name': minLength: got 0, want 1"),
-    ({"console": {"enabled": True}}, "console.database.secretName is required when console.enabled is true"),
+    ({"console": {"enabled": True, "database": {"secretName": "db", "key": "url"}}},
+     "at '/console/auth/secretRef/name': minLength: got 0, want 1"),
+    ({"console": {"enabled": True, "auth": READ_ONLY_CONSOLE["auth"]}},
+     "console.database.secretName is required when console.enabled is true"),
     ({"console": {"port": 0}}, "at '/console/port': minimum: got 0, want 1"),
     ({"console": {"auth": {"token": "inline"}}}, "at '/console/auth': additional properties 'token' not allowed"),
-], ids=["actions-without-auth", "no-database", "bad-port", "inline-token"])
+], ids=["actions-without-auth", "pages-without-auth", "no-database", "bad-port", "inline-token"])
 def test_console_values_are_refused_when_unsafe_or_incomplete(helm, tmp_path, values, message):
     result = run_helm(helm, "template", "rel", values=values, tmp_path=tmp_path)
     assert result.returncode != 0 and message in result.stderr, result.stderr

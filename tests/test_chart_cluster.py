@@ -100,6 +100,46 @@ def test_rendered_chart_is_accepted_by_the_api_server(helm, tmp_path, control_pl
 
 
 @pytest.mark.cluster
+@pytest.mark.integration
+def test_the_console_reads_queueworkers_in_the_watched_namespaces_only(helm, tmp_path, control_plane, crd,
+                                                                      cluster_namespace, dsn):
+    """With watchNamespaces the console's identity may list QueueWorkers in those namespaces and
+    nowhere else, and the console (given the same namespaces, as the chart's Deployment is) shows
+    theirs; asked to list cluster-wide, it says it may not."""
+    from queueworker.console import ConsoleConfig, create_app
+    from starlette.testclient import TestClient
+    from tests.controller_cluster import create_queueworker, write_service_account_kubeconfig
+
+    watched, unwatched = control_plane.create_namespace("watched"), control_plane.create_namespace("unwatched")
+    values = {"console": {"enabled": True, "database": {"secretName": "db", "key": "url"},
+                          "auth": {"secretRef": {"name": "console-token", "key": "token"}}},
+              "watchNamespaces": [watched], "fullnameOverride": cluster_namespace}
+    rendered = render(helm, tmp_path, values, release=cluster_namespace, namespace=cluster_namespace)
+    (console,) = rendered.one("Deployment", "-console")["spec"]["template"]["spec"]["containers"]
+    assert f"--namespace={watched}" in console["args"]
+    spec = {"queue": "jobs", "image": "worker:1", "database": {"secretRef": {"name": "db"}}}
+    with control_plane.api_client() as api:
+        dyn = dynamic.DynamicClient(api)
+        for obj in rendered.objects:
+            if obj["metadata"]["name"].endswith("-console") and obj["kind"] in (
+                    "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "RoleBinding"):
+                apply(dyn, obj, cluster_namespace)
+        for namespace in (watched, unwatched):
+            create_queueworker(api, namespace, "mailer", spec)
+        account = f"{cluster_namespace}:{cluster_namespace}-console"
+        assert service_account_can(api, account, watched, "list", "queueworkers", "queueworker.dev")
+        assert not service_account_can(api, account, unwatched, "list", "queueworkers", "queueworker.dev")
+        assert not service_account_can(api, account, None, "list", "queueworkers", "queueworker.dev")
+    kubeconfig = str(write_service_account_kubeconfig(control_plane, cluster_namespace, f"{cluster_namespace}-console",
+                                                      tmp_path / "console-kubeconfig"))
+    with TestClient(create_app(ConsoleConfig(dsn, kubeconfig=kubeconfig, namespaces=(watched,)))) as c:
+        page = c.get("/scaling").text
+    assert f"{watched}/mailer" in page and f"{unwatched}/mailer" not in page
+    with TestClient(create_app(ConsoleConfig(dsn, kubeconfig=kubeconfig))) as c:
+        assert "cannot list QueueWorkers: HTTP 403" in c.get("/scaling").text
+
+
+@pytest.mark.cluster
 def test_the_migrations_hook_job_migrates_a_real_database_under_pod_security_restricted(
         helm, tmp_path, control_plane, cluster_namespace, blank_dsn):
     """The hook Job, created as Helm creates it, in a namespace that enforces "restricted": the
@@ -178,6 +218,7 @@ def test_install_upgrade_uninstall_keeps_the_crd(helm, control_plane, cluster_na
         common = ["--set", f"fullnameOverride={release}"]
         notes = helm_run("install", release, str(CHART), *common, "--wait", "--timeout", "90s")
         assert "The CRD is kept on `helm uninstall`" in notes
+        assert "ALL NAMESPACES: the controller may read every Secret" in notes, "all-namespaces installs are told"
         deployment = f"{release}-controller"
         assert "--verbose" not in apps.read_namespaced_deployment(deployment, cluster_namespace).spec.template.spec \
             .containers[0].args

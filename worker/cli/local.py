@@ -70,6 +70,9 @@ def add_console(sub: Any, common: argparse.ArgumentParser) -> None:
     console.add_argument("--token-file", default=None, help="file holding the token (a mounted Secret)")
     console.add_argument("--kubeconfig", default=None,
                          help="read QueueWorkers with this kubeconfig (default: the in-cluster configuration)")
+    console.add_argument("--namespace", action="append", dest="namespaces", default=[], metavar="NS",
+                         help="show the QueueWorkers of this namespace (repeatable; default: every namespace, "
+                              "which needs the right to list them cluster-wide)")
 
 
 def cmd_console(args: argparse.Namespace) -> int:
@@ -82,7 +85,7 @@ def cmd_console(args: argparse.Namespace) -> int:
         raise CliError(f"the console needs its extra: pip install 'queueworker[console]' ({exc})") from None
     try:
         config = ConsoleConfig(args.dsn, token=load_token(args.token_file), allow_actions=args.allow_actions,
-                               kubeconfig=args.kubeconfig)
+                               kubeconfig=args.kubeconfig, namespaces=tuple(args.namespaces))
     except CredentialsError as exc:
         raise CliError(str(exc)) from None
     configure_logging("INFO", json_format=default_format() == "json", secrets=[*secrets(args.dsn), config.token])

@@ -44,6 +44,7 @@ class ConsoleConfig:
     token: str | None = None        # None: read-only and open
     allow_actions: bool = False
     kubeconfig: str | None = None   # None: in-cluster configuration, when there is one
+    namespaces: tuple[str, ...] = ()  # the QueueWorkers of these namespaces only; empty: every namespace
 
     def __post_init__(self) -> None:
         if self.allow_actions and not self.token:
@@ -112,7 +113,7 @@ class Console:
     def __init__(self, config: ConsoleConfig):
         self.config = config
         self.db = data.ConsoleDatabase(config.dsn)
-        self.cluster = ClusterReader(config.kubeconfig)
+        self.cluster = ClusterReader(config.kubeconfig, config.namespaces)
         self.signer = auth.CsrfSigner(config.token)
         self.templates = _environment()
 

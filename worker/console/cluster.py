@@ -3,6 +3,7 @@ it (in-cluster config, or --kubeconfig). Without access the page says why, and n
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,10 +35,12 @@ class ScalingView:
 
 
 class ClusterReader:
-    """Loads the client configuration once; lists QueueWorkers on every call."""
+    """Loads the client configuration once; lists QueueWorkers on every call: in every namespace, or
+    in each of `namespaces` (what a console allowed to read those namespaces only can list)."""
 
-    def __init__(self, kubeconfig: str | None):
+    def __init__(self, kubeconfig: str | None, namespaces: Sequence[str] = ()):
         self.kubeconfig = kubeconfig
+        self.namespaces = tuple(namespaces)
         self._api: Any = None
         self._unavailable: str | None = None
 
@@ -66,14 +69,22 @@ class ClusterReader:
         api = self._connect()
         if api is None:
             return ScalingView([], self._unavailable)
-        try:
-            listed = api.list_cluster_custom_object(GROUP, VERSION, PLURAL, limit=LIST_LIMIT,
-                                                    _request_timeout=REQUEST_TIMEOUT_SECONDS)
-        except Exception as exc:  # noqa: BLE001 - any API or network failure is shown, never raised
-            status = getattr(exc, "status", None)
-            detail = f"HTTP {status} {getattr(exc, 'reason', '')}".strip() if status else type(exc).__name__
-            return ScalingView([], f"cannot list QueueWorkers: {detail}")
-        return ScalingView([_status(item) for item in listed.get("items", [])])
+        items: list[dict[str, Any]] = []
+        for namespace in self.namespaces or (None,):
+            try:
+                if namespace is None:
+                    listed = api.list_cluster_custom_object(GROUP, VERSION, PLURAL, limit=LIST_LIMIT,
+                                                            _request_timeout=REQUEST_TIMEOUT_SECONDS)
+                else:
+                    listed = api.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, limit=LIST_LIMIT,
+                                                               _request_timeout=REQUEST_TIMEOUT_SECONDS)
+            except Exception as exc:  # noqa: BLE001 - any API or network failure is shown, never raised
+                status = getattr(exc, "status", None)
+                detail = f"HTTP {status} {getattr(exc, 'reason', '')}".strip() if status else type(exc).__name__
+                where = f" in namespace {namespace}" if namespace else ""
+                return ScalingView([_status(item) for item in items], f"cannot list QueueWorkers{where}: {detail}")
+            items += listed.get("items", [])
+        return ScalingView([_status(item) for item in items])
 
 
 def _status(item: dict[str, Any]) -> QueueWorkerStatus:

@@ -97,3 +97,29 @@ annotations:
 {{- range . }}{{ include "queueworker.dropForbiddingRules" . }}{{ end }}
 {{- end }}
 {{- end }}
+
+{{/* The egress rules of the controller's and the console's NetworkPolicies: the API server, DNS and
+the databases (networkPolicy.apiServer, dns, databaseEgress). */}}
+{{- define "queueworker.commonEgress" -}}
+{{- $policy := .Values.networkPolicy -}}
+# The API server.
+- ports:
+    {{- range $policy.apiServer.ports }}
+    - {port: {{ . }}, protocol: TCP}
+    {{- end }}
+  {{- with $policy.apiServer.cidrs }}
+  to:
+    {{- range . }}
+    - ipBlock: {cidr: {{ . | quote }}}
+    {{- end }}
+  {{- end }}
+{{- if $policy.dns }}
+- ports:
+    - {port: 53, protocol: UDP}
+    - {port: 53, protocol: TCP}
+{{- end }}
+{{- with $policy.databaseEgress }}
+# The databases.
+{{ toYaml . }}
+{{- end }}
+{{- end }}
