@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 import kopf
@@ -31,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--allow-privileged-templates", action="store_true",
                         help="deploy QueueWorker pod templates that ask for privileges (host namespaces, "
                              "privileged containers, hostPath...); off: such QueueWorkers get Ready=False InvalidSpec")
+    parser.add_argument("--service-account", metavar="NAMESPACE/NAME", type=_service_account, default=_own_account(),
+                        help="the ServiceAccount this controller runs as: QueueWorkers may not run their pods as it "
+                             "(default: $POD_NAMESPACE/$POD_SERVICE_ACCOUNT, which the chart sets)")
     election = parser.add_argument_group("leader election (several replicas, one acting)")
     election.add_argument("--leader-election", action="store_true",
                           help="act only while holding a coordination.k8s.io Lease; wait as a standby otherwise")
@@ -76,11 +80,23 @@ def main(argv: list[str] | None = None) -> int:
         kopf.run(standalone=True, clusterwide=not args.namespaces, namespaces=args.namespaces,
                  liveness_endpoint=args.liveness,
                  memo=kopf.Memo(allow_privileged_templates=args.allow_privileged_templates, leader=leader,
-                                kube=kube))
+                                kube=kube, service_account=args.service_account))
     finally:
         if leader is not None:
             leader.release()
     return 0
+
+
+def _service_account(text: str) -> tuple[str, str]:
+    namespace, _, name = text.partition("/")
+    if not namespace or not name or "/" in name:
+        raise argparse.ArgumentTypeError(f"expected NAMESPACE/NAME, got {text[:100]!r}")
+    return namespace, name
+
+
+def _own_account() -> tuple[str, str] | None:
+    namespace, name = os.environ.get("POD_NAMESPACE"), os.environ.get("POD_SERVICE_ACCOUNT")
+    return (namespace, name) if namespace and name else None
 
 
 def _elector(args: argparse.Namespace) -> LeaderElector:

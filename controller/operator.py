@@ -61,7 +61,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.queueing.worker_limit = EVENT_WORKERS
     asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(RESOLVER_THREADS, thread_name_prefix="resolve"))
     memo.reconciler = Reconciler(memo.kube, QueueDatabases(),
-                                 allow_privileged_templates=bool(memo.get("allow_privileged_templates")))
+                                 allow_privileged_templates=bool(memo.get("allow_privileged_templates")),
+                                 service_account=memo.get("service_account"))
 
 
 @kopf.on.cleanup()

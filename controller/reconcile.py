@@ -37,7 +37,7 @@ from .kube import DELETION_COST_ANNOTATION, Kube, ScaleTargetUnavailable, Secret
 from .queuedb import QueueDatabases
 from .redaction import KnownSecrets, known_secrets
 from .scalein import deletion_costs
-from .spec import InvalidSpec, QueueWorkerSpec
+from .spec import SCALED_BY_ANNOTATION, InvalidSpec, QueueWorkerSpec
 from .status import (
     MESSAGE_LIMIT, Event, TickResult, depth_status, epoch, failure, history, iso, recommendations, status_patch,
     tick_conditions,
@@ -227,6 +227,7 @@ class Reconciler:
     True once the Event is set): tests give their own, so that time moves when they say."""
 
     def __init__(self, kube: Kube, databases: QueueDatabases, *, allow_privileged_templates: bool = False,
+                 service_account: tuple[str, str] | None = None,
                  secrets: KnownSecrets = known_secrets, wall_clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic,
                  wait: Callable[[asyncio.Event, float], Awaitable[bool]] = wait_event):
@@ -236,6 +237,7 @@ class Reconciler:
         # (namespace, Secret, key) -> its last read: QueueWorkers sharing a Secret share a read.
         self._secret_reads: dict[tuple[str, str, str], SecretRead] = {}
         self.allow_privileged_templates = allow_privileged_templates
+        self.service_account = service_account  # (namespace, name) the controller itself runs as
         self.secrets = secrets
         self.wall_clock = wall_clock
         self.monotonic = monotonic
@@ -450,6 +452,7 @@ class Reconciler:
             except InvalidSpec as exc:
                 return self._failed(obj, "InvalidSpec", f"spec cannot be used: {exc}")
             refused = [] if self.allow_privileged_templates else podsecurity.violations(rendered["spec"]["template"])
+            refused += self._runs_as_controller(obj.namespace, rendered["spec"]["template"])
             memory.rendered = RenderedDeployment((obj.generation, version),
                                                  rendered["metadata"]["annotations"][HASH_ANNOTATION],
                                                  grace_period_seconds(rendered), refused)
@@ -487,6 +490,9 @@ class Reconciler:
         except (ApiException, ScaleTargetUnavailable) as exc:
             why = api_error(exc) if isinstance(exc, ApiException) else str(exc)
             return self._failed(obj, "ScaleTargetUnavailable", f"scaleTargetRef {where}: {why}")
+        refusal = _not_opted_in(found.workload, obj.name)
+        if refusal:
+            return self._failed(obj, "ScaleTargetNotOptedIn", f"scaleTargetRef {where}: {refusal}")
         scale_status = found.scale.get("status") or {}
         workload = found.workload or {}
         grace, drain = _worker_drain(workload)
@@ -497,6 +503,18 @@ class Reconciler:
                             int((workload.get("status") or {}).get("readyReplicas")
                                 or scale_status.get("replicas") or 0),
                             workload, scale, str(scale_status.get("selector") or ""), grace, drain)
+
+    def _runs_as_controller(self, namespace: str, template: dict[str, Any]) -> list[str]:
+        """A pod template that would run as the controller's own ServiceAccount (possible in the
+        controller's namespace) would hand its rights to whoever may create a QueueWorker there:
+        refused even with --allow-privileged-templates."""
+        if self.service_account is None or namespace != self.service_account[0]:
+            return []
+        pod = template.get("spec") or {}
+        name = self.service_account[1]
+        if name in (pod.get("serviceAccountName"), pod.get("serviceAccount")):
+            return [f"spec.template.spec.serviceAccountName: {name} is the controller's own ServiceAccount"]
+        return []
 
     def _remember_secret_read(self, key: tuple[str, str, str], now: float, value: SecretValue,
                               parsed: DatabaseSecret) -> None:
@@ -591,10 +609,23 @@ def _database_secret(value: SecretValue, where: str) -> DatabaseSecret:
         return DatabaseSecret(version=value.version, error_reason="InvalidDatabaseUrl", error=f"{where}: {exc}")
 
 
+def _not_opted_in(workload: dict[str, Any] | None, name: str) -> str | None:
+    """Why a scaleTargetRef's workload may not be scaled by QueueWorker `name`; None when it names it
+    in its SCALED_BY_ANNOTATION."""
+    if workload is None:
+        return (f"the controller may not read it, so cannot see its {SCALED_BY_ANNOTATION} annotation "
+                f"(allow get on it)")
+    found = ((workload.get("metadata") or {}).get("annotations") or {}).get(SCALED_BY_ANNOTATION)
+    if found == name:
+        return None
+    has = "has none" if found is None else f"names {str(found)[:63]!r}"
+    return f"it must opt in with the annotation {SCALED_BY_ANNOTATION}: {name} (it {has})"
+
+
 def _refusal(violations: list[str]) -> str:
     shown = "; ".join(violations[:5]) + (f"; and {len(violations) - 5} more" if len(violations) > 5 else "")
-    return (f"the pod template asks for privileges a QueueWorker may not grant: {shown} (the controller runs "
-            f"with --allow-privileged-templates only where the cluster opts in)")
+    return (f"the pod template asks for privileges a QueueWorker may not grant: {shown} (pod-security ones are "
+            f"allowed only where the controller runs with --allow-privileged-templates)")
 
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from queueworker.scaling.policy import ScalingParams
+from queueworker.scaling.resource import GROUP
 from queueworker.settings import WorkerSettings
 
 _WORKER_DEFAULTS = WorkerSettings()
@@ -61,6 +62,11 @@ class Rollout:
 
     strategy: str = "Drain"
     max_wait_seconds: int = 3600
+
+
+# A scaleTargetRef's workload consents to being scaled by naming the QueueWorker here: whoever may
+# create a QueueWorker must not be able to scale (or price the pods of) any workload of the namespace.
+SCALED_BY_ANNOTATION = f"{GROUP}/scaled-by"
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from queueworker.client import operations
 from queueworker.client.producer import enqueue_many
 from queueworker_controller.deployment import OWNER_LABEL
 from queueworker_controller.kube import DELETION_COST_ANNOTATION
+from queueworker_controller.spec import SCALED_BY_ANNOTATION
 from queueworker.scaling.resource import GROUP, PLURAL, VERSION
 from tests.controller_cluster import Cluster, DB_SECRET, create_queueworker, SYSTEM_NAMESPACE, announce, cluster, enqueue_sleeps, lease_holders, task_report, worker_spec  # noqa: F401 (cluster: a fixture)
 
@@ -295,8 +296,9 @@ def test_a_drained_task_says_so_in_its_audit_trail(cluster: Cluster, dsn: str):
 
 def test_a_scale_target_of_the_users_own_is_scaled_and_otherwise_left_alone(cluster: Cluster, dsn: str):
     """A Deployment the user ships (their labels, annotations, container, grace period) and a
-    QueueWorker with scaleTargetRef: the backlog scales it through /scale, nothing else on it changes,
-    and deleting the QueueWorker leaves it in place."""
+    QueueWorker with scaleTargetRef: until the Deployment opts in (names the QueueWorker in its
+    scaled-by annotation) it is never scaled; then the backlog scales it through /scale, nothing else
+    on it changes, and deleting the QueueWorker leaves it in place."""
     labels = {"app": "mine"}
     cluster.apps.create_namespaced_deployment(cluster.namespace, {
         "metadata": {"name": "mine", "labels": {"team": "a"}, "annotations": {"example.com/owner": "me"}},
@@ -308,10 +310,15 @@ def test_a_scale_target_of_the_users_own_is_scaled_and_otherwise_left_alone(clus
                 "env": [{"name": "DATABASE_URL", "valueFrom": {"secretKeyRef": {"name": DB_SECRET, "key": "url"}}},
                         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}]}]}}}})
-    before = cluster.apps.read_namespaced_deployment("mine", cluster.namespace).to_dict()
     spec = {k: v for k, v in worker_spec(maxReplicas=3, tasksPerReplica=1).items() if k != "image"}
     cluster.apply("theirs", {**spec, "scaleTargetRef": {"kind": "Deployment", "name": "mine"}})
     enqueue_sleeps(dsn, 3, 3, 3)
+    cluster.wait_for(lambda: cluster.queueworker("theirs").get("status", {}).get("reason") == "ScaleTargetNotOptedIn",
+                     timeout=30, message="a target that did not opt in refused")
+    assert cluster.apps.read_namespaced_deployment("mine", cluster.namespace).spec.replicas == 0, "never scaled"
+    cluster.apps.patch_namespaced_deployment("mine", cluster.namespace, {
+        "metadata": {"annotations": {SCALED_BY_ANNOTATION: "theirs"}}})  # the owner opts in
+    before = cluster.apps.read_namespaced_deployment("mine", cluster.namespace).to_dict()
     cluster.wait_for(lambda: cluster.apps.read_namespaced_deployment("mine", cluster.namespace).spec.replicas == 3,
                      timeout=30, message="the user's Deployment scaled to 3")
     def reported() -> dict | None:  # the scale is written before the status that reports it

@@ -18,7 +18,7 @@ from kubernetes.client.rest import ApiException
 from queueworker.db.migrate import migrate
 from queueworker_controller.deployment import SECRET_VERSION_ANNOTATION
 from queueworker.scaling.resource import GROUP, PLURAL, VERSION
-from tests.controller_cluster import Cluster, DB_SECRET, create_queueworker, ERRORS, cluster, enqueue_sleeps, task_report, worker_spec  # noqa: F401 (cluster: a fixture)
+from tests.controller_cluster import Cluster, DB_SECRET, create_queueworker, ERRORS, cluster, enqueue_sleeps, running_controller, task_report, worker_spec  # noqa: F401 (cluster: a fixture)
 from tests.hanging_servers import SilentServer, StalledPostgres
 from tests.pod_templates import ALLOWED, REFUSED
 
@@ -76,6 +76,21 @@ def test_the_controller_refuses_what_the_crd_cannot_see_and_leaves_the_deploymen
     cluster.wait_for_ticks(3, "odd", counter=ERRORS)  # several polls: one Event, no retry loop
     assert len(cluster.events("InvalidSpec")) == 2
     assert "failed with an exception" not in cluster.controller_log.read_text()
+
+
+def test_no_queueworker_runs_its_pods_as_the_controllers_own_service_account(
+        control_plane, cluster_namespace, controller_kubeconfig, dsn, tmp_path):
+    """A controller told its own ServiceAccount (`--service-account`, from the chart's downward API
+    variables in a pod) refuses QueueWorkers of that namespace whose pods would run as it."""
+    with running_controller(control_plane, cluster_namespace, controller_kubeconfig, dsn, tmp_path,
+                            "--service-account", f"{cluster_namespace}/queueworker-controller") as cluster:
+        cluster.apply("borrower", {**worker_spec(), "template": {"spec": {"serviceAccountName": "queueworker-controller"}}})
+        ready = cluster.wait_for(lambda: (lambda c: c.get("reason") == "InvalidSpec" and c)(
+            cluster.condition("borrower", "Ready")), message="Ready=False InvalidSpec")
+        assert "queueworker-controller is the controller's own ServiceAccount" in ready["message"]
+        with pytest.raises(ApiException) as missing:
+            cluster.apps.read_namespaced_deployment("borrower-worker", cluster.namespace)
+        assert missing.value.status == 404
 
 
 def test_worker_pods_pass_pod_security_restricted_and_refused_pods_are_reported(cluster: Cluster, dsn: str):

@@ -19,6 +19,7 @@ from queueworker.scaling.resource import QueueDepthField, StatusField
 from queueworker_controller.queuedb import WorkerLease
 from queueworker_controller.reconcile import ObjectMemory, QueueWorkerObject, Reconciler
 from queueworker_controller.redaction import KnownSecrets
+from queueworker_controller.spec import SCALED_BY_ANNOTATION
 from tests.pod_templates import REFUSED
 
 SPEC = {"queue": "jobs", "image": "img", "database": {"secretRef": {"name": "db", "key": "url"}},
@@ -447,6 +448,20 @@ def test_privileged_templates_are_deployed_where_the_cluster_allows_them():
     assert kube.deployments["w-worker"]["spec"]["template"]["spec"]["hostNetwork"] is True
 
 
+@pytest.mark.parametrize("field", ["serviceAccountName", "serviceAccount"])
+def test_no_template_runs_as_the_controllers_own_service_account(field):
+    as_controller = {**SPEC, "template": {"spec": {field: "controller"}}}
+    for allow in (False, True):  # not a pod-security matter: no flag allows it
+        kube = FakeKube()
+        result = tick(kube, QueueDepth(3, 0), as_controller, service_account=("ns", "controller"),
+                      allow_privileged_templates=allow)
+        assert conditions(result)["Ready"] == ("False", "InvalidSpec")
+        assert "controller is the controller's own ServiceAccount" in result.status["message"]
+        assert kube.deployments == {} and kube.writes == 0
+    elsewhere = tick(FakeKube(), QueueDepth(3, 0), as_controller, service_account=("qw-system", "controller"))
+    assert conditions(elsewhere)["Ready"] == ("True", "QueueReadable"), "another namespace's account of that name"
+
+
 class ExplodingKube(FakeKube):
     def list_pods(self, namespace, selector):
         raise RuntimeError("something nobody expected")
@@ -624,12 +639,32 @@ def test_an_idle_queueworker_waits_for_announcements_while_its_database_listens(
         reconciler.close()
 
 
-def user_workload(args: list[str], grace: int | None = 60) -> dict[str, Any]:
+def user_workload(args: list[str], grace: int | None = 60, scaled_by: str | None = "w") -> dict[str, Any]:
+    """A workload of the user's own, opted in to be scaled by QueueWorker `scaled_by` (the ticks' "w")."""
     pod = {"containers": [{"name": "app", "image": "mine", "args": args}]}
     if grace is not None:
         pod["terminationGracePeriodSeconds"] = grace
-    return {"metadata": {"name": "mine", "namespace": "ns"}, "spec": {"template": {"spec": pod}},
-            "status": {"readyReplicas": 1}}
+    annotations = {} if scaled_by is None else {SCALED_BY_ANNOTATION: scaled_by}
+    return {"metadata": {"name": "mine", "namespace": "ns", "annotations": annotations},
+            "spec": {"template": {"spec": pod}}, "status": {"readyReplicas": 1}}
+
+
+@pytest.mark.parametrize("scaled_by, unreadable, why", [
+    (None, False, "it must opt in with the annotation queueworker.dev/scaled-by: w (it has none)"),
+    ("other", False, "(it names 'other')"),
+    ("w", True, "the controller may not read it, so cannot see its queueworker.dev/scaled-by annotation"),
+], ids=["no-annotation", "another-queueworker", "unreadable"])
+def test_a_scale_target_that_did_not_opt_in_is_never_scaled(scaled_by, unreadable, why):
+    kube = FakeKube()
+    kube.target = user_workload(["worker"], scaled_by=scaled_by)
+    if unreadable:  # the controller may read its Scale but not the object (403 on get)
+        kube.read_scale_target = lambda namespace, ref: FoundScaleTarget(
+            {"spec": {"replicas": 1}, "status": {"replicas": 1, "selector": "app=mine"}}, None)
+    spec = {k: v for k, v in SPEC.items() if k != "image"} | {"scaleTargetRef": {"kind": "Deployment", "name": "mine"}}
+    result = tick(kube, QueueDepth(ready=50, running=0), spec)
+    assert conditions(result)["Ready"] == ("False", "ScaleTargetNotOptedIn")
+    assert why in result.status["message"]
+    assert kube.target_scaled == [] and kube.costs == {} and kube.writes == 0
 
 
 def test_a_scale_target_is_scaled_through_its_scale_and_nothing_is_created():
