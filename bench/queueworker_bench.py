@@ -30,7 +30,7 @@ class Workers:
     @classmethod
     def start(cls, dsn: str, count: int, concurrency: int, *extra: str) -> Workers:
         log = tempfile.NamedTemporaryFile(prefix="qw-bench-", suffix=".log", delete=False)
-        procs = [subprocess.Popen([sys.executable, "-m", "queueworker.cli", "worker", "--dsn", dsn,
+        procs = [subprocess.Popen([sys.executable, "-m", "queueworker.cli", "worker", "--builtin-tasks", "--dsn", dsn,
                                    "--concurrency", str(concurrency), "--log-level", "WARNING", *extra],
                                   stdout=log, stderr=log) for _ in range(count)]
         return cls(procs)

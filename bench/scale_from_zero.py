@@ -252,7 +252,9 @@ def main() -> None:
         print(f"image imported into the node in {time.monotonic() - loading:.1f}s", flush=True)
         cluster.create_queueworker(NAME, {
             "queue": NAME, "image": image, "database": {"secretRef": {"name": "db"}},
-            "scaling": {"scaleDownStabilizationSeconds": 0, "cooldownSeconds": 0}})
+            "scaling": {"scaleDownStabilizationSeconds": 0, "cooldownSeconds": 0},
+            "template": {"spec": {"containers": [{"name": "worker", "env": [  # it runs qw.noop
+                {"name": "QUEUEWORKER_BUILTIN_TASKS", "value": "true"}]}]}}})
         cluster.plane.wait_for(lambda: cluster.apps.read_namespaced_deployment(DEPLOYMENT, NAMESPACE), timeout=60,
                                message="the worker Deployment")
         rounds = []

@@ -104,7 +104,8 @@ class QueueWorker(System):
 
     def worker_cmd(self, dsn: str, concurrency: int) -> list[str]:
         supervised = [] if self.processes is None else ["--processes", str(self.processes)]
-        return [sys.executable, "-m", "queueworker.cli", "worker", "--dsn", dsn, "--concurrency", str(concurrency),
+        return [sys.executable, "-m", "queueworker.cli", "worker", "--builtin-tasks", "--dsn", dsn,
+                "--concurrency", str(concurrency),
                 "--handlers", "bench.peers.qw_handlers", "--log-level", "WARNING", *supervised]
 
     def bulk_enqueue(self, dsn: str, tasks: int, batch: int) -> float:

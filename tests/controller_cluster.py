@@ -244,10 +244,14 @@ def cluster(control_plane, cluster_namespace, controller_kubeconfig, dsn, tmp_pa
         yield helper
 
 
+# A pod template whose worker runs the built-in qw.* tasks the tests enqueue (off by default).
+BUILTIN_TASKS = {"spec": {"containers": [{"name": "worker", "env": [{"name": "QUEUEWORKER_BUILTIN_TASKS", "value": "true"}]}]}}
+
+
 def worker_spec(**scaling: Any) -> dict[str, Any]:
     """A QueueWorker spec for tests: short windows, fast leases, no metrics port (pods share 127.0.0.1)."""
     return {"queue": "jobs", "image": "queueworker:test", "database": {"secretRef": {"name": DB_SECRET}},
-            "concurrency": 1, "leaseSeconds": 6, "drainSeconds": 1, "metricsPort": 0,
+            "concurrency": 1, "leaseSeconds": 6, "drainSeconds": 1, "metricsPort": 0, "template": BUILTIN_TASKS,
             "scaling": {"pollingIntervalSeconds": 1, "scaleDownStabilizationSeconds": 2, "cooldownSeconds": 2,
                         **scaling}}
 

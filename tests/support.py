@@ -22,13 +22,16 @@ FAST_LEASES = ["--lease-seconds", "3", "--heartbeat-seconds", "1"]
 class WorkerProcess:
     """A `queueworker worker` child process with its log in a temp file."""
 
-    def __init__(self, dsn: str, *args: str, env: dict[str, str] | None = None):
+    def __init__(self, dsn: str, *args: str, env: dict[str, str] | None = None, builtin_tasks: bool = True):
         self.log_path = Path(tempfile.mkstemp(prefix="qw-worker-", suffix=".log")[1])
         self._log = open(self.log_path, "wb")
         # The URL goes by environment, as in a pod: on the command line any local user could read it.
+        # Most tests run the built-in qw.* tasks, which production workers leave out unless told.
+        builtin = {"QUEUEWORKER_BUILTIN_TASKS": "true"} if builtin_tasks else {}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "queueworker.cli", "worker", "--log-format", "text", *args],
-            stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, "DATABASE_URL": dsn, **(env or {})})
+            stdout=self._log, stderr=subprocess.STDOUT,
+            env={**os.environ, "DATABASE_URL": dsn, **builtin, **(env or {})})
 
     @property
     def pid(self) -> int:
@@ -52,6 +55,17 @@ class WorkerProcess:
             self.proc.kill()
             self.proc.wait(10)
         self._log.close()
+
+
+def builtin_registry() -> Any:
+    """A registry of the test's own holding the built-in qw.* tasks (a worker adds them to the
+    default registry only, and only when told)."""
+    from queueworker.runtime.builtin_tasks import register_builtin_tasks
+    from queueworker.runtime.handlers import Registry
+
+    registry = Registry()
+    register_builtin_tasks(registry)
+    return registry
 
 
 async def run_worker_until(worker: Any, done: Callable[[], bool], timeout: float = 30.0) -> int:

@@ -73,3 +73,33 @@ def test_a_worker_fails_an_impossible_sleep_at_its_first_attempt(dsn):
     assert "greater than or equal to 0" in rows[1][1]
     assert "retryable: Input should be a valid boolean" in rows[2][1]
     assert "qw.sleep payload is invalid: seconds" in rows[3][1]
+
+
+@pytest.mark.integration
+def test_without_the_switch_a_worker_runs_no_builtin_task(dsn):
+    """Production workers leave qw.* out: a producer's qw.fail cannot fail anything in their queue
+    (nor open its breaker); the task is handed back as unknown, without an attempt spent."""
+    with psycopg.connect(dsn) as conn:
+        (task_id,) = enqueue_many(conn, [{"task": "qw.fail", "payload": {"retryable": False}}])
+    worker = WorkerProcess(dsn, *FAST_LEASES, builtin_tasks=False)
+    try:
+        wait_until(lambda: query(dsn, "SELECT count(*) FROM queueworker.task_events WHERE task_id = %s "
+                                      "AND from_state = 'running' AND to_state = 'pending'", (task_id,))[0][0] >= 1,
+                   message="the unknown task handed back")
+        state, attempts, message = query(dsn, "SELECT state::text, attempts, error->>'message' FROM queueworker.tasks "
+                                              "WHERE id = %s", (task_id,))[0]
+    finally:
+        worker.signal(15)
+        worker.wait()
+        worker.stop()
+    assert (state, attempts) == ("pending", 0) and "qw.fail" in message
+
+
+def test_builtin_tasks_go_only_to_the_default_registry(dsn):
+    from queueworker import Registry, Worker, WorkerSettings
+
+    with pytest.raises(ValueError, match="register_builtin_tasks"):
+        Worker(dsn, WorkerSettings(builtin_tasks=True), Registry())
+    own = Registry()
+    Worker(dsn, WorkerSettings(), own)
+    assert not [name for name in own.names() if name.startswith("qw.")]

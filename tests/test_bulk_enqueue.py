@@ -18,11 +18,10 @@ from queueworker.cli import main as cli_main
 from queueworker.client import producer
 from queueworker.client.producer import COPY_THRESHOLD, enqueue_batch, enqueue_many_async
 from queueworker.db.enqueue import COPY_STAGING
-from queueworker.runtime.handlers import Registry
 from queueworker.names import INT4_MAX
 from queueworker.settings import WorkerSettings
 from queueworker.runtime.worker import Worker
-from tests.support import query, run_worker_until, scalar, until
+from tests.support import builtin_registry, query, run_worker_until, scalar, until
 
 # Whether the transaction has a staging table: whether a batch of it went through COPY.
 STAGED = "SELECT to_regclass('pg_temp.queueworker_staged_tasks') IS NOT NULL"
@@ -206,7 +205,7 @@ def test_a_copied_batch_wakes_a_listening_worker(dsn):
                       (ids,)) == len(ids)
 
     async def main() -> list[int]:
-        worker = Worker(dsn, settings_, Registry())
+        worker = Worker(dsn, settings_, builtin_registry())
         running = asyncio.create_task(run_worker_until(worker, lambda: bool(ids) and done(ids), timeout=120))
         await until(lambda: asyncio.to_thread(done, [first]), 120,  # the worker is up, listening, and idle again
                     "the first task to succeed", interval=0.1)

@@ -26,10 +26,9 @@ from queueworker.db.depth import QUEUE_DEPTH, QueueDepthParams
 from queueworker.client.cron import CronError, Schedule, cron_job, first_slot_after
 from queueworker.runtime.cron import ENQUEUE_AHEAD_SECONDS, MAX_CATCH_UP_SLOTS, POLL_SECONDS, CronDuty, dedupe_key, plan_slots
 from queueworker.db.connection import DutyConnection
-from queueworker.runtime.handlers import Registry
 from queueworker.settings import WorkerSettings
 from queueworker.runtime.worker import Worker
-from tests.support import WatchedDuty, WorkerProcess, query, scalar, start_listening, wait_until
+from tests.support import WatchedDuty, WorkerProcess, builtin_registry, query, scalar, start_listening, wait_until
 
 UTC = timezone.utc
 COUNTER = "queueworker_cron_slots_enqueued_total"
@@ -432,7 +431,7 @@ def test_runtime_changes_reach_a_running_workers_cron_duty_by_notification(dsn, 
         assert await asyncio.to_thread(_cli, dsn, *args) == 0, args
 
     async def scenario() -> int:
-        worker = Worker(dsn, WorkerSettings(), Registry(), schedule=Schedule())
+        worker = Worker(dsn, WorkerSettings(), builtin_registry(), schedule=Schedule())
         duty = WatchedDuty(worker, "cron", worker.cron.wake)
         running = await start_listening(worker, duty)
         try:

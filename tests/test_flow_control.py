@@ -27,11 +27,12 @@ from queueworker.db.lease import CLAIM, CLAIM_LIMITED, LOCK_QUEUE, ClaimParams, 
 from queueworker.db.statements import Bound, Statement
 from queueworker.dev.localpg import free_port
 from queueworker.runtime.flow import REFRESH_SECONDS
-from queueworker.runtime.handlers import Registry
 from queueworker.client.operations import parse_duration, parse_rate
 from queueworker.settings import WorkerSettings
 from queueworker.runtime.worker import Worker
-from tests.support import FAST_LEASES, WatchedDuty, WorkerProcess, query, scalar, start_listening, until, wait_until
+from tests.support import (
+    FAST_LEASES, WatchedDuty, WorkerProcess, builtin_registry, query, scalar, start_listening, until,
+    wait_until)
 
 HANDLERS = ("--handlers", "tests.flow_handlers")
 
@@ -216,7 +217,7 @@ def test_a_limit_set_at_runtime_reaches_a_running_worker_by_notification(dsn, mo
         await asyncio.to_thread(change)
 
     async def scenario() -> int:
-        worker = Worker(dsn, WorkerSettings(queues=("notified",)), Registry())
+        worker = Worker(dsn, WorkerSettings(queues=("notified",)), builtin_registry())
         duty = WatchedDuty(worker, "flow", worker.flow.wake)
         running = await start_listening(worker, duty)
         try:

@@ -279,7 +279,7 @@ def test_a_worker_container_drains_the_queue_and_docker_stop_hands_back_its_leas
     which forwards it: the worker drains, releases the leases of tasks that cannot finish (back to
     pending, the attempt not counted) and exits 0, well before docker would SIGKILL it (137)."""
     quick = sleeps(dsn, 20, 0.05)
-    worker = containers.start(images.worker, "worker", "--concurrency", "3", "--drain-seconds", "1",
+    worker = containers.start(images.worker, "worker", "--builtin-tasks", "--concurrency", "3", "--drain-seconds", "1",
                               "--log-format", "text", options=options, dsn=dsn)
     wait_until(lambda: state_counts(dsn).get("succeeded") == len(quick), timeout=60,
                message=f"the quick tasks done; log:\n{worker.logs()[-2000:]}")

@@ -26,14 +26,15 @@ from queueworker.db.statements import NO_PARAMS, NoParams, Statement
 
 from queueworker import wait_for
 from queueworker.runtime.cron import POLL_SECONDS, SAFETY_POLL_SECONDS
-from queueworker.runtime.handlers import Registry
 from queueworker.db.notify import notifications_arrive
 from queueworker.db.migrate import available_migrations, migrate
 from queueworker.client.producer import enqueue, enqueue_many
 from queueworker.settings import WorkerSettings
 from queueworker.runtime.worker import Worker
 from queueworker_controller.queuedb import QueueDatabases
-from tests.support import WorkerProcess, assert_each_succeeded_once, query, scalar, state_counts, until, wait_until
+from tests.support import (
+    WorkerProcess, assert_each_succeeded_once, builtin_registry, query, scalar, state_counts, until,
+    wait_until)
 
 pytestmark = pytest.mark.integration
 
@@ -107,7 +108,7 @@ def test_a_workers_connections_prepare_their_statements_on_a_direct_connection(d
     what they run more than once (planning the claim each time costs the server ~0.6 ms), unless
     --no-prepare-statements says otherwise."""
     async def prepared_after_two_runs(settings: WorkerSettings) -> int:
-        worker = Worker(dsn, settings, Registry())
+        worker = Worker(dsn, settings, builtin_registry())
         conns = worker._connections()
         try:
             for conn in conns:
@@ -200,7 +201,7 @@ def test_a_worker_that_hears_of_no_schedule_change_has_its_cron_duty_poll(pgboun
     listener has found that notifications do not arrive, it wakes the duty, which from then on looks
     for schedule changes every POLL_SECONDS. With --no-listen it does so from the start."""
     async def duty_waits(settings: WorkerSettings) -> list[float]:
-        worker = Worker(pgbouncer_dsn, settings, Registry())
+        worker = Worker(pgbouncer_dsn, settings, builtin_registry())
         try:
             waits = [await worker.cron.step()]
             if settings.listen:
@@ -220,7 +221,7 @@ def test_a_worker_on_a_direct_connection_keeps_listening(dsn, caplog):
     caplog.set_level(logging.WARNING, logger="queueworker.listener")
 
     async def listen() -> None:
-        worker = Worker(dsn, WorkerSettings(), Registry())
+        worker = Worker(dsn, WorkerSettings(), builtin_registry())
         listening = asyncio.create_task(worker.listener.step())
         try:
             await asyncio.wait_for(worker.scheduler.poked.wait(), 30)  # caught up: it listens now

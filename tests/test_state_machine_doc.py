@@ -16,12 +16,11 @@ from psycopg.types.json import Jsonb
 from queueworker import cancel, metrics
 
 from queueworker.db import duties, lease, runs, statements, tasks
-from queueworker.runtime.handlers import Registry
 from queueworker.db.migrate import migrate
 from queueworker.client.producer import enqueue, enqueue_chain, enqueue_many, start_run
 from queueworker.settings import WorkerSettings
 from queueworker.runtime.worker import State, Worker
-from tests.support import query, until
+from tests.support import builtin_registry, query, until
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "state-machine.md"
 
@@ -96,7 +95,7 @@ def test_documented_worker_transitions_are_exactly_the_ones_a_worker_makes(dsn):
     async def all_done() -> bool:
         return await asyncio.to_thread(lambda: query(dsn, "SELECT count(*) FROM queueworker.tasks WHERE "
                                                           "id = ANY(%s) AND state = 'succeeded'", (ids,))[0][0] == 5)
-    worker = Worker(dsn, SETTINGS, Registry())
+    worker = Worker(dsn, SETTINGS, builtin_registry())
 
     async def done_and_idle() -> bool:
         return await all_done() and worker.state is State.IDLE
@@ -105,12 +104,12 @@ def test_documented_worker_transitions_are_exactly_the_ones_a_worker_makes(dsn):
     # No schema yet: start-up errors, then a stop before the worker ever started.
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("DROP SCHEMA queueworker CASCADE")
-    starting = Worker(dsn, SETTINGS, Registry())
+    starting = Worker(dsn, SETTINGS, builtin_registry())
     assert asyncio.run(_run(starting, _in_state(starting, State.ERROR_WAIT))) == 0
     migrate(dsn)
 
     # Claims fail, the worker waits, tries again, and is stopped while it waits.
-    failing = Worker(dsn, SETTINGS, Registry())
+    failing = Worker(dsn, SETTINGS, builtin_registry())
     calls = []
 
     def broken_claim(queue: str) -> None:  # raised where the claim was about to be sent
@@ -125,12 +124,12 @@ def test_documented_worker_transitions_are_exactly_the_ones_a_worker_makes(dsn):
     # A stop request arrives while a full batch is being claimed.
     with psycopg.connect(dsn) as conn:
         enqueue_many(conn, [{"task": "qw.sleep", "payload": {"seconds": 5}}] * 2)
-    claiming = Worker(dsn, SETTINGS, Registry())
+    claiming = Worker(dsn, SETTINGS, builtin_registry())
     claiming.signals.claimed.watch(lambda rows: claiming.request_stop())  # as the claim returns
     assert asyncio.run(_run(claiming, lambda: asyncio.sleep(0, False))) == 0
 
     # A stop request arrives during the start-up rescue pass.
-    recovering = Worker(dsn, SETTINGS, Registry())
+    recovering = Worker(dsn, SETTINGS, builtin_registry())
     real_rescue = recovering.rescuer.rescue_once
 
     async def rescue_then_stop() -> tuple[int, int]:

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from queueworker import metrics
-from queueworker.runtime.handlers import Registry, TaskContext
+from queueworker.runtime.handlers import TaskContext
 from queueworker.runtime.heartbeat import Heartbeater
 from queueworker.runtime.attempt import Attempt
 from queueworker.runtime.cleaner import Cleaner
@@ -25,7 +25,8 @@ from queueworker.runtime.rescuer import Rescuer
 from queueworker.runtime.scheduler import Scheduler
 from queueworker.settings import WorkerSettings
 from queueworker.runtime.worker import CLAIM_FAILURES_BEFORE_EXIT, Worker
-from tests.support import FreezableProxy, WorkerProcess, run_worker_until, scalar, state_counts, wait_until
+from tests.support import (
+    FreezableProxy, WorkerProcess, builtin_registry, run_worker_until, scalar, state_counts, wait_until)
 
 pytestmark = pytest.mark.integration
 
@@ -91,7 +92,7 @@ DUTIES = [("rescue", (Rescuer, "rescue_once")), ("schedule", (Scheduler, "promot
 @pytest.mark.parametrize("duty, fault", DUTIES, ids=[d[0] for d in DUTIES])
 def test_an_unexpected_error_in_any_duty_is_logged_counted_and_survived(dsn, monkeypatch, caplog, duty, fault):
     # Calls 2 and 3 fail: the first call of some duties happens at start-up, outside the duty.
-    worker = Worker(dsn, FAST, Registry())
+    worker = Worker(dsn, FAST, builtin_registry())
     if isinstance(fault, str):
         patched = flaky(_ignore, failing_calls={2, 3})
         getattr(worker.signals, fault).watch(patched)
@@ -124,7 +125,7 @@ def test_an_unexpected_error_in_any_duty_is_logged_counted_and_survived(dsn, mon
 def test_a_worker_that_cannot_claim_stops_heartbeating_and_exits_non_zero(dsn, monkeypatch):
     claims: list[float] = []
     beats: list[float] = []
-    worker = Worker(dsn, FAST, Registry())
+    worker = Worker(dsn, FAST, builtin_registry())
     worker.signals.claiming.watch(flaky(_ignore, None, spy=claims))
     monkeypatch.setattr(Heartbeater, "beat", flaky(Heartbeater.beat, set(), spy=beats))
     _enqueue(dsn, 3)
@@ -141,7 +142,7 @@ def test_a_worker_that_cannot_claim_stops_heartbeating_and_exits_non_zero(dsn, m
 def test_a_late_outcome_of_an_old_attempt_never_evicts_the_current_one(dsn):
     """A task cancelled and retried comes back to the same worker: the old attempt's outcome,
     flushed late, must leave the new attempt tracked (keyed by id and lease token)."""
-    worker = Worker(dsn, FAST, Registry())
+    worker = Worker(dsn, FAST, builtin_registry())
     ctx = TaskContext(1, "qw.noop", "default", 1, 10, logging.getLogger("test"))
     old, new = (Attempt(1, token, "default", "qw.noop", "{}", token, 10, 0.0, ctx, lease_expires=0.0)
                 for token in (1, 2))

@@ -23,7 +23,7 @@ from kubernetes.stream import stream
 
 from queueworker.db.migrate import migrate
 from tests.cluster.fixtures import install_crd
-from tests.controller_cluster import (DB_SECRET, Cluster, enqueue_sleeps, lease_holders, running_controller,
+from tests.controller_cluster import (BUILTIN_TASKS, DB_SECRET, Cluster, enqueue_sleeps, lease_holders, running_controller,
                                            task_report, write_controller_kubeconfig)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.image, pytest.mark.integration]
@@ -73,7 +73,7 @@ def node_worker_spec(image: str, **overrides) -> dict:
                **overrides.pop("scaling", {})}
     return {"queue": "jobs", "image": image, "database": {"secretRef": {"name": DB_SECRET}},
             "concurrency": 2, "leaseSeconds": 6, "drainSeconds": 3, "metricsPort": 0, "scaling": scaling,
-            **overrides}
+            "template": BUILTIN_TASKS, **overrides}
 
 
 def exec_in(cluster: Cluster, pod: str, *command: str) -> tuple[int, str]:
@@ -107,7 +107,8 @@ def test_worker_pods_run_restricted_from_the_worker_image_and_finish_every_task_
     node_cluster.enforce_restricted()
     node_cluster.apply("restricted", node_worker_spec(worker_image, scaling={
         "minReplicas": 0, "maxReplicas": 2, "tasksPerReplica": 2}, template={"spec": {"containers": [{
-            "name": "worker", "resources": {"limits": {"memory": "256Mi"}, "requests": {"memory": "64Mi"}}}]}}))
+            "name": "worker", "resources": {"limits": {"memory": "256Mi"}, "requests": {"memory": "64Mi"}},
+            "env": BUILTIN_TASKS["spec"]["containers"][0]["env"]}]}}))
     ids = enqueue_sleeps(host_url, *[1.0] * 8)
     pods = node_cluster.wait_for(lambda: len(running_pods(node_cluster, "restricted")) == 2 and
                                  running_pods(node_cluster, "restricted"), timeout=120,

@@ -93,6 +93,10 @@ class WorkerSettings(BaseModel):
         default=True, description="prepare repeated statements on the worker's connections (never through a "
                                   "PgBouncer, which the worker recognises; turn off behind another pooler "
                                   "in transaction mode)")
+    builtin_tasks: bool = Field(
+        default=False, description="register the built-in tasks qw.noop, qw.sleep and qw.fail (demos, smoke tests, "
+                                   "benchmarks); off in production, where any producer could enqueue qw.fail to "
+                                   "open a queue's breaker or qw.sleep to pin its slots")
     flush_interval_seconds: Seconds = Field(
         default=0.002, description="outcomes are written after this long or at --flush-max-batch, "
                                    "whichever comes first")
@@ -150,8 +154,14 @@ class SettingOption:
 
     @property
     def is_switch(self) -> bool:
-        """A field on by default: its flag (`--no-...`) turns it off, its variable takes true or false."""
-        return WorkerSettings.model_fields[self.field].default is True
+        """A true-or-false field: its flag turns it on (`--field`) or, when on by default, off
+        (`--no-field`); its variable takes true or false."""
+        return isinstance(WorkerSettings.model_fields[self.field].default, bool)
+
+    @property
+    def switched_to(self) -> str:
+        """What a switch's flag sets the field to."""
+        return "false" if WorkerSettings.model_fields[self.field].default is True else "true"
 
     @property
     def default_text(self) -> str | None:

@@ -33,6 +33,7 @@ from kubernetes import client, config
 from kubernetes.stream import stream
 
 from tests.cluster.controlplane import ControlPlane
+from tests.controller_cluster import BUILTIN_TASKS
 from tests.containers.engine import Engine
 from tests.containers.images import ensure_images
 
@@ -288,7 +289,7 @@ class Smoke:
         body = {"apiVersion": "queueworker.dev/v1alpha1", "kind": "QueueWorker",
                 "metadata": {"name": name, "namespace": NAMESPACE},
                 "spec": {"queue": queue, "image": WORKER_IMAGE,
-                         "database": {"secretRef": {"name": DEMO_POSTGRES}}, **spec}}
+                         "database": {"secretRef": {"name": DEMO_POSTGRES}}, "template": BUILTIN_TASKS, **spec}}
         self.custom.create_namespaced_custom_object("queueworker.dev", "v1alpha1", NAMESPACE, "queueworkers", body)
 
     def delete_queueworker(self, name: str) -> None:

@@ -49,8 +49,8 @@ def add_worker(sub: Any, common: argparse.ArgumentParser) -> None:
     settings = wrk.add_argument_group("settings")
     for option in SETTING_OPTIONS:
         if option.is_switch:
-            settings.add_argument(option.flag, dest=option.field, action="store_const", const="false", default=None,
-                                  help=_setting_help(option))
+            settings.add_argument(option.flag, dest=option.field, action="store_const", const=option.switched_to,
+                                  default=None, help=_setting_help(option))
         else:
             settings.add_argument(option.flag, dest=option.field, metavar=_metavar(option), default=None,
                                   action="append" if option.is_list else "store", help=_setting_help(option))

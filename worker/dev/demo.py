@@ -187,7 +187,7 @@ class WorkerFleet:
     def command(self) -> list[str]:
         """The worker's command line. Without the DSN, which holds a password any local user could
         read from argv: the workers get it as DATABASE_URL (see environment)."""
-        return [sys.executable, "-m", "queueworker.cli", "worker", "--queue", self.config.queue,
+        return [sys.executable, "-m", "queueworker.cli", "worker", "--builtin-tasks", "--queue", self.config.queue,
                 "--concurrency", str(self.config.concurrency), "--drain-seconds", str(self.config.drain_seconds),
                 "--lease-seconds", "10", "--heartbeat-seconds", "2",
                 "--log-format", "text", "--log-level", "WARNING"]

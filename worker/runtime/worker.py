@@ -113,7 +113,11 @@ class Worker:
             schedule = default_schedule
         self.settings = settings
         self.registry = registry
-        register_builtin_tasks(registry)
+        if settings.builtin_tasks:
+            if registry is not default_registry:  # an embedder's registry holds what it registers, nothing else
+                raise ValueError("builtin_tasks adds the qw.* tasks to the default registry only: call "
+                                 "register_builtin_tasks(registry) on a registry of your own")
+            register_builtin_tasks(registry)
         self.identity = WorkerIdentity.for_this_process(settings.queues, settings.concurrency)
         self._dsn = dsn
         self._auto_migrate = auto_migrate
