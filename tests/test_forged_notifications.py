@@ -2,12 +2,13 @@
 notification queueworker hears is a hint it checks against the database before acting. A login
 with no grants at all, knowing what it overhears (a real cancel names the worker) and what it can
 guess (task ids follow a sequence, a first attempt's lease token is 1), sends every kind of
-notification on every channel a worker and `wait_for` listen to: handlers keep running, the
-tasks finish in one attempt, settings and schedules stay as they were, and the work a flood
-causes is bounded, as the worker's own counters show. Real cancels still stop handlers at once."""
+notification on every channel a worker, `wait_for` and the controller listen to: handlers keep
+running, the tasks finish in one attempt, settings and schedules stay as they were, and the work
+a flood causes is bounded, as counters show. Real cancels still stop handlers at once."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import secrets
 import threading
@@ -21,10 +22,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql as pgsql
 
 from queueworker import enqueue, wait_for
+from queueworker_controller.queuedb import QueueDatabases
+from queueworker_controller.reconcile import ObjectMemory, QueueWorkerObject, Reconciler
+from queueworker_controller.redaction import KnownSecrets
 from queueworker.db.inspect import TASK
 from queueworker.db.notify import CANCEL_CHANNEL, CRON_CHANNEL, FINISHED_CHANNEL, NOTIFY_CHANNEL, QUEUES_CHANNEL
 from queueworker.dev.localpg import free_port
-from tests.support import WorkerProcess, query, wait_until
+from tests.support import WorkerProcess, query, until, wait_until
+from tests.test_controller_reconcile import SPEC, FakeKube, ManualClock
 from tests.test_long_tasks import _wait_report
 from tests.test_roles import installation, qw  # noqa: F401 - `installation` is a fixture
 
@@ -258,3 +263,53 @@ def test_forged_finish_notices_cost_wait_for_at_most_two_looks_per_second(dsn):
     assert len(sent) > 100
     # One look to begin with, then per second at most one early look (a notice) and one after it.
     assert CountingCursor.looks <= 1 + 2 * int(timeout)
+
+
+def test_a_flood_of_forged_announcements_makes_the_controller_tick_at_most_once_a_second(installation):
+    """The controller's LISTEN (as the controller login) hears every notice a login without grants
+    sends on `queueworker`; each is a hint that makes a tick due, and a tick reads the depth from
+    the database. However many come, they make at most one tick a second of the controller's own
+    clock: while it stands still, a flood makes none; a second on, one."""
+    installation.install()
+    controller = installation.logins["controller"]
+    queue = SPEC["queue"]
+    kube = FakeKube()
+    kube.secret = controller
+    ticks: list[object] = []
+    heard: list[float] = []  # what a second QueueWorker of the same queue is told
+
+    async def publish(obj, result) -> None:
+        ticks.append(result)
+
+    def flood(intruder: str) -> int:
+        with psycopg.connect(intruder, autocommit=True) as forger:
+            return sum(len(forger.execute(statement, (NOTIFY_CHANNEL, queue, FLOOD)).fetchall()) for statement in (
+                "SELECT pg_notify(%s, %s || ' ' || (extract(epoch FROM now()) - n)::text) "
+                "FROM generate_series(1, %s) n",
+                "SELECT pg_notify(%s, %s || ' ' || (4102444800 + n)::text) FROM generate_series(1, %s) n",
+                "SELECT pg_notify(%s, %s || ' soon' || n) FROM generate_series(1, %s) n"))
+
+    async def main(intruder: str) -> None:
+        clock, databases = ManualClock(), QueueDatabases()
+        reconciler = Reconciler(kube, databases, secrets=KnownSecrets(),  # type: ignore[arg-type]
+                                monotonic=clock.monotonic, wait=clock.wait)
+        databases.bind("other", controller, queue, heard.append)
+        loop = asyncio.create_task(reconciler.run(
+            lambda: QueueWorkerObject("w", "ns", "uid", 1, SPEC, {}), ObjectMemory(), publish))
+        try:
+            await until(lambda: len(ticks) == 1 and databases.listening(controller), message="a tick, and LISTEN")
+            for second in (1, 2):
+                heard.clear()
+                sent = await asyncio.to_thread(flood, intruder)
+                await until(lambda: len(heard) >= 2 * FLOOD, message="the well-formed notices to arrive")
+                assert len(ticks) == second, "no tick within the second of the last one, however many notices"
+                await clock.advance(1)
+                await until(lambda: len(ticks) == second + 1, message="the one tick the notices made due")
+            assert len(heard) == 2 * FLOOD and sent == 3 * FLOOD, "the garbage reached nobody"
+        finally:
+            loop.cancel()
+            reconciler.close()
+            databases.close()
+
+    with grantless_login(installation.admin) as intruder:
+        asyncio.run(main(intruder))
