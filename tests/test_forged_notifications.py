@@ -167,11 +167,12 @@ def test_a_login_without_grants_cannot_stop_reconfigure_or_spin_a_worker_by_noti
                            - counted(before, "queueworker_cancels_unconfirmed_total"))
             print(f"forged {sum(sent.values())} notices: {woken:g} wake-ups caused {claims:g} claims; "
                   f"{named:g} cancellation notices caused {looks:g} looks, {unconfirmed:g} not confirmed")
-            assert woken == sent[NOTIFY_CHANNEL] - 3, "every well-formed forged wake-up acted on"
+            assert woken >= sent[NOTIFY_CHANNEL] - 3, "every well-formed forged wake-up acted on"
             assert 0 < claims <= woken
             assert named == len(bystanders) * FLOOD + 1
             assert 0 < looks <= named and 0 < unconfirmed <= len(bystanders) * FLOOD
             assert heard(after, CANCEL_CHANNEL, "malformed") - heard(before, CANCEL_CHANNEL, "malformed") == 3
+            assert heard(after, CANCEL_CHANNEL, "ignored") - heard(before, CANCEL_CHANNEL, "ignored") == FLOOD
             # A look at the settings or the schedules per notice at most (coalesced: usually one).
             for duty, channel in (("flow", QUEUES_CHANNEL), ("cron", CRON_CHANNEL)):
                 passes = (counted(after, "queueworker_duty_passes_total", duty=duty)
@@ -213,6 +214,9 @@ def _forge_every_kind(forger: psycopg.Connection, worker_id: str, targets: list[
         notify(CANCEL_CHANNEL, "SELECT pg_notify(%s, %s || ' ' || lpad(%s::text, length(%s::text) + n, '0') "
                                "|| ' 1') FROM generate_series(0, %s - 1) n",
                (CANCEL_CHANNEL, worker_id, task_id, task_id, FLOOD))
+    # Attempts this worker does not run (a lease token not the task's): ignored, without a look.
+    notify(CANCEL_CHANNEL, "SELECT pg_notify(%s, %s || ' ' || %s || ' ' || (n + 2)) FROM generate_series(1, %s) n",
+           (CANCEL_CHANNEL, worker_id, targets[0], FLOOD))
     for garbage in ("x 1", "1", "1 2 3"):
         notify(CANCEL_CHANNEL, "SELECT pg_notify(%s, %s)", (CANCEL_CHANNEL, f"{worker_id} {garbage}"))
     # A queue's settings and the schedules "changed": the same payload takes a statement each.
