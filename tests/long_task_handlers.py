@@ -1,4 +1,4 @@
-"""Handlers for the long-task tests: checkpoints, pages, snoozes and Retry-After."""
+"""Handlers for the long-task tests: checkpoints, pages, snoozes, Retry-After, and handlers that run until told."""
 
 from __future__ import annotations
 
@@ -78,3 +78,14 @@ async def async_until_cancelled(payload, ctx):
     except asyncio.CancelledError:
         _report(payload["report"], ctx)
         raise
+
+
+@task(name="long.until_released")
+def until_released(payload, ctx):
+    """Runs until the file `release` exists, then succeeds; stopped before, writes down why and when."""
+    release = Path(payload["release"])
+    while not release.exists():
+        if ctx.cancelled.wait(0.05):
+            _report(payload["report"], ctx)
+            return None
+    return {"attempt": ctx.attempt}

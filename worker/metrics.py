@@ -18,6 +18,20 @@ LEASES_LOST = Counter("queueworker_leases_lost_total",
                       "Running attempts whose lease was lost (expired, cancelled, re-claimed) and were cancelled")
 RUNNING_CANCELLED = Counter("queueworker_running_cancelled_total",
                             "Running attempts stopped because their task was cancelled", ["queue"])
+DUTY_PASSES = Counter("queueworker_duty_passes_total", "Passes of each background duty, failed ones included",
+                      ["duty"])
+CLAIMS = Counter("queueworker_claims_total", "Claim statements sent (each may find no task)", ["queue"])
+NOTIFICATIONS = Counter("queueworker_notifications_total",
+                        "Notifications the listener heard, by channel and what came of them: a hint acted on "
+                        "(a wake-up, or a look at the database), ignored (not for this worker, or naming "
+                        "nothing it runs), or malformed", ["channel", "outcome"])
+CANCEL_CHECKS = Counter("queueworker_cancel_checks_total",
+                        "Statements that asked the database which running attempts were cancelled, because "
+                        "a notification named them (notified) or because the worker cannot listen (polled)",
+                        ["reason"])
+CANCELS_UNCONFIRMED = Counter("queueworker_cancels_unconfirmed_total",
+                              "Attempts this worker runs, named by cancellation notices, that a look at the "
+                              "database did not show cancelled (forged or stale notices): their handlers went on")
 LEASES_RECOVERED = Counter("queueworker_leases_recovered_total",
                            "Expired leases recovered by this worker's rescuer", ["outcome"])
 TASKS_PROMOTED = Counter("queueworker_tasks_promoted_total",

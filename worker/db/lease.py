@@ -100,6 +100,13 @@ class CancelledTaskRow(NamedTuple):
     id: int
 
 
+class CancelledLeasesParams(Params):
+    """Attempts, as two arrays of the same length: task ids and their lease tokens."""
+
+    ids: list[int]
+    tokens: list[int]
+
+
 class DeregisterWorkerParams(Params):
     """A worker, by id: `deregister_worker`, and `release` of every lease it still holds."""
 
@@ -170,6 +177,7 @@ REGISTER_WORKER = _SQL.statement("register_worker", RegisterWorkerParams)
 HEARTBEAT = _SQL.statement("heartbeat", HeartbeatParams, HeldRow)
 SAVE_CHECKPOINT = _SQL.statement("save_checkpoint", SaveCheckpointParams, FencedRow)
 CANCELLED_AMONG = _SQL.statement("cancelled_among", CancelledAmongParams, CancelledTaskRow)
+CANCELLED_LEASES = _SQL.statement("cancelled_leases", CancelledLeasesParams, FencedRow)
 DEREGISTER_WORKER = _SQL.statement("deregister_worker", DeregisterWorkerParams)
 COMPLETE_SUCCEEDED = _SQL.statement("complete_succeeded", CompleteSucceededParams, FencedRow)
 COMPLETE_CONTINUED = _SQL.statement("complete_continued", CompleteContinuedParams, FencedRow)

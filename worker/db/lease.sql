@@ -168,9 +168,19 @@ RETURNING id, lease_token;
 
 -- name: cancelled_among
 -- Which of the leases a heartbeat found gone were cancelled (the worker stops those handlers with
--- the reason "cancelled" rather than "lease lost"); also what a worker that cannot listen polls for.
+-- the reason "cancelled" rather than "lease lost").
 SELECT id FROM queueworker.tasks
 WHERE id = ANY(%(ids)s::bigint[]) AND state = 'cancelled';
+
+-- name: cancelled_leases
+-- Which of these attempts (task id, lease token) were really cancelled. A notification on
+-- queueworker_cancel is only a hint (any login may send one, with ids and tokens it has seen): the
+-- worker asks this before it stops a handler the notification named, and a worker that cannot
+-- listen polls it for every running attempt. A cancel keeps the lease token, so an attempt of a
+-- task that was cancelled, retried and leased again (a new token) is not taken for the old one.
+SELECT id, lease_token FROM queueworker.tasks
+WHERE id = ANY(%(ids)s::bigint[]) AND state = 'cancelled'
+  AND (id, lease_token) IN (SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]));
 
 -- name: deregister_worker
 -- The last statement of a worker's clean stop. A worker killed instead is forgotten by `rescue`

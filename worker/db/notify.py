@@ -23,6 +23,8 @@ _SQL = SqlFile("notify")
 # scheduler admits it), from every statement that enqueues, promotes, releases or rescues tasks.
 NOTIFY_CHANNEL = "queueworker"
 # A running task was cancelled: payload `worker-id task-id lease-token`, for the worker holding it.
+# Like every channel here, open to any login's NOTIFY: a notification is a hint that makes its
+# listener look at the database (docs/architecture.md, "Notifications are hints"), never an order.
 CANCEL_CHANNEL = "queueworker_cancel"
 # A queue's flow-control settings changed (payload: the queue): workers re-read them.
 QUEUES_CHANNEL = "queueworker_queues"

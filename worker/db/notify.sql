@@ -20,7 +20,8 @@ LISTEN queueworker;
 
 -- name: listen_finished
 -- `wait_for` hears at once of a task enqueued with notify_on_finish (the complete statements of lease.sql
--- notify this channel with the task's id), on a connection in autocommit mode.
+-- notify this channel with the task's id), on a connection in autocommit mode, and looks the task up:
+-- any login may notify this channel too.
 LISTEN queueworker_finished;
 
 -- name: unlisten_finished

@@ -14,8 +14,9 @@ RETURNING id, queue, attempts, max_attempts;
 -- `queueworker.cancel` / `cancel_many` / `queueworker cancel`: the tasks given by id, or every task of a
 -- queue (%(ids)s NULL), in the given states. The error says who asked (the login) and why, so the audit
 -- row does too. The worker holding a running one hears of it at once (channel queueworker_cancel:
--- "worker id lease token"), stops the handler and frees the slot; its heartbeat finds out too, should
--- the notification be lost.
+-- "worker id lease token"), finds the task cancelled (lease.cancelled_leases: a notification is only a
+-- hint, any login may send one), stops the handler and frees the slot; its heartbeat finds out too,
+-- should the notification be lost. The lease token stays on the row for that look.
 WITH target AS (
     SELECT id, state, lease_owner, lease_token FROM queueworker.tasks
     WHERE (id = ANY(%(ids)s::bigint[]) OR (%(ids)s::bigint[] IS NULL AND queue = %(queue)s))

@@ -6,8 +6,15 @@ Producers send one notification per queue per statement: `queue` when tasks are 
 now or a timed wake-up, and asks for one poll, one scheduler pass, one look at the settings and
 one at the cron schedules after every (re)connect, since notifications sent while it was not
 listening are lost. A cancellation of a running task names the worker that holds it; that worker
-stops the handler at once. A change of a queue's settings, or of a cron schedule, has the duty
-that depends on it look again.
+looks the task up and stops the handler at once if it was cancelled. A change of a queue's
+settings, or of a cron schedule, has the duty that depends on it look again.
+
+Every notification is a hint, never an order: any login may LISTEN and NOTIFY on any channel,
+with any payload, so none decides anything by itself. A wake-up costs at most one claim (which
+finds nothing if nothing is due), a cancellation one look at the task (queueworker.runtime.cancels),
+a settings or schedule notice one look at the settings or schedules; notices that arrive while a
+look is already due are that same look. Malformed ones are counted, not logged: a flood of them
+must not flood the log either.
 
 Through a PgBouncer in transaction pooling mode a LISTEN stays behind on a server connection the
 worker held for that one statement, and no notification ever reaches the worker. So the listener
@@ -35,7 +42,7 @@ log = logging.getLogger("queueworker.listener")
 
 class Listener:
     def __init__(self, dsn: str, conn: db.DutyConnection, queues: tuple[str, ...], wake: Callable[[float], None],
-                 worker_id: str, on_cancel: Callable[[int, int], None], on_settings: Callable[[], None],
+                 worker_id: str, on_cancel: Callable[[int, int], bool], on_settings: Callable[[], None],
                  on_schedules: Callable[[], None], catch_up: Callable[[], None],
                  poll_cancelled: Callable[[], Awaitable[None]], signals: WorkerSignals,
                  listen: bool = True, poll_interval: float = 1.0):
@@ -44,7 +51,9 @@ class Listener:
         self._queues = set(queues)
         self._wake = wake  # called with the epoch time at which work is due (<= now: at once)
         self._worker_id = worker_id
-        self._on_cancel = on_cancel  # called with (task id, lease token) of a task of ours cancelled
+        # Called with the (task id, lease token) a cancellation notice names: whether it has the task
+        # looked up (the worker runs that attempt).
+        self._on_cancel = on_cancel
         self._on_settings = on_settings  # a queue's flow-control settings changed
         # A cron schedule changed, or changes may have gone unheard (listening again), or will no
         # longer be heard of (polling from now on).
@@ -83,15 +92,7 @@ class Listener:
             try:
                 async for notify in conn.notifies():
                     self._signals.heard.emit(notify)
-                    if notify.channel == CANCEL_CHANNEL:
-                        self._handle_cancel(notify.payload)
-                    elif notify.channel == QUEUES_CHANNEL:
-                        if notify.payload in self._queues:
-                            self._on_settings()
-                    elif notify.channel == CRON_CHANNEL:
-                        self._on_schedules()  # every worker's duty handles every schedule
-                    else:
-                        self._handle(notify.payload)
+                    metrics.NOTIFICATIONS.labels(notify.channel, self._act_on(notify)).inc()
             except psycopg.OperationalError as exc:
                 metrics.DB_ERRORS.labels("listen").inc()
                 log.warning("listener connection lost, reconnecting: %s", dsn_text.explain(exc, self._dsn))
@@ -111,25 +112,43 @@ class Listener:
         """After `sever()`: whether the statement it made fail has not noticed yet."""
         return db.statement_under_way(self._live)
 
-    def _handle(self, payload: str) -> None:
+    def _act_on(self, notify: psycopg.Notify) -> str:
+        """Passes a notification on as the hint it is; says what came of it: "acted", "ignored"
+        (not for this worker) or "malformed"."""
+        if notify.channel == CANCEL_CHANNEL:
+            return self._handle_cancel(notify.payload)
+        if notify.channel == QUEUES_CHANNEL:
+            if notify.payload not in self._queues:
+                return "ignored"
+            self._on_settings()
+        elif notify.channel == CRON_CHANNEL:
+            self._on_schedules()  # every worker's duty handles every schedule
+        elif notify.channel == NOTIFY_CHANNEL:
+            return self._handle(notify.payload)
+        else:
+            return "ignored"
+        return "acted"
+
+    def _handle(self, payload: str) -> str:
         queue = payload.partition(" ")[0]
         if queue not in self._queues:
-            return
+            return "ignored"
         announced = parse_announcement(payload)
-        if announced is None:  # never from queueworker: garbage is ignored
-            log.warning("ignoring malformed notification for queue %s", queue)
-            return
+        if announced is None:  # never from queueworker: garbage is counted, and changes nothing
+            log.debug("ignoring malformed notification for queue %s", queue)
+            return "malformed"
         self._wake(announced[1])
+        return "acted"
 
-    def _handle_cancel(self, payload: str) -> None:
+    def _handle_cancel(self, payload: str) -> str:
         """`worker-id task-id lease-token`: ours only. A cancellation missed while disconnected is
         found by the next heartbeat (the lease is gone)."""
         worker, _, rest = payload.partition(" ")
         if worker != self._worker_id:
-            return
+            return "ignored"
         try:
             task_id, token = (int(part) for part in rest.split(" "))
         except ValueError:
-            log.warning("ignoring malformed cancellation notice")
-            return
-        self._on_cancel(task_id, token)
+            log.debug("ignoring malformed cancellation notice")
+            return "malformed"
+        return "acted" if self._on_cancel(task_id, token) else "ignored"

@@ -93,6 +93,7 @@ async def supervise(duty: str, step: Step, log: logging.Logger, signals: WorkerS
     cancelling the duty itself is an error like any other. Each pass's start and end are told to
     the worker's `signals`."""
     streak = ErrorStreak(duty, log, dsn, cap_seconds=error_cap_seconds)
+    passes = metrics.DUTY_PASSES.labels(duty)
     delay = first_delay
     while True:
         if streak.failures:
@@ -105,6 +106,7 @@ async def supervise(duty: str, step: Step, log: logging.Logger, signals: WorkerS
                 await wait_event(wake, spread)
         if wake is not None:
             wake.clear()
+        passes.inc()
         try:
             signals.duty_started.emit(duty)
             try:

@@ -31,8 +31,7 @@ from .. import metrics, tracing
 from ..backoff import backoff
 from ..client.cron import Schedule, default_schedule
 from ..db.connection import DutyConnection
-from ..db.lease import (CANCELLED_AMONG, DEREGISTER_WORKER, RELEASE, SAVE_CHECKPOINT, CancelledAmongParams,
-                        ClaimParams, DeregisterWorkerParams, SaveCheckpointParams)
+from ..db.lease import DEREGISTER_WORKER, RELEASE, SAVE_CHECKPOINT, ClaimParams, DeregisterWorkerParams, SaveCheckpointParams
 from ..db.migrate import latest_version, migrate
 from ..db.migration import SCHEMA_EXISTS, SCHEMA_VERSION
 from ..db.statements import NO_PARAMS
@@ -40,6 +39,7 @@ from ..events import DueTimer, wait_event
 from ..settings import WorkerSettings
 from .attempt import Attempt
 from .builtin_tasks import register_builtin_tasks
+from .cancels import CancelChecks
 from .cleaner import Cleaner
 from .completer import BACKLOG_RESULT_BYTES, Completer
 from .cron import CronDuty
@@ -170,9 +170,10 @@ class Worker:
                                settings.deadline_grace_seconds, settings.worker_ttl_seconds)
         self.cleaner = Cleaner(self._duty_conn, settings.retention_seconds, settings.cleaner_interval_seconds)
         self.cron = CronDuty(self._duty_conn, schedule or Schedule(), listening=lambda: not self.listener.polling)
+        self.cancels = CancelChecks(self._duty_conn, self._runs, self._running_keys, self._cancelled_task)
         self.listener = Listener(dsn, self._duty_conn, settings.queues, self._wake_at, str(self.identity.id),
-                                 self._cancelled_task, self.flow.settings_changed, self.cron.changed,
-                                 catch_up=self._catch_up, poll_cancelled=self._poll_cancelled,
+                                 self.cancels.hint, self.flow.settings_changed, self.cron.changed,
+                                 catch_up=self._catch_up, poll_cancelled=self.cancels.poll,
                                  signals=self.signals, listen=settings.listen,
                                  poll_interval=settings.poll_interval_seconds)
 
@@ -263,6 +264,7 @@ class Worker:
             ("schedule", self.scheduler.step, {"wake": self.scheduler.poked}),
             ("complete", self.completer.step, {"wake": self.completer.pending, "first_delay": None}),
             ("flow", self.flow.step, {"wake": self.flow.wake}),
+            ("cancel", self.cancels.step, {"wake": self.cancels.wake, "first_delay": None}),
             # No jitter: the cron duty sleeps until a slot, the same moment for every worker, and
             # the compare-and-set decides which of them enqueues it.
             ("cron", self.cron.step, {"wake": self.cron.wake}),
@@ -414,6 +416,7 @@ class Worker:
         sent_at = loop.time()  # the database starts the lease later than this: our clock is on the safe side
         lock, claim = self.flow.claim_statements(queue)
         self.signals.claiming.emit(queue)
+        metrics.CLAIMS.labels(queue).inc()
         rows = await self._claim_conn.fetch(claim, ClaimParams(
             queue=queue, limit=limit, worker=self.identity.id, lease_seconds=self.settings.lease_seconds,
             timeout_seconds=self.settings.task_timeout_seconds), lock=lock)
@@ -499,22 +502,18 @@ class Worker:
         metrics.IN_FLIGHT.set(len(self._inflight))
         self._slot_freed.set()
 
-    def _cancelled_task(self, task_id: int, token: int) -> None:
-        """The listener heard that a task this worker runs was cancelled: stop its handler now."""
-        attempt = self._inflight.get((task_id, token))
-        if attempt is not None and not attempt.reporting and not attempt.abandoned:
-            self._leases_lost([attempt], "the task was cancelled", CANCELLED)
+    def _runs(self, key: tuple[int, int]) -> bool:
+        """Whether this attempt's handler runs here now (its outcome not yet on its way)."""
+        attempt = self._inflight.get(key)
+        return attempt is not None and not attempt.reporting and not attempt.abandoned
 
-    async def _poll_cancelled(self) -> None:
-        """The listener polls instead of hearing cancellations: stop the handlers of running tasks
-        that were cancelled."""
-        running = [a for a in self._inflight.values() if not a.reporting and not a.abandoned]
-        if running:
-            cancelled = {row.id for row in await self._duty_conn.fetch(CANCELLED_AMONG, CancelledAmongParams(
-                ids=[attempt.id for attempt in running]))}
-            for attempt in running:
-                if attempt.id in cancelled:
-                    self._cancelled_task(*attempt.key)
+    def _running_keys(self) -> list[tuple[int, int]]:
+        return [key for key in self._inflight if self._runs(key)]
+
+    def _cancelled_task(self, key: tuple[int, int]) -> None:
+        """The database shows this attempt's task cancelled: stop its handler now."""
+        if self._runs(key):
+            self._leases_lost([self._inflight[key]], "the task was cancelled", CANCELLED)
 
     @staticmethod
     def _abandon(attempt: Attempt, reason: str) -> None:
