@@ -235,7 +235,8 @@ def test_a_pass_that_read_a_slot_another_worker_has_enqueued_and_run_since_chang
     async def stale_pass() -> tuple[int, int]:
         (slow, slow_conn), (fast, fast_conn) = _duties(dsn, 2)
         try:
-            (job,) = await slow_conn.fetch(DUE_CRON_JOBS, DueCronJobsParams(ahead=ENQUEUE_AHEAD_SECONDS, limit=10))
+            (job,) = await slow_conn.fetch(DUE_CRON_JOBS, DueCronJobsParams(ahead=ENQUEUE_AHEAD_SECONDS, limit=10,
+                                                                                 skipped=[]))
             plan = plan_slots(job.expression, job.timezone, job.catch_up, job.next_slot, job.now)
             await fast.enqueue_due()
             finished = scalar(dsn, "WITH f AS (UPDATE queueworker.tasks SET state = 'succeeded', finished_at = now() "
@@ -323,6 +324,50 @@ def test_a_schedule_that_cannot_be_computed_is_skipped_and_the_others_go_on(dsn,
     assert len(_slot_tasks(dsn, "good")) >= 1 and _slot_tasks(dsn, "broken") == []
     assert [r.getMessage() for r in caplog.records][0].startswith(
         "schedule broken cannot be computed, skipped until fixed: Exactly 5, 6 or 7 columns")
+
+
+@pytest.mark.integration
+def test_a_schedule_the_database_refuses_is_skipped_and_the_others_go_on(dsn, caplog):
+    """A schedule whose enqueue fails in the database (here a trigger of the operator's refuses its
+    queue) is logged and left out for POLL_SECONDS; the pass enqueues the others."""
+    caplog.set_level(logging.ERROR, logger="queueworker.cron")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("""CREATE FUNCTION public.refuse_poisoned() RETURNS trigger LANGUAGE plpgsql AS $$
+                        BEGIN IF NEW.queue = 'poisoned' THEN RAISE EXCEPTION 'no tasks in poisoned'; END IF;
+                        RETURN NEW; END $$""")
+        conn.execute("CREATE TRIGGER refuse_poisoned BEFORE INSERT ON queueworker.tasks "
+                     "FOR EACH ROW EXECUTE FUNCTION public.refuse_poisoned()")
+    assert _cli(dsn, "add", "bad", "--cron", "* * * * *", "--task", "qw.noop", "--queue", "poisoned") == 0
+    assert _cli(dsn, "add", "good", "--cron", "* * * * *", "--task", "qw.noop") == 0
+    _set_next_slot(dsn, "bad", "2 minutes")  # due first: it heads every batch
+
+    async def two_passes() -> float:
+        ((duty, conn),) = _duties(dsn, 1)
+        try:
+            await duty.enqueue_due()
+            return await duty.enqueue_due()
+        finally:
+            await conn.close()
+
+    assert asyncio.run(two_passes()) == POLL_SECONDS  # the bad one alone is left, and skipped: no busy loop
+    assert len(_slot_tasks(dsn, "good")) >= 1 and _slot_tasks(dsn, "bad") == []
+    (message,) = [r.getMessage() for r in caplog.records]
+    assert message.startswith(f"schedule bad could not be enqueued, skipped for {POLL_SECONDS:.0f} s: no tasks in poisoned")
+
+
+@pytest.mark.integration
+def test_a_slot_is_never_enqueued_twice_when_expression_and_queue_change_together(dsn):
+    assert _cli(dsn, "add", "moving", "--cron", "* * * * *", "--task", "qw.noop", "--queue", "first") == 0
+    asyncio.run(_one_pass(dsn))  # the next minute's slot, in queue first
+    (enqueued,) = [run_after for _, _, run_after in _slot_tasks(dsn, "moving")]
+    assert _cli(dsn, "add", "moving", "--cron", "*/1 * * * *", "--task", "qw.noop", "--queue", "second") == 0
+    # The new expression starts from its first slot after now: the slot already enqueued (pinned, in
+    # case a minute boundary passed meanwhile). Its key, unique per queue, would not stop it in queue second.
+    query(dsn, "UPDATE queueworker.cron_jobs SET next_slot = %s WHERE name = 'moving' RETURNING 1", (enqueued,))
+    asyncio.run(_one_pass(dsn))
+    assert query(dsn, "SELECT queue, count(*) FROM queueworker.tasks WHERE run_after = %s GROUP BY queue",
+                 (enqueued,)) == [("first", 1)]
+    assert scalar(dsn, "SELECT next_slot > %s FROM queueworker.cron_jobs WHERE name = 'moving'", (enqueued,))
 
 
 @pytest.mark.integration

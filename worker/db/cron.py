@@ -46,6 +46,7 @@ class CronJobNameRow(NamedTuple):
 class DueCronJobsParams(Params):
     ahead: float
     limit: int
+    skipped: list[str]
 
 
 class DueCronJobRow(NamedTuple):
@@ -55,6 +56,10 @@ class DueCronJobRow(NamedTuple):
     catch_up: str
     next_slot: datetime
     now: datetime
+
+
+class NextCronSlotParams(Params):
+    skipped: list[str]
 
 
 class NextCronSlotRow(NamedTuple):
@@ -119,7 +124,7 @@ UPSERT_CODE_CRON_JOB = _SQL.statement("upsert_code_cron_job", UpsertCronJobParam
 UPSERT_RUNTIME_CRON_JOB = _SQL.statement("upsert_runtime_cron_job", UpsertCronJobParams, UpsertedCronJobRow)
 RUNTIME_CRON_JOBS_AMONG = _SQL.statement("runtime_cron_jobs_among", RuntimeCronJobsAmongParams, CronJobNameRow)
 DUE_CRON_JOBS = _SQL.statement("due_cron_jobs", DueCronJobsParams, DueCronJobRow)
-NEXT_CRON_SLOT_IN = _SQL.statement("next_cron_slot_in", NoParams, NextCronSlotRow)
+NEXT_CRON_SLOT_IN = _SQL.statement("next_cron_slot_in", NextCronSlotParams, NextCronSlotRow)
 ENQUEUE_CRON_SLOTS = _SQL.statement("enqueue_cron_slots", EnqueueCronSlotsParams, EnqueuedSlotsRow)
 CRON_JOBS = _SQL.statement("cron_jobs", NoParams, CronJobRow)
 CRON_SCHEDULE_FOR_UPDATE = _SQL.statement("cron_schedule_for_update", CronJobNameParams, CronScheduleRow)

@@ -66,16 +66,18 @@ SELECT name FROM queueworker.cron_jobs WHERE name = ANY(%(names)s::text[]) AND s
 
 -- name: due_cron_jobs
 -- The schedules with a slot due within %(ahead)s seconds, and the database's clock, which every
--- worker computes slots against (never its own).
+-- worker computes slots against (never its own); not those this worker skips for a while (they
+-- could not be computed or enqueued), which would otherwise fill the batch.
 SELECT name, expression, timezone, catch_up, next_slot, now() AS now
 FROM queueworker.cron_jobs
-WHERE NOT paused AND next_slot <= now() + make_interval(secs => %(ahead)s)
+WHERE NOT paused AND next_slot <= now() + make_interval(secs => %(ahead)s) AND name <> ALL(%(skipped)s::text[])
 ORDER BY next_slot
 LIMIT %(limit)s;
 
 -- name: next_cron_slot_in
--- How long the cron duty may sleep when nothing is due.
-SELECT extract(epoch FROM min(next_slot) - now())::float8 AS next_in FROM queueworker.cron_jobs WHERE NOT paused;
+-- How long the cron duty may sleep when nothing is due (the schedules it skips for a while aside).
+SELECT extract(epoch FROM min(next_slot) - now())::float8 AS next_in
+FROM queueworker.cron_jobs WHERE NOT paused AND name <> ALL(%(skipped)s::text[]);
 
 -- name: enqueue_cron_slots
 -- Enqueues a schedule's slots in the statement that moves its next slot on, and only if the
@@ -83,20 +85,31 @@ SELECT extract(epoch FROM min(next_slot) - now())::float8 AS next_in FROM queuew
 -- and time zone): a second worker with the same slots waits for the first one's row lock, finds
 -- next_slot moved, and changes nothing. The task itself comes from the row as it is now. Each slot
 -- is one task due at the slot (a delayed one until then), with the key 'cron:NAME:<slot>',
--- through queueworker.enqueue_tasks (migration 006), which also wakes the queue.
-WITH advanced AS (
+-- through queueworker.enqueue_tasks (migration 006), which also wakes the queue. A slot at or before
+-- the last one enqueued is never enqueued again: a schedule whose expression and queue changed
+-- together starts again from its new first slot, and the key (unique per queue) would not catch
+-- the same slot in the new queue. (Every CTE reads the row as it was before `advanced` changed it.)
+WITH before AS (
+    SELECT last_enqueued_slot FROM queueworker.cron_jobs WHERE name = %(name)s
+), advanced AS (
     UPDATE queueworker.cron_jobs
-    SET next_slot = %(next_slot)s, last_enqueued_slot = coalesce(%(last_slot)s, last_enqueued_slot), updated_at = now()
+    SET next_slot = %(next_slot)s,
+        last_enqueued_slot = greatest(%(last_slot)s::timestamptz, last_enqueued_slot), updated_at = now()
     WHERE name = %(name)s AND next_slot = %(seen)s AND expression = %(expression)s AND timezone = %(timezone)s
       AND NOT paused
     RETURNING queue, task, payload, priority, max_attempts
+), fresh AS (
+    SELECT coalesce(array_agg(s.slot ORDER BY s.slot), '{}') AS slots,
+           coalesce(array_agg(s.dedupe_key ORDER BY s.slot), '{}') AS dedupe_keys
+    FROM before b, unnest(%(slots)s::timestamptz[], %(dedupe_keys)s::text[]) AS s(slot, dedupe_key)
+    WHERE s.slot > coalesce(b.last_enqueued_slot, '-infinity')
 ), enqueued AS (
     SELECT e.id
-    FROM advanced a, cardinality(%(slots)s::timestamptz[]) AS n,
+    FROM advanced a, fresh f, cardinality(f.slots) AS n,
          queueworker.enqueue_tasks(array_fill(a.queue, ARRAY[n]), array_fill(a.task, ARRAY[n]),
                                    array_fill(a.payload, ARRAY[n]), array_fill(a.priority, ARRAY[n]),
-                                   %(slots)s::timestamptz[], array_fill(a.max_attempts, ARRAY[n]), '{}'::int[],
-                                   %(dedupe_keys)s::text[], '{}'::bool[], '{}'::bool[], '{}'::bigint[],
+                                   f.slots, array_fill(a.max_attempts, ARRAY[n]), '{}'::int[],
+                                   f.dedupe_keys, '{}'::bool[], '{}'::bool[], '{}'::bigint[],
                                    '{}'::bigint[], '{}'::bigint[], '{}'::int[]) AS e
     WHERE n > 0
 )

@@ -19,15 +19,18 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+
+import psycopg
 
 from .. import metrics
 from ..client.cron import CronError, Schedule, first_slot_after, slots_from, zone
 from ..db.connection import DutyConnection
 from ..db.cron import (DATABASE_NOW, DUE_CRON_JOBS, ENQUEUE_CRON_SLOTS, NEXT_CRON_SLOT_IN, RUNTIME_CRON_JOBS_AMONG,
-                       UPSERT_CODE_CRON_JOB, DueCronJobRow, DueCronJobsParams, EnqueueCronSlotsParams,
+                       UPSERT_CODE_CRON_JOB, DueCronJobRow, DueCronJobsParams, EnqueueCronSlotsParams, NextCronSlotParams,
                        RuntimeCronJobsAmongParams)
 from ..db.statements import NO_PARAMS
 
@@ -54,6 +57,18 @@ POLL_SECONDS = 10.0
 SAFETY_POLL_SECONDS = 300.0
 MIN_SLEEP = 0.01
 DUE_BATCH = 100
+
+def schedule_fault(exc: psycopg.Error) -> bool:
+    """Whether a database error belongs to one schedule (its values, a constraint, a trigger, a
+    permission), so the pass goes on with the others; errors of the connection or the server
+    (classes 08, 40, 53, 57, 58, XX, or no SQLSTATE) end the pass instead."""
+    return exc.sqlstate is not None and exc.sqlstate[:2] not in ("08", "40", "53", "57", "58", "XX")
+
+
+def one_line_error(exc: psycopg.Error) -> str:
+    """The server's message, first line only (a schedule's values are the user's own)."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+
 
 @dataclass(frozen=True)
 class SlotPlan:
@@ -124,6 +139,9 @@ class CronDuty:
         self._declared = False
         self._listening = listening
         self.wake = asyncio.Event()
+        # Schedules that could not be computed or enqueued, and until when (monotonic) this duty
+        # leaves them out: each is looked at again every POLL_SECONDS, the others go on meanwhile.
+        self._skipped: dict[str, float] = {}
 
     def changed(self) -> None:
         """A schedule changed (or may have, unheard): look again now."""
@@ -151,9 +169,13 @@ class CronDuty:
     async def enqueue_due(self) -> float:
         """Enqueues the slots of every schedule due within ENQUEUE_AHEAD_SECONDS; returns how long
         to wait until the next one is, at most SAFETY_POLL_SECONDS (POLL_SECONDS when not listening)."""
-        due = await self._conn.fetch(DUE_CRON_JOBS, DueCronJobsParams(ahead=ENQUEUE_AHEAD_SECONDS, limit=DUE_BATCH))
+        now = time.monotonic()
+        self._skipped = {name: until for name, until in self._skipped.items() if until > now}
+        skipped = sorted(self._skipped)
+        due = await self._conn.fetch(DUE_CRON_JOBS, DueCronJobsParams(ahead=ENQUEUE_AHEAD_SECONDS, limit=DUE_BATCH,
+                                                                      skipped=skipped))
         if not due:
-            next_in = (await self._conn.fetch(NEXT_CRON_SLOT_IN, NO_PARAMS))[0].next_in
+            next_in = (await self._conn.fetch(NEXT_CRON_SLOT_IN, NextCronSlotParams(skipped=skipped)))[0].next_in
             if next_in is None:
                 return self._poll_seconds()
             return min(self._poll_seconds(), max(MIN_SLEEP, next_in - ENQUEUE_AHEAD_SECONDS))
@@ -166,14 +188,24 @@ class CronDuty:
             except (CronError, CroniterError) as exc:  # written by hand into the table: the others go on
                 log.error("schedule %s cannot be computed, skipped until fixed: %s", job.name, exc,
                           extra={"cron_job": job.name})
+                self._skipped[job.name] = now + POLL_SECONDS
                 continue
-            await self._enqueue(job, plan)
+            try:
+                await self._enqueue(job, plan)
+            except psycopg.Error as exc:
+                if not schedule_fault(exc):
+                    raise  # the connection's or the server's: the supervisor retries the pass
+                log.error("schedule %s could not be enqueued, skipped for %.0f s: %s", job.name, POLL_SECONDS,
+                          one_line_error(exc), extra={"cron_job": job.name, "sqlstate": exc.sqlstate})
+                self._skipped[job.name] = now + POLL_SECONDS
+                continue
             planned = True
         # Look again at once after any progress: the next pass finds what is left, or how long to
-        # wait. A schedule that cannot be computed is looked at again only every POLL_SECONDS.
+        # wait. A schedule that cannot be computed or enqueued is looked at again every POLL_SECONDS.
         return MIN_SLEEP if planned else POLL_SECONDS
 
     async def _enqueue(self, job: DueCronJobRow, plan: SlotPlan) -> None:
+        """Enqueues the planned slots (those after the schedule's last enqueued slot)."""
         result = (await self._conn.fetch(ENQUEUE_CRON_SLOTS, EnqueueCronSlotsParams(
             name=job.name, seen=job.next_slot, expression=job.expression, timezone=job.timezone,
             next_slot=plan.next_slot, last_slot=plan.slots[-1] if plan.slots else None,
