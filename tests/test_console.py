@@ -19,6 +19,7 @@ from starlette.testclient import TestClient
 from queueworker import cli, enqueue_many
 from queueworker.console import ConsoleConfig, CredentialsError, create_app, load_token
 from queueworker.console import data
+from queueworker.console.auth import served_hosts
 from queueworker.dsn import parse
 from queueworker.dev.localpg import free_port
 from tests import console_data
@@ -36,6 +37,7 @@ def demo(dsn):
 
 
 def client(dsn, **options) -> TestClient:
+    options.setdefault("hosts", served_hosts("127.0.0.1", ("console.test",)))
     return TestClient(create_app(ConsoleConfig(dsn, **options)), base_url="http://console.test",
                       follow_redirects=False)
 
@@ -241,7 +243,7 @@ def test_hostile_payloads_are_escaped_cut_and_shown_raw(dsn, demo):
         huge = c.get(f"/tasks/{demo.huge}")
         assert huge.status_code == 200 and len(huge.text) < 100_000
         stored = len('{"blob": ""}') + 300_000  # jsonb's text form
-        assert f"the first {data.JSON_SHOWN_CHARS} of {stored} characters" in huge.text
+        assert f"Truncated, {stored} bytes: the first {data.JSON_SHOWN_CHARS} characters are shown" in huge.text
         deep = c.get(f"/tasks/{demo.deep}")
         assert deep.status_code == 200 and "[" * 100 in deep.text, "too deep for Python: shown as stored"
         for path in ("/tasks?queue=%3Cscript%3E", "/tasks?task=%3Cscript%3Ealert(1)%3C/script%3E"):

@@ -9,6 +9,10 @@ asks for itself. Without one the console is read-only and open: it refuses to st
 Forms (POST only) carry a signed double-submit token: a random value in a SameSite=Strict cookie,
 and in the form its HMAC under a key derived from the credentials, so it survives restarts and
 holds across replicas. A POST whose Origin (or Referer) names another site is refused before that.
+
+Every request (but the probes' /healthz) must name in its Host header a host the console serves:
+a page read through another name is a page read by whoever controls that name, as a DNS
+rebinding attack does against a console on localhost.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+import ipaddress
 import os
 import secrets
 from pathlib import Path
@@ -24,6 +29,8 @@ from urllib.parse import urlsplit
 
 TOKEN_ENV = "QUEUEWORKER_CONSOLE_TOKEN"
 TOKEN_FILE_ENV = "QUEUEWORKER_CONSOLE_TOKEN_FILE"
+ALLOWED_HOSTS_ENV = "QUEUEWORKER_CONSOLE_ALLOWED_HOSTS"
+SECURE_COOKIES_ENV = "QUEUEWORKER_CONSOLE_SECURE_COOKIES"
 MIN_TOKEN_LENGTH = 16
 MAX_TOKEN_LENGTH = 4096
 CSRF_COOKIE = "queueworker_console_csrf"
@@ -112,3 +119,48 @@ def same_origin(origin: str | None, referer: str | None, host: str | None) -> bo
     if source == "null":
         return False
     return urlsplit(source).netloc.lower() == host.lower()
+
+
+def served_hosts(bind: str, allowed: tuple[str, ...] = ()) -> frozenset[str]:
+    """The host names a request may give: `localhost`, the address the console listens on when it
+    is one address (not 0.0.0.0 or ::, which stand for every address and no name), and the names
+    given with --allowed-host (an ingress's, a Service's). Lower case, without port."""
+    hosts = {"localhost"}
+    try:
+        address = ipaddress.ip_address(bind.strip("[]"))
+    except ValueError:
+        address = None
+    if address is not None and not address.is_unspecified:
+        hosts.add(address.compressed)
+    for name in allowed:
+        name = name.strip().lower().rstrip(".")
+        try:
+            hosts.add(ipaddress.ip_address(name.strip("[]")).compressed)
+            continue
+        except ValueError:
+            pass
+        if not name or any(c.isspace() or c in "/:@[]" for c in name):
+            raise ValueError(f"--allowed-host takes a host name or an address, without port, not {name!r}")
+        hosts.add(name)
+    return frozenset(hosts)
+
+
+def host_name(header: str) -> str:
+    """The host of a Host header, lower case, without port: `[::1]:8080` is `::1`."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1:header.find("]")] if "]" in header else header
+    name = header.rpartition(":")[0] if header.count(":") == 1 else header
+    return name.rstrip(".")
+
+
+def served(header: str | None, hosts: frozenset[str]) -> bool:
+    """Whether a request's Host header names a host the console serves."""
+    if not header:
+        return False
+    name = host_name(header)
+    try:
+        name = ipaddress.ip_address(name).compressed
+    except ValueError:
+        pass
+    return name in hosts
