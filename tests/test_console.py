@@ -383,3 +383,18 @@ def test_a_queue_name_cannot_address_another_queue(dsn):
                 assert refused.status_code in (404, 405)
     assert query(dsn, "SELECT name FROM queueworker.queues WHERE paused_until IS NOT NULL ORDER BY name") == [
         ("evil/../q2",), ("q2",)]
+
+
+def test_a_runs_page_shows_its_first_events(dsn, demo, monkeypatch):
+    """The run page reads a bounded audit trail however often the run moved (`run show` reads all)."""
+    from queueworker.client import runs as client_runs
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO queueworker.run_events (run_id, from_state, to_state, detail) "
+                     "SELECT %s, 'running', 'running', '{}' FROM generate_series(1, 50)", (demo.run_id,))
+        assert len(client_runs.run_events(conn, demo.run_id)) == 51
+    monkeypatch.setattr(data, "RUN_EVENTS_SHOWN", 10)
+    with client(dsn) as c:
+        page = c.get(f"/runs/{demo.run_id}").text
+    events = page[page.index('<table id="run-events">'):]
+    assert events[:events.index("</table>")].count("<tr><td>") == 10 and "The first 10 events are shown." in page
