@@ -84,7 +84,7 @@ def test_the_command_serves_only_its_hosts_and_marks_cookies_secure(dsn, tmp_pat
         assert status == 400 and body.count("\n") == 1 and "secret_of_the_page" not in body
         assert "set-cookie" not in headers and "default-src 'none'" in headers["content-security-policy"]
         for host in ("console.example", "console.example:443", "ingress.example", "other.example", "localhost:1234",
-                     f"127.0.0.1:{served.port}"):
+                     f"127.0.0.1:{served.port}", "10.20.30.40:8080"):
             status, headers, body = served.get(f"/tasks/{task}", host=host)
             assert status == 200 and "secret_of_the_page" in body, host
             assert "; secure" in headers["set-cookie"].lower(), host

@@ -72,8 +72,8 @@ def add_console(sub: Any, common: argparse.ArgumentParser) -> None:
     console.add_argument("--kubeconfig", default=None,
                          help="read QueueWorkers with this kubeconfig (default: the in-cluster configuration)")
     console.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
-                         help="a host name requests may give besides localhost and the listening address "
-                              "(an ingress's or a Service's); repeatable, added to the comma-separated "
+                         help="a host name requests may give besides localhost and IP addresses (an "
+                              "ingress's or a Service's); repeatable, added to the comma-separated "
                               "$QUEUEWORKER_CONSOLE_ALLOWED_HOSTS")
     console.add_argument("--secure-cookies", action="store_true",
                          help="mark the form cookie Secure (behind a TLS ingress; "
@@ -86,7 +86,7 @@ def cmd_console(args: argparse.Namespace) -> int:
         import uvicorn
 
         from ..console import ConsoleConfig, CredentialsError, create_app, load_token
-        from ..console.auth import ALLOWED_HOSTS_ENV, SECURE_COOKIES_ENV, served_hosts
+        from ..console.auth import ALLOWED_HOSTS_ENV, SECURE_COOKIES_ENV, allowed_hosts
     except ImportError as exc:
         raise CliError(f"the console needs its extra: pip install 'queueworker[console]' ({exc})") from None
     from_env = os.environ.get(ALLOWED_HOSTS_ENV, "")
@@ -94,9 +94,9 @@ def cmd_console(args: argparse.Namespace) -> int:
     if secure_env not in ("", "true", "false", "1", "0", "yes", "no"):
         raise CliError(f"${SECURE_COOKIES_ENV} must be true or false")
     try:
-        hosts = served_hosts(args.host, (*(h for h in from_env.split(",") if h.strip()), *args.allowed_host))
+        hosts = allowed_hosts((*(h for h in from_env.split(",") if h.strip()), *args.allowed_host))
         config = ConsoleConfig(args.dsn, token=load_token(args.token_file), allow_actions=args.allow_actions,
-                               kubeconfig=args.kubeconfig, hosts=hosts,
+                               kubeconfig=args.kubeconfig, allowed_hosts=hosts,
                                secure_cookies=args.secure_cookies or secure_env in ("true", "1", "yes"))
     except (CredentialsError, ValueError) as exc:
         raise CliError(str(exc)) from None

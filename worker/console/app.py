@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import quote
@@ -48,9 +48,9 @@ class ConsoleConfig:
     token: str | None = None        # None: read-only and open
     allow_actions: bool = False
     kubeconfig: str | None = None   # None: in-cluster configuration, when there is one
-    # The names a request's Host header may give (auth.served_hosts): others are refused, so a
-    # page cannot be read through a name an attacker controls (DNS rebinding).
-    hosts: frozenset[str] = field(default_factory=lambda: auth.served_hosts("127.0.0.1"))
+    # Host names a request may give besides localhost and IP addresses (auth.served): others are
+    # refused, so no page is read through a name an attacker controls (DNS rebinding).
+    allowed_hosts: frozenset[str] = frozenset()
     secure_cookies: bool = False    # the CSRF cookie is Secure on every response, not only over TLS
 
     def __post_init__(self) -> None:
@@ -255,7 +255,7 @@ class Guard(BaseHTTPMiddleware):
         self.console = console
 
     async def dispatch(self, request: Request, call_next: Any) -> Response:
-        if request.url.path != "/healthz" and not auth.served(request.headers.get("host"), self.console.config.hosts):
+        if request.url.path != "/healthz" and not auth.served(request.headers.get("host"), self.console.config.allowed_hosts):
             return _secure(PlainTextResponse(
                 "refused: the Host header names a host this console does not serve (see --allowed-host)\n",
                 status_code=400))

@@ -121,32 +121,29 @@ def same_origin(origin: str | None, referer: str | None, host: str | None) -> bo
     return urlsplit(source).netloc.lower() == host.lower()
 
 
-def served_hosts(bind: str, allowed: tuple[str, ...] = ()) -> frozenset[str]:
-    """The host names a request may give: `localhost`, the address the console listens on when it
-    is one address (not 0.0.0.0 or ::, which stand for every address and no name), and the names
-    given with --allowed-host (an ingress's, a Service's). Lower case, without port."""
-    hosts = {"localhost"}
-    try:
-        address = ipaddress.ip_address(bind.strip("[]"))
-    except ValueError:
-        address = None
-    if address is not None and not address.is_unspecified:
-        hosts.add(address.compressed)
-    for name in allowed:
-        name = name.strip().lower().rstrip(".")
-        try:
-            hosts.add(ipaddress.ip_address(name.strip("[]")).compressed)
+def allowed_hosts(names: tuple[str, ...] = ()) -> frozenset[str]:
+    """The host names given with --allowed-host (an ingress's, a Service's), lower case, checked:
+    a name without port, scheme or spaces; an IP address is served anyway."""
+    hosts = set()
+    for given in names:
+        name = given.strip().lower().rstrip(".")
+        if _address(name) is not None:
             continue
-        except ValueError:
-            pass
         if not name or any(c.isspace() or c in "/:@[]" for c in name):
-            raise ValueError(f"--allowed-host takes a host name or an address, without port, not {name!r}")
+            raise ValueError(f"--allowed-host takes a host name, without port or scheme, not {given!r}")
         hosts.add(name)
     return frozenset(hosts)
 
 
+def _address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return None
+
+
 def host_name(header: str) -> str:
-    """The host of a Host header, lower case, without port: `[::1]:8080` is `::1`."""
+    """The host of a Host header, lower case, without port or final dot: `[::1]:8080` is `::1`."""
     header = header.strip().lower()
     if header.startswith("["):
         return header[1:header.find("]")] if "]" in header else header
@@ -154,13 +151,11 @@ def host_name(header: str) -> str:
     return name.rstrip(".")
 
 
-def served(header: str | None, hosts: frozenset[str]) -> bool:
-    """Whether a request's Host header names a host the console serves."""
+def served(header: str | None, allowed: frozenset[str]) -> bool:
+    """Whether a request's Host header names the console: an IP address (a browser sends one only
+    to a page it loaded from that address, so DNS rebinding, which needs a name, cannot), `localhost`,
+    or a name given with --allowed-host."""
     if not header:
         return False
     name = host_name(header)
-    try:
-        name = ipaddress.ip_address(name).compressed
-    except ValueError:
-        pass
-    return name in hosts
+    return name == "localhost" or name in allowed or _address(name) is not None
