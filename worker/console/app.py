@@ -255,7 +255,8 @@ class Guard(BaseHTTPMiddleware):
         self.console = console
 
     async def dispatch(self, request: Request, call_next: Any) -> Response:
-        if request.url.path != "/healthz" and not auth.served(request.headers.get("host"), self.console.config.allowed_hosts):
+        allowed = self.console.config.allowed_hosts
+        if request.url.path != "/healthz" and not auth.served(request.headers.get("host"), allowed):
             return _secure(PlainTextResponse(
                 "refused: the Host header names a host this console does not serve (see --allowed-host)\n",
                 status_code=400))

@@ -68,8 +68,9 @@ FROM recent GROUP BY queue;
 -- name: task_page
 -- A page of tasks, newest first, below id %(before)s: the newest %(scan)s tasks of the partitions
 -- holding %(partition_states)s are read through the primary key, and those matching the filters are returned
--- (at most %(limit)s), progress cut at %(progress_chars)s characters. Every row also says how many tasks were read and the lowest id among them, so
--- a page with few matches continues below what was read; one row of NULL task columns when none match.
+-- (at most %(limit)s, each progress cut at %(progress_chars)s characters). Every row also says how
+-- many tasks were read and the lowest id among them, so a page with few matches continues below
+-- what was read; one row of NULL task columns when none match.
 WITH scanned AS MATERIALIZED (
     SELECT id, queue, task, state, attempts, max_attempts, progress, dedupe_key, lease_owner, created_at, updated_at
     FROM queueworker.tasks
