@@ -589,6 +589,7 @@ CREATE TABLE queueworker.cron_jobs (
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     CONSTRAINT cron_catch_up CHECK ((catch_up = ANY (ARRAY['none'::text, 'latest'::text, 'all'::text]))),
     CONSTRAINT cron_expression_length CHECK (((length(expression) >= 1) AND (length(expression) <= 200))),
+    CONSTRAINT cron_jobs_queue_pattern CHECK ((queue ~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$'::text)),
     CONSTRAINT cron_max_attempts CHECK (((max_attempts >= 1) AND (max_attempts <= 1000))),
     CONSTRAINT cron_name_length CHECK (((length(name) >= 1) AND (length(name) <= 200))),
     CONSTRAINT cron_source CHECK ((source = ANY (ARRAY['code'::text, 'runtime'::text]))),
@@ -637,6 +638,7 @@ CREATE TABLE queueworker.queues (
     CONSTRAINT queues_check1 CHECK (((breaker_failures IS NULL) = (breaker_cooldown_seconds IS NULL))),
     CONSTRAINT queues_max_running_check CHECK (((max_running >= 1) AND (max_running <= 1000000))),
     CONSTRAINT queues_name_check CHECK (((length(name) >= 1) AND (length(name) <= 200))),
+    CONSTRAINT queues_name_pattern CHECK ((name ~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$'::text)),
     CONSTRAINT queues_rate_per_second_check CHECK (((rate_per_second > (0)::double precision) AND (rate_per_second <= ('1000000'::numeric)::double precision)))
 );
 
@@ -847,7 +849,8 @@ CREATE TABLE queueworker.workers (
     draining boolean DEFAULT false NOT NULL,
     version text NOT NULL,
     started_at timestamp with time zone DEFAULT now() NOT NULL,
-    heartbeat_at timestamp with time zone DEFAULT now() NOT NULL
+    heartbeat_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT workers_queues_pattern CHECK (((array_position(queues, NULL::text) IS NULL) AND ((cardinality(queues) = 0) OR (array_to_string(queues, ' '::text) ~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}( [A-Za-z0-9][A-Za-z0-9_.:-]{0,127})*$'::text))))
 )
 WITH (fillfactor='50');
 
@@ -860,6 +863,9 @@ ALTER TABLE ONLY queueworker.cron_jobs
 
 ALTER TABLE ONLY queueworker.queue_events
     ADD CONSTRAINT queue_events_pkey PRIMARY KEY (id);
+
+ALTER TABLE queueworker.queue_events
+    ADD CONSTRAINT queue_events_queue_pattern CHECK ((queue ~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$'::text)) NOT VALID;
 
 ALTER TABLE ONLY queueworker.queues
     ADD CONSTRAINT queues_pkey PRIMARY KEY (name);

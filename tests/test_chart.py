@@ -427,7 +427,8 @@ def test_dashboard_run_panels_query_the_runs_as_the_documented_read_only_login(d
     assert recent == {"nightly": ("running", 2, 0, 0, 4, 50), "failing": ("failed", 0, 1, 0, 1, 0)}
 
 
-CONSOLE = {"console": {"enabled": True, "allowActions": True, "port": 8443,
+CONSOLE = {"console": {"enabled": True, "allowActions": True, "port": 8443, "allowedHosts": ["console.example"],
+                       "secureCookies": True,
                        "database": {"secretName": "console-db", "key": "operator-url"},
                        "auth": {"secretRef": {"name": "console-auth", "key": "token"}}}}
 
@@ -450,7 +451,12 @@ def test_console_deployment_serves_with_the_mounted_token_and_reads_queueworkers
     (container,) = pod["containers"]
     assert container["image"] == f"queueworker-controller:{__version__}"  # the controller image has the console
     assert container["command"] == ["/usr/bin/tini", "--", "queueworker"]
-    assert container["args"] == ["console", "--host=0.0.0.0", "--port=8443", "--allow-actions"]
+    service_name = rendered.one("Service", "-console")["metadata"]["name"]
+    namespace = rendered.one("Service", "-console")["metadata"].get("namespace", "default")
+    assert container["args"] == ["console", "--host=0.0.0.0", "--port=8443", "--allow-actions",
+                                 f"--allowed-host={service_name}", f"--allowed-host={service_name}.{namespace}",
+                                 f"--allowed-host={service_name}.{namespace}.svc", "--allowed-host=console.example",
+                                 "--secure-cookies"]
     assert container["env"] == [
         {"name": "DATABASE_URL", "valueFrom": {"secretKeyRef": {"name": "console-db", "key": "operator-url"}}},
         {"name": "QUEUEWORKER_CONSOLE_TOKEN_FILE", "value": "/var/run/queueworker-console/token"}]
@@ -468,7 +474,7 @@ def test_console_deployment_serves_with_the_mounted_token_and_reads_queueworkers
     assert rendered.one("ClusterRoleBinding", "-console")["subjects"][0]["name"] == pod["serviceAccountName"]
     read_only = render(helm, tmp_path, {"console": {**READ_ONLY_CONSOLE, "enabled": True}})
     (container,) = read_only.one("Deployment", "-console")["spec"]["template"]["spec"]["containers"]
-    assert "--allow-actions" not in container["args"]
+    assert "--allow-actions" not in container["args"] and "--secure-cookies" not in container["args"]
     assert container["env"][1] == {"name": "QUEUEWORKER_CONSOLE_TOKEN_FILE", "value": "/var/run/queueworker-console/token"}
     own_image = render(helm, tmp_path, {"console": {**READ_ONLY_CONSOLE, "enabled": True,
                                                     "image": {"repository": "registry.example/app", "tag": "2"}}})

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, urljoin, urlsplit
 
 import psycopg
 import pytest
@@ -19,6 +19,7 @@ from starlette.testclient import TestClient
 from queueworker import cli, enqueue_many
 from queueworker.console import ConsoleConfig, CredentialsError, create_app, load_token
 from queueworker.console import data
+from queueworker.console.auth import allowed_hosts
 from queueworker.dsn import parse
 from queueworker.dev.localpg import free_port
 from tests import console_data
@@ -36,6 +37,7 @@ def demo(dsn):
 
 
 def client(dsn, **options) -> TestClient:
+    options.setdefault("allowed_hosts", allowed_hosts(("console.test",)))
     return TestClient(create_app(ConsoleConfig(dsn, **options)), base_url="http://console.test",
                       follow_redirects=False)
 
@@ -241,7 +243,7 @@ def test_hostile_payloads_are_escaped_cut_and_shown_raw(dsn, demo):
         huge = c.get(f"/tasks/{demo.huge}")
         assert huge.status_code == 200 and len(huge.text) < 100_000
         stored = len('{"blob": ""}') + 300_000  # jsonb's text form
-        assert f"the first {data.JSON_SHOWN_CHARS} of {stored} characters" in huge.text
+        assert f"Truncated, {stored} bytes: the first {data.JSON_SHOWN_CHARS} characters are shown" in huge.text
         deep = c.get(f"/tasks/{demo.deep}")
         assert deep.status_code == 200 and "[" * 100 in deep.text, "too deep for Python: shown as stored"
         for path in ("/tasks?queue=%3Cscript%3E", "/tasks?task=%3Cscript%3Ealert(1)%3C/script%3E"):
@@ -300,3 +302,102 @@ def _answers(get) -> bool:
         return get("/healthz")[0] == 200
     except OSError:
         return False
+
+
+def test_a_host_the_console_does_not_serve_gets_no_content(dsn, demo):
+    """DNS rebinding: a page fetched through evil.example (resolving to the console's address) is
+    refused before anything is read; the names the console serves still work."""
+    with client(dsn) as c:
+        for host in ("evil.example", "evil.example:8080", "console.test.evil.example", "127.0.0.1.nip.io", "",
+                     "console.test:80:80"):
+            refused = c.get(f"/tasks/{demo.failed[0]}", headers={"Host": host})
+            assert refused.status_code == 400, host
+            assert refused.text.count("\n") == 1 and "Host header" in refused.text
+            assert "550 mailbox unavailable" not in refused.text and "set-cookie" not in refused.headers
+            assert "default-src 'none'" in refused.headers["content-security-policy"]
+        # A name given, localhost, and IP addresses (which rebinding, needing a name, cannot produce).
+        for host in ("console.test", "CONSOLE.test:8080", "console.test.", "localhost:8080", "127.0.0.1:8080",
+                     "10.1.2.3", "[::1]:8080"):
+            assert "550 mailbox unavailable" in c.get(f"/tasks/{demo.failed[0]}", headers={"Host": host}).text, host
+    with client(dsn, allowed_hosts=frozenset()) as c:
+        assert c.get("/queues").status_code == 400, "console.test is served only when given"
+        assert c.get("/healthz").status_code == 200, "probes name no host"
+    assert allowed_hosts(("Console.Example.", "10.0.0.5", "[::1]")) == {"console.example"}
+    for bad in ("console.example:443", "http://console.example", "a b", ""):
+        with pytest.raises(ValueError, match="--allowed-host takes a host name"):
+            allowed_hosts((bad,))
+
+
+def test_the_form_cookie_is_secure_when_asked_or_over_tls(dsn):
+    def cookie(c: TestClient, **headers: str) -> str:
+        c.cookies.clear()  # a browser without the cookie yet: the response sets it
+        return c.get("/queues", headers=headers).headers["set-cookie"]
+
+    with client(dsn) as c:
+        assert "secure" not in cookie(c).lower()
+        assert "secure" not in cookie(c, **{"X-Forwarded-Proto": "https"}).lower(), "any client can send it"
+    with client(dsn, secure_cookies=True) as c:
+        assert "; secure" in cookie(c).lower()
+    tls = TestClient(create_app(ConsoleConfig(dsn, allowed_hosts=allowed_hosts(("console.test",)))),
+                     base_url="https://console.test")
+    with tls:
+        assert "; secure" in cookie(tls).lower()
+
+
+def test_an_unexpected_error_keeps_the_security_headers(dsn):
+    app = create_app(ConsoleConfig(dsn, allowed_hosts=allowed_hosts(("console.test",))))
+
+    def broken() -> None:
+        raise RuntimeError(f"a bug holding {dsn}")
+
+    app.state.console.db.queues = broken
+    with TestClient(app, base_url="http://console.test", raise_server_exceptions=False) as c:
+        failed = c.get("/queues")
+    assert failed.status_code == 500 and failed.text == "internal error: the console's log says what went wrong\n"
+    assert "default-src 'none'" in failed.headers["content-security-policy"]
+    assert failed.headers["x-content-type-options"] == "nosniff" and failed.headers["cache-control"] == "no-store"
+
+
+def test_a_queue_name_cannot_address_another_queue(dsn):
+    """`evil/../q2` cannot be stored (migration 014), and a form for a name stored before that
+    (simulated by lifting the check) posts to a path that is not q2's."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for statement in ("INSERT INTO queueworker.queues (name) VALUES ('evil/../q2')",
+                          "INSERT INTO queueworker.cron_jobs (name, expression, task, queue, source, next_slot) "
+                          "VALUES ('c', '* * * * *', 't', 'evil/../q2', 'runtime', now())",
+                          "INSERT INTO queueworker.workers (id, hostname, pid, queues, concurrency, version) "
+                          "VALUES (gen_random_uuid(), 'h', 1, '{ok,evil/../q2}', 1, '0')"):
+            with pytest.raises(psycopg.errors.CheckViolation):
+                conn.execute(statement)
+        conn.execute("ALTER TABLE queueworker.queues DROP CONSTRAINT queues_name_pattern")
+        conn.execute("ALTER TABLE queueworker.queue_events DROP CONSTRAINT queue_events_queue_pattern")
+        conn.execute("INSERT INTO queueworker.queues (name, paused_until) VALUES ('evil/../q2', 'infinity'), "
+                     "('q2', 'infinity')")
+    with client(dsn, token=TOKEN, allow_actions=True) as c:
+        page = c.get("/queues", headers=BEARER).text
+        actions = re.findall(r'<form class="inline" method="post" action="([^"]+)"', page)
+        assert "/queues/evil%2F..%2Fq2/resume" in actions
+        token = csrf_token(page)
+        for action in actions:
+            if "evil" in action:  # where a browser sends the form: the path as the link resolves
+                target = urljoin("http://console.test/queues", action)
+                assert urlsplit(target).path == "/queues/evil%2F..%2Fq2/resume"
+                refused = c.post(target, data={"csrf_token": token}, headers=BEARER)
+                assert refused.status_code in (404, 405)
+    assert query(dsn, "SELECT name FROM queueworker.queues WHERE paused_until IS NOT NULL ORDER BY name") == [
+        ("evil/../q2",), ("q2",)]
+
+
+def test_a_runs_page_shows_its_first_events(dsn, demo, monkeypatch):
+    """The run page reads a bounded audit trail however often the run moved (`run show` reads all)."""
+    from queueworker.client import runs as client_runs
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO queueworker.run_events (run_id, from_state, to_state, detail) "
+                     "SELECT %s, 'running', 'running', '{}' FROM generate_series(1, 50)", (demo.run_id,))
+        assert len(client_runs.run_events(conn, demo.run_id)) == 51
+    monkeypatch.setattr(data, "RUN_EVENTS_SHOWN", 10)
+    with client(dsn) as c:
+        page = c.get(f"/runs/{demo.run_id}").text
+    events = page[page.index('<table id="run-events">'):]
+    assert events[:events.index("</table>")].count("<tr><td>") == 10 and "The first 10 events are shown." in page

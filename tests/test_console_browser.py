@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import os
 
+import psycopg
 import pytest
 
 from queueworker.console import ConsoleConfig
@@ -98,3 +99,24 @@ def test_a_browser_without_credentials_is_refused(console, dsn):
             assert seen == [(page, 401)], authorization
             assert not driver.find_elements(By.ID, "task") and "550 mailbox" not in driver.page_source
     assert scalar(dsn, "SELECT state::text FROM queueworker.tasks WHERE id = %s", (demo.failed[0],)) == "failed"
+
+
+def test_a_queue_named_like_a_path_cannot_resume_another_in_a_real_browser(console, dsn):
+    """A name stored before migration 014 (simulated by lifting the check): its Resume button, as
+    Chromium sends it, never reaches q2."""
+    from selenium.webdriver.common.by import By
+
+    url, _ = console
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("ALTER TABLE queueworker.queues DROP CONSTRAINT queues_name_pattern")
+        conn.execute("ALTER TABLE queueworker.queue_events DROP CONSTRAINT queue_events_queue_pattern")
+        conn.execute("INSERT INTO queueworker.queues (name, paused_until) VALUES ('evil/../q2', 'infinity'), "
+                     "('q2', 'infinity')")
+    with chromium(authorization=f"Bearer {TOKEN}") as driver:
+        driver.get(url + "/queues")
+        (row,) = [r for r in driver.find_element(By.ID, "queues").find_elements(By.TAG_NAME, "tr")
+                  if r.find_elements(By.TAG_NAME, "td") and r.find_element(By.TAG_NAME, "td").text == "evil/../q2"]
+        row.find_element(By.XPATH, ".//button[text()='Resume']").click()
+        wait_until(lambda: driver.current_url != url + "/queues", timeout=60, message="the form to be sent")
+        assert "/queues/q2/" not in driver.current_url and "done=resumed" not in driver.current_url
+    assert scalar(dsn, "SELECT paused_until IS NOT NULL FROM queueworker.queues WHERE name = 'q2'")

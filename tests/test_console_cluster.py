@@ -26,7 +26,8 @@ def test_scaling_page_shows_each_queueworkers_last_decision(control_plane, crd, 
             "message": "<b>ready</b> 42 tasks need 5 replicas", "queueDepth": {"ready": 42, "running": 6},
             "conditions": [{"type": "Ready", "status": "True", "reason": "Polled"},
                            {"type": "Active", "status": "True", "reason": "Backlog"}]}})
-    with TestClient(create_app(ConsoleConfig(dsn, kubeconfig=str(control_plane.kubeconfig)))) as c:
+    config = ConsoleConfig(dsn, kubeconfig=str(control_plane.kubeconfig), allowed_hosts=frozenset({"testserver"}))
+    with TestClient(create_app(config)) as c:
         page = c.get("/scaling").text
     row = page[page.index(f"{cluster_namespace}/mailer"):]
     row = row[:row.index("</tr>")]

@@ -5,6 +5,7 @@ arguments are read and the outcome printed."""
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from pathlib import Path
@@ -73,6 +74,13 @@ def add_console(sub: Any, common: argparse.ArgumentParser) -> None:
     console.add_argument("--namespace", action="append", dest="namespaces", default=[], metavar="NS",
                          help="show the QueueWorkers of this namespace (repeatable; default: every namespace, "
                               "which needs the right to list them cluster-wide)")
+    console.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                         help="a host name requests may give besides localhost and IP addresses (an "
+                              "ingress's or a Service's); repeatable, added to the comma-separated "
+                              "$QUEUEWORKER_CONSOLE_ALLOWED_HOSTS")
+    console.add_argument("--secure-cookies", action="store_true",
+                         help="mark the form cookie Secure (behind a TLS ingress; "
+                              "also $QUEUEWORKER_CONSOLE_SECURE_COOKIES=true)")
 
 
 def cmd_console(args: argparse.Namespace) -> int:
@@ -81,12 +89,19 @@ def cmd_console(args: argparse.Namespace) -> int:
         import uvicorn
 
         from ..console import ConsoleConfig, CredentialsError, create_app, load_token
+        from ..console.auth import ALLOWED_HOSTS_ENV, SECURE_COOKIES_ENV, allowed_hosts
     except ImportError as exc:
         raise CliError(f"the console needs its extra: pip install 'queueworker[console]' ({exc})") from None
+    from_env = os.environ.get(ALLOWED_HOSTS_ENV, "")
+    secure_env = os.environ.get(SECURE_COOKIES_ENV, "").strip().lower()
+    if secure_env not in ("", "true", "false", "1", "0", "yes", "no"):
+        raise CliError(f"${SECURE_COOKIES_ENV} must be true or false")
     try:
+        hosts = allowed_hosts((*(h for h in from_env.split(",") if h.strip()), *args.allowed_host))
         config = ConsoleConfig(args.dsn, token=load_token(args.token_file), allow_actions=args.allow_actions,
-                               kubeconfig=args.kubeconfig, namespaces=tuple(args.namespaces))
-    except CredentialsError as exc:
+                               kubeconfig=args.kubeconfig, namespaces=tuple(args.namespaces), allowed_hosts=hosts,
+                               secure_cookies=args.secure_cookies or secure_env in ("true", "1", "yes"))
+    except (CredentialsError, ValueError) as exc:
         raise CliError(str(exc)) from None
     configure_logging("INFO", json_format=default_format() == "json", secrets=[*secrets(args.dsn), config.token])
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again under the handler it

@@ -11,8 +11,8 @@ import psycopg
 
 from ..db import statements
 from ..db.runs import (
-    FINALIZE_RUN, RETRY_RUN, RUN, RUN_EVENTS, RUN_TASKS, RUNS, RunEventRow, RunParams, RunRow, RunsParams, RunTaskRow,
-    RunTasksParams)
+    FINALIZE_RUN, RETRY_RUN, RUN, RUN_EVENTS, RUN_TASKS, RUNS, RunEventRow, RunEventsParams, RunParams, RunRow,
+    RunsParams, RunTaskRow, RunTasksParams)
 
 
 def runs(conn: psycopg.Connection, *, name: str | None = None, limit: int) -> list[RunRow]:
@@ -31,9 +31,9 @@ def run_tasks(conn: psycopg.Connection, run_id: int, limit: int | None = None) -
     return statements.fetch(conn, RUN_TASKS, RunTasksParams(id=run_id, limit=limit))
 
 
-def run_events(conn: psycopg.Connection, run_id: int) -> list[RunEventRow]:
-    """The run's audit trail, oldest first."""
-    return statements.fetch(conn, RUN_EVENTS, RunParams(id=run_id))
+def run_events(conn: psycopg.Connection, run_id: int, limit: int | None = None) -> list[RunEventRow]:
+    """The run's audit trail, oldest first: all of it, or its first `limit` events."""
+    return statements.fetch(conn, RUN_EVENTS, RunEventsParams(id=run_id, limit=limit))
 
 
 def retry_run(conn: psycopg.Connection, run_id: int) -> int:

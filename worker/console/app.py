@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from urllib.parse import quote
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -26,11 +28,13 @@ from starlette.staticfiles import StaticFiles
 from .. import dsn as dsns
 from ..client import operations
 from ..client.status import STATES
+from ..names import QUEUE_PATTERN
 from . import auth, data
 from .cluster import ClusterReader
 
 HERE = Path(__file__).resolve().parent
-QUEUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
+log = logging.getLogger("queueworker.console")
+QUEUE_NAME = re.compile(QUEUE_PATTERN)
 MAX_FORM_BYTES = 4096
 # What a successful action's redirect may announce: fixed sentences, never text from the request.
 PAST = {"retry": "retried", "cancel": "cancelled", "pause": "paused", "resume": "resumed"}
@@ -45,6 +49,10 @@ class ConsoleConfig:
     allow_actions: bool = False
     kubeconfig: str | None = None   # None: in-cluster configuration, when there is one
     namespaces: tuple[str, ...] = ()  # the QueueWorkers of these namespaces only; empty: every namespace
+    # Host names a request may give besides localhost and IP addresses (auth.served): others are
+    # refused, so no page is read through a name an attacker controls (DNS rebinding).
+    allowed_hosts: frozenset[str] = frozenset()
+    secure_cookies: bool = False    # the CSRF cookie is Secure on every response, not only over TLS
 
     def __post_init__(self) -> None:
         if self.allow_actions and not self.token:
@@ -72,7 +80,7 @@ def _text(value: str | None, label: str, limit: int) -> str | None:
 def _queue(value: str | None) -> str | None:
     if value in (None, ""):
         return None
-    if not QUEUE_NAME.fullmatch(value):
+    if QUEUE_NAME.fullmatch(value) is None:
         raise BadRequest("not a queue name (letters, digits and _.:- , at most 128)")
     return value
 
@@ -99,10 +107,17 @@ def _seconds(value: float | None) -> str:
     return "" if value is None else f"{value:.1f}s"
 
 
+def _segment(value: object) -> str:
+    """A value as one path segment: every reserved character quoted, `/` included, so no stored
+    name can make a link or a form address another path (`evil/../q2` is not `q2`)."""
+    return quote(str(value), safe="")
+
+
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True,
                              undefined=jinja2.StrictUndefined)
-    env.filters.update(age=_age, seconds=_seconds, progress=data.progress, show_json=data.show_json)
+    env.filters.update(age=_age, seconds=_seconds, progress=data.progress, show_json=data.show_json,
+                       segment=_segment)
     env.globals.update(STATES=STATES, DEPTH_CAP=data.DEPTH_CAP)
     return env
 
@@ -173,7 +188,7 @@ class Console:
         if run is None:
             return self.error(request, 404, f"no run with id {run_id}")
         return self.render(request, "run.html", run=run, tasks=tasks, events=events,
-                           tasks_shown=data.RUN_TASKS_SHOWN)
+                           tasks_shown=data.RUN_TASKS_SHOWN, events_shown=data.RUN_EVENTS_SHOWN)
 
     def scaling(self, request: Request) -> Response:
         return self.render(request, "scaling.html", view=self.cluster.scaling())
@@ -233,14 +248,19 @@ class Console:
 
 
 class Guard(BaseHTTPMiddleware):
-    """Authentication (when a token is set), the CSRF cookie, security headers, and errors turned
-    into pages that carry no secret."""
+    """The Host check, authentication (when a token is set), the CSRF cookie, security headers, and
+    errors turned into pages that carry no secret; an unexpected one too, with the same headers."""
 
     def __init__(self, app: Any, console: Console):
         super().__init__(app)
         self.console = console
 
     async def dispatch(self, request: Request, call_next: Any) -> Response:
+        allowed = self.console.config.allowed_hosts
+        if request.url.path != "/healthz" and not auth.served(request.headers.get("host"), allowed):
+            return _secure(PlainTextResponse(
+                "refused: the Host header names a host this console does not serve (see --allowed-host)\n",
+                status_code=400))
         token = self.console.config.token
         if token and request.url.path != "/healthz" and not auth.authorized(
                 request.headers.get("authorization"), token):
@@ -259,9 +279,12 @@ class Guard(BaseHTTPMiddleware):
                 exc = await run_in_threadpool(self.console.db.why_unavailable)
             message = dsns.scrub(dsns.explain(exc, self.console.config.dsn), self.console.secrets())
             response = self.console.error(request, 503, f"database error: {message}")
+        except Exception:  # noqa: BLE001 - a bug: logged whole, answered without detail, headers kept
+            log.exception("console: unexpected error on %s %s", request.method, request.url.path)
+            response = PlainTextResponse("internal error: the console's log says what went wrong\n", status_code=500)
         if fresh:
             response.set_cookie(auth.CSRF_COOKIE, request.state.csrf_cookie, httponly=True, samesite="strict",
-                                secure=request.url.scheme == "https", path="/")
+                                secure=self.console.config.secure_cookies or request.url.scheme == "https", path="/")
         return _secure(response)
 
 

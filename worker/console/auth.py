@@ -9,6 +9,10 @@ asks for itself. Without one the console is read-only and open: it refuses to st
 Forms (POST only) carry a signed double-submit token: a random value in a SameSite=Strict cookie,
 and in the form its HMAC under a key derived from the credentials, so it survives restarts and
 holds across replicas. A POST whose Origin (or Referer) names another site is refused before that.
+
+Every request (but the probes' /healthz) must name in its Host header a host the console serves:
+a page read through another name is a page read by whoever controls that name, as a DNS
+rebinding attack does against a console on localhost.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+import ipaddress
 import os
 import secrets
 from pathlib import Path
@@ -24,6 +29,8 @@ from urllib.parse import urlsplit
 
 TOKEN_ENV = "QUEUEWORKER_CONSOLE_TOKEN"
 TOKEN_FILE_ENV = "QUEUEWORKER_CONSOLE_TOKEN_FILE"
+ALLOWED_HOSTS_ENV = "QUEUEWORKER_CONSOLE_ALLOWED_HOSTS"
+SECURE_COOKIES_ENV = "QUEUEWORKER_CONSOLE_SECURE_COOKIES"
 MIN_TOKEN_LENGTH = 16
 MAX_TOKEN_LENGTH = 4096
 CSRF_COOKIE = "queueworker_console_csrf"
@@ -112,3 +119,43 @@ def same_origin(origin: str | None, referer: str | None, host: str | None) -> bo
     if source == "null":
         return False
     return urlsplit(source).netloc.lower() == host.lower()
+
+
+def allowed_hosts(names: tuple[str, ...] = ()) -> frozenset[str]:
+    """The host names given with --allowed-host (an ingress's, a Service's), lower case, checked:
+    a name without port, scheme or spaces; an IP address is served anyway."""
+    hosts = set()
+    for given in names:
+        name = given.strip().lower().rstrip(".")
+        if _address(name) is not None:
+            continue
+        if not name or any(c.isspace() or c in "/:@[]" for c in name):
+            raise ValueError(f"--allowed-host takes a host name, without port or scheme, not {given!r}")
+        hosts.add(name)
+    return frozenset(hosts)
+
+
+def _address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return None
+
+
+def host_name(header: str) -> str:
+    """The host of a Host header, lower case, without port or final dot: `[::1]:8080` is `::1`."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1:header.find("]")] if "]" in header else header
+    name = header.rpartition(":")[0] if header.count(":") == 1 else header
+    return name.rstrip(".")
+
+
+def served(header: str | None, allowed: frozenset[str]) -> bool:
+    """Whether a request's Host header names the console: an IP address (a browser sends one only
+    to a page it loaded from that address, so DNS rebinding, which needs a name, cannot), `localhost`,
+    or a name given with --allowed-host."""
+    if not header:
+        return False
+    name = host_name(header)
+    return name == "localhost" or name in allowed or _address(name) is not None

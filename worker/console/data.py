@@ -2,8 +2,11 @@
 
 Every page reads in a read-only transaction with a statement timeout, through statements that walk
 an index and return a bounded number of rows, so a page costs the same on a history of ten rows or
-ten million. What the CLI shows too (a task and its events, runs, workers, queue settings) is read
-by the same functions of queueworker.client; the reads only the console makes are in console.sql.
+ten million. Every stored value a page shows (payload, result, error, checkpoint, headers, an
+event's detail, a watermark) is cut in Postgres, with its whole length in bytes beside it, so a page
+is bounded in bytes too: neither the console nor the browser ever holds a 60 MiB payload. Workers,
+run events and queue settings are read by the functions of queueworker.client the CLI uses; the
+reads only the console makes are in console.sql.
 """
 
 from __future__ import annotations
@@ -15,18 +18,20 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from .. import jsonvalue
-from ..client import inspect as client_inspect, runs as client_runs
+from ..client import runs as client_runs
 from ..client.operations import queue_settings
 from ..client.status import STATES, describe_flow, describe_progress, flow_control, live_workers
 from ..db import statements
 from ..db.console import (
-    FINISH_RATES, KEY_HOLDERS, LEASES_BY_WORKER, QUEUE_NAMES, SET_STATEMENT_TIMEOUT, TASK_PAGE, FinishRateRow,
-    FinishRatesParams, KeyHolderRow, KeyHoldersParams, LeasesByWorkerParams, QueueNamesParams, StatementTimeoutParams,
-    TaskPageParams, TaskPageRow, WorkerLeasesRow)
+    FINISH_RATES, KEY_HOLDERS, LEASES_BY_WORKER, LISTED_RUNS, QUEUE_NAMES, SET_STATEMENT_TIMEOUT, SHOWN_RUN,
+    SHOWN_RUN_TASKS, SHOWN_TASK, SHOWN_TASK_EVENTS, TASK_PAGE, FinishRateRow, FinishRatesParams, KeyHolderRow,
+    KeyHoldersParams, LeasesByWorkerParams, ListedRunRow, QueueNamesParams, ShownRunParams, ShownRunRow,
+    ShownRunsParams, ShownRunTasksParams, ShownTaskEventRow, ShownTaskEventsParams, ShownTaskParams, ShownTaskRow,
+    StatementTimeoutParams, TaskPageParams, TaskPageRow, WorkerLeasesRow)
 from ..db.depth import QUEUE_DEPTH, QueueDepthParams, QueueDepthRow
 from ..db.flow import QueueRow
-from ..db.inspect import LiveWorkerRow, TaskEventRow, TaskRow
-from ..db.runs import RunEventRow, RunRow, RunTaskRow
+from ..db.inspect import LiveWorkerRow
+from ..db.runs import RunEventRow, RunTaskRow
 
 FINISHED_STATES = ("succeeded", "failed", "cancelled")
 ACTIVE_STATES = tuple(s for s in STATES if s not in FINISHED_STATES)
@@ -40,7 +45,10 @@ EVENTS_SHOWN = 1000
 RUN_TASKS_SHOWN = 1000
 RUNS_SHOWN = 100
 LEASES_SHOWN = 20
-JSON_SHOWN_CHARS = 64 * 1024
+JSON_SHOWN_CHARS = 64 * 1024    # each stored value (payload, result, error, ...), cut in Postgres
+PROGRESS_SHOWN_CHARS = 1000     # a task's progress in the task list
+ERROR_SHOWN_CHARS = 300         # an error's message in a run's task list
+RUN_EVENTS_SHOWN = 1000
 STATEMENT_TIMEOUT_MS = 10000
 POOL_WAIT_SECONDS = 5
 
@@ -72,17 +80,19 @@ class TaskPage:
 
 @dataclass
 class ShownJson:
-    """Stored JSON as shown: pretty when Python can read it and it is small, else as stored,
-    cut at JSON_SHOWN_CHARS."""
+    """Stored JSON as shown: pretty when it came whole and Python can read it, else as stored; a
+    value cut in Postgres says how many bytes it holds."""
     text: str
-    truncated_from: int | None = None  # the stored length, when cut
+    stored_bytes: int | None = None  # the whole value's length in bytes, when what is shown was cut
 
 
-def show_json(stored: str | None) -> ShownJson | None:
+def show_json(stored: str | None, stored_bytes: int | None = None) -> ShownJson | None:
+    """`stored` is what Postgres sent, at most JSON_SHOWN_CHARS characters; `stored_bytes` the
+    whole value's length, so a cut value is told from a whole one."""
     if stored is None:
         return None
-    if len(stored) > JSON_SHOWN_CHARS:
-        return ShownJson(stored[:JSON_SHOWN_CHARS], truncated_from=len(stored))
+    if stored_bytes is not None and stored_bytes > len(stored.encode("utf-8", "surrogatepass")):
+        return ShownJson(stored, stored_bytes=stored_bytes)
     try:
         pretty = json.dumps(jsonvalue.decode(stored), indent=2, ensure_ascii=False)
     except (jsonvalue.Undecodable, RecursionError, ValueError):
@@ -146,7 +156,8 @@ class ConsoleDatabase:
         with self.pool.connection() as conn:
             rows = statements.fetch(conn, TASK_PAGE, TaskPageParams(
                 before=BIGINT_MAX if before is None else before, partition_states=partition_states(state),
-                scan=SCAN_BUDGET, queue=queue, state=state, task=task, dedupe_key=dedupe_key, limit=PAGE_SIZE))
+                scan=SCAN_BUDGET, queue=queue, state=state, task=task, dedupe_key=dedupe_key, limit=PAGE_SIZE,
+                progress_chars=PROGRESS_SHOWN_CHARS))
             holders = statements.fetch(conn, KEY_HOLDERS, KeyHoldersParams(dedupe_key=dedupe_key)) if dedupe_key else []
         tasks = [row for row in rows if row.id is not None]
         scanned, lowest = rows[0].scanned, rows[0].lowest_scanned
@@ -156,10 +167,13 @@ class ConsoleDatabase:
             next_before = lowest if scanned == SCAN_BUDGET else None
         return TaskPage(tasks, scanned, next_before, holders)
 
-    def task(self, task_id: int) -> tuple[TaskRow | None, list[TaskEventRow]]:
+    def task(self, task_id: int) -> tuple[ShownTaskRow | None, list[ShownTaskEventRow]]:
         with self.pool.connection() as conn:
-            found = client_inspect.task(conn, task_id)
-            return found, [] if found is None else client_inspect.task_events(conn, task_id, limit=EVENTS_SHOWN)
+            found = statements.fetch_one(conn, SHOWN_TASK, ShownTaskParams(id=task_id, chars=JSON_SHOWN_CHARS))
+            if found is None:
+                return None, []
+            return found, statements.fetch(conn, SHOWN_TASK_EVENTS, ShownTaskEventsParams(
+                id=task_id, limit=EVENTS_SHOWN, chars=JSON_SHOWN_CHARS))
 
     def workers(self) -> tuple[list[LiveWorkerRow], dict[str, WorkerLeasesRow]]:
         with self.pool.connection() as conn:
@@ -168,14 +182,15 @@ class ConsoleDatabase:
                                                                   LeasesByWorkerParams(shown=LEASES_SHOWN))}
         return workers, leases
 
-    def runs(self, name: str | None) -> list[RunRow]:
+    def runs(self, name: str | None) -> list[ListedRunRow]:
         with self.pool.connection() as conn:
-            return client_runs.runs(conn, name=name, limit=RUNS_SHOWN)
+            return statements.fetch(conn, LISTED_RUNS, ShownRunsParams(name=name, limit=RUNS_SHOWN))
 
-    def run(self, run_id: int) -> tuple[RunRow | None, list[RunTaskRow], list[RunEventRow]]:
+    def run(self, run_id: int) -> tuple[ShownRunRow | None, list[RunTaskRow], list[RunEventRow]]:
         with self.pool.connection() as conn:
-            found = client_runs.run(conn, run_id)
+            found = statements.fetch_one(conn, SHOWN_RUN, ShownRunParams(id=run_id, chars=JSON_SHOWN_CHARS))
             if found is None:
                 return None, [], []
-            return (found, client_runs.run_tasks(conn, run_id, limit=RUN_TASKS_SHOWN),
-                    client_runs.run_events(conn, run_id))
+            tasks = statements.fetch(conn, SHOWN_RUN_TASKS, ShownRunTasksParams(
+                id=run_id, limit=RUN_TASKS_SHOWN, error_chars=ERROR_SHOWN_CHARS))
+            return found, tasks, client_runs.run_events(conn, run_id, limit=RUN_EVENTS_SHOWN)

@@ -9,10 +9,35 @@
 SELECT set_config('statement_timeout', %(milliseconds)s, false);
 
 -- name: queue_names
--- Every queue worth a line: with unfinished tasks, with settings, worked by a live worker, or with tasks
--- finished within the hour (among the newest 20,000 finished: the history is not scanned).
+-- Every queue worth a line, at most %(limit)s: with ready, running or blocked tasks (a skip scan of
+-- each partial index that leads with the queue, tasks_claim, tasks_running and tasks_blocked: one
+-- probe per queue, however many tasks), with settings, worked by a live worker, with tasks finished
+-- within the hour (among the newest 20,000 finished), or among the 20,000 waiting tasks (delayed or
+-- retrying) due first. Neither partition is scanned whole.
+WITH RECURSIVE ready(name, n) AS (
+    (SELECT queue, 1 FROM queueworker.tasks_active WHERE state = 'pending' AND NOT delayed ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.queue FROM queueworker.tasks_active t
+            WHERE t.state = 'pending' AND NOT t.delayed AND t.queue > r.name ORDER BY t.queue LIMIT 1), r.n + 1
+    FROM ready r WHERE r.name IS NOT NULL AND r.n < %(limit)s
+), running(name, n) AS (
+    (SELECT queue, 1 FROM queueworker.tasks_active WHERE state = 'running' ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.queue FROM queueworker.tasks_active t
+            WHERE t.state = 'running' AND t.queue > r.name ORDER BY t.queue LIMIT 1), r.n + 1
+    FROM running r WHERE r.name IS NOT NULL AND r.n < %(limit)s
+), blocked(name, n) AS (
+    (SELECT queue, 1 FROM queueworker.tasks_active WHERE state = 'blocked' ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.queue FROM queueworker.tasks_active t
+            WHERE t.state = 'blocked' AND t.queue > r.name ORDER BY t.queue LIMIT 1), r.n + 1
+    FROM blocked r WHERE r.name IS NOT NULL AND r.n < %(limit)s
+)
 SELECT name FROM (
-    SELECT queue AS name FROM queueworker.tasks_active
+    SELECT name FROM ready UNION SELECT name FROM running UNION SELECT name FROM blocked
+    UNION SELECT queue FROM (SELECT queue FROM queueworker.tasks_active
+                             WHERE state = 'retrying' OR (state = 'pending' AND delayed)
+                             ORDER BY run_after LIMIT 20000) AS w
     UNION SELECT name FROM queueworker.queues
     UNION SELECT unnest(queues) FROM queueworker.workers
     UNION SELECT queue FROM (SELECT queue FROM queueworker.tasks
@@ -20,6 +45,7 @@ SELECT name FROM (
                                AND finished_at > now() - interval '1 hour'
                              ORDER BY finished_at DESC LIMIT 20000) AS r
 ) AS n
+WHERE name IS NOT NULL
 ORDER BY name LIMIT %(limit)s;
 
 -- name: finish_rates
@@ -42,8 +68,9 @@ FROM recent GROUP BY queue;
 -- name: task_page
 -- A page of tasks, newest first, below id %(before)s: the newest %(scan)s tasks of the partitions
 -- holding %(partition_states)s are read through the primary key, and those matching the filters are returned
--- (at most %(limit)s). Every row also says how many tasks were read and the lowest id among them, so
--- a page with few matches continues below what was read; one row of NULL task columns when none match.
+-- (at most %(limit)s, each progress cut at %(progress_chars)s characters). Every row also says how
+-- many tasks were read and the lowest id among them, so a page with few matches continues below
+-- what was read; one row of NULL task columns when none match.
 WITH scanned AS MATERIALIZED (
     SELECT id, queue, task, state, attempts, max_attempts, progress, dedupe_key, lease_owner, created_at, updated_at
     FROM queueworker.tasks
@@ -57,7 +84,8 @@ WITH scanned AS MATERIALIZED (
       AND (%(dedupe_key)s::text IS NULL OR dedupe_key = %(dedupe_key)s)
     ORDER BY id DESC LIMIT %(limit)s
 )
-SELECT m.id, m.queue, m.task, m.state::text AS state, m.attempts, m.max_attempts, m.progress::text AS progress_json,
+SELECT m.id, m.queue, m.task, m.state::text AS state, m.attempts, m.max_attempts,
+       left(m.progress::text, %(progress_chars)s) AS progress_json,
        m.dedupe_key, m.lease_owner::text AS lease_owner, m.created_at, m.updated_at, s.scanned, s.lowest_scanned
 FROM (SELECT count(*) AS scanned, min(id) AS lowest_scanned FROM scanned) AS s
 LEFT JOIN matched m ON true
@@ -73,3 +101,49 @@ WHERE dedupe_key = %(dedupe_key)s ORDER BY id LIMIT 100;
 -- running tasks, tasks_running (bounded by the fleet's concurrency).
 SELECT lease_owner::text AS worker, count(*) AS leases, (array_agg(id ORDER BY id))[1:%(shown)s] AS task_ids
 FROM queueworker.tasks WHERE state = 'running' GROUP BY lease_owner;
+
+-- name: task_shown
+-- One task, as queueworker.client.inspect reads it for `queueworker show`, but every stored value
+-- cut in Postgres at %(chars)s characters, with its whole length in bytes beside it: a page never
+-- carries, nor the console holds, a value of any size (a 60 MiB payload is 64 KiB on the page).
+SELECT id, queue, task, state::text AS state, attempts, max_attempts, priority,
+       left(payload::text, %(chars)s) AS payload_json, octet_length(payload::text) AS payload_bytes,
+       left(result::text, %(chars)s) AS result_json, octet_length(result::text) AS result_bytes,
+       left(error::text, %(chars)s) AS error_json, octet_length(error::text) AS error_bytes,
+       left(checkpoint::text, %(chars)s) AS checkpoint_json, octet_length(checkpoint::text) AS checkpoint_bytes,
+       left(headers::text, %(chars)s) AS headers_json, octet_length(headers::text) AS headers_bytes,
+       left(progress::text, %(chars)s) AS progress_json, dedupe_key,
+       run_id, run_partition, continued_from, lease_owner, created_at, run_after, started_at, finished_at, updated_at
+FROM queueworker.tasks WHERE id = %(id)s;
+
+-- name: task_events_shown
+-- A task's audit trail, oldest first: its first %(limit)s events, each detail cut at %(chars)s
+-- characters with its whole length in bytes (an error's message can be of any size).
+SELECT at, from_state::text AS from_state, to_state::text AS to_state, worker, lease_token,
+       left(detail::text, %(chars)s) AS detail_json, octet_length(detail::text) AS detail_bytes
+FROM queueworker.task_events WHERE task_id = %(id)s ORDER BY id LIMIT %(limit)s;
+
+-- name: runs_shown
+-- The newest %(limit)s runs, of one name or all: what the list shows (not the watermarks, which
+-- can be of any size).
+SELECT id, name, state::text AS state, expected, succeeded, failed, cancelled, started_at, finished_at
+FROM queueworker.runs
+WHERE %(name)s::text IS NULL OR name = %(name)s ORDER BY id DESC LIMIT %(limit)s;
+
+-- name: run_shown
+-- One run, as queueworker.client.runs reads it, every stored value cut at %(chars)s characters with
+-- its whole length in bytes.
+SELECT id, name, state::text AS state, expected, succeeded, failed, cancelled, success_task_id,
+       failure_task_id, forced, left(watermark, %(chars)s) AS watermark,
+       left(watermark_before::text, %(chars)s) AS watermark_before_json,
+       octet_length(watermark_before::text) AS watermark_before_bytes,
+       left(watermark_after::text, %(chars)s) AS watermark_after_json,
+       octet_length(watermark_after::text) AS watermark_after_bytes, started_at, finished_at
+FROM queueworker.runs WHERE id = %(id)s;
+
+-- name: run_tasks_shown
+-- The run's first %(limit)s tasks, as queueworker.client.runs orders them, each error's message cut at
+-- %(error_chars)s characters.
+SELECT id, run_partition AS partition, state::text AS state, attempts,
+       left(error ->> 'message', %(error_chars)s) AS error
+FROM queueworker.tasks WHERE run_id = %(id)s ORDER BY run_partition NULLS LAST, id LIMIT %(limit)s;

@@ -56,6 +56,11 @@ class RunTasksParams(Params):
     limit: int | None  # None: all of them
 
 
+class RunEventsParams(Params):
+    id: int
+    limit: int | None  # None: all of them
+
+
 class RunTaskRow(NamedTuple):
     id: int
     partition: int | None
@@ -85,7 +90,7 @@ START_RUN = _SQL.statement("start_run", StartRunParams, StartedRunRow)
 RUNS = _SQL.statement("runs", RunsParams, RunRow)
 RUN = _SQL.statement("run", RunParams, RunRow)
 RUN_TASKS = _SQL.statement("run_tasks", RunTasksParams, RunTaskRow)
-RUN_EVENTS = _SQL.statement("run_events", RunParams, RunEventRow)
+RUN_EVENTS = _SQL.statement("run_events", RunEventsParams, RunEventRow)
 RETRY_RUN = _SQL.statement("retry_run", RunParams, RetriedRunRow)
 FINALIZE_RUN = _SQL.statement("finalize_run", RunParams, FinalizedRunRow)
 

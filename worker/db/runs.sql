@@ -31,9 +31,11 @@ SELECT id, run_partition AS partition, state::text AS state, attempts, error ->>
 FROM queueworker.tasks WHERE run_id = %(id)s ORDER BY run_partition NULLS LAST, id LIMIT %(limit)s;
 
 -- name: run_events
--- The run's audit trail (migration 007): one row per transition, oldest first.
+-- The run's audit trail (migration 007): one row per transition, oldest first; all of it (%(limit)s
+-- NULL) for `queueworker run show`, its first %(limit)s for the console, whose page stays bounded
+-- however often a run was retried. The detail is counters and ids written by audit_run: small.
 SELECT at, from_state::text AS from_state, to_state::text AS to_state, detail::text AS detail_json, by_user
-FROM queueworker.run_events WHERE run_id = %(id)s ORDER BY id;
+FROM queueworker.run_events WHERE run_id = %(id)s ORDER BY id LIMIT %(limit)s;
 
 -- name: retry_run
 -- `queueworker run retry ID`: the run's failed and cancelled partitions, as tasks.retry_task would, and
