@@ -658,8 +658,7 @@ def test_a_scale_target_that_did_not_opt_in_is_never_scaled(scaled_by, unreadabl
     kube = FakeKube()
     kube.target = user_workload(["worker"], scaled_by=scaled_by)
     if unreadable:  # the controller may read its Scale but not the object (403 on get)
-        kube.read_scale_target = lambda namespace, ref: FoundScaleTarget(
-            {"spec": {"replicas": 1}, "status": {"replicas": 1, "selector": "app=mine"}}, None)
+        kube.read_scale_target = lambda namespace, ref: FoundScaleTarget({"spec": {"replicas": 1}}, None)
     spec = {k: v for k, v in SPEC.items() if k != "image"} | {"scaleTargetRef": {"kind": "Deployment", "name": "mine"}}
     result = tick(kube, QueueDepth(ready=50, running=0), spec)
     assert conditions(result)["Ready"] == ("False", "ScaleTargetNotOptedIn")
