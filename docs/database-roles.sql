@@ -1,4 +1,4 @@
--- Least-privilege database roles for queueworker, schema version 12. Why each grant exists, and
+-- Least-privilege database roles for queueworker, schema version 15. Why each grant exists, and
 -- what the roles still can do: docs/security.md.
 --
 -- Run it as a superuser, in the application's database:
@@ -92,7 +92,7 @@ ALTER DEFAULT PRIVILEGES FOR ROLE queueworker_migrator REVOKE EXECUTE ON FUNCTIO
 ALTER DEFAULT PRIVILEGES FOR ROLE queueworker_migrator IN SCHEMA queueworker
     GRANT SELECT ON TABLES TO queueworker_operator;
 
--- 5. The grants, for schema version 12.
+-- 5. The grants, for schema version 15.
 DO $$
 DECLARE
     applied_version integer;
@@ -100,14 +100,14 @@ BEGIN
     IF to_regclass('queueworker.schema_migrations') IS NOT NULL THEN
         SELECT max(m.version) INTO applied_version FROM queueworker.schema_migrations m;
     END IF;
-    IF coalesce(applied_version, 0) < 12 THEN
-        RAISE NOTICE 'queueworker is at schema version %, these grants are for version 12: run `queueworker '
+    IF coalesce(applied_version, 0) < 15 THEN
+        RAISE NOTICE 'queueworker is at schema version %, these grants are for version 15: run `queueworker '
                      'migrate` as a member of queueworker_migrator, then run this script again',
                      coalesce(applied_version, 0);
         RETURN;
     END IF;
-    IF applied_version > 12 THEN
-        RAISE EXCEPTION 'these grants are for queueworker schema version 12, the database is at version %: '
+    IF applied_version > 15 THEN
+        RAISE EXCEPTION 'these grants are for queueworker schema version 15, the database is at version %: '
                         'run the database-roles.sql of the queueworker release that migrated it', applied_version;
     END IF;
 

@@ -132,10 +132,11 @@ def test_the_console_reads_queueworkers_in_the_watched_namespaces_only(helm, tmp
         assert not service_account_can(api, account, None, "list", "queueworkers", "queueworker.dev")
     kubeconfig = str(write_service_account_kubeconfig(control_plane, cluster_namespace, f"{cluster_namespace}-console",
                                                       tmp_path / "console-kubeconfig"))
-    with TestClient(create_app(ConsoleConfig(dsn, kubeconfig=kubeconfig, namespaces=(watched,)))) as c:
+    with TestClient(create_app(ConsoleConfig(dsn, kubeconfig=kubeconfig, namespaces=(watched,),
+                                              allowed_hosts=frozenset({"testserver"})))) as c:
         page = c.get("/scaling").text
     assert f"{watched}/mailer" in page and f"{unwatched}/mailer" not in page
-    with TestClient(create_app(ConsoleConfig(dsn, kubeconfig=kubeconfig))) as c:
+    with TestClient(create_app(ConsoleConfig(dsn, kubeconfig=kubeconfig, allowed_hosts=frozenset({"testserver"})))) as c:
         assert "cannot list QueueWorkers: HTTP 403" in c.get("/scaling").text
 
 

@@ -249,7 +249,23 @@ def test_without_opentelemetry_or_an_sdk_tasks_run_and_keep_their_headers(dsn, s
     assert json.loads(result.stdout) == [{"tenant": "a"}, {"tenant": "a"}], "the next page kept the task's headers"
 
 
+@pytest.mark.integration
+def test_headers_nested_too_deeply_for_python_leave_the_task_to_run_once(dsn, finished_spans):
+    """Stored by hand (the API refuses them): 3,000 levels, which jsonb keeps and json.loads cannot
+    read. With tracing on, the attempt runs and succeeds at once, in a root span, instead of dying
+    before it starts, unobserved, until its lease is fenced."""
+    deep = "[" * 3000 + "]" * 3000
+    task_id = scalar(dsn, "INSERT INTO queueworker.tasks (queue, task, headers) VALUES ('default', 't.sync', "
+                          "jsonb_build_object('traceparent', %s::jsonb)) RETURNING id", (deep,))
+    assert asyncio.run(run_worker_until(Worker(dsn, FAST, _registry()), lambda: _finished(dsn, [task_id]))) == 0
+    assert query(dsn, "SELECT state::text, attempts FROM queueworker.tasks WHERE id = %s", (task_id,)) == \
+        [("succeeded", 1)]
+    (span,) = finished_spans("queueworker.run ")
+    assert span.parent is None
+
+
 def test_stored_headers_that_are_not_an_object_of_strings_count_as_none():
+    assert tracing._stored_headers("[" * 3000 + "]" * 3000) == {}
     assert tracing._stored_headers(None) == {}
     assert tracing._stored_headers("[1]") == {}
     assert tracing._stored_headers('{"traceparent": 5, "tenant": "a"}') == {"tenant": "a"}

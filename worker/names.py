@@ -4,6 +4,7 @@ the handlers, the settings and the cron schedules alike, so none of them imports
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Annotated
 
 from pydantic import AfterValidator, Field, StringConstraints
@@ -17,6 +18,10 @@ INT4_MAX = 2**31 - 1
 # The longest duration accepted anywhere, in seconds (about 68 years): it fits an `integer`
 # column, a timestamp that far ahead, and Python's timers (threading.TIMEOUT_MAX is ~292 years).
 MAX_SECONDS = INT4_MAX
+# When a task may be due: what every reader can hold (Python's datetime, years 1 to 9999, with a day
+# to spare for time zones); the CHECK run_after_readable of migration 015.
+EARLIEST_RUN_AFTER = datetime(2, 1, 1, tzinfo=UTC)
+LATEST_RUN_AFTER = datetime(9999, 12, 30, tzinfo=UTC)
 
 
 def printable(name: str) -> str:

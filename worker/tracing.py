@@ -49,12 +49,13 @@ def current_headers() -> dict[str, str] | None:
 
 def _stored_headers(headers_json: str | None) -> dict[str, str]:
     """A task's stored headers; anything but a JSON object of strings (written by hand, or by another
-    language's producer) counts as none, so a bad header never fails the task."""
+    language's producer; nested deeper than Python's parser goes) counts as none, so a bad header
+    never fails the task, nor the attempt before it starts."""
     if headers_json is None:
         return {}
     try:
         headers = json.loads(headers_json)
-    except ValueError:
+    except (ValueError, RecursionError):
         return {}
     if not isinstance(headers, dict):
         return {}

@@ -53,7 +53,7 @@ from ..db.enqueue import (
 from ..db.runs import START_RUN, StartRunParams
 from ..db.statements import NO_PARAMS, NoParams, Params, Statement
 from ..names import (
-    DEFAULT_MAX_ATTEMPTS, INT4_MAX, MAX_ATTEMPTS, MAX_PREREQUISITES, MAX_SECONDS, MAX_TASK_NAME, QUEUE_PATTERN,
+    DEFAULT_MAX_ATTEMPTS, EARLIEST_RUN_AFTER, INT4_MAX, LATEST_RUN_AFTER, MAX_ATTEMPTS, MAX_PREREQUISITES, MAX_SECONDS, MAX_TASK_NAME, QUEUE_PATTERN,
     DedupeKey, QueueName, TaskId, TaskName, printable, printable_or_empty)
 
 BATCH_SIZE = 5000
@@ -131,6 +131,9 @@ class TaskSpec(BaseModel):
     def _one_aware_schedule(self) -> TaskSpec:
         if self.run_after is not None and self.run_after.tzinfo is None:
             raise ValueError("run_after must be timezone-aware")
+        if self.run_after is not None and not EARLIEST_RUN_AFTER <= self.run_after <= LATEST_RUN_AFTER:
+            raise ValueError(f"run_after must lie from {EARLIEST_RUN_AFTER.date().isoformat()} to "
+                             f"{LATEST_RUN_AFTER.date().isoformat()} (UTC)")
         if self.run_after is not None and self.delay is not None:
             raise ValueError("give run_after or delay, not both")
         if self.dedupe_key is not None and self.dedupe is not None:
@@ -215,6 +218,7 @@ def _plain_task(values: Any) -> PlainTask | None:
             and (timeout is None or _number(timeout, 1, INT4_MAX))
             and (delay is None or _number(delay, 0.0, float(MAX_SECONDS)))
             and (run_after is None or (type(run_after) is datetime and run_after.utcoffset() is not None
+                                       and EARLIEST_RUN_AFTER <= run_after <= LATEST_RUN_AFTER
                                        and delay is None))):
         return None
     try:
