@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
@@ -64,26 +65,29 @@ def add_breaker(sub: Any, common: argparse.ArgumentParser) -> None:
     breaker.add_argument("--off", action="store_true", help="remove the breaker")
 
 
+def _given(parse: Callable[[str], float], text: str | None) -> float | None:
+    """A flag's value parsed, None when the flag is absent (an empty value is refused by `parse`)."""
+    return None if text is None else parse(text)
+
+
 def cmd_flow(args: argparse.Namespace) -> int:
     """pause, resume, limit and breaker: change a queue's flow control, then print it."""
     with connect(args.dsn) as conn:
         try:
             if args.subcommand == "pause":
-                row = operations.pause(conn, args.queue, seconds=args.duration and operations.parse_duration(
-                    args.duration))
+                row = operations.pause(conn, args.queue, seconds=_given(operations.parse_duration, args.duration))
             elif args.subcommand == "resume":
                 row = operations.resume(conn, args.queue)
             elif args.subcommand == "limit":
-                if args.clear == bool(args.rate or args.concurrency or args.burst):
+                if args.clear == (args.rate is not None or args.concurrency is not None or args.burst is not None):
                     raise CliError("give --rate and/or --concurrency, or --clear")
                 row = operations.set_limits(conn, args.queue, burst=args.burst, max_running=args.concurrency,
-                                            rate_per_second=args.rate and operations.parse_rate(args.rate))
+                                            rate_per_second=_given(operations.parse_rate, args.rate))
             else:
-                if args.off == bool(args.failures or args.cooldown):
+                if args.off == (args.failures is not None or args.cooldown is not None):
                     raise CliError("give --failures and --cooldown, or --off")
                 row = operations.set_breaker(conn, args.queue, failures=args.failures,
-                                             cooldown_seconds=args.cooldown and operations.parse_duration(
-                                                 args.cooldown))
+                                             cooldown_seconds=_given(operations.parse_duration, args.cooldown))
         except ValidationError as exc:
             raise CliError(one_line(exc, {"": "queue"})) from None
         except ValueError as exc:
