@@ -12,7 +12,9 @@ from prometheus_client import start_http_server
 from . import operator  # noqa: F401 - registers the handlers
 from . import redaction
 from .kube import load_config
-from .leader import ElectionTiming, LeaderElector, default_identity, default_namespace, standby_liveness
+from .leader import (
+    ElectionTiming, LeaderElector, default_identity, default_namespace, guard_kopf_writes, standby_liveness,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,6 +93,7 @@ def _elect(args: argparse.Namespace) -> LeaderElector:
     with standby_liveness(args.liveness):
         leader.wait_until_leading()
     leader.start_renewing()
+    guard_kopf_writes(leader)
     return leader
 
 
