@@ -227,7 +227,7 @@ def test_a_flooding_database_and_a_url_reaching_for_files_fail_alone(cluster: Cl
         cluster.apply("files", {**worker_spec(), "database": {"secretRef": {"name": "files"}}})
         flooded = cluster.wait_for(lambda: (lambda c: c.get("reason") == "DatabaseUnreachable" and c)(
             cluster.condition("flood", "Ready")), timeout=40, message="flood DatabaseUnreachable")
-        assert flooded["message"].endswith("the server sent more than 1024 KiB for one read: connection closed")
+        assert "the server sent more than 1024 KiB for one read: connection closed" in flooded["message"]
         refused = cluster.wait_for(lambda: (lambda c: c.get("reason") == "InvalidDatabaseUrl" and c)(
             cluster.condition("files", "Ready")), timeout=30, message="files InvalidDatabaseUrl")
         assert "sets sslkey" in refused["message"] and "serviceaccount" not in refused["message"]
