@@ -49,6 +49,8 @@ MAX_LOOKUPS = 128
 # What a server may send in one exchange: more than any read of the controller's needs.
 READ_BUDGET_BYTES = 1 << 20
 RELAY_CHUNK_BYTES = 64 * 1024
+# What a cancel request's connection may carry (a TLS handshake at most).
+CANCEL_BUDGET_BYTES = 64 * 1024
 # The relay's socket to the server notices a vanished peer as libpq's own would.
 UPSTREAM_KEEPALIVE = {"idle": 10, "interval": 5, "count": 3}
 UPSTREAM_USER_TIMEOUT_MS = 15000
@@ -75,6 +77,10 @@ RELAYED_KEYS = frozenset({"host", "hostaddr", "port", "load_balance_hosts", "gss
 
 class ReadTooLarge(psycopg.OperationalError):
     """The server sent more than READ_BUDGET_BYTES for one exchange; the connection was cut."""
+
+
+def _too_large(when: str) -> ReadTooLarge:
+    return ReadTooLarge(f"the server sent more than {READ_BUDGET_BYTES // 1024} KiB {when}: connection closed")
 
 
 def checked_params(dsn: str) -> dict[str, str]:
@@ -157,10 +163,7 @@ class Connector:
     def exceeded(self, conn: psycopg.AsyncConnection[Any]) -> ReadTooLarge | None:
         """The error to report instead of a broken connection's when its relay cut it for sending too much."""
         relay = self._relays.get(conn)
-        if relay is None or not relay.exceeded:
-            return None
-        return ReadTooLarge(f"the server sent more than {READ_BUDGET_BYTES // 1024} KiB for one read: "
-                            f"connection closed")
+        return _too_large("for one read") if relay is not None and relay.exceeded else None
 
     def received(self, conn: psycopg.AsyncConnection[Any]) -> int:
         """Bytes the server sent since the client last spoke on `conn`."""
@@ -175,12 +178,11 @@ class Connector:
             conninfo = psycopg.conninfo.make_conninfo(
                 "", **rest, host=host, hostaddr="127.0.0.1", port=str(relay.port), gssencmode="disable")
             conn = await db.connect_session(conninfo, application_name, settings, connect_timeout=connect_timeout,
-                                            tcp_user_timeout_ms=tcp_user_timeout_ms)
+                                            tcp_user_timeout_ms=tcp_user_timeout_ms, database=self._dsn)
         except BaseException as exc:
             relay.close()
             if relay.exceeded and isinstance(exc, psycopg.Error):
-                raise ReadTooLarge(f"the server sent more than {READ_BUDGET_BYTES // 1024} KiB while "
-                                   f"connecting: connection closed") from None
+                raise _too_large("while connecting") from None
             raise
         self._relays[conn] = relay
         return conn
@@ -321,16 +323,30 @@ class _Relay:
             asyncio.ensure_future(self._pass_cancel_request(local))
 
     async def _pass_cancel_request(self, local: socket.socket) -> None:
-        """A CancelRequest (a few bytes on a connection of its own), to which the server closes."""
+        """A cancel request: a connection of its own (perhaps a TLS handshake, then a few bytes),
+        which the server closes. Passed on both ways for at most CONNECT_DEADLINE_SECONDS and
+        CANCEL_BUDGET_BYTES."""
         loop = asyncio.get_running_loop()
         upstream = socket.socket(self._family, socket.SOCK_STREAM)
         upstream.setblocking(False)
         local.setblocking(False)
+
+        async def forward(source: socket.socket, sink: socket.socket) -> None:
+            passed = 0
+            while (data := await loop.sock_recv(source, RELAY_CHUNK_BYTES)) and passed < CANCEL_BUDGET_BYTES:
+                passed += len(data)
+                await loop.sock_sendall(sink, data)
+
         try:
             async with asyncio.timeout(CONNECT_DEADLINE_SECONDS):
                 await loop.sock_connect(upstream, self._address)
-                await loop.sock_sendall(upstream, await loop.sock_recv(local, 1024))
-                await loop.sock_recv(upstream, 1)
+                directions = [asyncio.ensure_future(forward(local, upstream)),
+                              asyncio.ensure_future(forward(upstream, local))]
+                try:
+                    await asyncio.wait(directions, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for direction in directions:
+                        direction.cancel()
         except (OSError, TimeoutError):
             pass
         finally:

@@ -2,15 +2,17 @@
 
 The algorithm is client-go's. A candidate takes the Lease when it is free, released, or when the
 record it holds has not changed for the record's `leaseDurationSeconds` *by the candidate's own
-clock* (clocks of different machines are never compared). Every write is an update on the version
+clock* (clocks of different machines are never compared), counted from when the candidate's read
+of that record returned, never from before the request (`_observe`). Every write is an update on the version
 that was read, so of two candidates only one wins. The leader renews every `retry_seconds`, and
 counts itself the leader only until `renew_deadline_seconds` after it *sent* its last successful
 renewal: shorter than the lease, so it has stopped before any other replica may take over.
 
 The process model keeps it simple: a standby replica does nothing but try to take the Lease; once it
 leads, it starts the operator; a leader that cannot renew in time exits at once (`ensure_leading`
-is also checked before every write to the cluster), and its pod restarts as a standby. A leader
-stopping cleanly releases the Lease, so the standby takes over within one retry.
+is also checked before every write to the cluster, kopf's own included: `guard_kopf_writes`), and
+its pod restarts as a standby. A leader stopping cleanly releases the Lease, so the standby takes
+over within one retry.
 """
 
 from __future__ import annotations

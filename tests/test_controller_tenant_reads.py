@@ -21,7 +21,7 @@ from queueworker import dsn as dsn_text
 from queueworker_controller import connector, queuedb
 from queueworker_controller.reconcile import database_url
 from tests.hanging_servers import FloodingPostgres
-from tests.support import until
+from tests.support import query, until
 from tests.test_controller_queuedb import enqueue, run
 
 pytestmark = pytest.mark.integration
@@ -250,3 +250,20 @@ def test_the_listen_connection_speaks_again_before_its_budget_runs_out(dsn, monk
     assert run(scenario)
     assert woken.count(0.0) >= 3, "woken on listening, and again on each renewed LISTEN"
     assert "LISTEN on" not in caplog.text, "never cut, never reconnected"
+
+
+def test_cancel_requests_reach_the_server_through_the_relay(dsn):
+    """libpq sends a cancel request on a connection of its own, to the address it connected to: the
+    relay's port passes it on to the server (psycopg cancels a statement whose task is cancelled)."""
+    async def scenario(databases):
+        conn = await connector.Connector(dsn).connect("relay-cancel", "", connect_timeout=3, tcp_user_timeout_ms=15000)
+        async with conn:
+            sleeping = asyncio.ensure_future(conn.execute("SELECT pg_sleep(60)"))
+            await until(lambda: asyncio.to_thread(
+                lambda: query(dsn, "SELECT 1 FROM pg_stat_activity WHERE application_name = 'relay-cancel'"
+                                   " AND state = 'active'")), message="the statement running")
+            await conn.cancel_safe()
+            with pytest.raises(psycopg.errors.QueryCanceled):
+                await sleeping
+            return await (await conn.execute("SELECT 1")).fetchone()
+    assert run(scenario) == (1,)
