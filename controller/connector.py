@@ -14,8 +14,9 @@ no other; libpq gets the address (`hostaddr`) and never resolves anything. One d
 libpq buffers each message whole before anyone sees it, so a server (or anything answering in its
 place) can grow the controller by whatever it sends. Every connection therefore runs through a
 relay of the controller's own, which counts the bytes the server sends since the client last
-spoke: past READ_BUDGET_BYTES in one exchange (the startup, one statement's result, notifications
-between two statements), the relay hangs up, the read fails, and `ReadTooLarge` says why. The
+spoke: past its budget for one exchange (the startup, one statement's result, notifications
+between two statements; READ_BUDGET_BYTES, plus ROW_BUDGET_BYTES a row for a read of many rows),
+the relay hangs up, the read fails, and `ReadTooLarge` says why. The
 relay forwards bytes as they are (TLS included: libpq still checks the certificate against the
 host name), and holds the server's socket with the TCP keepalives and `tcp_user_timeout` that
 tell of a server that vanished.
@@ -48,6 +49,9 @@ MAX_ADDRESSES = 4
 MAX_LOOKUPS = 128
 # What a server may send in one exchange: more than any read of the controller's needs.
 READ_BUDGET_BYTES = 1 << 20
+# What a read may add per row it may return, past READ_BUDGET_BYTES (a depth row, its queue's name
+# included, is well under it): a depth batch of many queues is never cut for its size.
+ROW_BUDGET_BYTES = 2048
 RELAY_CHUNK_BYTES = 64 * 1024
 # What a cancel request's connection may carry (a TLS handshake at most).
 CANCEL_BUDGET_BYTES = 64 * 1024
@@ -76,11 +80,11 @@ RELAYED_KEYS = frozenset({"host", "hostaddr", "port", "load_balance_hosts", "gss
 
 
 class ReadTooLarge(psycopg.OperationalError):
-    """The server sent more than READ_BUDGET_BYTES for one exchange; the connection was cut."""
+    """The server sent more than its budget for one exchange; the connection was cut."""
 
 
-def _too_large(when: str) -> ReadTooLarge:
-    return ReadTooLarge(f"the server sent more than {READ_BUDGET_BYTES // 1024} KiB {when}: connection closed")
+def _too_large(budget: int, when: str) -> ReadTooLarge:
+    return ReadTooLarge(f"the server sent more than {budget // 1024} KiB {when}: connection closed")
 
 
 def checked_params(dsn: str) -> dict[str, str]:
@@ -163,7 +167,14 @@ class Connector:
     def exceeded(self, conn: psycopg.AsyncConnection[Any]) -> ReadTooLarge | None:
         """The error to report instead of a broken connection's when its relay cut it for sending too much."""
         relay = self._relays.get(conn)
-        return _too_large("for one read") if relay is not None and relay.exceeded else None
+        return _too_large(relay.budget, "for one read") if relay is not None and relay.exceeded else None
+
+    def expect_rows(self, conn: psycopg.AsyncConnection[Any], rows: int) -> None:
+        """Sets the budget of `conn`'s next exchange for a read of at most `rows` rows:
+        READ_BUDGET_BYTES, plus ROW_BUDGET_BYTES a row."""
+        relay = self._relays.get(conn)
+        if relay is not None:
+            relay.budget = READ_BUDGET_BYTES + rows * ROW_BUDGET_BYTES
 
     def received(self, conn: psycopg.AsyncConnection[Any]) -> int:
         """Bytes the server sent since the client last spoke on `conn`."""
@@ -182,7 +193,7 @@ class Connector:
         except BaseException as exc:
             relay.close()
             if relay.exceeded and isinstance(exc, psycopg.Error):
-                raise _too_large("while connecting") from None
+                raise _too_large(relay.budget, "while connecting") from None
             raise
         self._relays[conn] = relay
         return conn
@@ -259,6 +270,7 @@ class _Relay:
         self._family, self._address = family, address
         self.port = listener.getsockname()[1]
         self.received = 0
+        self.budget = READ_BUDGET_BYTES  # of one exchange
         self.exceeded = False
         self._local: socket.socket | None = None
         self._cancels: asyncio.Future[None] | None = None
@@ -311,7 +323,7 @@ class _Relay:
         loop = asyncio.get_running_loop()
         while data := await loop.sock_recv(self._upstream, RELAY_CHUNK_BYTES):
             self.received += len(data)
-            if self.received > READ_BUDGET_BYTES:
+            if self.received > self.budget:
                 self.exceeded = True
                 return
             await loop.sock_sendall(local, data)

@@ -55,7 +55,7 @@ STATEMENT_DEADLINE_SECONDS = STATEMENT_TIMEOUT_MS / 1000 + 2
 # After the socket is shut down, how long a statement may take to notice before it is abandoned.
 ABANDON_SECONDS = 1.0
 POOL_SIZE = 2
-# Rows one read may return (worker_leases says LIMIT 1000; a depth read returns one row per queue asked).
+# Rows a read may return (worker_leases says LIMIT 1000); a depth read returns one row per queue asked.
 MAX_ROWS = 1000
 # Unacknowledged data this long means the peer is gone.
 TCP_USER_TIMEOUT_MS = 15000
@@ -211,21 +211,24 @@ class Database:
         return await batch.add(queue, cap, lookahead_seconds, throughput)
 
     async def fetch(self, statement: Statement[P, R], params: P) -> list[R]:
-        """Reads: one statement on a pooled connection under the client-side deadline."""
-        return await self._run(statement, params)
+        """Reads: one statement on a pooled connection under the client-side deadline. A depth read
+        returns one row per queue asked, any other read at most MAX_ROWS."""
+        max_rows = len(params.queues) if isinstance(params, QueueDepthParams) else MAX_ROWS
+        return await self._run(statement, params, max_rows)
 
-    async def _run(self, statement: Statement[P, R], params: P) -> list[R]:
+    async def _run(self, statement: Statement[P, R], params: P, max_rows: int = MAX_ROWS) -> list[R]:
         """One statement on a pooled connection under the client-side deadline: its rows, or none
         for a statement run for its effect (the listen check's notification, which is no read).
-        Bounded in bytes by the connection's relay (connector.READ_BUDGET_BYTES: ReadTooLarge) and
-        in rows by MAX_ROWS (TooManyRows), whatever the server sends."""
+        Bounded whatever the server sends: in bytes by the connection's relay (ReadTooLarge; its
+        budget grows with `max_rows`), and in rows by `max_rows` (TooManyRows)."""
         async with self._pool.connection() as conn:
+            self._connector.expect_rows(conn, max_rows)
             try:
                 rows = await _within_deadline(conn, db.run_statement(conn, statement, params))
             except psycopg.Error as exc:
                 raise self._connector.exceeded(conn) or exc from None
-        if len(rows) > MAX_ROWS:
-            raise TooManyRows(f"the server returned {len(rows)} rows for one read; at most {MAX_ROWS}")
+        if len(rows) > max_rows:
+            raise TooManyRows(f"the server returned {len(rows)} rows for one read; at most {max_rows}")
         return rows
 
     async def _listen(self) -> None:
