@@ -13,7 +13,9 @@ from prometheus_client import start_http_server
 from . import operator  # noqa: F401 - registers the handlers
 from . import redaction
 from .kube import Kube, load_config
-from .leader import ElectionTiming, LeaderElector, default_identity, default_namespace, standby_liveness
+from .leader import (
+    ElectionTiming, LeaderElector, default_identity, default_namespace, guard_kopf_writes, standby_liveness,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         with standby_liveness(args.liveness):
             leader.wait_until_leading()
         leader.start_renewing()
+        guard_kopf_writes(leader)
     # kopf peering is not used: the Lease decides who acts (docs/controller.md), so kopf runs standalone.
     try:
         kopf.run(standalone=True, clusterwide=not args.namespaces, namespaces=args.namespaces,

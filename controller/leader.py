@@ -2,15 +2,17 @@
 
 The algorithm is client-go's. A candidate takes the Lease when it is free, released, or when the
 record it holds has not changed for the record's `leaseDurationSeconds` *by the candidate's own
-clock* (clocks of different machines are never compared). Every write is an update on the version
+clock* (clocks of different machines are never compared), counted from when the candidate's read
+of that record returned, never from before the request (`_observe`). Every write is an update on the version
 that was read, so of two candidates only one wins. The leader renews every `retry_seconds`, and
 counts itself the leader only until `renew_deadline_seconds` after it *sent* its last successful
 renewal: shorter than the lease, so it has stopped before any other replica may take over.
 
 The process model keeps it simple: a standby replica does nothing but try to take the Lease; once it
 leads, it starts the operator; a leader that cannot renew in time exits at once (`ensure_leading`
-is also checked before every write to the cluster), and its pod restarts as a standby. A leader
-stopping cleanly releases the Lease, so the standby takes over within one retry.
+is also checked before every write to the cluster, kopf's own included: `guard_kopf_writes`), and
+its pod restarts as a standby. A leader stopping cleanly releases the Lease, so the standby takes
+over within one retry.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from kopf._cogs.clients import api as kopf_api
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -75,6 +78,11 @@ def default_namespace() -> str | None:
         return None
 
 
+class NotLeading(Exception):
+    """A write was refused because this replica does not lead (raised only where losing the lead
+    does not end the process, as in tests)."""
+
+
 class LeaderElector:
     def __init__(self, api: client.ApiClient, namespace: str, name: str, identity: str,
                  timing: ElectionTiming = ElectionTiming(), monotonic: Callable[[], float] = time.monotonic,
@@ -105,7 +113,7 @@ class LeaderElector:
     def try_acquire_or_renew(self) -> bool:
         """One read and (when the Lease is free, expired or ours) one write; True when this replica
         leads afterwards. API errors count as failures (logged), never raise."""
-        sent = self._monotonic()
+        sent = self._monotonic()  # before the read, so before the renewal is sent: the leader's count starts here
         timeout = (min(5.0, self.timing.renew_deadline_seconds), self.timing.renew_deadline_seconds)
         try:
             lease = self._read(timeout)
@@ -113,6 +121,7 @@ class LeaderElector:
                 self._create(timeout)
             else:
                 spec = lease.get("spec") or {}
+                self._observe(spec)
                 holder = spec.get("holderIdentity") or ""
                 if holder and holder != self.identity and not self._expired(spec, sent):
                     return False
@@ -127,13 +136,21 @@ class LeaderElector:
         self._leading_until = sent + self.timing.renew_deadline_seconds
         return True
 
-    def _expired(self, spec: dict[str, Any], now: float) -> bool:
-        """True once another holder's record has stayed unchanged for its lease duration, as
-        measured by this replica's clock from when it first saw that record."""
+    def _observe(self, spec: dict[str, Any]) -> None:
+        """Notes a record read from the API server, and when this replica first saw it: the clock is
+        read once the read has returned (client-go's `observedTime`), never before it was sent. A
+        read that took long counts from its answer, so the holder's renewal that the answer carries
+        is never aged by the time the request spent on its way."""
         record = (spec.get("holderIdentity"), spec.get("renewTime"), spec.get("acquireTime"),
                   spec.get("leaseTransitions"), spec.get("leaseDurationSeconds"))
         if record != self._observed:
-            self._observed, self._observed_at = record, now
+            self._observed, self._observed_at = record, self._monotonic()
+
+    def _expired(self, spec: dict[str, Any], now: float) -> bool:
+        """True once another holder's record has stayed unchanged for its lease duration, as
+        measured by this replica's clock from when it first saw that record (`_observe`); `now` is
+        the time this attempt began, before its read (as client-go compares), which errs towards
+        waiting longer."""
         duration = spec.get("leaseDurationSeconds") or self.timing.lease_seconds
         return now >= self._observed_at + float(duration)
 
@@ -218,6 +235,24 @@ class LeaderElector:
         metrics.leader.set(0)
         log.critical("leader election: %s lost the lead: %s; stopping", self.identity, why)
         self._on_lost()
+
+
+def guard_kopf_writes(leader: LeaderElector) -> None:
+    """Makes kopf's own writes (the finalizer, its progress and diff-base annotations, status
+    patches, Events) check the lead first, as the controller's own writes do (`Kube.before_write`):
+    every request kopf makes goes through `kopf._cogs.clients.api.request`, so its writes (any
+    method but GET: watches and reads stay free) are refused there once the lead has lapsed. kopf
+    has no public hook for this; tests/test_controller_leader.py holds the wrapped function to it."""
+    send = kopf_api.request
+
+    async def request(*args: Any, **kwargs: Any) -> Any:
+        method = str(kwargs.get("method", args[0] if args else "")).lower()
+        if method != "get" and not leader.leading():
+            leader.ensure_leading()  # by default the process ends here
+            raise NotLeading(f"kopf's {method.upper()} refused: this replica does not lead")
+        return await send(*args, **kwargs)
+
+    kopf_api.request = request
 
 
 @contextlib.contextmanager

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import kopf
@@ -31,9 +30,6 @@ MEMORY_KEY = "queueworker_memory"
 EVENT_WORKERS = 32
 # A deleted QueueWorker's daemon is cancelled (kopf waits this long for it to end).
 DAEMON_CANCELLATION_SECONDS = 10
-# The event loop's default executor does the DNS lookups of database connects (psycopg's async
-# connect); enough threads that a few unresolvable hosts cannot hold up the rest.
-RESOLVER_THREADS = 32
 # kopf's own API requests (watches have their own timeouts below).
 API_REQUEST_TIMEOUT_SECONDS = 30
 API_CONNECT_TIMEOUT_SECONDS = 10
@@ -59,7 +55,6 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # kopf's HTTP client opens a connection (with a 256 kB TLS read buffer) per concurrent request:
     # bounding the objects processed at once bounds that when a thousand QueueWorkers appear together.
     settings.queueing.worker_limit = EVENT_WORKERS
-    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(RESOLVER_THREADS, thread_name_prefix="resolve"))
     memo.reconciler = Reconciler(memo.kube, QueueDatabases(),
                                  allow_privileged_templates=bool(memo.get("allow_privileged_templates")),
                                  service_account=memo.get("service_account"))

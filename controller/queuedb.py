@@ -44,6 +44,8 @@ from queueworker.events import parse_announcement
 from queueworker.db.notify import LISTEN_CHECK_SECONDS, notifications_arrive
 from queueworker.scaling.policy import QueueDepth
 
+from .connector import READ_BUDGET_BYTES, Connector
+
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_SECONDS = 3
@@ -53,6 +55,8 @@ STATEMENT_DEADLINE_SECONDS = STATEMENT_TIMEOUT_MS / 1000 + 2
 # After the socket is shut down, how long a statement may take to notice before it is abandoned.
 ABANDON_SECONDS = 1.0
 POOL_SIZE = 2
+# Rows a read may return (worker_leases says LIMIT 1000); a depth read returns one row per queue asked.
+MAX_ROWS = 1000
 # Unacknowledged data this long means the peer is gone.
 TCP_USER_TIMEOUT_MS = 15000
 # How long a read waits for other QueueWorkers on the same database to join its query.
@@ -62,9 +66,9 @@ SESSION_SETTINGS = db.session_settings(statement_timeout=STATEMENT_TIMEOUT_MS,
                                        idle_in_transaction_session_timeout=10000)
 
 
-async def _connect(dsn: str, application_name: str) -> psycopg.AsyncConnection[Any]:
-    return await db.connect_session(dsn, application_name, SESSION_SETTINGS, connect_timeout=CONNECT_TIMEOUT_SECONDS,
-                                    tcp_user_timeout_ms=TCP_USER_TIMEOUT_MS)
+async def _connect(connector: Connector, application_name: str) -> psycopg.AsyncConnection[Any]:
+    return await connector.connect(application_name, SESSION_SETTINGS, connect_timeout=CONNECT_TIMEOUT_SECONDS,
+                                   tcp_user_timeout_ms=TCP_USER_TIMEOUT_MS)
 
 
 async def _within_deadline(conn: psycopg.AsyncConnection[Any], work: Awaitable[Any],
@@ -76,6 +80,11 @@ async def _within_deadline(conn: psycopg.AsyncConnection[Any], work: Awaitable[A
     return await db.within_deadline(conn, work, asyncio.get_running_loop().time() + seconds,
                                     lambda: db.StatementTimedOut(f"no answer within {seconds:g}s: timed out"),
                                     abandon_after=ABANDON_SECONDS)
+
+
+class TooManyRows(psycopg.OperationalError):
+    """A read returned more rows than any of the controller's statements can (a server not speaking
+    for the queue's schema)."""
 
 
 @dataclass(frozen=True)
@@ -164,7 +173,8 @@ class Database:
     def __init__(self, dsn: str):
         self._dsn = dsn
         self._where = dsn_text.describe(dsn)  # for log lines: never the URL itself
-        self._pool = _Pool(dsn)
+        self._connector = Connector(dsn)
+        self._pool = _Pool(self._connector)
         self.watched: dict[str, dict[Hashable, Notify]] = {}  # queue -> owner -> its notify
         self.listening = False
         self._batch: _DepthBatch | None = None
@@ -201,14 +211,25 @@ class Database:
         return await batch.add(queue, cap, lookahead_seconds, throughput)
 
     async def fetch(self, statement: Statement[P, R], params: P) -> list[R]:
-        """Reads: one statement on a pooled connection under the client-side deadline."""
-        return await self._run(statement, params)
+        """Reads: one statement on a pooled connection under the client-side deadline. A depth read
+        returns one row per queue asked, any other read at most MAX_ROWS."""
+        max_rows = len(params.queues) if isinstance(params, QueueDepthParams) else MAX_ROWS
+        return await self._run(statement, params, max_rows)
 
-    async def _run(self, statement: Statement[P, R], params: P) -> list[R]:
+    async def _run(self, statement: Statement[P, R], params: P, max_rows: int = MAX_ROWS) -> list[R]:
         """One statement on a pooled connection under the client-side deadline: its rows, or none
-        for a statement run for its effect (the listen check's notification, which is no read)."""
+        for a statement run for its effect (the listen check's notification, which is no read).
+        Bounded whatever the server sends: in bytes by the connection's relay (ReadTooLarge; its
+        budget grows with `max_rows`), and in rows by `max_rows` (TooManyRows)."""
         async with self._pool.connection() as conn:
-            return await _within_deadline(conn, db.run_statement(conn, statement, params))
+            self._connector.expect_rows(conn, max_rows)
+            try:
+                rows = await _within_deadline(conn, db.run_statement(conn, statement, params))
+            except psycopg.Error as exc:
+                raise self._connector.exceeded(conn) or exc from None
+        if len(rows) > max_rows:
+            raise TooManyRows(f"the server returned {len(rows)} rows for one read; at most {max_rows}")
+        return rows
 
     async def _listen(self) -> None:
         """Supervised for the database's lifetime: any failure is logged and retried with backoff.
@@ -216,7 +237,7 @@ class Database:
         failures = 0
         while True:
             try:
-                async with await _connect(self._dsn, "queueworker-controller-listen") as conn:
+                async with await _connect(self._connector, "queueworker-controller-listen") as conn:
                     if not await _within_deadline(conn, notifications_arrive(conn, self._run),
                                                   LISTEN_CHECK_SECONDS + STATEMENT_DEADLINE_SECONDS):
                         log.warning("notifications do not reach the controller from %s (a PgBouncer in transaction "
@@ -228,8 +249,13 @@ class Database:
                     self.listening = True
                     for owners in list(self.watched.values()):  # what was announced while not listening
                         self._notify(owners, 0.0)
-                    async for notify in conn.notifies():
-                        self._announce(notify.payload)
+                    while await self._hear(conn):
+                        # Past half the relay's budget of bytes since the client last spoke, speaking
+                        # again (the same LISTEN) starts a new exchange; what was announced meanwhile
+                        # is made up for as after a reconnect.
+                        await _within_deadline(conn, db.run_statement(conn, LISTEN_ANNOUNCEMENTS, NO_PARAMS))
+                        for owners in list(self.watched.values()):
+                            self._notify(owners, 0.0)
                 self.listening = False
             except Exception as exc:  # noqa: BLE001 - the loop must outlive any error (not cancellation)
                 self.listening = False
@@ -238,6 +264,18 @@ class Database:
                 log.debug("LISTEN on %s failed (%s); polling only, retrying in %ss", self._where,
                           dsn_text.explain(exc, self._dsn), delay)
                 await asyncio.sleep(delay)
+
+    async def _hear(self, conn: psycopg.AsyncConnection[Any]) -> bool:
+        """Passes notifications on until the connection ends (False), or until the server has sent
+        half a read budget since the client last spoke (True)."""
+        try:
+            async for notify in conn.notifies():
+                self._announce(notify.payload)
+                if self._connector.received(conn) > READ_BUDGET_BYTES // 2:
+                    return True
+        except psycopg.Error as exc:
+            raise self._connector.exceeded(conn) or exc from None
+        return False
 
     def close(self) -> None:
         self._listener.cancel()
@@ -248,8 +286,8 @@ class _Pool:
     """At most POOL_SIZE connections to one database, kept idle between uses. A connection that
     errs is dropped, so a restarted server costs one failed query, not a stuck pool."""
 
-    def __init__(self, dsn: str):
-        self._dsn = dsn
+    def __init__(self, connector: Connector):
+        self._connector = connector
         self._idle: list[psycopg.AsyncConnection[Any]] = []
         self._slots = asyncio.Semaphore(POOL_SIZE)
         self._closed = False
@@ -259,7 +297,7 @@ class _Pool:
         async with self._slots:
             conn = self._idle.pop() if self._idle else None
             if conn is None or conn.closed:
-                conn = await _connect(self._dsn, "queueworker-controller")
+                conn = await _connect(self._connector, "queueworker-controller")
             try:
                 yield conn
             except BaseException:

@@ -29,6 +29,7 @@ from queueworker.scaling.policy import Decision, PolicyInputs, QueueDepth, decid
 from queueworker.scaling.resource import StatusField
 
 from . import conditions, metrics, podsecurity
+from .connector import checked_params
 from .deployment import (
     DEFAULT_GRACE_PERIOD_SECONDS, HASH_ANNOTATION, build_deployment, deployment_name, grace_period_seconds,
     secret_version, selector_labels,
@@ -175,7 +176,7 @@ def database_url(raw: bytes) -> str:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise dsn_text.InvalidDsn("the Secret value is not UTF-8 text") from None
-    dsn_text.validate(text)
+    checked_params(text)  # a URL, and one asking only for what a tenant may (controller/connector.py)
     return text
 
 

@@ -6,10 +6,12 @@ metrics of deleted QueueWorkers). The harness is tests/controller_cluster.py."""
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -19,7 +21,7 @@ from queueworker.db.migrate import migrate
 from queueworker_controller.deployment import SECRET_VERSION_ANNOTATION
 from queueworker.scaling.resource import GROUP, PLURAL, VERSION
 from tests.controller_cluster import Cluster, DB_SECRET, create_queueworker, ERRORS, cluster, enqueue_sleeps, running_controller, task_report, worker_spec  # noqa: F401 (cluster: a fixture)
-from tests.hanging_servers import SilentServer, StalledPostgres
+from tests.hanging_servers import FloodingPostgres, SilentServer, StalledPostgres
 from tests.pod_templates import ALLOWED, REFUSED
 
 pytestmark = [pytest.mark.cluster, pytest.mark.integration]
@@ -213,6 +215,53 @@ def test_hung_databases_do_not_slow_a_healthy_queueworker(cluster: Cluster, dsn:
     finally:
         silent.close()
         stalled.close()
+
+
+def peak_memory_kib(metrics_port: int) -> int:
+    """The controller process's peak resident memory (VmHWM), found by its --metrics-port."""
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if f"--metrics-port\0{metrics_port}\0".encode() in cmdline.read_bytes():
+                status = (cmdline.parent / "status").read_text()
+                return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:")))
+        except OSError:
+            continue
+    raise LookupError("no controller process with that metrics port")
+
+
+def test_a_flooding_database_and_a_url_reaching_for_files_fail_alone(cluster: Cluster, dsn: str):
+    """A server that answers every query with a 100 MiB row, and a URL that names a file of the
+    controller's container: each QueueWorker says why in one line, the controller stays under the
+    chart's 256 Mi memory limit, and a healthy QueueWorker still scales."""
+    flooding = FloodingPostgres(row_bytes=100 << 20)
+    try:
+        cluster.secret("flood", flooding.dsn(password="flood-pw"))
+        cluster.apply("flood", {**worker_spec(), "queue": "flood", "database": {"secretRef": {"name": "flood"}}})
+        port = psycopg.conninfo.conninfo_to_dict(dsn)["port"]
+        cluster.secret("files", f"postgresql://app:Files-Pa55word@127.0.0.1:{port}/app"
+                                f"?sslkey=/var/run/secrets/kubernetes.io/serviceaccount/token")
+        cluster.apply("files", {**worker_spec(), "database": {"secretRef": {"name": "files"}}})
+        flooded = cluster.wait_for(lambda: (lambda c: c.get("reason") == "DatabaseUnreachable" and c)(
+            cluster.condition("flood", "Ready")), timeout=40, message="flood DatabaseUnreachable")
+        assert re.search(r"the server sent more than \d+ KiB for one read: connection closed", flooded["message"])
+        refused = cluster.wait_for(lambda: (lambda c: c.get("reason") == "InvalidDatabaseUrl" and c)(
+            cluster.condition("files", "Ready")), timeout=30, message="files InvalidDatabaseUrl")
+        assert "sets sslkey" in refused["message"] and "serviceaccount" not in refused["message"]
+        cluster.wait_for_ticks(3, "flood")  # the flood again and again
+
+        cluster.apply("healthy", worker_spec(maxReplicas=2))
+        cluster.wait_for(lambda: cluster.queueworker("healthy").get("status", {}).get("reason") == "Idle",
+                         timeout=30, message="healthy QueueWorker idle")
+        enqueue_sleeps(dsn, *[0.2] * 4)
+        cluster.wait_for(lambda: cluster.replicas("healthy") == 2, timeout=15,
+                         message="the healthy QueueWorker scaled while another database floods")
+        peak = peak_memory_kib(cluster.metrics_port)
+        print(f"controller peak memory with a flooding database: {peak / 1024:.0f} MiB")
+        assert peak < 256 * 1024
+        logged = cluster.controller_log.read_text(errors="replace")
+        assert "flood-pw" not in logged and "Files-Pa55word" not in logged
+    finally:
+        flooding.close()
 
 
 # --- bounded memory: rotation, reference counting, metrics of deleted QueueWorkers ------------------------

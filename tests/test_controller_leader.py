@@ -99,6 +99,31 @@ def test_of_candidates_racing_for_a_free_lease_exactly_one_leads(controller_api)
     assert holder.holder_identity == winners[0]
 
 
+def test_a_candidate_counts_a_lease_from_the_answer_to_its_read_not_from_when_it_asked(controller_api):
+    """A read that takes 3 s (a slow API server) returns a renewal the holder made at most 3 s ago;
+    counted from before the request, the candidate would take over 3 s early, while the holder may
+    still lead by its renew deadline (client-go notes `observedTime` once the read returned)."""
+    lease, lost = f"lease-{uuid.uuid4().hex[:8]}", []
+    clock_a, clock_b = Clock(), Clock()
+    a, b = elector(controller_api, lease, "a", clock_a, lost), elector(controller_api, lease, "b", clock_b, lost)
+    assert a.try_acquire_or_renew()
+    read = b._read
+
+    def slow_read(timeout: tuple[float, float]) -> dict | None:
+        answer = read(timeout)
+        clock_b.now += 3.0  # the answer arrives 3 s after b asked
+        return answer
+
+    b._read = slow_read
+    assert not b.try_acquire_or_renew()
+    b._read = read
+    clock_b.now += 5.5  # 8.5 s since b asked, 5.5 s since it saw a's record
+    assert not b.try_acquire_or_renew(), "the record was seen unchanged for 5.5 s only"
+    clock_b.now += 2.6
+    assert b.try_acquire_or_renew() and b.leading(), "unchanged for 8 s since b saw it: b takes over"
+    assert lost == []
+
+
 # --- two controller processes ------------------------------------------------------------------
 
 class Replica:

@@ -90,35 +90,40 @@ async def connect(dsn: str, application_name: str, durable_commits: bool = True,
 
 
 async def connect_session(dsn: str, application_name: str, settings: str, *, connect_timeout: int,
-                          tcp_user_timeout_ms: int, **parameters: Any) -> psycopg.AsyncConnection:
+                          tcp_user_timeout_ms: int, database: str | None = None,
+                          **parameters: Any) -> psycopg.AsyncConnection:
     """An autocommit connection with the session `settings` (session_settings; left out where the
     server refuses them: connect_with_options). `connect_timeout` (seconds) bounds the TCP connect,
     the startup and the authentication; the keepalives, and data left unacknowledged for
-    `tcp_user_timeout_ms`, tell of a peer that is gone. `parameters` go to psycopg as they are."""
+    `tcp_user_timeout_ms`, tell of a peer that is gone. `database` names the database for
+    connect_with_options when `dsn` is one attempt's connection string rather than its URL.
+    `parameters` go to psycopg as they are."""
     return await connect_with_options(dsn, settings, autocommit=True, application_name=application_name,
                                       connect_timeout=connect_timeout, **KEEPALIVES,
-                                      tcp_user_timeout=tcp_user_timeout_ms, **parameters)
+                                      tcp_user_timeout=tcp_user_timeout_ms, database=database, **parameters)
 
 
-async def connect_with_options(dsn: str, options: str, **parameters: Any) -> psycopg.AsyncConnection:
+async def connect_with_options(dsn: str, options: str, *, database: str | None = None,
+                               **parameters: Any) -> psycopg.AsyncConnection:
     """An AsyncConnection with the session settings in `options` (`-c name=value ...`), or without
     them where the server refuses that startup parameter: PgBouncer (1.18 at least) forwards only
     application_name, client_encoding, DateStyle, TimeZone and standard_conforming_strings, and
     turns a connection asking for more away. There the timeouts must come from the database role
     or from PgBouncer itself (docs/deploying.md, "PgBouncer"); the client-side deadlines of every
     statement still hold, and statements are never prepared there (PgBouncer in transaction mode
-    would run them on server connections that do not have them). Said once per database; later
-    connections skip the refused attempt."""
-    if dsn not in _OPTIONS_REFUSED:
+    would run them on server connections that do not have them). Said once per database (`database`,
+    by default `dsn`: its URL); later connections skip the refused attempt."""
+    database = dsn if database is None else database
+    if database not in _OPTIONS_REFUSED:
         try:
             return await psycopg.AsyncConnection.connect(dsn, options=options, **{**NEVER_PREPARE, **parameters})
         except psycopg.OperationalError as exc:
             if "unsupported startup parameter: options" not in str(exc):
                 raise
-        _OPTIONS_REFUSED.add(dsn)
+        _OPTIONS_REFUSED.add(database)
         log.warning("the server at %s refuses startup options (a PgBouncer?): connecting without them, so "
                     "statement_timeout and idle_in_transaction_session_timeout come from the database role or "
-                    "the pooler", dsn_text.describe(dsn))
+                    "the pooler", dsn_text.describe(database))
     return await psycopg.AsyncConnection.connect(dsn, **{**parameters, **NEVER_PREPARE})
 
 

@@ -152,10 +152,14 @@ LEFT JOIN LATERAL (
 -- The worker pods of one namespace serving a queue, with the leases they hold right now (counted
 -- from the tasks, not the count of their last heartbeat) and the age of the oldest: read right
 -- before a scale-in, to price pods so the idle ones go first (queueworker_controller.scalein).
-SELECT w.pod_name, count(t.id)::int AS running, w.draining,
+-- Any login of the database can register workers, so the read is bounded whatever the table
+-- holds: a pod name is at most 253 characters in Kubernetes (a longer one is cut, and matches no
+-- pod), and at most 1000 workers are read (the controller refuses more rows than that).
+SELECT left(w.pod_name, 253) AS pod_name, count(t.id)::int AS running, w.draining,
        extract(epoch FROM now() - min(t.started_at))::float8 AS oldest_lease_age
 FROM queueworker.workers w
 LEFT JOIN queueworker.tasks t ON t.lease_owner = w.id AND t.state = 'running'
 WHERE w.pod_namespace = %(namespace)s AND w.pod_name IS NOT NULL
   AND %(queue)s = ANY(w.queues)
-GROUP BY w.id, w.pod_name, w.running, w.draining;
+GROUP BY w.id, w.pod_name, w.running, w.draining
+LIMIT 1000;
