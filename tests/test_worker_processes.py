@@ -146,10 +146,16 @@ def test_retry_then_success_permanent_failure_exhaustion_and_unknown_task(dsn, w
     with psycopg.connect(dsn) as conn:
         retried, = enqueue_many(conn, [{"task": "qw.fail", "payload": {"retryable": True}, "max_attempts": 3}])
         permanent, = enqueue_many(conn, [{"task": "qw.fail", "payload": {"retryable": False, "message": "bad"}}])
-        young_unknown, old_unknown = enqueue_many(conn, [{"task": "no.such.task"}, {"task": "no.such.task"}])
-        # Older than the unknown-task grace period (10 minutes by default): no newer worker is coming.
-        conn.execute("UPDATE queueworker.tasks SET created_at = now() - interval '1 hour' WHERE id = %s",
+        young_unknown, old_unknown, delayed_unknown = enqueue_many(conn, [{"task": "no.such.task"}] * 3)
+        # Met unknown by a worker longer ago than the unknown-task grace period (10 minutes by default):
+        # no newer worker is coming.
+        conn.execute("""UPDATE queueworker.tasks SET error = jsonb_build_object('type', 'UnknownTaskError',
+                            'unknown_since', to_char(now() AT TIME ZONE 'UTC' - interval '1 hour',
+                                                     'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')) WHERE id = %s""",
                      (old_unknown,))
+        # Created an hour ago (delayed, say) but never met unknown: its grace starts at its first claim.
+        conn.execute("UPDATE queueworker.tasks SET created_at = now() - interval '1 hour' WHERE id = %s",
+                     (delayed_unknown,))
     proc = workers(dsn, "--concurrency", "4", "--retry-base-seconds", "0.5")
     wait_until(lambda: scalar(dsn, "SELECT state::text FROM queueworker.tasks WHERE id = %s", (retried,))
                == "retrying", message="retrying after first failure")
@@ -176,9 +182,14 @@ def test_retry_then_success_permanent_failure_exhaustion_and_unknown_task(dsn, w
         FROM queueworker.tasks WHERE id = %s""", (young_unknown,))[0]
     assert (state, attempts, delayed) == ("pending", 0, True) and 0 < due_in <= 10
     assert "no handler registered for task 'no.such.task'" in message
-    assert [r[0] for r in query(dsn, """SELECT coalesce(from_state::text, '') || '>' || to_state::text
-                                        FROM queueworker.task_events WHERE task_id = %s ORDER BY id""",
-                                (young_unknown,))] == [">pending", "pending>running", "running>pending"]
+    for task_id in (young_unknown, delayed_unknown):
+        wait_until(lambda: [r[0] for r in query(dsn, """
+            SELECT coalesce(from_state::text, '') || '>' || to_state::text
+            FROM queueworker.task_events WHERE task_id = %s ORDER BY id""", (task_id,))] == [
+            ">pending", "pending>running", "running>pending"], message="handed back once, not failed")
+    first_met = query(dsn, "SELECT error->>'unknown_since' FROM queueworker.tasks WHERE id = ANY(%s)",
+                      ([young_unknown, delayed_unknown],))
+    assert all(since and since.endswith("Z") for since, in first_met), "the first meeting is kept for the next"
 
     # The worker kept running through all of that.
     (after,) = _enqueue(dsn, "qw.noop", 1)

@@ -325,15 +325,25 @@ SELECT id, queue, (SELECT count(*) FROM notified) AS notified FROM released;
 -- name: hand_back
 -- Hands tasks back to `pending` without consuming their attempt, due again after a delay: a
 -- handler that snoozes (`raise Snooze(seconds)`, waiting on something outside), and a worker that
--- has no handler for a task's name, while the task is younger than the grace period (a newer worker
--- may have one: rolling deploys). The error says which, and the audit row shows it. Rows not
--- returned are stale, or too old for their grace.
+-- has no handler for a task's name (a grace is given), within the grace period counted from when a
+-- worker first met the task unknown (a newer worker may have a handler: rolling deploys; a task
+-- delayed for a day is not failed at its first claim). That moment travels in the error, as
+-- `unknown_since`, UTC in ISO 8601, compared as text in the C collation ('~' after every digit: not
+-- yet met): a value written by hand cannot fail the statement, only end the grace. The error says which, and the audit row shows it. Rows not
+-- returned are stale, or past their grace.
 UPDATE queueworker.tasks t
 SET state = 'pending', delayed = true, attempts = greatest(t.attempts - 1, 0),
-    run_after = now() + make_interval(secs => d.delay_seconds), error = d.error, updated_at = now(),
+    run_after = now() + make_interval(secs => d.delay_seconds), updated_at = now(),
+    error = CASE WHEN d.grace_seconds IS NULL THEN d.error
+                 ELSE d.error || jsonb_build_object('unknown_since', coalesce(
+                     CASE WHEN t.error ->> 'type' = 'UnknownTaskError' THEN t.error ->> 'unknown_since' END,
+                     to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))) END,
     lease_owner = NULL, leased_until = NULL, deadline_at = NULL
 FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(delays)s::float8[], %(errors)s::jsonb[],
             %(graces)s::float8[]) AS d(id, token, delay_seconds, error, grace_seconds)
 WHERE t.id = d.id AND t.lease_token = d.token AND t.state = 'running'
-  AND (d.grace_seconds IS NULL OR t.created_at > now() - make_interval(secs => d.grace_seconds))
+  AND (d.grace_seconds IS NULL
+       OR coalesce(CASE WHEN t.error ->> 'type' = 'UnknownTaskError' THEN t.error ->> 'unknown_since' END, '~')
+          COLLATE "C" > to_char((now() - make_interval(secs => d.grace_seconds)) AT TIME ZONE 'UTC',
+                                'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))
 RETURNING t.id, t.lease_token;
