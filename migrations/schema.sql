@@ -244,11 +244,35 @@ CREATE FUNCTION queueworker.enqueue_tasks(queues text[], tasks text[], payloads 
 #variable_conflict use_column
 DECLARE
     unknown bigint;
+    misfit text;
 BEGIN
     SELECT p INTO unknown FROM unnest(prerequisite_ids) AS p
     WHERE NOT EXISTS (SELECT 1 FROM queueworker.tasks t WHERE t.id = p) LIMIT 1;
     IF unknown IS NOT NULL THEN
         RAISE EXCEPTION 'there is no task % to depend on', unknown USING ERRCODE = 'foreign_key_violation';
+    END IF;
+    -- A run counts `expected` partitions, numbered from 0, one task each: a partition outside that
+    -- range, twice, or a unique task (which could turn out to be another, not counted) would count
+    -- more outcomes than the run expects, and the statement that counted them (a completion, or the
+    -- rescue of every queue) would fail for good.
+    WITH given AS (
+        SELECT s.run_id, s.run_partition, s.dedupe_key, s.by_spec
+        FROM unnest(run_ids, run_partitions, dedupe_keys, by_spec) AS s(run_id, run_partition, dedupe_key, by_spec)
+        WHERE s.run_id IS NOT NULL
+    ), doubled AS (
+        SELECT g.run_id, g.run_partition FROM given g GROUP BY g.run_id, g.run_partition HAVING count(*) > 1
+    )
+    SELECT format('run %s, partition %s', g.run_id, coalesce(g.run_partition::text, 'none')) INTO misfit
+    FROM given g LEFT JOIN queueworker.runs r ON r.id = g.run_id
+    WHERE r.id IS NULL OR g.run_partition IS NULL OR g.run_partition NOT BETWEEN 0 AND r.expected - 1
+       OR g.dedupe_key IS NOT NULL OR coalesce(g.by_spec, false)
+       OR EXISTS (SELECT 1 FROM doubled d WHERE d.run_id = g.run_id AND d.run_partition = g.run_partition)
+       OR EXISTS (SELECT 1 FROM queueworker.tasks t WHERE t.run_id = g.run_id AND t.run_partition = g.run_partition)
+    LIMIT 1;
+    IF misfit IS NOT NULL THEN
+        RAISE EXCEPTION 'not a partition its run can count: %', misfit
+            USING ERRCODE = 'check_violation',
+                  HINT = 'a run''s partitions are numbered 0 to expected - 1, one task each, none unique';
     END IF;
     RETURN QUERY
     WITH specs AS MATERIALIZED (

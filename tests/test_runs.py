@@ -163,6 +163,38 @@ def test_bad_runs_are_refused():
         start_run(None, "empty", [])
     with pytest.raises(ValueError, match="on_success/on_failure task takes"):
         start_run(None, "x", [{"task": "p"}], on_success={"task": "c", "depends_on": [1]})
+    with pytest.raises(ValueError, match="partitions cannot be unique tasks"):  # duplicates would never be counted
+        start_run(None, "dupes", [{"task": "p", "dedupe": "spec"}, {"task": "p", "dedupe": "spec"}])
+
+
+ENQUEUE_PARTITIONS = ("SELECT * FROM queueworker.enqueue_tasks(%(queues)s, %(tasks)s, %(payloads)s::jsonb[], "
+                      "%(zeros)s, '{}', %(ones)s, '{}', %(keys)s, '{}', '{}', '{}', '{}', %(runs)s, %(partitions)s)")
+
+
+@pytest.mark.parametrize("partitions, keys", [
+    ([0, 1], [None, None]),  # two partitions for a run that expects one
+    ([0, 0], [None, None]),  # one partition twice
+    ([-1], [None]),
+    ([None], [None]),
+    ([0], ["k"]),  # a unique task
+], ids=["beyond-expected", "twice", "negative", "none", "unique"])
+def test_the_database_refuses_partitions_a_run_cannot_count(dsn, partitions, keys):
+    """Through the producer's SQL function as any other language would call it. Such a task once made
+    every rescue fail (more outcomes than the run expects), for every queue."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        run_id = conn.execute("SELECT queueworker.start_run('small', 1, NULL, NULL, NULL)").fetchone()[0]
+        n = len(partitions)
+        params = {"queues": ["q"] * n, "tasks": ["p"] * n, "payloads": ["{}"] * n, "zeros": [0] * n, "ones": [1] * n,
+                  "keys": keys, "runs": [run_id] * n, "partitions": partitions}
+        with pytest.raises(psycopg.errors.CheckViolation, match="not a partition its run can count"):
+            conn.execute(ENQUEUE_PARTITIONS, params)
+        conn.execute(ENQUEUE_PARTITIONS, {**params, "queues": ["q"], "tasks": ["p"], "payloads": ["{}"], "zeros": [0],
+                                          "ones": [1], "keys": [None], "runs": [run_id], "partitions": [0]})
+        with pytest.raises(psycopg.errors.CheckViolation, match=f"run {run_id}, partition 0"):  # again, later
+            conn.execute(ENQUEUE_PARTITIONS, {**params, "queues": ["q"], "tasks": ["p"], "payloads": ["{}"],
+                                              "zeros": [0], "ones": [1], "keys": [None], "runs": [run_id],
+                                              "partitions": [0]})
+    assert scalar(dsn, "SELECT count(*) FROM queueworker.tasks WHERE run_id IS NOT NULL") == 1
 
 
 def test_four_workers_one_killed_and_a_postgres_restart_consolidate_exactly_once(dsn, local_postgres):

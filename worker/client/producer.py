@@ -508,6 +508,9 @@ def start_run(conn: psycopg.Connection, name: str, partitions: Iterable[TaskSpec
     specs = [spec if isinstance(spec, TaskSpec) else TaskSpec(**spec) for spec in partitions]
     if not specs:
         raise ValueError("a run needs at least one partition")
+    if any(spec.unique for spec in specs):  # a unique task may turn out to be another, which the run cannot count
+        raise ValueError('a run\'s partitions cannot be unique tasks (dedupe_key or dedupe="spec"): each is a task '
+                         'of the run\'s own, counted by it')
     if not 1 <= len(name) <= 200 or not name.isprintable():
         raise ValueError("a run's name is printable text of 1 to 200 characters")
     params = StartRunParams(name=name, expected=len(specs), on_success=_run_task_spec(on_success),
