@@ -306,7 +306,7 @@ def test_a_scale_target_of_the_users_own_is_scaled_and_otherwise_left_alone(clus
             "metadata": {"labels": labels},
             "spec": {"terminationGracePeriodSeconds": 15, "containers": [{
                 "name": "app", "image": "queueworker:test",
-                "args": ["worker", "--queue", "jobs", "--concurrency", "1", "--drain-seconds", "2"],
+                "args": ["worker", "--builtin-tasks", "--queue", "jobs", "--concurrency", "1", "--drain-seconds", "2"],
                 "env": [{"name": "DATABASE_URL", "valueFrom": {"secretKeyRef": {"name": DB_SECRET, "key": "url"}}},
                         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}]}]}}}})

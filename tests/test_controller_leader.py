@@ -182,7 +182,8 @@ def leader_and_standby(cluster: Cluster, replicas: list[Replica]) -> tuple[Repli
                               message="a leader")
     (standby,) = [r for r in replicas if r is not leader]
     cluster.wait_for(leader.alive, timeout=30, message="the leader's (kopf's) liveness endpoint")
-    assert not standby.leading() and standby.alive()
+    cluster.wait_for(standby.alive, timeout=30, message="the standby's liveness endpoint")
+    assert not standby.leading()
     return leader, standby
 
 
