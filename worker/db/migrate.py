@@ -62,7 +62,7 @@ from . import migration as stmt
 from ..backoff import backoff
 from .connection import NEVER_PREPARE
 from .migration import LockHolderRow
-from .statements import NO_PARAMS, execute, fetch
+from .statements import NO_PARAMS, Statement, execute, fetch
 
 log = logging.getLogger("queueworker.migrate")
 
@@ -233,13 +233,21 @@ def _migration_lock(dsn: str) -> Iterator[None]:
     could give the other one."""
     with psycopg.connect(dsn, autocommit=True, application_name="queueworker-migrate-lock", **NEVER_PREPARE) as holder:
         while True:
-            try:
-                with holder.transaction():
-                    execute(holder, stmt.LOCK_MIGRATIONS, NO_PARAMS)
+            with holder.transaction():
+                if _took(holder, stmt.LOCK_MIGRATIONS):
                     yield
                     return
-            except psycopg.errors.LockNotAvailable:
-                time.sleep(LOCK_POLL_SECONDS)
+            time.sleep(LOCK_POLL_SECONDS)
+
+
+def _took(conn: psycopg.Connection, lock: Statement) -> bool:
+    """Runs a NOWAIT lock statement in a savepoint; False when the lock is held elsewhere."""
+    try:
+        with conn.transaction():
+            execute(conn, lock, NO_PARAMS)
+        return True
+    except psycopg.errors.LockNotAvailable:
+        return False
 
 
 def _create_migrations_table(conn: psycopg.Connection) -> None:
