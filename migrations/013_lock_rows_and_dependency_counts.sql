@@ -37,6 +37,8 @@ ALTER TABLE queueworker.tasks
     ADD COLUMN prerequisites_waiting integer NOT NULL DEFAULT 0,
     ADD COLUMN prerequisites_failed integer NOT NULL DEFAULT 0;
 -- The prerequisite that cancelled a dependent (the smallest failed one) in one probe.
+-- The edges of the dependents a transaction added, which its commit settles (NULL until then).
+CREATE INDEX task_dependencies_uncounted ON queueworker.task_dependencies (task_id) WHERE counted IS NULL;
 CREATE INDEX task_dependencies_failed ON queueworker.task_dependencies (task_id, prerequisite_id)
     WHERE counted = 'failed';
 

@@ -38,7 +38,8 @@
 -- only while that transaction commits, so an application's long transaction holds up no worker
 -- (unless it asks for the check at once with SET CONSTRAINTS ... IMMEDIATE: then its own
 -- prerequisites wait for its commit, and nothing else). Workers write a batch's outcomes in id
--- order too, so the two never wait for each other in a circle.
+-- order too, which makes a circle of waits between the two rare (and harmless: see
+-- settle_new_dependent).
 
 -- What an edge counts for its dependent, given its prerequisite's state (NULL: no such task any
 -- more, deleted by the retention after it ended: it has had its say).
@@ -68,18 +69,23 @@ DECLARE
     moved_ids bigint[];
     waiting_deltas integer[];
     failed_deltas integer[];
-    locked_ids bigint[];
-    locked_states queueworker.task_state[];
     onward bigint[];
 BEGIN
-    WITH edge AS (
-        SELECT d.prerequisite_id, d.task_id, d.counted AS was,
-               queueworker.counted_as(p.state, d.cancel_on_failure) AS now_counted
-        FROM queueworker.task_dependencies d
-        JOIN queueworker.tasks t ON t.id = d.task_id
-        LEFT JOIN queueworker.tasks p ON p.id = d.prerequisite_id
-        WHERE (d.prerequisite_id = ANY(prerequisites) OR d.task_id = ANY(dependents))
-          AND (t.state = 'blocked' OR (t.state = 'cancelled' AND t.error ->> 'type' = 'DependencyFailed'))
+    -- The edges are found from the ids given, through the two indexes of the edges (a plan that
+    -- scanned every blocked task instead would make each settlement cost the whole graph).
+    WITH candidate AS MATERIALIZED (
+        SELECT d.prerequisite_id, d.task_id, d.cancel_on_failure, d.counted
+        FROM queueworker.task_dependencies d WHERE d.prerequisite_id = ANY(prerequisites)
+        UNION ALL
+        SELECT d.prerequisite_id, d.task_id, d.cancel_on_failure, d.counted
+        FROM queueworker.task_dependencies d WHERE d.task_id = ANY(dependents) AND d.prerequisite_id <> ALL(prerequisites)
+    ), edge AS (
+        SELECT c.prerequisite_id, c.task_id, c.counted AS was,
+               queueworker.counted_as(p.state, c.cancel_on_failure) AS now_counted
+        FROM candidate c
+        JOIN queueworker.tasks t ON t.id = c.task_id
+        LEFT JOIN queueworker.tasks p ON p.id = c.prerequisite_id
+        WHERE t.state = 'blocked' OR (t.state = 'cancelled' AND t.error ->> 'type' = 'DependencyFailed')
     ), recounted AS (
         UPDATE queueworker.task_dependencies d SET counted = e.now_counted
         FROM edge e
@@ -97,21 +103,18 @@ BEGIN
     IF moved_ids IS NULL THEN
         RETURN '{}';
     END IF;
-    -- The dependents, locked in id order (concurrent settlements never wait in a circle), and
-    -- their states as locked: a new statement then sees them as they are.
-    SELECT array_agg(id ORDER BY id), array_agg(state ORDER BY id) INTO locked_ids, locked_states FROM (
+    -- The dependents, locked in id order (concurrent settlements never wait in a circle), with
+    -- their states as locked; each one's new sums are its latest row's plus the deltas.
+    WITH locked AS MATERIALIZED (
         SELECT t.id, t.state FROM queueworker.tasks t
         WHERE t.id = ANY(moved_ids)
           AND (t.state = 'blocked' OR (t.state = 'cancelled' AND t.error ->> 'type' = 'DependencyFailed'))
         ORDER BY t.id
-        FOR NO KEY UPDATE OF t) AS rows;
-    IF locked_ids IS NULL THEN
-        RETURN '{}';
-    END IF;
-    WITH change AS (
+        FOR NO KEY UPDATE OF t
+    ), change AS (
         SELECT c.id, c.waiting, c.failed, l.state AS old_state
         FROM unnest(moved_ids, waiting_deltas, failed_deltas) AS c(id, waiting, failed)
-        JOIN unnest(locked_ids, locked_states) AS l(id, state) ON l.id = c.id
+        JOIN locked l ON l.id = c.id
     ), changed AS (
         UPDATE queueworker.tasks t
         SET prerequisites_waiting = t.prerequisites_waiting + c.waiting,
@@ -193,26 +196,41 @@ LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     SELECT queueworker.settle_dependents(prerequisites)
 $$;
 
--- The enqueueing side: at the commit of a transaction that added a dependent, once per dependent.
--- Takes FOR KEY SHARE on its prerequisites in id order (see above); one that a concurrent update
--- moved to the other partition meanwhile is looked up again where it went (the lock then fails
--- with SQLSTATE 40001, and is retried in a new statement).
+-- The enqueueing side: at the commit of a transaction that added dependents. The trigger fires
+-- once per dependent; the first call settles every dependent of the transaction (those whose
+-- edges count nothing yet: other transactions' uncommitted edges are invisible here, and every
+-- committed edge has been counted at its commit), so the later calls find theirs settled and
+-- return. Takes FOR KEY SHARE on their prerequisites in id order (see above); one that a
+-- concurrent update moved to the other partition meanwhile makes the lock fail with SQLSTATE
+-- 40001, and is looked up again where it went, in a new statement. A completion that locks
+-- several of them in another order may wait for this lock while this waits for it: Postgres then
+-- fails one of the two, and if it is this one, it lets go of what it holds and takes the locks
+-- again, so the enqueue commits all the same. A dependent that is no longer blocked at its commit
+-- (cancelled in the same transaction) has nothing to count.
 CREATE OR REPLACE FUNCTION queueworker.settle_new_dependent() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    fresh bigint[];
 BEGIN
+    IF NOT EXISTS (SELECT FROM queueworker.task_dependencies d WHERE d.task_id = NEW.id AND d.counted IS NULL) THEN
+        RETURN NULL;
+    END IF;
+    SELECT array_agg(DISTINCT d.task_id) INTO fresh FROM queueworker.task_dependencies d WHERE d.counted IS NULL;
     LOOP
         BEGIN
             PERFORM FROM (
                 SELECT p.id FROM queueworker.tasks p
-                WHERE p.id IN (SELECT d.prerequisite_id FROM queueworker.task_dependencies d WHERE d.task_id = NEW.id)
+                WHERE p.id IN (SELECT d.prerequisite_id FROM queueworker.task_dependencies d
+                               WHERE d.task_id = ANY(fresh))
                 ORDER BY p.id
                 FOR KEY SHARE OF p) AS prerequisites;
             EXIT;
-        EXCEPTION WHEN serialization_failure THEN
-            NULL;
+        EXCEPTION WHEN serialization_failure OR deadlock_detected THEN
+            NULL;  -- its locks are released with the block: wait again, in a new statement
         END;
     END LOOP;
-    PERFORM queueworker.settle_cascade('{}', ARRAY[NEW.id]);
+    PERFORM queueworker.settle_cascade('{}', fresh);
+    UPDATE queueworker.task_dependencies d SET counted = 'done' WHERE d.task_id = ANY(fresh) AND d.counted IS NULL;
     RETURN NULL;
 END
 $$;

@@ -284,7 +284,7 @@ def _apply_functions(conn: psycopg.Connection, files: list[FunctionFile]) -> Non
 
 def _with_lock_retries(conn: psycopg.Connection, policy: LockPolicy, what: str, step: Callable[[], object]) -> None:
     """Runs `step` in one transaction under the policy's lock_timeout, retrying it after lock
-    timeouts until the budget is spent. The run's advisory lock is kept throughout."""
+    timeouts until the budget is spent. The run's migration lock is kept throughout."""
     started = time.monotonic()
     for attempt in itertools.count(1):
         try:
