@@ -6,8 +6,10 @@ the cleaner's statement deletes history and a migrate run applies the function f
 
 from __future__ import annotations
 
+import re
 import threading
 import uuid
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -19,7 +21,7 @@ from queueworker.db.migrate import migrate
 from tests.support import WorkerProcess, query, scalar, wait_until
 from tests.test_dependencies import claim, states
 
-pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parent.parent
 
 # The keys of the duties, the migrator and the dependency settlement until schema version 12.
 KEYS_UNTIL_VERSION_12 = [0x71770001, 0x71770002, 0x71770003, 0x71770004, 1903688709]
@@ -55,6 +57,15 @@ class Squatter:
         self._conn.close()
 
 
+def test_no_statement_or_function_takes_an_advisory_lock():
+    """What any login can take must decide nothing: no SQL of the worker or of the schema's functions
+    takes an advisory lock (the versioned migrations of earlier versions did, and are history)."""
+    sources = [*ROOT.glob("worker/db/*.sql"), *ROOT.glob("migrations/functions/*.sql")]
+    assert len(sources) > 10
+    takers = [path.name for path in sources if re.search(r"advisory_(xact_)?lock", path.read_text())]
+    assert takers == []
+
+
 @pytest.fixture
 def outsider(dsn):
     """The URL of a login with no grants at all (CONNECT is PUBLIC's)."""
@@ -67,6 +78,7 @@ def outsider(dsn):
         conn.execute(f"DROP ROLE {name}")
 
 
+@pytest.mark.integration
 def test_a_login_without_grants_holding_every_advisory_key_stalls_nothing(dsn, outsider):
     assert conninfo_to_dict(outsider)["user"].startswith("qw_outsider_")
     squatter = Squatter(outsider)
@@ -107,6 +119,7 @@ def test_a_login_without_grants_holding_every_advisory_key_stalls_nothing(dsn, o
         squatter.close()
 
 
+@pytest.mark.integration
 def test_no_role_but_the_workers_may_lock_a_duty(dsn, outsider):
     """The duty rows are locked FOR NO KEY UPDATE, which needs UPDATE on the table."""
     with psycopg.connect(outsider, autocommit=True) as conn:

@@ -89,7 +89,8 @@ BEGIN
     ), recounted AS (
         UPDATE queueworker.task_dependencies d SET counted = e.now_counted
         FROM edge e
-        WHERE d.prerequisite_id = e.prerequisite_id AND d.task_id = e.task_id
+        WHERE (d.prerequisite_id = ANY(prerequisites) OR d.task_id = ANY(dependents))  -- by the indexes, again
+          AND d.prerequisite_id = e.prerequisite_id AND d.task_id = e.task_id
           AND d.counted IS DISTINCT FROM e.now_counted
         RETURNING d.task_id, e.was, e.now_counted
     )
@@ -143,7 +144,7 @@ BEGIN
                            THEN t.run_after > now() ELSE t.delayed END,
             updated_at = now()
         FROM change c
-        WHERE t.id = c.id
+        WHERE t.id = ANY(moved_ids) AND t.id = c.id
         RETURNING t.id, t.queue, t.state, t.run_after, c.old_state
     ), woken AS (
         SELECT queueworker.wake_queue(queue, min(run_after)) FROM changed
@@ -159,9 +160,11 @@ $$;
 -- Settles the edges given and, as far as their changes reach, the edges of the dependents that
 -- moved, level by level (a loop, not a recursion: a cancelled chain may be 10,000 long). Marks the
 -- transaction as settling meanwhile, so the update trigger's own call (audit_task_updates,
--- 10_audit.sql) does not repeat it.
+-- 10_audit.sql) does not repeat it. Without JIT: compiling the plans of a big settlement (and of
+-- the audit trigger it fires) took longer than running them, 3 of the 4.7 s that releasing
+-- 20,000 dependents took.
 CREATE OR REPLACE FUNCTION queueworker.settle_cascade(prerequisites bigint[], dependents bigint[]) RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET jit = off AS $$
 DECLARE
     outer_setting text := coalesce(current_setting('queueworker.settling', true), '');
 BEGIN
@@ -208,7 +211,7 @@ $$;
 -- again, so the enqueue commits all the same. A dependent that is no longer blocked at its commit
 -- (cancelled in the same transaction) has nothing to count.
 CREATE OR REPLACE FUNCTION queueworker.settle_new_dependent() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET jit = off AS $$
 DECLARE
     fresh bigint[];
 BEGIN
