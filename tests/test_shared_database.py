@@ -121,8 +121,15 @@ def test_a_login_without_grants_holding_every_advisory_key_stalls_nothing(dsn, o
 
 @pytest.mark.integration
 def test_no_role_but_the_workers_may_lock_a_duty(dsn, outsider):
-    """The duty rows are locked FOR NO KEY UPDATE, which needs UPDATE on the table."""
+    """The duty rows are locked FOR NO KEY UPDATE, which needs UPDATE on the table; the migration
+    lock needs a right to change schema_migrations. Even a login that may read every table (as the
+    operator role may) can take neither."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        user = conninfo_to_dict(outsider)["user"]
+        conn.execute(f"GRANT USAGE ON SCHEMA queueworker TO {user}")
+        conn.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA queueworker TO {user}")
     with psycopg.connect(outsider, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM queueworker.duty_locks").fetchone()[0] == 3
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("SELECT FROM queueworker.duty_locks FOR KEY SHARE")
         with pytest.raises(psycopg.errors.InsufficientPrivilege), conn.transaction():
