@@ -10,8 +10,9 @@ each on a fresh database.
   statement that releases them all): its wall time, checked by counting the dependents pending.
 - Chain: `enqueue_chain` of `chain` stages, run to the end one stage at a time by the worker's
   statements (`CLAIM`, then `COMPLETE_SUCCEEDED`, which releases the next stage): the wall time,
-  and per stage. What a worker process adds per stage (hearing of the release, claiming, flushing)
-  is the latency scenario's, not the graph's.
+  and per stage, beside as many plain tasks (at most BASELINE) claimed and completed the same
+  way: the difference is what the graph costs a stage. What a worker process adds per stage
+  (hearing of the release, claiming, flushing) is the latency scenario's, not the graph's.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from queueworker.db import lease, statements
 
 NOOP = {"task": "qw.noop"}
 BATCH = 100
+# Plain tasks claimed and completed one at a time beside the chain: what a stage costs without a graph.
+BASELINE = 1_000
 
 
 def _timed_commit(dsn: str, enqueue_graph) -> tuple[object, float]:
@@ -81,17 +84,27 @@ def fan_out(dsn: str, dependents: int) -> dict:
     return {"dependents": dependents, "enqueue_commit_s": commit_seconds, "release_s": release_seconds}
 
 
+def _one_at_a_time(conn: psycopg.Connection, queue: str) -> int:
+    completed = 0
+    while claimed := _claim(conn, queue, 1):
+        _complete(conn, claimed)
+        completed += 1
+    return completed
+
+
 def chain(dsn: str, stages: int) -> dict:
     with psycopg.connect(dsn) as conn:
         ids = enqueue_chain(conn, [{**NOOP, "queue": "chain"}] * stages)
+        enqueue_many(conn, [{**NOOP, "queue": "plain"}] * min(stages, BASELINE))
         conn.commit()
-    started = time.perf_counter()
     with psycopg.connect(dsn, autocommit=True) as conn:
-        completed = 0
-        while claimed := _claim(conn, "chain", 1):
-            _complete(conn, claimed)
-            completed += 1
+        started = time.perf_counter()
+        plain = _one_at_a_time(conn, "plain")
+        baseline = time.perf_counter() - started
+        started = time.perf_counter()
+        completed = _one_at_a_time(conn, "chain")
         wall = time.perf_counter() - started
         if completed != stages or _states(conn, ids) != {"succeeded": stages}:
             raise RuntimeError("the chain ended without every stage succeeding")
-    return {"stages": stages, "wall_s": wall, "per_stage_ms": wall * 1000 / stages}
+    return {"stages": stages, "wall_s": wall, "per_stage_ms": wall * 1000 / stages,
+            "plain_per_task_ms": baseline * 1000 / plain}

@@ -527,4 +527,5 @@ def _graph_lines(results: dict) -> list[str]:
             f"| {c.get('graph_dependents', 0):,} dependents of one prerequisite | {cell('fan-out', 'enqueue_commit_s')} "
             f"| the completion that releases them all: {cell('fan-out', 'release_s')} |",
             f"| a chain of {c.get('graph_chain', 0):,} stages, stage by stage | – "
-            f"| to the last stage: {cell('chain', 'wall_s')} ({cell('chain', 'per_stage_ms')} ms a stage) |"]
+            f"| a stage: {cell('chain', 'per_stage_ms')} ms (a plain task the same way: "
+            f"{cell('chain', 'plain_per_task_ms')} ms); to the last stage: {cell('chain', 'wall_s', 0)} s |"]

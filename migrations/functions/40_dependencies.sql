@@ -211,7 +211,7 @@ $$;
 -- again, so the enqueue commits all the same. A dependent that is no longer blocked at its commit
 -- (cancelled in the same transaction) has nothing to count.
 CREATE OR REPLACE FUNCTION queueworker.settle_new_dependent() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET jit = off AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     fresh bigint[];
 BEGIN
