@@ -394,6 +394,14 @@ def write(out: Path, results: dict) -> None:
               "from the first start to the last partition's end (database clock), the lag from the last "
               "partition's end to the consolidation's start, and the wall time from starting the workers to the "
               "run's success.",
+              f"- **Dependency graphs** (queueworker, bench/graphs.py): one dependent of "
+              f"{c.get('graph_prerequisites', 0):,} prerequisites enqueued in one transaction (enqueue and commit), "
+              "its prerequisites then completed 100 at a time by `COMPLETE_SUCCEEDED`; "
+              f"{c.get('graph_dependents', 0):,} dependents of one prerequisite enqueued in one transaction, then "
+              "the completion of that prerequisite, which releases them all; a chain of "
+              f"{c.get('graph_chain', 0):,} stages (`enqueue_chain`) run to its end by `CLAIM` and "
+              "`COMPLETE_SUCCEEDED`, one stage at a time; fresh "
+              f"database each, {c.get('graph_runs', 0)} runs each.",
               f"- **Flow control** (queueworker): the burn-down above on a queue with a rate limit of "
               f"1,000,000/s and as big a burst (never binding: every claim locks the queue's row with `LOCK_QUEUE`, "
               f"then runs `CLAIM_LIMITED`, in one transaction), against the same queue without, fresh database each, alternating, "
@@ -476,6 +484,7 @@ def write(out: Path, results: dict) -> None:
             lines.append(f"| {'rate-limited' if limited else 'plain'} | {_cell([r['tasks_per_s'] for r in rows])} "
                          f"| {_cell([r.get('worker_cpu_us_per_task', float('nan')) for r in rows])} "
                          f"| {_cell([r.get('pg_cpu_us_per_task', float('nan')) for r in rows])} |")
+    lines += _graph_lines(results)
     lines += _enqueue_lines(results)
     started = results.get("startup", {})
     if started:
@@ -501,3 +510,22 @@ def write(out: Path, results: dict) -> None:
         if section.exists():
             lines += ["", section.read_text().strip()]
     out.write_text("\n".join(lines) + "\n")
+
+
+def _graph_lines(results: dict) -> list[str]:
+    """The dependency graphs' costs (bench/graphs.py), medians of the runs."""
+    rows = results.get("graphs", [])
+    if not rows:
+        return []
+    def cell(kind: str, key: str, digits: int = 2) -> str:
+        return _cell([r[key] for r in rows if r["kind"] == kind], digits)
+    c = results.get("config", {})
+    return ["", "Dependency graphs (queueworker; settled by counts, no global lock):", "",
+            "| graph | enqueue and commit, s | settling, s |", "|---|---:|---:|",
+            f"| one dependent of {c.get('graph_prerequisites', 0):,} prerequisites | {cell('fan-in', 'enqueue_commit_s')} "
+            f"| slowest completion of 100 of them: {cell('fan-in', 'slowest_completion_s', 3)} |",
+            f"| {c.get('graph_dependents', 0):,} dependents of one prerequisite | {cell('fan-out', 'enqueue_commit_s')} "
+            f"| the completion that releases them all: {cell('fan-out', 'release_s')} |",
+            f"| a chain of {c.get('graph_chain', 0):,} stages, stage by stage | – "
+            f"| a stage: {cell('chain', 'per_stage_ms')} ms (a plain task the same way: "
+            f"{cell('chain', 'plain_per_task_ms')} ms); to the last stage: {cell('chain', 'wall_s', 0)} s |"]

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import psycopg
 
-from bench import enqueue, history, report, runs, scenarios, startup
+from bench import enqueue, graphs, history, report, runs, scenarios, startup
 from bench.report import SWEEP_EXCLUDED
 from bench.systems import ALL, System
 
@@ -47,6 +47,12 @@ class Config:
     fanin_partitions: int = 10_000
     fanin_runs: int = 3
     flow_runs: int = 3
+    # Dependency graphs: one dependent of this many prerequisites, this many dependents of one
+    # prerequisite, a chain of this many stages.
+    graph_prerequisites: int = 1_000
+    graph_dependents: int = 20_000
+    graph_chain: int = 10_000
+    graph_runs: int = 3
     # The whole-drain sweep: the burn-down at these concurrencies (100 is the burn-down itself), for
     # the systems fast enough to drain 100k tasks in seconds.
     sweep_concurrency: tuple[int, ...] = (16, 32, 64, 200)
@@ -60,11 +66,12 @@ class Config:
         return cls(tasks=300, runs=1, burn_cap_seconds=10, idle_samples=10, load_rate=200, load_seconds=1.0,
                    idle_settle=2.0, idle_window=2.0, history_finished=3000, history_delayed=1000,
                    history_tasks=300, history_runs=1, ceiling_runs=1, fanin_partitions=50, fanin_runs=1, flow_runs=1,
-                   sweep_concurrency=(16,), enqueue_tasks=3000, startup_runs=1)
+                   sweep_concurrency=(16,), enqueue_tasks=3000, startup_runs=1, graph_prerequisites=50,
+                   graph_dependents=200, graph_chain=50, graph_runs=1)
 
 
 SCENARIOS = ("burn", "sweep", "processes", "enqueue", "startup", "latency", "idle", "history", "ceiling", "fanin",
-             "flow")
+             "flow", "graphs")
 
 HISTORY_AUTOVACUUM_NAPTIME = "5s"
 
@@ -76,7 +83,8 @@ class Runner:
         self.scenarios = scenario_names
         self.log = log
         self.results: dict = {"burn": {}, "sweep": {}, "processes": {}, "enqueue": {}, "startup": {}, "latency": {},
-                              "idle": {}, "history": {}, "ceiling": [], "fanin": [], "flow": [], "errors": []}
+                              "idle": {}, "history": {}, "ceiling": [], "fanin": [], "flow": [], "graphs": [],
+                              "errors": []}
         self._db_seq = 0
 
     def run(self) -> dict:
@@ -101,7 +109,7 @@ class Runner:
             self.results["load_before"] = os.getloadavg()
             started = time.monotonic()
             for name in ("burn", "sweep", "processes", "enqueue", "startup", "latency", "idle", "ceiling", "history",
-                         "fanin", "flow"):
+                         "fanin", "flow", "graphs"):
                 if name in self.scenarios:
                     self.log(f"== scenario {name}")
                     getattr(self, f"_{name}")()
@@ -278,6 +286,21 @@ class Runner:
                 if result:
                     self.log(f"   flow {'limited' if limited else 'plain'} run {round_no + 1}: {_brief(result)}")
                     self.results["flow"].append(result)
+
+    def _graphs(self) -> None:
+        """A wide fan-in, a wide fan-out and a long chain (bench/graphs.py), each on a fresh database."""
+        c = self.config
+        qw = ALL["queueworker"]()
+        for round_no in range(c.graph_runs):
+            measured = {
+                "fan-in": lambda dsn: graphs.fan_in(dsn, c.graph_prerequisites),
+                "fan-out": lambda dsn: graphs.fan_out(dsn, c.graph_dependents),
+                "chain": lambda dsn: graphs.chain(dsn, c.graph_chain)}
+            for kind, measure in measured.items():
+                result = self._on_fresh_db(qw, "graphs", "queueworker", measure)
+                if result:
+                    self.log(f"   graphs {kind} run {round_no + 1}: {_brief(result)}")
+                    self.results["graphs"].append({"kind": kind, **result})
 
     def _enqueue(self) -> None:
         """Each system's own bulk enqueue API (systems without one are skipped)."""

@@ -118,10 +118,10 @@ BEGIN
     GRANT USAGE ON TYPE queueworker.run_state TO queueworker_operator;
     -- The trigger functions queueworker.audit_task_inserts, queueworker.audit_task_updates and
     -- queueworker.forbid_event_updates need no EXECUTE grant: a trigger fires whoever causes it.
-    -- Nor do queueworker.replaced_columns, queueworker.settle_tasks,
-    -- queueworker.settle_cascade and queueworker.dependency_lock_key: only the owner's definer
-    -- functions and triggers call them (queueworker.settle_new_dependency is the trigger that settles
-    -- new edges at commit). queueworker.task_dependencies, the edges, is written only by them too;
+    -- Nor do queueworker.replaced_columns, queueworker.counted_as, queueworker.dependency_verdict,
+    -- queueworker.settle_edges and queueworker.settle_cascade: only the owner's definer functions
+    -- and triggers call them (queueworker.settle_new_dependent is the trigger that settles a new
+    -- dependent's edges at commit). queueworker.task_dependencies, the edges, is written only by them too;
     -- the operator reads it with every other table. Runs likewise: queueworker.runs and
     -- queueworker.watermarks are written only by queueworker.start_run (the producer's) and
     -- queueworker.count_run_outcomes (the worker's COMPLETE_SUCCEEDED, and the update trigger),
@@ -163,7 +163,12 @@ BEGIN
     -- tasks_active to tasks_finished). Those two write their own audit rows, hence INSERT on
     -- task_events (and nothing else there); COMPLETE_SUCCEEDED settles the tasks waiting on those it
     -- finished through queueworker.settle_dependents. Retention goes through queueworker.clean_finished.
+    -- RESCUE and PROMOTE_DUE lock their duty's row of queueworker.duty_locks (one worker at a time
+    -- does each duty): UPDATE on that table is what lets a role lock its rows, and no other role
+    -- has it, so no other login can hold a duty up. queueworker.clean_finished locks its row as
+    -- the owner.
     GRANT SELECT ON queueworker.schema_migrations TO queueworker_worker;
+    GRANT SELECT, UPDATE ON queueworker.duty_locks TO queueworker_worker;
     GRANT SELECT, UPDATE ON queueworker.tasks TO queueworker_worker;
     GRANT SELECT, UPDATE, DELETE ON queueworker.tasks_active TO queueworker_worker;
     GRANT SELECT, INSERT ON queueworker.tasks_finished TO queueworker_worker;
@@ -184,7 +189,9 @@ BEGIN
     -- CLAIM tells a run's tasks their run (ctx.run): these columns of queueworker.runs, nothing else.
     GRANT SELECT (id, name, watermark, watermark_before, forced) ON queueworker.runs TO queueworker_worker;
     GRANT EXECUTE ON FUNCTION queueworker.transition_detail(integer, jsonb, jsonb),
+                              queueworker.clean_finished(float8, integer),
                               queueworker.clean_finished(bigint, float8, integer),
+                              queueworker.settle_dependents(bigint[]),
                               queueworker.settle_dependents(bigint[], bigint[]),
                               queueworker.count_run_outcomes(bigint[], bigint[], integer[], text[], text[])
         TO queueworker_worker;

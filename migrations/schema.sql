@@ -136,18 +136,19 @@ BEGIN
         FROM new_rows n JOIN old_rows o ON o.id = n.id
         WHERE n.state IS DISTINCT FROM o.state
           AND (n.state IN ('succeeded', 'failed', 'cancelled') OR o.state IN ('failed', 'cancelled'));
-        PERFORM queueworker.settle_dependents(moved, '{}');
+        PERFORM queueworker.settle_dependents(moved);
     END IF;
     RETURN NULL;
 END
 $$;
 
-CREATE FUNCTION queueworker.clean_finished(lock_key bigint, retention_seconds double precision, batch integer) RETURNS SETOF bigint
+CREATE FUNCTION queueworker.clean_finished(retention_seconds double precision, batch integer) RETURNS SETOF bigint
     LANGUAGE sql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
     WITH guard AS MATERIALIZED (
-        SELECT pg_catalog.pg_try_advisory_xact_lock(lock_key) AS held
+        SELECT count(*) > 0 AS held FROM (
+            SELECT FROM queueworker.duty_locks WHERE duty = 'clean_finished' FOR NO KEY UPDATE SKIP LOCKED) AS duty
     ), old AS (
         SELECT t.id FROM queueworker.tasks t, guard
         WHERE guard.held AND t.finished_at < now() - make_interval(secs => retention_seconds)
@@ -163,6 +164,13 @@ CREATE FUNCTION queueworker.clean_finished(lock_key bigint, retention_seconds do
     DELETE FROM queueworker.tasks t USING old
     WHERE t.id = old.id AND t.state IN ('succeeded', 'failed', 'cancelled')
     RETURNING t.id
+$$;
+
+CREATE FUNCTION queueworker.clean_finished(lock_key bigint, retention_seconds double precision, batch integer) RETURNS SETOF bigint
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT queueworker.clean_finished(retention_seconds, batch)
 $$;
 
 CREATE FUNCTION queueworker.count_run_outcomes(ids bigint[], run_ids bigint[], partitions integer[], old_states text[], new_states text[]) RETURNS void
@@ -207,9 +215,20 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION queueworker.dependency_lock_key() RETURNS bigint
+CREATE FUNCTION queueworker.counted_as(prerequisite_state queueworker.task_state, cancel_on_failure boolean) RETURNS text
     LANGUAGE sql IMMUTABLE
-    AS $$SELECT 1903688709::bigint$$;
+    AS $$
+    SELECT CASE WHEN prerequisite_state IN ('blocked', 'pending', 'running', 'retrying') THEN 'waiting'
+                WHEN prerequisite_state IN ('failed', 'cancelled') AND cancel_on_failure THEN 'failed'
+                ELSE 'done' END
+$$;
+
+CREATE FUNCTION queueworker.dependency_verdict(waiting integer, failed integer) RETURNS queueworker.task_state
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT CASE WHEN failed > 0 THEN 'cancelled' WHEN waiting = 0 THEN 'pending' ELSE 'blocked' END
+           ::queueworker.task_state
+$$;
 
 CREATE FUNCTION queueworker.enqueue_run_task(run_id bigint, spec jsonb) RETURNS bigint
     LANGUAGE plpgsql
@@ -245,7 +264,15 @@ CREATE FUNCTION queueworker.enqueue_tasks(queues text[], tasks text[], payloads 
 DECLARE
     unknown bigint;
     misfit text;
+    crowded bigint;
 BEGIN
+    -- A dependent's edges are settled in its enqueue's commit: their number is bounded (as
+    -- queueworker.names.MAX_PREREQUISITES bounds TaskSpec.depends_on).
+    SELECT o INTO crowded FROM unnest(prerequisite_ords) AS o GROUP BY o HAVING count(*) > 1000 LIMIT 1;
+    IF crowded IS NOT NULL THEN
+        RAISE EXCEPTION 'task % of this enqueue has more than 1000 prerequisites', crowded
+            USING ERRCODE = 'program_limit_exceeded';
+    END IF;
     SELECT p INTO unknown FROM unnest(prerequisite_ids) AS p
     WHERE NOT EXISTS (SELECT 1 FROM queueworker.tasks t WHERE t.id = p) LIMIT 1;
     IF unknown IS NOT NULL THEN
@@ -433,6 +460,8 @@ CREATE TABLE queueworker.tasks (
     continued_from bigint,
     notify_on_finish boolean DEFAULT false NOT NULL,
     headers jsonb,
+    prerequisites_waiting integer DEFAULT 0 NOT NULL,
+    prerequisites_failed integer DEFAULT 0 NOT NULL,
     CONSTRAINT dedupe_key_length CHECK (((length(dedupe_key) >= 1) AND (length(dedupe_key) <= 512))),
     CONSTRAINT run_after_readable CHECK (((run_after >= '0002-01-01 00:00:00+00'::timestamp with time zone) AND (run_after <= '9999-12-30 00:00:00+00'::timestamp with time zone))),
     CONSTRAINT running_has_lease CHECK (((state <> 'running'::queueworker.task_state) OR ((lease_owner IS NOT NULL) AND (leased_until IS NOT NULL) AND (deadline_at IS NOT NULL)))),
@@ -454,112 +483,166 @@ CREATE FUNCTION queueworker.replaced_columns(new_row queueworker.tasks, old_row 
     WHERE changed
 $$;
 
-CREATE FUNCTION queueworker.settle_cascade(dependents bigint[], succeeded bigint[]) RETURNS void
+CREATE FUNCTION queueworker.settle_cascade(prerequisites bigint[], dependents bigint[]) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
+    SET jit TO 'off'
     AS $$
 DECLARE
-    onward bigint[];
     outer_setting text := coalesce(current_setting('queueworker.settling', true), '');
 BEGIN
     PERFORM set_config('queueworker.settling', 'on', true);
-    WHILE coalesce(cardinality(dependents), 0) > 0 LOOP
-        onward := queueworker.settle_tasks(dependents, succeeded);
-        SELECT array_agg(DISTINCT d.task_id) INTO dependents
-        FROM queueworker.task_dependencies d WHERE d.prerequisite_id = ANY(onward);
+    prerequisites := queueworker.settle_edges(prerequisites, dependents);
+    WHILE cardinality(prerequisites) > 0 LOOP
+        prerequisites := queueworker.settle_edges(prerequisites, '{}');
     END LOOP;
     PERFORM set_config('queueworker.settling', outer_setting, true);
 END
 $$;
 
-CREATE FUNCTION queueworker.settle_dependents(prerequisites bigint[], succeeded bigint[]) RETURNS void
+CREATE FUNCTION queueworker.settle_dependents(prerequisites bigint[]) RETURNS void
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
-DECLARE
-    dependents bigint[];
 BEGIN
-    IF coalesce(cardinality(prerequisites), 0) = 0 THEN
+    IF coalesce(cardinality(prerequisites), 0) = 0 OR NOT EXISTS (
+            SELECT FROM queueworker.task_dependencies d WHERE d.prerequisite_id = ANY(prerequisites)) THEN
         RETURN;
     END IF;
-    PERFORM pg_catalog.pg_advisory_xact_lock_shared(queueworker.dependency_lock_key());
-    SELECT array_agg(DISTINCT d.task_id) INTO dependents
-    FROM queueworker.task_dependencies d WHERE d.prerequisite_id = ANY(prerequisites);
-    IF dependents IS NOT NULL THEN
-        PERFORM queueworker.settle_cascade(dependents, coalesce(succeeded, '{}'));
-    END IF;
+    PERFORM queueworker.settle_cascade(prerequisites, '{}');
 END
 $$;
 
-CREATE FUNCTION queueworker.settle_new_dependency() RETURNS trigger
-    LANGUAGE plpgsql SECURITY DEFINER
+CREATE FUNCTION queueworker.settle_dependents(prerequisites bigint[], succeeded bigint[]) RETURNS void
+    LANGUAGE sql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
-BEGIN
-    PERFORM pg_catalog.pg_advisory_xact_lock(queueworker.dependency_lock_key());
-    PERFORM queueworker.settle_cascade(ARRAY[NEW.task_id], '{}');
-    RETURN NULL;
-END
+    SELECT queueworker.settle_dependents(prerequisites)
 $$;
 
-CREATE FUNCTION queueworker.settle_tasks(dependents bigint[], succeeded bigint[]) RETURNS bigint[]
+CREATE FUNCTION queueworker.settle_edges(prerequisites bigint[], dependents bigint[]) RETURNS bigint[]
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
-    locked bigint[];
+    moved_ids bigint[];
+    waiting_deltas integer[];
+    failed_deltas integer[];
     onward bigint[];
 BEGIN
-    SELECT array_agg(id) INTO locked FROM (
-        SELECT t.id FROM queueworker.tasks t
-        WHERE t.id = ANY(dependents)
-          AND (t.state = 'blocked' OR (t.state = 'cancelled' AND t.error ->> 'type' = 'DependencyFailed'))
-        ORDER BY t.id
-        FOR UPDATE OF t) AS rows;
-    IF locked IS NULL THEN
+    -- The edges are found from the ids given, through the two indexes of the edges (a plan that
+    -- scanned every blocked task instead would make each settlement cost the whole graph).
+    WITH candidate AS MATERIALIZED (
+        SELECT d.prerequisite_id, d.task_id, d.cancel_on_failure, d.counted
+        FROM queueworker.task_dependencies d WHERE d.prerequisite_id = ANY(prerequisites)
+        UNION ALL
+        SELECT d.prerequisite_id, d.task_id, d.cancel_on_failure, d.counted
+        FROM queueworker.task_dependencies d WHERE d.task_id = ANY(dependents) AND d.prerequisite_id <> ALL(prerequisites)
+    ), edge AS (
+        SELECT c.prerequisite_id, c.task_id, c.counted AS was,
+               queueworker.counted_as(p.state, c.cancel_on_failure) AS now_counted
+        FROM candidate c
+        JOIN queueworker.tasks t ON t.id = c.task_id
+        LEFT JOIN queueworker.tasks p ON p.id = c.prerequisite_id
+        WHERE t.state = 'blocked' OR (t.state = 'cancelled' AND t.error ->> 'type' = 'DependencyFailed')
+    ), recounted AS (
+        UPDATE queueworker.task_dependencies d SET counted = e.now_counted
+        FROM edge e
+        WHERE (d.prerequisite_id = ANY(prerequisites) OR d.task_id = ANY(dependents))  -- by the indexes, again
+          AND d.prerequisite_id = e.prerequisite_id AND d.task_id = e.task_id
+          AND d.counted IS DISTINCT FROM e.now_counted
+        RETURNING d.task_id, e.was, e.now_counted
+    )
+    SELECT array_agg(task_id ORDER BY task_id), array_agg(waiting ORDER BY task_id),
+           array_agg(failed ORDER BY task_id)
+    INTO moved_ids, waiting_deltas, failed_deltas
+    FROM (SELECT task_id,
+                 sum((now_counted = 'waiting')::integer - (was IS NOT DISTINCT FROM 'waiting')::integer) AS waiting,
+                 sum((now_counted = 'failed')::integer - (was IS NOT DISTINCT FROM 'failed')::integer) AS failed
+          FROM recounted GROUP BY task_id) AS delta;
+    IF moved_ids IS NULL THEN
         RETURN '{}';
     END IF;
-    WITH prerequisite AS (
-        SELECT d.task_id, d.prerequisite_id, d.cancel_on_failure,
-               CASE WHEN d.prerequisite_id = ANY(succeeded) THEN 'succeeded' ELSE p.state END AS state
-        FROM queueworker.task_dependencies d
-        JOIN queueworker.tasks p ON p.id = d.prerequisite_id
-        WHERE d.task_id = ANY(locked)
-    ), verdict AS (
-        SELECT task_id,
-               min(prerequisite_id) FILTER (WHERE state IN ('failed', 'cancelled') AND cancel_on_failure) AS culprit,
-               bool_and(state = 'succeeded' OR (state IN ('failed', 'cancelled') AND NOT cancel_on_failure)) AS ready
-        FROM prerequisite GROUP BY task_id
-    ), judged AS (
-        SELECT v.task_id, v.culprit, c.state AS culprit_state, t.state AS old_state,
-               coalesce((ct.error ->> 'root')::bigint, v.culprit) AS root,  -- where a cascade of cancels began
-               (CASE WHEN v.culprit IS NOT NULL THEN 'cancelled' WHEN v.ready THEN 'pending' ELSE 'blocked' END
-               )::queueworker.task_state AS target
-        FROM verdict v
-        JOIN queueworker.tasks t ON t.id = v.task_id
-        LEFT JOIN prerequisite c ON c.task_id = v.task_id AND c.prerequisite_id = v.culprit
-        LEFT JOIN queueworker.tasks ct ON ct.id = v.culprit AND ct.error ->> 'type' = 'DependencyFailed'
+    -- The dependents, locked in id order (concurrent settlements never wait in a circle), with
+    -- their states as locked; each one's new sums are its latest row's plus the deltas.
+    WITH locked AS MATERIALIZED (
+        SELECT t.id, t.state FROM queueworker.tasks t
+        WHERE t.id = ANY(moved_ids)
+          AND (t.state = 'blocked' OR (t.state = 'cancelled' AND t.error ->> 'type' = 'DependencyFailed'))
+        ORDER BY t.id
+        FOR NO KEY UPDATE OF t
+    ), change AS (
+        SELECT c.id, c.waiting, c.failed, l.state AS old_state
+        FROM unnest(moved_ids, waiting_deltas, failed_deltas) AS c(id, waiting, failed)
+        JOIN locked l ON l.id = c.id
     ), changed AS (
         UPDATE queueworker.tasks t
-        SET state = j.target,
-            error = CASE WHEN j.target = 'cancelled' THEN jsonb_build_object(
-                        'type', 'DependencyFailed', 'prerequisite', j.culprit, 'root', j.root, 'retryable', false,
-                        'message', format('prerequisite task %s ended %s', j.culprit, j.culprit_state)
-                                   || CASE WHEN j.root <> j.culprit THEN format(' (after task %s ended)', j.root) ELSE '' END
-                    ) END,
-            finished_at = CASE WHEN j.target = 'cancelled' THEN now() END,
-            delayed = CASE WHEN j.target = 'pending' THEN t.run_after > now() ELSE t.delayed END,
+        SET prerequisites_waiting = t.prerequisites_waiting + c.waiting,
+            prerequisites_failed = t.prerequisites_failed + c.failed,
+            state = queueworker.dependency_verdict(t.prerequisites_waiting + c.waiting,
+                                                   t.prerequisites_failed + c.failed),
+            error = CASE WHEN t.prerequisites_failed + c.failed = 0 THEN NULL
+                         WHEN t.state = 'cancelled' AND EXISTS (
+                             SELECT FROM queueworker.task_dependencies k
+                             WHERE k.task_id = t.id AND k.counted = 'failed'
+                               AND k.prerequisite_id = (t.error ->> 'prerequisite')::bigint) THEN t.error
+                         ELSE (SELECT jsonb_build_object(
+                                   'type', 'DependencyFailed', 'prerequisite', p.id, 'root', r.root, 'retryable', false,
+                                   'message', format('prerequisite task %s ended %s', p.id, p.state)
+                                              || CASE WHEN r.root <> p.id
+                                                      THEN format(' (after task %s ended)', r.root) ELSE '' END)
+                               FROM queueworker.task_dependencies k
+                               JOIN queueworker.tasks p ON p.id = k.prerequisite_id,
+                               LATERAL (SELECT coalesce(CASE WHEN p.error ->> 'type' = 'DependencyFailed'
+                                                             THEN (p.error ->> 'root')::bigint END, p.id) AS root) r
+                               WHERE k.task_id = t.id AND k.counted = 'failed'
+                               ORDER BY k.prerequisite_id LIMIT 1) END,
+            finished_at = CASE WHEN t.prerequisites_failed + c.failed = 0 THEN NULL
+                               WHEN t.state = 'cancelled' THEN t.finished_at ELSE now() END,
+            delayed = CASE WHEN t.prerequisites_failed + c.failed = 0 AND t.prerequisites_waiting + c.waiting = 0
+                           THEN t.run_after > now() ELSE t.delayed END,
             updated_at = now()
-        FROM judged j
-        WHERE t.id = j.task_id AND t.state <> j.target
-        RETURNING t.id, t.queue, t.state, t.run_after, t.delayed
+        FROM change c
+        WHERE t.id = ANY(moved_ids) AND t.id = c.id
+        RETURNING t.id, t.queue, t.state, t.run_after, c.old_state
     ), woken AS (
-        SELECT queueworker.wake_queue(queue, min(run_after)) FROM changed WHERE state = 'pending' GROUP BY queue
+        SELECT queueworker.wake_queue(queue, min(run_after)) FROM changed
+        WHERE state = 'pending' AND old_state <> 'pending' GROUP BY queue
     )
-    SELECT array_agg(c.id) FILTER (WHERE c.state = 'cancelled' OR j.old_state = 'cancelled')
+    SELECT array_agg(id) FILTER (WHERE (state = 'cancelled') <> (old_state = 'cancelled'))
     INTO onward
-    FROM changed c JOIN judged j ON j.task_id = c.id, (SELECT count(*) FROM woken) AS w;
+    FROM changed, (SELECT count(*) FROM woken) AS w;
     RETURN coalesce(onward, '{}');
+END
+$$;
+
+CREATE FUNCTION queueworker.settle_new_dependent() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    fresh bigint[];
+BEGIN
+    IF NOT EXISTS (SELECT FROM queueworker.task_dependencies d WHERE d.task_id = NEW.id AND d.counted IS NULL) THEN
+        RETURN NULL;
+    END IF;
+    SELECT array_agg(DISTINCT d.task_id) INTO fresh FROM queueworker.task_dependencies d WHERE d.counted IS NULL;
+    LOOP
+        BEGIN
+            PERFORM FROM (
+                SELECT p.id FROM queueworker.tasks p
+                WHERE p.id IN (SELECT d.prerequisite_id FROM queueworker.task_dependencies d
+                               WHERE d.task_id = ANY(fresh))
+                ORDER BY p.id
+                FOR KEY SHARE OF p) AS prerequisites;
+            EXIT;
+        EXCEPTION WHEN serialization_failure OR deadlock_detected THEN
+            NULL;  -- its locks are released with the block: wait again, in a new statement
+        END;
+    END LOOP;
+    PERFORM queueworker.settle_cascade('{}', fresh);
+    UPDATE queueworker.task_dependencies d SET counted = 'done' WHERE d.task_id = ANY(fresh) AND d.counted IS NULL;
+    RETURN NULL;
 END
 $$;
 
@@ -620,6 +703,10 @@ CREATE TABLE queueworker.cron_jobs (
     CONSTRAINT cron_source CHECK ((source = ANY (ARRAY['code'::text, 'runtime'::text]))),
     CONSTRAINT cron_task_length CHECK (((length(task) >= 1) AND (length(task) <= 200))),
     CONSTRAINT cron_timezone_length CHECK (((length(timezone) >= 1) AND (length(timezone) <= 100)))
+);
+
+CREATE TABLE queueworker.duty_locks (
+    duty text NOT NULL
 );
 
 CREATE TABLE queueworker.queue_events (
@@ -738,6 +825,8 @@ CREATE TABLE queueworker.task_dependencies (
     prerequisite_id bigint NOT NULL,
     task_id bigint NOT NULL,
     cancel_on_failure boolean NOT NULL,
+    counted text,
+    CONSTRAINT counted_as CHECK ((counted = ANY (ARRAY['waiting'::text, 'done'::text, 'failed'::text]))),
     CONSTRAINT prerequisite_first CHECK ((prerequisite_id < task_id))
 );
 
@@ -794,6 +883,8 @@ CREATE TABLE queueworker.tasks_active (
     continued_from bigint,
     notify_on_finish boolean DEFAULT false NOT NULL,
     headers jsonb,
+    prerequisites_waiting integer DEFAULT 0 NOT NULL,
+    prerequisites_failed integer DEFAULT 0 NOT NULL,
     CONSTRAINT dedupe_key_length CHECK (((length(dedupe_key) >= 1) AND (length(dedupe_key) <= 512))),
     CONSTRAINT run_after_readable CHECK (((run_after >= '0002-01-01 00:00:00+00'::timestamp with time zone) AND (run_after <= '9999-12-30 00:00:00+00'::timestamp with time zone))),
     CONSTRAINT running_has_lease CHECK (((state <> 'running'::queueworker.task_state) OR ((lease_owner IS NOT NULL) AND (leased_until IS NOT NULL) AND (deadline_at IS NOT NULL)))),
@@ -837,6 +928,8 @@ CREATE TABLE queueworker.tasks_finished (
     continued_from bigint,
     notify_on_finish boolean DEFAULT false NOT NULL,
     headers jsonb,
+    prerequisites_waiting integer DEFAULT 0 NOT NULL,
+    prerequisites_failed integer DEFAULT 0 NOT NULL,
     CONSTRAINT dedupe_key_length CHECK (((length(dedupe_key) >= 1) AND (length(dedupe_key) <= 512))),
     CONSTRAINT run_after_readable CHECK (((run_after >= '0002-01-01 00:00:00+00'::timestamp with time zone) AND (run_after <= '9999-12-30 00:00:00+00'::timestamp with time zone))),
     CONSTRAINT running_has_lease CHECK (((state <> 'running'::queueworker.task_state) OR ((lease_owner IS NOT NULL) AND (leased_until IS NOT NULL) AND (deadline_at IS NOT NULL)))),
@@ -887,6 +980,9 @@ ALTER TABLE ONLY queueworker.tasks ATTACH PARTITION queueworker.tasks_finished F
 
 ALTER TABLE ONLY queueworker.cron_jobs
     ADD CONSTRAINT cron_jobs_pkey PRIMARY KEY (name);
+
+ALTER TABLE ONLY queueworker.duty_locks
+    ADD CONSTRAINT duty_locks_pkey PRIMARY KEY (duty);
 
 ALTER TABLE ONLY queueworker.queue_events
     ADD CONSTRAINT queue_events_pkey PRIMARY KEY (id);
@@ -944,7 +1040,11 @@ CREATE INDEX runs_running ON queueworker.runs USING btree (id) WHERE (state = 'r
 
 CREATE INDEX runs_started ON queueworker.runs USING btree (started_at);
 
+CREATE INDEX task_dependencies_failed ON queueworker.task_dependencies USING btree (task_id, prerequisite_id) WHERE (counted = 'failed'::text);
+
 CREATE INDEX task_dependencies_task ON queueworker.task_dependencies USING btree (task_id);
+
+CREATE INDEX task_dependencies_uncounted ON queueworker.task_dependencies USING btree (task_id) WHERE (counted IS NULL);
 
 CREATE INDEX task_events_task ON queueworker.task_events USING btree (task_id, id);
 
@@ -992,13 +1092,13 @@ CREATE TRIGGER runs_audit_insert AFTER INSERT ON queueworker.runs FOR EACH ROW E
 
 CREATE TRIGGER runs_audit_update AFTER UPDATE ON queueworker.runs FOR EACH ROW WHEN (((old.state IS DISTINCT FROM new.state) OR (old.success_task_id IS DISTINCT FROM new.success_task_id) OR (old.failure_task_id IS DISTINCT FROM new.failure_task_id))) EXECUTE FUNCTION queueworker.audit_run();
 
-CREATE CONSTRAINT TRIGGER task_dependencies_settle AFTER INSERT ON queueworker.task_dependencies DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION queueworker.settle_new_dependency();
-
 CREATE TRIGGER task_events_append_only BEFORE UPDATE ON queueworker.task_events FOR EACH ROW EXECUTE FUNCTION queueworker.forbid_event_updates();
 
 CREATE TRIGGER task_events_no_truncate BEFORE TRUNCATE ON queueworker.task_events FOR EACH STATEMENT EXECUTE FUNCTION queueworker.forbid_event_updates();
 
 CREATE TRIGGER tasks_active_audit_insert AFTER INSERT ON queueworker.tasks_active REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION queueworker.audit_task_inserts();
+
+CREATE CONSTRAINT TRIGGER tasks_active_settle_new_dependent AFTER INSERT ON queueworker.tasks_active DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN ((new.state = 'blocked'::queueworker.task_state)) EXECUTE FUNCTION queueworker.settle_new_dependent();
 
 CREATE TRIGGER tasks_active_spec_changed BEFORE UPDATE OF queue, task, payload ON queueworker.tasks_active FOR EACH ROW EXECUTE FUNCTION queueworker.fill_spec_hash();
 
@@ -1016,6 +1116,8 @@ REVOKE ALL ON FUNCTION queueworker.audit_queue() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION queueworker.audit_run() FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION queueworker.clean_finished(retention_seconds double precision, batch integer) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION queueworker.clean_finished(lock_key bigint, retention_seconds double precision, batch integer) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION queueworker.count_run_outcomes(ids bigint[], run_ids bigint[], partitions integer[], old_states text[], new_states text[]) FROM PUBLIC;
@@ -1029,6 +1131,8 @@ REVOKE ALL ON FUNCTION queueworker.finalize_run(run_id bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION queueworker.notify_finished() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION queueworker.replace_pending(ids bigint[], payloads jsonb[], priorities integer[], run_afters timestamp with time zone[]) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION queueworker.settle_dependents(prerequisites bigint[]) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION queueworker.settle_dependents(prerequisites bigint[], succeeded bigint[]) FROM PUBLIC;
 

@@ -77,7 +77,7 @@ def test_a_checkpoint_write_is_fenced_by_the_lease_and_reaches_the_next_attempt(
         assert statements.fetch(conn, lease.SAVE_CHECKPOINT, lease.SaveCheckpointParams(**save)) == [
             (task_id, first.lease_token)]
         conn.execute("UPDATE queueworker.tasks SET leased_until = now() - interval '1 s' WHERE id = %s", (task_id,))
-        statements.fetch(conn, duties.RESCUE, duties.RescueParams(lock_key=duties.RESCUER_LOCK_KEY, deadline_grace=60,
+        statements.fetch(conn, duties.RESCUE, duties.RescueParams(deadline_grace=60,
                                                                   worker_ttl=60, limit=10))
         second = _claim(conn)
         assert json.loads(second.checkpoint_json) == {"next": 5}, "the rescued task resumes from its checkpoint"

@@ -322,11 +322,11 @@ def test_a_recorded_checksum_that_is_not_the_migrations_own_earlier_text_still_w
 @pytest.mark.parametrize("record", ["changed", "missing"])
 def test_a_function_file_changed_since_it_was_applied_is_applied_again(dsn, caplog, record):
     """As after an upgrade that changed 40_dependencies.sql: what the database has (here a broken
-    lock key and no settling trigger) is replaced by what the file says."""
+    verdict and no settling trigger) is replaced by what the file says."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("CREATE OR REPLACE FUNCTION queueworker.dependency_lock_key() RETURNS bigint "
-                     "LANGUAGE sql IMMUTABLE AS 'SELECT 1::bigint'")
-        conn.execute("DROP TRIGGER task_dependencies_settle ON queueworker.task_dependencies")
+        conn.execute("CREATE OR REPLACE FUNCTION queueworker.dependency_verdict(waiting integer, failed integer) "
+                     "RETURNS queueworker.task_state LANGUAGE sql IMMUTABLE AS 'SELECT ''pending''::queueworker.task_state'")
+        conn.execute("DROP TRIGGER tasks_active_settle_new_dependent ON queueworker.tasks_active")
         if record == "changed":
             conn.execute("UPDATE queueworker.schema_functions SET checksum = 'an earlier text' "
                          "WHERE name = '40_dependencies'")
@@ -339,8 +339,8 @@ def test_a_function_file_changed_since_it_was_applied_is_applied_again(dsn, capl
     assert _messages(caplog) == [
         f"applied the function files ({', '.join(f.name for f in available_functions())}): changed or new since "
         "last applied: 40_dependencies"]
-    assert scalar(dsn, "SELECT queueworker.dependency_lock_key()") == 1903688709
-    assert scalar(dsn, "SELECT count(*) FROM pg_trigger WHERE tgname = 'task_dependencies_settle'") == 1
+    assert scalar(dsn, "SELECT queueworker.dependency_verdict(1, 0)::text") == "blocked"
+    assert scalar(dsn, "SELECT count(*) FROM pg_trigger WHERE tgname = 'tasks_active_settle_new_dependent'") == 1
     assert query(dsn, "SELECT name, checksum FROM queueworker.schema_functions ORDER BY name") == [
         (f.name, f.checksum) for f in available_functions()]
 

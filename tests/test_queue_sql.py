@@ -96,7 +96,7 @@ def test_every_transition_out_of_running_is_fenced_by_the_lease_token(dsn):
         conn.execute("UPDATE queueworker.tasks SET leased_until = now() - interval '1 second' WHERE id = %s",
                      (task_id,))
         (held, requeued, failed, _, _), = statements.fetch(conn, duties.RESCUE, duties.RescueParams(
-            lock_key=duties.RESCUER_LOCK_KEY, deadline_grace=60, worker_ttl=60, limit=100))
+            deadline_grace=60, worker_ttl=60, limit=100))
         assert (held, requeued, failed) == (True, 1, 0)
         new_claim, = _claim(conn, new_worker)
         attempt, new_token = new_claim.attempts, new_claim.lease_token
@@ -141,7 +141,7 @@ def test_rescue_fails_a_task_whose_attempts_are_spent(dsn):
         task_id = enqueue(conn, "qw.noop", max_attempts=1)
         _claim(conn, uuid.uuid4())
         conn.execute("UPDATE queueworker.tasks SET leased_until = now() - interval '1 second'")
-        statements.fetch(conn, duties.RESCUE, duties.RescueParams(lock_key=duties.RESCUER_LOCK_KEY, deadline_grace=60,
+        statements.fetch(conn, duties.RESCUE, duties.RescueParams(deadline_grace=60,
                                                                   worker_ttl=60, limit=100))
     state, error = query(dsn, "SELECT state::text, error FROM queueworker.tasks WHERE id = %s", (task_id,))[0]
     assert state == "failed" and error["type"] == "LeaseExpired" and "lease expired" in error["message"]

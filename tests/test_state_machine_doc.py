@@ -146,7 +146,7 @@ def test_documented_worker_transitions_are_exactly_the_ones_a_worker_makes(dsn):
 def test_documented_task_transitions_are_exactly_the_ones_the_sql_makes(dsn):
     worker = uuid.uuid4()
     claim = lease.ClaimParams(queue="default", worker=worker, lease_seconds=30, timeout_seconds=60, limit=100)
-    rescue = duties.RescueParams(lock_key=duties.RESCUER_LOCK_KEY, deadline_grace=0, worker_ttl=60, limit=100)
+    rescue = duties.RescueParams(deadline_grace=0, worker_ttl=60, limit=100)
 
     def claimed_token(conn, task_id):
         rows = statements.fetch(conn, lease.CLAIM, claim)
@@ -173,7 +173,7 @@ def test_documented_task_transitions_are_exactly_the_ones_the_sql_makes(dsn):
         retried = enqueue(conn, "qw.noop", max_attempts=2)
         fail(conn, retried, claimed_token(conn, retried), retryable=True)               # running -> retrying
         statements.fetch(conn, duties.PROMOTE_DUE, duties.PromoteDueParams(
-            lock_key=duties.SCHEDULER_LOCK_KEY, limit=10))                              # retrying -> pending
+            limit=10))                              # retrying -> pending
         fail(conn, retried, claimed_token(conn, retried), retryable=True)               # attempts spent -> failed
         retry(conn, retried)                                                            # failed -> pending
 

@@ -76,7 +76,7 @@ BEGIN
         FROM new_rows n JOIN old_rows o ON o.id = n.id
         WHERE n.state IS DISTINCT FROM o.state
           AND (n.state IN ('succeeded', 'failed', 'cancelled') OR o.state IN ('failed', 'cancelled'));
-        PERFORM queueworker.settle_dependents(moved, '{}');
+        PERFORM queueworker.settle_dependents(moved);
     END IF;
     RETURN NULL;
 END

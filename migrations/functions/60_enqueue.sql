@@ -28,7 +28,15 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     unknown bigint;
     misfit text;
+    crowded bigint;
 BEGIN
+    -- A dependent's edges are settled in its enqueue's commit: their number is bounded (as
+    -- queueworker.names.MAX_PREREQUISITES bounds TaskSpec.depends_on).
+    SELECT o INTO crowded FROM unnest(prerequisite_ords) AS o GROUP BY o HAVING count(*) > 1000 LIMIT 1;
+    IF crowded IS NOT NULL THEN
+        RAISE EXCEPTION 'task % of this enqueue has more than 1000 prerequisites', crowded
+            USING ERRCODE = 'program_limit_exceeded';
+    END IF;
     SELECT p INTO unknown FROM unnest(prerequisite_ids) AS p
     WHERE NOT EXISTS (SELECT 1 FROM queueworker.tasks t WHERE t.id = p) LIMIT 1;
     IF unknown IS NOT NULL THEN

@@ -11,13 +11,16 @@
 -- Retention is the one way audit rows are deleted. Deletes finished tasks older than the retention,
 -- oldest first, at most `batch` of them, with their audit rows and their edges; returns their ids.
 -- A finished prerequisite has already had its say: its dependents were settled when it ended. The
--- advisory lock (transaction-scoped) lets one worker at a time do it. A definer function: the worker
--- role may EXECUTE it and holds no DELETE on the history itself. Called by `clean_finished` (worker/db/duties.sql).
-CREATE OR REPLACE FUNCTION queueworker.clean_finished(lock_key bigint, retention_seconds float8, batch integer)
+-- row 'clean_finished' of queueworker.duty_locks (migration 013), locked for the transaction, lets
+-- one worker at a time do it; a login without the grants cannot lock it (an advisory key could be
+-- held by anyone). A definer function: the worker role may EXECUTE it and holds no DELETE on the
+-- history itself. Called by `clean_finished` (worker/db/duties.sql).
+CREATE OR REPLACE FUNCTION queueworker.clean_finished(retention_seconds float8, batch integer)
 RETURNS SETOF bigint
 LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     WITH guard AS MATERIALIZED (
-        SELECT pg_catalog.pg_try_advisory_xact_lock(lock_key) AS held
+        SELECT count(*) > 0 AS held FROM (
+            SELECT FROM queueworker.duty_locks WHERE duty = 'clean_finished' FOR NO KEY UPDATE SKIP LOCKED) AS duty
     ), old AS (
         SELECT t.id FROM queueworker.tasks t, guard
         WHERE guard.held AND t.finished_at < now() - make_interval(secs => retention_seconds)
@@ -35,5 +38,14 @@ LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     RETURNING t.id
 $$;
 
--- Functions are executable by PUBLIC unless revoked; this one deletes history.
-REVOKE EXECUTE ON FUNCTION queueworker.clean_finished(bigint, float8, integer) FROM PUBLIC;
+-- Version 12's signature, which its workers call during a rolling upgrade: the key they pass is
+-- no longer a lock of any kind.
+CREATE OR REPLACE FUNCTION queueworker.clean_finished(lock_key bigint, retention_seconds float8, batch integer)
+RETURNS SETOF bigint
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT queueworker.clean_finished(retention_seconds, batch)
+$$;
+
+-- Functions are executable by PUBLIC unless revoked; these delete history.
+REVOKE EXECUTE ON FUNCTION queueworker.clean_finished(float8, integer),
+                           queueworker.clean_finished(bigint, float8, integer) FROM PUBLIC;

@@ -1,8 +1,10 @@
 """The statements of a worker's background duties that keep the queue moving: rescue, promote,
 clean (queueworker.runtime.rescuer, .scheduler, .cleaner). The statements are in duties.sql.
 
-Every worker runs these duties; each statement first tries a transaction-scoped advisory lock of
-its own, so one worker at a time does the work and the others' passes cost one lock attempt."""
+Every worker runs these duties; each statement first tries to lock its duty's row of
+queueworker.duty_locks for its transaction, so one worker at a time does the work and the others'
+passes cost one lock attempt. A row, not an advisory key: only roles granted UPDATE on the table
+can lock it, where any login can take any advisory key."""
 
 from __future__ import annotations
 
@@ -12,15 +14,7 @@ from .statements import Params, SqlFile
 
 _SQL = SqlFile("duties")
 
-# Advisory lock keys: arbitrary constants in queueworker's own range of keys (0x71770001 is the
-# migrator's, queueworker.db.migrate).
-RESCUER_LOCK_KEY = 0x71770002
-SCHEDULER_LOCK_KEY = 0x71770003
-CLEANER_LOCK_KEY = 0x71770004
-
-
 class RescueParams(Params):
-    lock_key: int
     deadline_grace: float
     limit: int
     worker_ttl: float
@@ -37,7 +31,6 @@ class RescueRow(NamedTuple):
 
 
 class PromoteDueParams(Params):
-    lock_key: int
     limit: int
 
 
@@ -51,7 +44,6 @@ class PromotedRow(NamedTuple):
 
 
 class CleanFinishedParams(Params):
-    lock_key: int
     retention_seconds: float
     limit: int
 

@@ -1,6 +1,8 @@
 -- The worker's background duties that keep the queue moving: rescue, promote, clean. Every worker
--- runs them; each statement is guarded by a transaction-scoped advisory lock (`lock_key`), so one
--- worker at a time does the work and the others change nothing.
+-- runs them; each statement first locks its duty's row of queueworker.duty_locks (migration 013)
+-- for its transaction, SKIP LOCKED, so one worker at a time does the work and the others change
+-- nothing. Only roles granted UPDATE on that table can lock its rows: a login without grants can
+-- hold no duty up, as it could an advisory key.
 -- Each statement is declared, with its parameter and row types, in queueworker.db.duties.
 
 -- name: rescue
@@ -9,7 +11,8 @@
 -- return to, and forgets workers whose last heartbeat is older than `worker_ttl` seconds. Rows a
 -- completion is writing are locked, and skipped: a rescue never races a completion.
 WITH guard AS MATERIALIZED (
-    SELECT pg_try_advisory_xact_lock(%(lock_key)s) AS held
+    SELECT count(*) > 0 AS held FROM (
+        SELECT FROM queueworker.duty_locks WHERE duty = 'rescue' FOR NO KEY UPDATE SKIP LOCKED) AS duty
 ), expired AS (
     SELECT t.id FROM queueworker.tasks t, guard
     WHERE guard.held AND t.state = 'running'
@@ -52,7 +55,8 @@ SELECT (SELECT held FROM guard) AS held,
 -- one is due so it can sleep exactly that long. Admitting a delayed task is no change of state,
 -- so it writes no audit row.
 WITH guard AS MATERIALIZED (
-    SELECT pg_try_advisory_xact_lock(%(lock_key)s) AS held
+    SELECT count(*) > 0 AS held FROM (
+        SELECT FROM queueworker.duty_locks WHERE duty = 'promote_due' FOR NO KEY UPDATE SKIP LOCKED) AS duty
 ), due AS (
     SELECT t.id FROM queueworker.tasks t, guard
     WHERE guard.held AND (t.state = 'retrying' OR (t.state = 'pending' AND t.delayed)) AND t.run_after <= now()
@@ -73,9 +77,9 @@ SELECT (SELECT count(*) FROM promoted) AS promoted,
 
 -- name: clean_finished
 -- Cleaner: deletes finished tasks (and their audit rows) older than the retention, oldest first,
--- in batches, so history never grows without bound. Guarded like the other duties (the lock is
--- taken inside the function). A SECURITY
+-- in batches, so history never grows without bound. Guarded like the other duties (the row is
+-- locked inside the function). A SECURITY
 -- DEFINER function (migration 003): the worker role may run it, but holds no DELETE on the history
 -- or the audit trail (docs/security.md).
-SELECT id FROM queueworker.clean_finished(%(lock_key)s::bigint, %(retention_seconds)s::float8, %(limit)s::integer)
+SELECT id FROM queueworker.clean_finished(%(retention_seconds)s::float8, %(limit)s::integer)
     AS deleted(id);

@@ -192,8 +192,8 @@ DELETE FROM queueworker.workers WHERE id = %(worker)s;
 -- one statement: as cheap as an in-place UPDATE, where an UPDATE routed through the partitioned
 -- parent costs Postgres 15 about twice as much per row. DML aimed at a partition does not fire
 -- the parent's audit triggers, hence the explicit `audited` step (as in `claim`); `settled` makes
--- the tasks waiting on these pending in this same statement (migration 006; one advisory lock and
--- one index probe when nothing waits); `announced` tells `wait_for` (channel queueworker_finished)
+-- the tasks waiting on these pending in this same statement (migration 013: their counts of
+-- prerequisites waiting go down; one index probe when nothing waits); `announced` tells `wait_for` (channel queueworker_finished)
 -- of the tasks enqueued with notify_on_finish; `counted` counts them for the runs they belong to
 -- (nothing to do for tasks of no run). Lists every column of queueworker.tasks: keep it in step
 -- with the migrations (as `complete_continued`).
@@ -223,7 +223,7 @@ WITH done AS (
     SELECT id, 'running', 'succeeded', lease_owner, lease_token, queueworker.transition_detail(attempts, NULL, error)
     FROM done
 ), settled AS (
-    SELECT queueworker.settle_dependents(array_agg(id), array_agg(id)) FROM moved
+    SELECT queueworker.settle_dependents(array_agg(id)) FROM moved
 ), announced AS (
     SELECT pg_notify('queueworker_finished', id::text) FROM done WHERE notify_on_finish
 ), counted AS (
@@ -268,7 +268,7 @@ WITH done AS (
     SELECT id, 'running', 'succeeded', lease_owner, lease_token, queueworker.transition_detail(attempts, NULL, error)
     FROM done
 ), settled AS (
-    SELECT queueworker.settle_dependents(array_agg(id), array_agg(id)) FROM moved
+    SELECT queueworker.settle_dependents(array_agg(id)) FROM moved
 ), announced AS (
     SELECT pg_notify('queueworker_finished', id::text) FROM done WHERE notify_on_finish
 ), followed AS (

@@ -1,4 +1,4 @@
-"""Applies the SQL files in `migrations/` in order, once each, then `migrations/functions/`, under an advisory lock.
+"""Applies the SQL files in `migrations/` in order, once each, then `migrations/functions/`, under one lock.
 
 Two kinds of files. The versioned migrations, `migrations/NNN_name.sql`, change tables, types,
 columns, constraints, indexes and data, each applied once, in version order, in a transaction of
@@ -24,7 +24,10 @@ unreleased version until 2026-11-27) recorded the checksums of those texts as th
 reported as a changed migration.
 
 Two migrators started at once are safe: the second waits for the lock, then finds
-nothing left to apply. The lock is transaction-scoped, held for the whole run by a transaction of
+nothing left to apply. The lock is a table lock on `queueworker.schema_migrations` (SHARE UPDATE
+EXCLUSIVE, which only a role that may change that table can take: an advisory key could be held
+by any login, and no migration could run), so the bookkeeping tables are created before it. It is
+transaction-scoped, held for the whole run by a transaction of
 its own on a second connection while the migrations commit one by one on the first: a PgBouncer
 in transaction pooling mode keeps a transaction on one server connection, but a session-level
 lock would stay behind on a server connection other clients share. A running migrator thus uses
@@ -59,7 +62,7 @@ from . import migration as stmt
 from ..backoff import backoff
 from .connection import NEVER_PREPARE
 from .migration import LockHolderRow
-from .statements import NO_PARAMS, execute, fetch
+from .statements import NO_PARAMS, Statement, execute, fetch
 
 log = logging.getLogger("queueworker.migrate")
 
@@ -179,10 +182,9 @@ def migrate(dsn: str, policy: LockPolicy | None = None) -> list[Migration]:
     cannot get its locks within the policy's budget (default: from the environment)."""
     policy = policy or LockPolicy.from_environment()
     applied_now = []
-    with _migration_lock(dsn):
-        with psycopg.connect(dsn, autocommit=True, application_name="queueworker-migrate", **NEVER_PREPARE) as conn:
-            _with_lock_retries(conn, policy, "creating the migrations table",
-                               lambda: execute(conn, stmt.CREATE_MIGRATIONS_TABLE, NO_PARAMS))
+    with psycopg.connect(dsn, autocommit=True, application_name="queueworker-migrate", **NEVER_PREPARE) as conn:
+        _with_lock_retries(conn, policy, "creating the migrations table", partial(_create_migrations_table, conn))
+        with _migration_lock(dsn):
             done = {row.version: row for row in fetch(conn, stmt.APPLIED_MIGRATIONS, NO_PARAMS)}
             available = available_migrations()
             for migration in available:
@@ -225,18 +227,40 @@ def _apply_functions_if_needed(conn: psycopg.Connection, policy: LockPolicy, for
 
 @contextlib.contextmanager
 def _migration_lock(dsn: str) -> Iterator[None]:
-    """Holds the migration lock, in a transaction on a connection of its own, for the `with` block.
-    Waits for it by trying again every LOCK_POLL_SECONDS, outside any transaction: a migrator
-    waiting behind another holds no connection a transaction pooler could give the other one."""
+    """Holds the migration lock (on queueworker.schema_migrations), in a transaction on a connection
+    of its own, for the `with` block. Waits for it by trying again every LOCK_POLL_SECONDS, outside
+    any transaction: a migrator waiting behind another holds no connection a transaction pooler
+    could give the other one."""
     with psycopg.connect(dsn, autocommit=True, application_name="queueworker-migrate-lock", **NEVER_PREPARE) as holder:
         while True:
             with holder.transaction():
-                lock, = fetch(holder, stmt.TRY_LOCK_MIGRATIONS,
-                              stmt.TryLockMigrationsParams(key=stmt.MIGRATION_LOCK_KEY))
-                if lock.locked:
+                if _took(holder, stmt.LOCK_MIGRATIONS):
                     yield
                     return
             time.sleep(LOCK_POLL_SECONDS)
+
+
+def _took(conn: psycopg.Connection, lock: Statement) -> bool:
+    """Runs a NOWAIT lock statement in a savepoint; False when the lock is held elsewhere."""
+    try:
+        with conn.transaction():
+            execute(conn, lock, NO_PARAMS)
+        return True
+    except psycopg.errors.LockNotAvailable:
+        return False
+
+
+def _create_migrations_table(conn: psycopg.Connection) -> None:
+    """Creates the schema and the bookkeeping tables when missing, before the migration lock (which
+    is a lock on one of them). Two first runs at once may both try to create them: the one that
+    loses learns it from a unique index of the catalog, and finds them there on its next try."""
+    while True:
+        try:
+            with conn.transaction():
+                execute(conn, stmt.CREATE_MIGRATIONS_TABLE, NO_PARAMS)
+            return
+        except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateSchema, psycopg.errors.DuplicateTable):
+            continue
 
 
 def _apply(conn: psycopg.Connection, migration: Migration) -> None:
@@ -260,7 +284,7 @@ def _apply_functions(conn: psycopg.Connection, files: list[FunctionFile]) -> Non
 
 def _with_lock_retries(conn: psycopg.Connection, policy: LockPolicy, what: str, step: Callable[[], object]) -> None:
     """Runs `step` in one transaction under the policy's lock_timeout, retrying it after lock
-    timeouts until the budget is spent. The run's advisory lock is kept throughout."""
+    timeouts until the budget is spent. The run's migration lock is kept throughout."""
     started = time.monotonic()
     for attempt in itertools.count(1):
         try:

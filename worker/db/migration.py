@@ -9,19 +9,6 @@ from .statements import NoParams, Params, SqlFile
 
 _SQL = SqlFile("migration")
 
-# The advisory lock one migrate run holds (an arbitrary constant inside our own namespace of keys).
-MIGRATION_LOCK_KEY = 0x71770001
-
-
-class TryLockMigrationsParams(Params):
-    key: int
-
-
-class MigrationLockRow(NamedTuple):
-    locked: bool
-    idle_timeout: str
-
-
 class SetLockTimeoutParams(Params):
     lock_timeout: str
 
@@ -89,7 +76,7 @@ class SchemaExistsRow(NamedTuple):
 
 
 CREATE_MIGRATIONS_TABLE = _SQL.statement("create_migrations_table", NoParams)
-TRY_LOCK_MIGRATIONS = _SQL.statement("try_lock_migrations", TryLockMigrationsParams, MigrationLockRow)
+LOCK_MIGRATIONS = _SQL.statement("lock_migrations", NoParams)
 SET_LOCK_TIMEOUT = _SQL.statement("set_lock_timeout", SetLockTimeoutParams)
 LOCK_HOLDERS = _SQL.statement("lock_holders", LockHoldersParams, LockHolderRow)
 APPLIED_MIGRATIONS = _SQL.statement("applied_migrations", NoParams, AppliedMigrationRow)

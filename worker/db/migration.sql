@@ -26,12 +26,15 @@ CREATE TABLE IF NOT EXISTS queueworker.schema_functions (
     applied_at timestamptz NOT NULL DEFAULT now()
 );
 
--- name: try_lock_migrations
--- Taken, if free, by a transaction of its own that holds it for a whole migrate run (its commit or
--- rollback ends it, so a transaction pooler never keeps it behind): idle between statements, and
--- not to be ended for it.
-SELECT pg_try_advisory_xact_lock(%(key)s) AS locked,
-       set_config('idle_in_transaction_session_timeout', '0', true) AS idle_timeout;
+-- name: lock_migrations
+-- Taken by a transaction of its own that holds it for a whole migrate run (its commit or rollback
+-- ends it, so a transaction pooler never keeps it behind): idle between statements, and not to be
+-- ended for it. A table lock, not an advisory key: only a role that may change the table (the
+-- migrator) can take it, where any login could hold an advisory key forever. SHARE UPDATE
+-- EXCLUSIVE conflicts with itself and not with the reads and inserts of the migration run; NOWAIT
+-- fails at once (SQLSTATE 55P03) while another run holds it.
+SELECT set_config('idle_in_transaction_session_timeout', '0', true);
+LOCK TABLE queueworker.schema_migrations IN SHARE UPDATE EXCLUSIVE MODE NOWAIT;
 
 -- name: set_lock_timeout
 -- SET LOCAL, with a parameter: how long a migration's statements wait for a lock before giving up.
@@ -40,7 +43,8 @@ SELECT set_config('lock_timeout', %(lock_timeout)s, true);
 -- name: lock_holders
 -- Other sessions holding locks on queueworker's tables, oldest transaction first: who a migration
 -- that timed out waiting for a lock was most likely waiting for. What the migrator may not see of
--- other users' sessions (state, transaction age) comes back NULL.
+-- other users' sessions (state, transaction age) comes back NULL. The migration lock itself (on
+-- schema_migrations, held by the run's other connection) is no one's obstacle and not named.
 SELECT a.pid, a.usename::text AS user_name, a.application_name, a.state,
        extract(epoch FROM now() - a.xact_start)::float8 AS transaction_seconds,
        string_agg(DISTINCT l.mode || ' on ' || l.relation::regclass::text, ', ') AS locks
@@ -49,6 +53,7 @@ JOIN pg_stat_activity a ON a.pid = l.pid
 WHERE l.granted AND l.locktype = 'relation' AND l.pid <> pg_backend_pid()
   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
   AND l.relation IN (SELECT oid FROM pg_class WHERE relnamespace = to_regnamespace('queueworker'))
+  AND l.relation <> to_regclass('queueworker.schema_migrations')
 GROUP BY a.pid, a.usename, a.application_name, a.state, a.xact_start
 ORDER BY a.xact_start NULLS LAST
 LIMIT %(limit)s;

@@ -1,8 +1,8 @@
 """Cleaner: deletes finished tasks, and their audit rows, once they are older than the retention.
 
 History does not slow claims (the claim index holds only pending rows), but it costs disk,
-vacuum time and backups; the retention keeps it bounded. Every worker runs the cleaner; an
-advisory lock inside the statement makes sure only one at a time does the work."""
+vacuum time and backups; the retention keeps it bounded. Every worker runs the cleaner; a
+row lock inside the statement (queueworker.duty_locks) makes sure only one at a time does the work."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import logging
 
 from .. import metrics
 from ..db.connection import DutyConnection
-from ..db.duties import CLEAN_FINISHED, CLEANER_LOCK_KEY, CleanFinishedParams
+from ..db.duties import CLEAN_FINISHED, CleanFinishedParams
 
 log = logging.getLogger("queueworker.cleaner")
 
@@ -28,7 +28,7 @@ class Cleaner:
         total = 0
         while True:
             rows = await self._conn.fetch(CLEAN_FINISHED, CleanFinishedParams(
-                lock_key=CLEANER_LOCK_KEY, retention_seconds=self._retention_seconds, limit=BATCH))
+                retention_seconds=self._retention_seconds, limit=BATCH))
             total += len(rows)
             if len(rows) < BATCH:
                 if total:
@@ -38,6 +38,6 @@ class Cleaner:
 
     async def step(self) -> float:
         """One pass of the duty; the supervisor spreads the interval by ±20%, so workers rarely
-        meet at its advisory lock."""
+        meet at its lock (a row of queueworker.duty_locks)."""
         await self.clean_once()
         return self._interval

@@ -206,6 +206,9 @@ class Completer:
         """One statement for the batch; if the database refuses it for its content, one per row.
         Any other error puts the batch back and is raised (the supervisor logs it and retries)."""
         write = self._writes[kind]
+        # In id order: a transaction settling new dependents locks their prerequisites in id order
+        # too (migrations/functions/40_dependencies.sql), which makes a deadlock between the two rare.
+        batch = sorted(batch, key=lambda outcome: outcome.attempt.id)
         try:
             self._signals.completing.emit(len(batch))
             return await write(batch, timeout)

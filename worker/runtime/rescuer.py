@@ -1,6 +1,6 @@
 """Rescuer: returns tasks whose lease expired to the queue (or fails them when their attempts
-are spent) and forgets workers that stopped heartbeating. Every worker runs it; an advisory
-lock inside the statement makes sure only one at a time does the work."""
+are spent) and forgets workers that stopped heartbeating. Every worker runs it; a row
+lock inside the statement (queueworker.duty_locks) makes sure only one at a time does the work."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import logging
 
 from .. import metrics
 from ..db.connection import DutyConnection
-from ..db.duties import RESCUE, RESCUER_LOCK_KEY, RescueParams
+from ..db.duties import RESCUE, RescueParams
 
 log = logging.getLogger("queueworker.rescuer")
 
@@ -27,7 +27,7 @@ class Rescuer:
         total_requeued = total_failed = 0
         while True:
             rescued = (await self._conn.fetch(RESCUE, RescueParams(
-                lock_key=RESCUER_LOCK_KEY, deadline_grace=self._deadline_grace, worker_ttl=self._worker_ttl,
+                deadline_grace=self._deadline_grace, worker_ttl=self._worker_ttl,
                 limit=BATCH)))[0]
             if rescued.requeued or rescued.failed or rescued.reaped:
                 metrics.LEASES_RECOVERED.labels("requeued").inc(rescued.requeued)
@@ -41,6 +41,6 @@ class Rescuer:
 
     async def step(self) -> float:
         """One pass of the duty; the supervisor spreads the interval by ±20%, so workers rarely
-        meet at its advisory lock."""
+        meet at its lock (a row of queueworker.duty_locks)."""
         await self.rescue_once()
         return self._interval

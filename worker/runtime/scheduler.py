@@ -12,7 +12,7 @@ import logging
 
 from .. import metrics
 from ..db.connection import DutyConnection
-from ..db.duties import PROMOTE_DUE, SCHEDULER_LOCK_KEY, PromoteDueParams
+from ..db.duties import PROMOTE_DUE, PromoteDueParams
 
 log = logging.getLogger("queueworker.scheduler")
 
@@ -33,7 +33,7 @@ class Scheduler:
     async def promote_once(self) -> float | None:
         """Promotes due tasks; returns seconds until the next one is due (None: none waiting)."""
         while True:
-            due = (await self._conn.fetch(PROMOTE_DUE, PromoteDueParams(lock_key=SCHEDULER_LOCK_KEY, limit=BATCH)))[0]
+            due = (await self._conn.fetch(PROMOTE_DUE, PromoteDueParams(limit=BATCH)))[0]
             if due.promoted:
                 metrics.TASKS_PROMOTED.inc(due.promoted)
                 log.debug("admitted %d due tasks to the claim index", due.promoted)
