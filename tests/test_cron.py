@@ -316,6 +316,8 @@ def test_a_schedule_that_cannot_be_computed_is_skipped_and_the_others_go_on(dsn,
         ((duty, conn),) = _duties(dsn, 1)
         try:
             await duty.enqueue_due()
+            # The good one paused: what is left is the bad one, which must not make the duty spin.
+            query(dsn, "UPDATE queueworker.cron_jobs SET paused = true WHERE name = 'good' RETURNING 1")
             return await duty.enqueue_due()
         finally:
             await conn.close()
@@ -345,6 +347,8 @@ def test_a_schedule_the_database_refuses_is_skipped_and_the_others_go_on(dsn, ca
         ((duty, conn),) = _duties(dsn, 1)
         try:
             await duty.enqueue_due()
+            # The good one paused: what is left is the bad one, which must not make the duty spin.
+            query(dsn, "UPDATE queueworker.cron_jobs SET paused = true WHERE name = 'good' RETURNING 1")
             return await duty.enqueue_due()
         finally:
             await conn.close()
