@@ -70,9 +70,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.metrics_port is not None:
         start_http_server(args.metrics_port, addr=args.metrics_address)
     leader = _elector(args) if args.leader_election else None
-    # Built before a standby waits: the Kubernetes client loads its API modules on first use (over a
-    # second of CPU), which a standby taking over must not spend between the Lease and its first write.
-    kube = Kube(load_config()) if leader is None else Kube(load_config(), before_write=leader.ensure_leading)
+    # A standby builds its client before it waits: the Kubernetes client loads its API modules on
+    # first use (over a second of CPU), which a standby taking over must not spend between the Lease
+    # and its first write. Without election the operator's start builds it (where kopf retries a
+    # configuration that is missing, saying so).
+    kube = None if leader is None else Kube(load_config(), before_write=leader.ensure_leading)
     if leader is not None:
         with standby_liveness(args.liveness):
             leader.wait_until_leading()

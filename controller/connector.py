@@ -184,18 +184,29 @@ class Connector:
     async def _attempt(self, host: str, family: int, address: tuple[Any, ...], rest: dict[str, str],
                        application_name: str, settings: str, connect_timeout: int,
                        tcp_user_timeout_ms: int) -> psycopg.AsyncConnection[Any]:
-        relay = await _Relay.open(host, family, address)
-        try:
-            conninfo = psycopg.conninfo.make_conninfo(
+        relays = [await _Relay.open(host, family, address)]
+
+        def through(relay: _Relay) -> str:
+            return psycopg.conninfo.make_conninfo(
                 "", **rest, host=host, hostaddr="127.0.0.1", port=str(relay.port), gssencmode="disable")
-            conn = await db.connect_session(conninfo, application_name, settings, connect_timeout=connect_timeout,
-                                            tcp_user_timeout_ms=tcp_user_timeout_ms, database=self._dsn)
+
+        async def again() -> str:
+            """A fresh relay for the attempt after a server refused the first one's startup options:
+            a relay carries one connection."""
+            relays[-1].close()
+            relays.append(await _Relay.open(host, family, address))
+            return through(relays[-1])
+
+        try:
+            conn = await db.connect_session(through(relays[0]), application_name, settings,
+                                            connect_timeout=connect_timeout, tcp_user_timeout_ms=tcp_user_timeout_ms,
+                                            database=self._dsn, again=again)
         except BaseException as exc:
-            relay.close()
-            if relay.exceeded and isinstance(exc, psycopg.Error):
-                raise _too_large(relay.budget, "while connecting") from None
+            relays[-1].close()
+            if relays[-1].exceeded and isinstance(exc, psycopg.Error):
+                raise _too_large(relays[-1].budget, "while connecting") from None
             raise
-        self._relays[conn] = relay
+        self._relays[conn] = relays[-1]
         return conn
 
     async def _addresses(self, host: str, port: int) -> list[tuple[int, tuple[Any, ...]]]:

@@ -20,6 +20,7 @@ import kopf
 from queueworker.scaling.resource import GROUP, PLURAL, VERSION
 
 from .deployment import OWNER_LABEL
+from .kube import Kube, load_config
 from .leader import LeaderElector
 from .queuedb import QueueDatabases
 from .reconcile import ObjectMemory, QueueWorkerObject, Reconciler
@@ -55,7 +56,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # kopf's HTTP client opens a connection (with a 256 kB TLS read buffer) per concurrent request:
     # bounding the objects processed at once bounds that when a thousand QueueWorkers appear together.
     settings.queueing.worker_limit = EVENT_WORKERS
-    memo.reconciler = Reconciler(memo.kube, QueueDatabases(),
+    kube = memo.get("kube") or Kube(load_config())  # built by the CLI when it elects a leader
+    memo.reconciler = Reconciler(kube, QueueDatabases(),
                                  allow_privileged_templates=bool(memo.get("allow_privileged_templates")),
                                  service_account=memo.get("service_account"))
 

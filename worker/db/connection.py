@@ -91,19 +91,23 @@ async def connect(dsn: str, application_name: str, durable_commits: bool = True,
 
 async def connect_session(dsn: str, application_name: str, settings: str, *, connect_timeout: int,
                           tcp_user_timeout_ms: int, database: str | None = None,
+                          again: Callable[[], Awaitable[str]] | None = None,
                           **parameters: Any) -> psycopg.AsyncConnection:
     """An autocommit connection with the session `settings` (session_settings; left out where the
     server refuses them: connect_with_options). `connect_timeout` (seconds) bounds the TCP connect,
     the startup and the authentication; the keepalives, and data left unacknowledged for
     `tcp_user_timeout_ms`, tell of a peer that is gone. `database` names the database for
-    connect_with_options when `dsn` is one attempt's connection string rather than its URL.
-    `parameters` go to psycopg as they are."""
+    connect_with_options when `dsn` is one attempt's connection string rather than its URL, and
+    `again` gives the connection string of a second attempt (a fresh relay's). `parameters` go to
+    psycopg as they are."""
     return await connect_with_options(dsn, settings, autocommit=True, application_name=application_name,
                                       connect_timeout=connect_timeout, **KEEPALIVES,
-                                      tcp_user_timeout=tcp_user_timeout_ms, database=database, **parameters)
+                                      tcp_user_timeout=tcp_user_timeout_ms, database=database, again=again,
+                                      **parameters)
 
 
 async def connect_with_options(dsn: str, options: str, *, database: str | None = None,
+                               again: Callable[[], Awaitable[str]] | None = None,
                                **parameters: Any) -> psycopg.AsyncConnection:
     """An AsyncConnection with the session settings in `options` (`-c name=value ...`), or without
     them where the server refuses that startup parameter: PgBouncer (1.18 at least) forwards only
@@ -124,6 +128,8 @@ async def connect_with_options(dsn: str, options: str, *, database: str | None =
         log.warning("the server at %s refuses startup options (a PgBouncer?): connecting without them, so "
                     "statement_timeout and idle_in_transaction_session_timeout come from the database role or "
                     "the pooler", dsn_text.describe(database))
+        if again is not None:  # the refused attempt's way to the server is spent
+            dsn = await again()
     return await psycopg.AsyncConnection.connect(dsn, **{**parameters, **NEVER_PREPARE})
 
 
