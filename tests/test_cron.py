@@ -305,6 +305,18 @@ def test_slots_enqueued_ahead_are_counted_by_the_controllers_lookahead(dsn):
     assert depth.due_soon == delayed  # not runnable yet, but seen coming
 
 
+async def _passes_with_good_paused(dsn: str) -> float:
+    """A pass, then schedule 'good' paused, then another pass: what the second has left is a bad
+    schedule, which must not make the duty spin. Returns the second pass's wait."""
+    ((duty, conn),) = _duties(dsn, 1)
+    try:
+        await duty.enqueue_due()
+        query(dsn, "UPDATE queueworker.cron_jobs SET paused = true WHERE name = 'good' RETURNING 1")
+        return await duty.enqueue_due()
+    finally:
+        await conn.close()
+
+
 @pytest.mark.integration
 def test_a_schedule_that_cannot_be_computed_is_skipped_and_the_others_go_on(dsn, caplog):
     caplog.set_level(logging.ERROR, logger="queueworker.cron")
@@ -312,17 +324,7 @@ def test_a_schedule_that_cannot_be_computed_is_skipped_and_the_others_go_on(dsn,
     query(dsn, "INSERT INTO queueworker.cron_jobs (name, expression, task, source, next_slot) "
                "VALUES ('broken', 'every tuesday', 'qw.noop', 'runtime', now() - interval '1 hour') RETURNING 1")
 
-    async def pass_and_wait() -> float:
-        ((duty, conn),) = _duties(dsn, 1)
-        try:
-            await duty.enqueue_due()
-            # The good one paused: what is left is the bad one, which must not make the duty spin.
-            query(dsn, "UPDATE queueworker.cron_jobs SET paused = true WHERE name = 'good' RETURNING 1")
-            return await duty.enqueue_due()
-        finally:
-            await conn.close()
-
-    assert asyncio.run(pass_and_wait()) == POLL_SECONDS  # the broken one alone is left: no busy loop
+    assert asyncio.run(_passes_with_good_paused(dsn)) == POLL_SECONDS  # the broken one alone is left: no busy loop
     assert len(_slot_tasks(dsn, "good")) >= 1 and _slot_tasks(dsn, "broken") == []
     assert [r.getMessage() for r in caplog.records][0].startswith(
         "schedule broken cannot be computed, skipped until fixed: Exactly 5, 6 or 7 columns")
@@ -343,17 +345,7 @@ def test_a_schedule_the_database_refuses_is_skipped_and_the_others_go_on(dsn, ca
     assert _cli(dsn, "add", "good", "--cron", "* * * * *", "--task", "qw.noop") == 0
     _set_next_slot(dsn, "bad", "2 minutes")  # due first: it heads every batch
 
-    async def two_passes() -> float:
-        ((duty, conn),) = _duties(dsn, 1)
-        try:
-            await duty.enqueue_due()
-            # The good one paused: what is left is the bad one, which must not make the duty spin.
-            query(dsn, "UPDATE queueworker.cron_jobs SET paused = true WHERE name = 'good' RETURNING 1")
-            return await duty.enqueue_due()
-        finally:
-            await conn.close()
-
-    assert asyncio.run(two_passes()) == POLL_SECONDS  # the bad one alone is left, and skipped: no busy loop
+    assert asyncio.run(_passes_with_good_paused(dsn)) == POLL_SECONDS  # the bad one alone is left, and skipped: no busy loop
     assert len(_slot_tasks(dsn, "good")) >= 1 and _slot_tasks(dsn, "bad") == []
     (message,) = [r.getMessage() for r in caplog.records]
     assert message.startswith(f"schedule bad could not be enqueued, skipped for {POLL_SECONDS:.0f} s: no tasks in poisoned")

@@ -26,12 +26,12 @@ from ..db.console import (
     FINISH_RATES, KEY_HOLDERS, LEASES_BY_WORKER, LISTED_RUNS, QUEUE_NAMES, SET_STATEMENT_TIMEOUT, SHOWN_RUN,
     SHOWN_RUN_TASKS, SHOWN_TASK, SHOWN_TASK_EVENTS, TASK_PAGE, FinishRateRow, FinishRatesParams, KeyHolderRow,
     KeyHoldersParams, LeasesByWorkerParams, ListedRunRow, QueueNamesParams, ShownRunParams, ShownRunRow,
-    ShownRunsParams, ShownRunTasksParams, ShownTaskEventRow, ShownTaskEventsParams, ShownTaskParams, ShownTaskRow,
+    ShownRunTasksParams, ShownTaskEventRow, ShownTaskEventsParams, ShownTaskParams, ShownTaskRow,
     StatementTimeoutParams, TaskPageParams, TaskPageRow, WorkerLeasesRow)
 from ..db.depth import QUEUE_DEPTH, QueueDepthParams, QueueDepthRow
 from ..db.flow import QueueRow
 from ..db.inspect import LiveWorkerRow
-from ..db.runs import RunEventRow, RunTaskRow
+from ..db.runs import RunEventRow, RunsParams, RunTaskRow
 
 FINISHED_STATES = ("succeeded", "failed", "cancelled")
 ACTIVE_STATES = tuple(s for s in STATES if s not in FINISHED_STATES)
@@ -184,7 +184,7 @@ class ConsoleDatabase:
 
     def runs(self, name: str | None) -> list[ListedRunRow]:
         with self.pool.connection() as conn:
-            return statements.fetch(conn, LISTED_RUNS, ShownRunsParams(name=name, limit=RUNS_SHOWN))
+            return statements.fetch(conn, LISTED_RUNS, RunsParams(name=name, limit=RUNS_SHOWN))
 
     def run(self, run_id: int) -> tuple[ShownRunRow | None, list[RunTaskRow], list[RunEventRow]]:
         with self.pool.connection() as conn:

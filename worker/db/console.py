@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import NamedTuple
 from uuid import UUID
 
-from .runs import RunTaskRow
+from .runs import RunsParams, RunTaskRow
 from .statements import Params, SqlFile
 
 _SQL = SqlFile("console")
@@ -139,11 +139,6 @@ class ShownTaskEventRow(NamedTuple):
     detail_bytes: int | None
 
 
-class ShownRunsParams(Params):
-    name: str | None
-    limit: int
-
-
 class ListedRunRow(NamedTuple):
     id: int
     name: str
@@ -195,7 +190,7 @@ KEY_HOLDERS = _SQL.statement("key_holders", KeyHoldersParams, KeyHolderRow)
 LEASES_BY_WORKER = _SQL.statement("leases_by_worker", LeasesByWorkerParams, WorkerLeasesRow)
 SHOWN_TASK = _SQL.statement("task_shown", ShownTaskParams, ShownTaskRow)
 SHOWN_TASK_EVENTS = _SQL.statement("task_events_shown", ShownTaskEventsParams, ShownTaskEventRow)
-LISTED_RUNS = _SQL.statement("runs_shown", ShownRunsParams, ListedRunRow)
+LISTED_RUNS = _SQL.statement("runs_shown", RunsParams, ListedRunRow)
 SHOWN_RUN = _SQL.statement("run_shown", ShownRunParams, ShownRunRow)
 SHOWN_RUN_TASKS = _SQL.statement("run_tasks_shown", ShownRunTasksParams, RunTaskRow)
 

@@ -26,7 +26,7 @@ from datetime import datetime, timedelta, timezone
 
 import psycopg
 
-from .. import metrics
+from .. import dsn as dsn_text, metrics
 from ..client.cron import CronError, Schedule, first_slot_after, slots_from, zone
 from ..db.connection import DutyConnection
 from ..db.cron import (DATABASE_NOW, DUE_CRON_JOBS, ENQUEUE_CRON_SLOTS, NEXT_CRON_SLOT_IN, RUNTIME_CRON_JOBS_AMONG,
@@ -63,11 +63,6 @@ def schedule_fault(exc: psycopg.Error) -> bool:
     permission), so the pass goes on with the others; errors of the connection or the server
     (classes 08, 40, 53, 57, 58, XX, or no SQLSTATE) end the pass instead."""
     return exc.sqlstate is not None and exc.sqlstate[:2] not in ("08", "40", "53", "57", "58", "XX")
-
-
-def one_line_error(exc: psycopg.Error) -> str:
-    """The server's message, first line only (a schedule's values are the user's own)."""
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
 
 
 @dataclass(frozen=True)
@@ -196,7 +191,7 @@ class CronDuty:
                 if not schedule_fault(exc):
                     raise  # the connection's or the server's: the supervisor retries the pass
                 log.error("schedule %s could not be enqueued, skipped for %.0f s: %s", job.name, POLL_SECONDS,
-                          one_line_error(exc), extra={"cron_job": job.name, "sqlstate": exc.sqlstate})
+                          dsn_text.explain(exc, None), extra={"cron_job": job.name, "sqlstate": exc.sqlstate})
                 self._skipped[job.name] = now + POLL_SECONDS
                 continue
             planned = True
