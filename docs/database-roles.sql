@@ -1,4 +1,4 @@
--- Least-privilege database roles for queueworker, schema version 15. Why each grant exists, and
+-- Least-privilege database roles for queueworker, schema version 16. Why each grant exists, and
 -- what the roles still can do: docs/security.md.
 --
 -- Run it as a superuser, in the application's database:
@@ -92,7 +92,7 @@ ALTER DEFAULT PRIVILEGES FOR ROLE queueworker_migrator REVOKE EXECUTE ON FUNCTIO
 ALTER DEFAULT PRIVILEGES FOR ROLE queueworker_migrator IN SCHEMA queueworker
     GRANT SELECT ON TABLES TO queueworker_operator;
 
--- 5. The grants, for schema version 15.
+-- 5. The grants, for schema version 16.
 DO $$
 DECLARE
     applied_version integer;
@@ -100,14 +100,14 @@ BEGIN
     IF to_regclass('queueworker.schema_migrations') IS NOT NULL THEN
         SELECT max(m.version) INTO applied_version FROM queueworker.schema_migrations m;
     END IF;
-    IF coalesce(applied_version, 0) < 15 THEN
-        RAISE NOTICE 'queueworker is at schema version %, these grants are for version 15: run `queueworker '
+    IF coalesce(applied_version, 0) < 16 THEN
+        RAISE NOTICE 'queueworker is at schema version %, these grants are for version 16: run `queueworker '
                      'migrate` as a member of queueworker_migrator, then run this script again',
                      coalesce(applied_version, 0);
         RETURN;
     END IF;
-    IF applied_version > 15 THEN
-        RAISE EXCEPTION 'these grants are for queueworker schema version 15, the database is at version %: '
+    IF applied_version > 16 THEN
+        RAISE EXCEPTION 'these grants are for queueworker schema version 16, the database is at version %: '
                         'run the database-roles.sql of the queueworker release that migrated it', applied_version;
     END IF;
 
@@ -118,7 +118,7 @@ BEGIN
     GRANT USAGE ON TYPE queueworker.run_state TO queueworker_operator;
     -- The trigger functions queueworker.audit_task_inserts, queueworker.audit_task_updates and
     -- queueworker.forbid_event_updates need no EXECUTE grant: a trigger fires whoever causes it.
-    -- Nor do queueworker.replaced_columns, queueworker.counted_as, queueworker.dependency_verdict,
+    -- Nor do queueworker.require_queues (queue grants, above), queueworker.replaced_columns, queueworker.counted_as, queueworker.dependency_verdict,
     -- queueworker.settle_edges and queueworker.settle_cascade: only the owner's definer functions
     -- and triggers call them (queueworker.settle_new_dependent is the trigger that settles a new
     -- dependent's edges at commit). queueworker.task_dependencies, the edges, is written only by them too;
@@ -134,6 +134,28 @@ BEGIN
     -- reads it with every other table).
     REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA queueworker FROM PUBLIC;
 
+    -- Queue grants (migration 016; `queueworker grant`, `revoke`, `grants`): once any grant exists, a
+    -- producer login may use only the queues its grants match. Its plain inserts and its reads of tasks
+    -- are limited by the row-level security below; the definer functions it calls check their arguments
+    -- with queueworker.require_queues. queueworker.glob_like, queueworker.unbound_by_grants and
+    -- queueworker.queue_patterns compute what a login may use; only the definer functions and this
+    -- policy call them (the policy as the producer, hence its EXECUTE on queue_patterns). Every other
+    -- role that reads or writes tasks through the parent table gets a policy that passes every row:
+    -- with row-level security on, a role without a policy would see no task at all. The schema's
+    -- owner is not subject to it. The operator grants and revokes (queueworker.grant_queue,
+    -- queueworker.revoke_queue); queueworker.queue_grants is read by it with every other table.
+    ALTER TABLE queueworker.tasks ENABLE ROW LEVEL SECURITY;
+    DROP POLICY IF EXISTS every_queue ON queueworker.tasks;
+    CREATE POLICY every_queue ON queueworker.tasks
+        TO queueworker_worker, queueworker_controller, queueworker_operator USING (true) WITH CHECK (true);
+    DROP POLICY IF EXISTS granted_queues ON queueworker.tasks;
+    CREATE POLICY granted_queues ON queueworker.tasks TO queueworker_producer
+        USING (queue LIKE ANY ((SELECT queueworker.queue_patterns())::text[]))
+        WITH CHECK (queue LIKE ANY ((SELECT queueworker.queue_patterns())::text[]));
+    GRANT EXECUTE ON FUNCTION queueworker.queue_patterns() TO queueworker_producer;
+    GRANT EXECUTE ON FUNCTION queueworker.grant_queue(text, text), queueworker.revoke_queue(text, text)
+        TO queueworker_operator;
+
     -- Producer (ENQUEUE, START_RUN): inserts the columns a TaskSpec sets, reads back what ENQUEUE returns.
     -- It cannot choose a state, a lease or an id, so it cannot forge a task's history, and it
     -- cannot read other tasks' payloads, results or errors. Its audit row is written by the
@@ -144,15 +166,20 @@ BEGIN
     GRANT INSERT (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds, headers),
           SELECT (id, queue, state, run_after, dedupe_key)
         ON queueworker.tasks TO queueworker_producer;
-    -- NOTIFY_ON_FINISH marks the tasks just enqueued with notify_on_finish (wait_for); the trigger
-    -- function queueworker.notify_finished sends the notification when they end.
-    GRANT UPDATE (notify_on_finish) ON queueworker.tasks TO queueworker_producer;
+    -- NOTIFY_ON_FINISH marks the tasks just enqueued with notify_on_finish (wait_for) through the
+    -- definer function queueworker.mark_notify_on_finish; the trigger function
+    -- queueworker.notify_finished sends the notification when they end. Before version 16 the producer
+    -- held UPDATE (notify_on_finish) on tasks, which also let it lock any task row (SELECT ... FOR
+    -- UPDATE): taken back.
+    REVOKE UPDATE ON queueworker.tasks FROM queueworker_producer;
+    GRANT EXECUTE ON FUNCTION queueworker.mark_notify_on_finish(bigint[]) TO queueworker_producer;
     GRANT EXECUTE ON FUNCTION
             queueworker.enqueue_tasks(text[], text[], jsonb[], integer[], timestamptz[], integer[], integer[],
                                       text[], boolean[], boolean[], bigint[], bigint[], bigint[], integer[]),
             queueworker.enqueue_tasks(text[], text[], jsonb[], integer[], timestamptz[], integer[], integer[],
                                       text[], boolean[], boolean[], bigint[], bigint[], bigint[], integer[], jsonb[]),
             queueworker.start_run(text, integer, jsonb, jsonb, text),
+            queueworker.start_run(text, integer, jsonb, jsonb, text, text[]),
             queueworker.replace_pending(bigint[], jsonb[], integer[], timestamptz[])
         TO queueworker_producer;
     GRANT EXECUTE ON FUNCTION queueworker.spec_hash(text, text, jsonb)

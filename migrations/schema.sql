@@ -265,7 +265,9 @@ DECLARE
     unknown bigint;
     misfit text;
     crowded bigint;
+    patterns text[] := queueworker.queue_patterns();
 BEGIN
+    PERFORM queueworker.require_queues(queues);
     -- A dependent's edges are settled in its enqueue's commit: their number is bounded (as
     -- queueworker.names.MAX_PREREQUISITES bounds TaskSpec.depends_on).
     SELECT o INTO crowded FROM unnest(prerequisite_ords) AS o GROUP BY o HAVING count(*) > 1000 LIMIT 1;
@@ -274,7 +276,7 @@ BEGIN
             USING ERRCODE = 'program_limit_exceeded';
     END IF;
     SELECT p INTO unknown FROM unnest(prerequisite_ids) AS p
-    WHERE NOT EXISTS (SELECT 1 FROM queueworker.tasks t WHERE t.id = p) LIMIT 1;
+    WHERE NOT EXISTS (SELECT 1 FROM queueworker.tasks t WHERE t.id = p AND t.queue LIKE ANY (patterns)) LIMIT 1;
     IF unknown IS NOT NULL THEN
         RAISE EXCEPTION 'there is no task % to depend on', unknown USING ERRCODE = 'foreign_key_violation';
     END IF;
@@ -283,8 +285,9 @@ BEGIN
     -- more outcomes than the run expects, and the statement that counted them (a completion, or the
     -- rescue of every queue) would fail for good.
     WITH given AS (
-        SELECT s.run_id, s.run_partition, s.dedupe_key, s.by_spec
-        FROM unnest(run_ids, run_partitions, dedupe_keys, by_spec) AS s(run_id, run_partition, dedupe_key, by_spec)
+        SELECT s.run_id, s.run_partition, s.dedupe_key, s.by_spec, s.queue
+        FROM unnest(run_ids, run_partitions, dedupe_keys, by_spec, queues)
+             AS s(run_id, run_partition, dedupe_key, by_spec, queue)
         WHERE s.run_id IS NOT NULL
     ), doubled AS (
         SELECT g.run_id, g.run_partition FROM given g GROUP BY g.run_id, g.run_partition HAVING count(*) > 1
@@ -292,6 +295,10 @@ BEGIN
     SELECT format('run %s, partition %s', g.run_id, coalesce(g.run_partition::text, 'none')) INTO misfit
     FROM given g LEFT JOIN queueworker.runs r ON r.id = g.run_id
     WHERE r.id IS NULL OR g.run_partition IS NULL OR g.run_partition NOT BETWEEN 0 AND r.expected - 1
+       OR g.queue IS NULL OR g.queue <> ALL (coalesce(r.queues, ARRAY[g.queue]))
+       -- A run of queues the login may not use is not its own (nor one started before queue grants).
+       OR (patterns <> ARRAY['%'] AND (r.queues IS NULL OR EXISTS (SELECT FROM unnest(r.queues) AS q(name)
+                                                                   WHERE NOT q.name LIKE ANY (patterns))))
        OR g.dedupe_key IS NOT NULL OR coalesce(g.by_spec, false)
        OR EXISTS (SELECT 1 FROM doubled d WHERE d.run_id = g.run_id AND d.run_partition = g.run_partition)
        OR EXISTS (SELECT 1 FROM queueworker.tasks t WHERE t.run_id = g.run_id AND t.run_partition = g.run_partition)
@@ -299,7 +306,8 @@ BEGIN
     IF misfit IS NOT NULL THEN
         RAISE EXCEPTION 'not a partition its run can count: %', misfit
             USING ERRCODE = 'check_violation',
-                  HINT = 'a run''s partitions are numbered 0 to expected - 1, one task each, none unique';
+                  HINT = 'a run''s partitions are numbered 0 to expected - 1, one task each, none unique, '
+                         'each in one of the queues the run was started with';
     END IF;
     RETURN QUERY
     WITH specs AS MATERIALIZED (
@@ -378,8 +386,10 @@ BEGIN
         watermark_after = CASE WHEN success AND watermark IS NOT NULL THEN to_jsonb(started_at) END
     WHERE id = run_id RETURNING * INTO r;
     IF success AND r.watermark IS NOT NULL THEN
-        INSERT INTO queueworker.watermarks (name, value, run_id) VALUES (r.watermark, r.watermark_after, r.id)
-        ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value, run_id = EXCLUDED.run_id, updated_at = now();
+        INSERT INTO queueworker.watermarks (name, value, run_id, queues)
+        VALUES (r.watermark, r.watermark_after, r.id, r.queues)
+        ON CONFLICT (name) DO UPDATE
+        SET value = EXCLUDED.value, run_id = EXCLUDED.run_id, queues = EXCLUDED.queues, updated_at = now();
     END IF;
 END
 $$;
@@ -390,6 +400,42 @@ CREATE FUNCTION queueworker.forbid_event_updates() RETURNS trigger
 BEGIN
     RAISE EXCEPTION 'queueworker.% is an append-only audit log', TG_TABLE_NAME;
 END
+$$;
+
+CREATE FUNCTION queueworker.glob_like(pattern text) RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT pg_catalog.replace(pg_catalog.replace(pg_catalog.replace(pg_catalog.replace(pg_catalog.replace(
+               pattern, '\', '\\'), '%', '\%'), '_', '\_'), '*', '%'), '?', '_')
+$$;
+
+CREATE FUNCTION queueworker.grant_queue(grantee text, pattern text) RETURNS boolean
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $_$
+BEGIN
+    IF grantee IS NULL OR NOT EXISTS (SELECT FROM pg_roles r WHERE r.rolname = grantee) THEN
+        RAISE EXCEPTION 'there is no role %', coalesce(quote_ident(grantee), '(none)')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF pattern IS NULL OR pattern !~ '^[A-Za-z0-9_.:*?-]{1,128}$' THEN
+        RAISE EXCEPTION 'a queue pattern is 1 to 128 of letters, digits, _.:- and the wildcards * and ?, not %',
+                        coalesce(quote_literal(left(pattern, 140)), '(none)')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    INSERT INTO queueworker.queue_grants (grantee, pattern) VALUES (grantee, pattern)
+    ON CONFLICT DO NOTHING;
+    RETURN FOUND;
+END
+$_$;
+
+CREATE FUNCTION queueworker.mark_notify_on_finish(ids bigint[]) RETURNS SETOF bigint
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT queueworker.require_queues(ARRAY(SELECT t.queue FROM queueworker.tasks t WHERE t.id = ANY(ids)));
+    UPDATE queueworker.tasks SET notify_on_finish = true WHERE id = ANY(ids) AND NOT notify_on_finish
+    RETURNING id
 $$;
 
 CREATE FUNCTION queueworker.notify_finished() RETURNS trigger
@@ -405,10 +451,22 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION queueworker.queue_patterns() RETURNS text[]
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT CASE WHEN queueworker.unbound_by_grants() THEN ARRAY['%']
+                ELSE ARRAY(SELECT queueworker.glob_like(g.pattern)
+                           FROM queueworker.queue_grants g JOIN pg_roles r ON r.rolname = g.grantee
+                           WHERE pg_has_role(session_user, r.oid, 'MEMBER')
+                           ORDER BY g.pattern) END
+$$;
+
 CREATE FUNCTION queueworker.replace_pending(ids bigint[], payloads jsonb[], priorities integer[], run_afters timestamp with time zone[]) RETURNS TABLE(id bigint, notified bigint)
     LANGUAGE sql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
+    SELECT queueworker.require_queues(ARRAY(SELECT t.queue FROM queueworker.tasks t WHERE t.id = ANY(ids)));
     WITH r AS (
         SELECT DISTINCT ON (r.id) r.id, r.payload, r.priority, r.run_after
         FROM unnest(ids, payloads, priorities, run_afters) WITH ORDINALITY AS r(id, payload, priority, run_after, ord)
@@ -481,6 +539,37 @@ CREATE FUNCTION queueworker.replaced_columns(new_row queueworker.tasks, old_row 
         ('priority', new_row.priority IS DISTINCT FROM old_row.priority),
         ('run_after', new_row.run_after IS DISTINCT FROM old_row.run_after)) AS c(name, changed)
     WHERE changed
+$$;
+
+CREATE FUNCTION queueworker.require_queues(queues text[]) RETURNS void
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    patterns text[] := queueworker.queue_patterns();
+    refused text;
+BEGIN
+    IF patterns = ARRAY['%'] THEN
+        RETURN;
+    END IF;
+    SELECT q INTO refused FROM unnest(queues) AS q WHERE q IS NULL OR NOT q LIKE ANY (patterns) LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'login % may not use queue %', session_user, coalesce(refused, '(none)')
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'queue grants decide which queues a producer may use: `queueworker grants` lists them';
+    END IF;
+END
+$$;
+
+CREATE FUNCTION queueworker.revoke_queue(grantee text, pattern text) RETURNS boolean
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    WITH revoked AS (
+        DELETE FROM queueworker.queue_grants g WHERE g.grantee = revoke_queue.grantee AND g.pattern = revoke_queue.pattern
+        RETURNING 1
+    )
+    SELECT count(*) > 0 FROM revoked
 $$;
 
 CREATE FUNCTION queueworker.settle_cascade(prerequisites bigint[], dependents bigint[]) RETURNS void
@@ -653,13 +742,63 @@ CREATE FUNCTION queueworker.spec_hash(queue text, task text, payload jsonb) RETU
 $$;
 
 CREATE FUNCTION queueworker.start_run(name text, expected integer, on_success jsonb, on_failure jsonb, watermark text) RETURNS bigint
-    LANGUAGE sql SECURITY DEFINER
+    LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
+#variable_conflict use_variable
+DECLARE
+    new_id bigint;
+BEGIN
+    IF NOT queueworker.unbound_by_grants() THEN
+        RAISE EXCEPTION 'login % may not start a run without naming its queues (a producer older than queue '
+                        'grants): upgrade it', session_user
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
     INSERT INTO queueworker.runs (name, expected, on_success, on_failure, watermark, watermark_before)
     VALUES (name, expected, on_success, on_failure, watermark,
-            (SELECT w.value FROM queueworker.watermarks w WHERE w.name = start_run.watermark))
-    RETURNING id
+            (SELECT w.value FROM queueworker.watermarks w WHERE w.name = watermark))
+    RETURNING id INTO new_id;
+    RETURN new_id;
+END
+$$;
+
+CREATE FUNCTION queueworker.start_run(name text, expected integer, on_success jsonb, on_failure jsonb, watermark text, queues text[]) RETURNS bigint
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+#variable_conflict use_variable
+DECLARE
+    run_queues text[];
+    owners text[];
+    new_id bigint;
+BEGIN
+    IF coalesce(cardinality(queues), 0) = 0 THEN
+        RAISE EXCEPTION 'a run is started with the queues of its partitions' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    SELECT array_agg(DISTINCT q ORDER BY q) INTO run_queues
+    FROM unnest(queues || ARRAY[CASE WHEN on_success IS NOT NULL THEN coalesce(on_success ->> 'queue', 'default') END,
+                                CASE WHEN on_failure IS NOT NULL THEN coalesce(on_failure ->> 'queue', 'default') END])
+         AS q
+    WHERE q IS NOT NULL;
+    PERFORM queueworker.require_queues(run_queues);
+    SELECT w.queues INTO owners FROM queueworker.watermarks w WHERE w.name = watermark;
+    IF NOT FOUND THEN  -- not advanced yet: it belongs to the queues of the last run started with it
+        SELECT r.queues INTO owners FROM queueworker.runs r WHERE r.watermark = start_run.watermark
+        ORDER BY r.id DESC LIMIT 1;
+    END IF;
+    IF FOUND AND queueworker.queue_patterns() <> ARRAY['%']
+       AND (owners IS NULL OR EXISTS (SELECT FROM unnest(owners) AS o(name)
+                                      WHERE NOT o.name LIKE ANY (queueworker.queue_patterns()))) THEN
+        RAISE EXCEPTION 'login % may not use the watermark %: it belongs to the queues of another producer',
+                        session_user, watermark
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    INSERT INTO queueworker.runs (name, expected, on_success, on_failure, watermark, watermark_before, queues)
+    VALUES (name, expected, on_success, on_failure, watermark,
+            (SELECT w.value FROM queueworker.watermarks w WHERE w.name = watermark), run_queues)
+    RETURNING id INTO new_id;
+    RETURN new_id;
+END
 $$;
 
 CREATE FUNCTION queueworker.transition_detail(attempts integer, new_error jsonb, old_error jsonb) RETURNS jsonb
@@ -669,6 +808,17 @@ CREATE FUNCTION queueworker.transition_detail(attempts integer, new_error jsonb,
         'attempts', attempts,
         'error', CASE WHEN new_error IS DISTINCT FROM old_error THEN new_error -> 'message' END,
         'error_type', CASE WHEN new_error IS DISTINCT FROM old_error THEN new_error -> 'type' END))
+$$;
+
+CREATE FUNCTION queueworker.unbound_by_grants() RETURNS boolean
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT NOT EXISTS (SELECT FROM queueworker.queue_grants)
+        OR EXISTS (SELECT FROM pg_roles r
+                   WHERE (r.oid = (SELECT nspowner FROM pg_namespace WHERE nspname = 'queueworker')
+                          OR r.rolname IN ('queueworker_worker', 'queueworker_controller', 'queueworker_operator'))
+                     AND pg_has_role(session_user, r.oid, 'MEMBER'))
 $$;
 
 CREATE FUNCTION queueworker.wake_queue(queue text, earliest timestamp with time zone) RETURNS void
@@ -725,6 +875,15 @@ ALTER TABLE queueworker.queue_events ALTER COLUMN id ADD GENERATED ALWAYS AS IDE
     NO MINVALUE
     NO MAXVALUE
     CACHE 1
+);
+
+CREATE TABLE queueworker.queue_grants (
+    grantee text NOT NULL,
+    pattern text NOT NULL,
+    granted_by text DEFAULT SESSION_USER NOT NULL,
+    granted_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT queue_grants_grantee_check CHECK (((length(grantee) >= 1) AND (length(grantee) <= 63))),
+    CONSTRAINT queue_grants_pattern_check CHECK ((pattern ~ '^[A-Za-z0-9_.:*?-]{1,128}$'::text))
 );
 
 CREATE TABLE queueworker.queues (
@@ -791,6 +950,7 @@ CREATE TABLE queueworker.runs (
     watermark_after jsonb,
     started_at timestamp with time zone DEFAULT now() NOT NULL,
     finished_at timestamp with time zone,
+    queues text[],
     CONSTRAINT outcomes_bounded CHECK ((((succeeded + failed) + cancelled) <= expected)),
     CONSTRAINT runs_cancelled_check CHECK ((cancelled >= 0)),
     CONSTRAINT runs_expected_check CHECK ((expected >= 1)),
@@ -838,7 +998,8 @@ CREATE TABLE queueworker.task_events (
     at timestamp with time zone DEFAULT now() NOT NULL,
     worker uuid,
     lease_token bigint NOT NULL,
-    detail jsonb
+    detail jsonb,
+    by_user text DEFAULT SESSION_USER
 )
 WITH (autovacuum_vacuum_insert_scale_factor='0.05');
 
@@ -954,7 +1115,8 @@ CREATE TABLE queueworker.watermarks (
     name text NOT NULL,
     value jsonb NOT NULL,
     run_id bigint,
-    updated_at timestamp with time zone DEFAULT now() NOT NULL
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    queues text[]
 );
 
 CREATE TABLE queueworker.workers (
@@ -989,6 +1151,9 @@ ALTER TABLE ONLY queueworker.queue_events
 
 ALTER TABLE queueworker.queue_events
     ADD CONSTRAINT queue_events_queue_pattern CHECK ((queue ~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$'::text)) NOT VALID;
+
+ALTER TABLE ONLY queueworker.queue_grants
+    ADD CONSTRAINT queue_grants_pkey PRIMARY KEY (grantee, pattern);
 
 ALTER TABLE ONLY queueworker.queues
     ADD CONSTRAINT queues_pkey PRIMARY KEY (name);
@@ -1039,6 +1204,8 @@ CREATE INDEX runs_name ON queueworker.runs USING btree (name, id DESC);
 CREATE INDEX runs_running ON queueworker.runs USING btree (id) WHERE (state = 'running'::queueworker.run_state);
 
 CREATE INDEX runs_started ON queueworker.runs USING btree (started_at);
+
+CREATE INDEX runs_watermark ON queueworker.runs USING btree (watermark, id DESC) WHERE (watermark IS NOT NULL);
 
 CREATE INDEX task_dependencies_failed ON queueworker.task_dependencies USING btree (task_id, prerequisite_id) WHERE (counted = 'failed'::text);
 
@@ -1128,12 +1295,26 @@ REVOKE ALL ON FUNCTION queueworker.enqueue_tasks(queues text[], tasks text[], pa
 
 REVOKE ALL ON FUNCTION queueworker.finalize_run(run_id bigint) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION queueworker.grant_queue(grantee text, pattern text) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION queueworker.mark_notify_on_finish(ids bigint[]) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION queueworker.notify_finished() FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION queueworker.queue_patterns() FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION queueworker.replace_pending(ids bigint[], payloads jsonb[], priorities integer[], run_afters timestamp with time zone[]) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION queueworker.require_queues(queues text[]) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION queueworker.revoke_queue(grantee text, pattern text) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION queueworker.settle_dependents(prerequisites bigint[]) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION queueworker.settle_dependents(prerequisites bigint[], succeeded bigint[]) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION queueworker.start_run(name text, expected integer, on_success jsonb, on_failure jsonb, watermark text) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION queueworker.start_run(name text, expected integer, on_success jsonb, on_failure jsonb, watermark text, queues text[]) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION queueworker.unbound_by_grants() FROM PUBLIC;

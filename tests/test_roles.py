@@ -396,13 +396,17 @@ def test_definer_functions_pin_their_search_path_and_are_not_public(dsn):
     assert definers == {name: ["search_path=pg_catalog, pg_temp"]
                         for name in ("audit_task_inserts", "audit_task_updates", "clean_finished", "enqueue_tasks",
                                      "replace_pending", "settle_dependents", "settle_new_dependent",
-                                     "count_run_outcomes", "start_run", "finalize_run", "audit_run", "audit_queue")}
+                                     "count_run_outcomes", "start_run", "finalize_run", "audit_run", "audit_queue",
+                                     "unbound_by_grants", "queue_patterns", "grant_queue", "revoke_queue",
+                                     "mark_notify_on_finish")}
     # Even without docs/database-roles.sql, only the owner may run the functions that change rows.
     for function in ("clean_finished(bigint, float8, integer)", "clean_finished(float8, integer)",
                      "enqueue_tasks(text[], text[], jsonb[], integer[], timestamptz[], integer[], integer[], text[], "
                      "boolean[], boolean[], bigint[], bigint[], bigint[], integer[])",
                      "count_run_outcomes(bigint[], bigint[], integer[], text[], text[])",
                      "start_run(text, integer, jsonb, jsonb, text)", "finalize_run(bigint)",
+                     "start_run(text, integer, jsonb, jsonb, text, text[])", "grant_queue(text, text)",
+                     "revoke_queue(text, text)", "mark_notify_on_finish(bigint[])", "queue_patterns()",
                      "replace_pending(bigint[], jsonb[], integer[], timestamptz[])",
                      "settle_dependents(bigint[], bigint[])", "settle_dependents(bigint[])", "audit_run()",
                      "audit_queue()"):

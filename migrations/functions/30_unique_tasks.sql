@@ -48,11 +48,14 @@ CREATE TRIGGER tasks_active_spec_changed BEFORE UPDATE OF queue, task, payload O
 -- no right on the `tasks_active` partition (whose unique index the ON CONFLICT needs) nor a general
 -- UPDATE on tasks: enqueue_tasks (60_enqueue.sql) inserts, this one replaces.
 -- Gives pending tasks that have a dedupe key new values (the last of an id's entries wins), where
--- they change anything; returns the ids changed. Called by `enqueue_replace` (worker/db/enqueue.sql).
+-- they change anything; returns the ids changed. Only tasks of queues the acting login may use (queue
+-- grants, 15_queue_grants.sql): one of another's refuses the whole call. Called by `enqueue_replace`
+-- (worker/db/enqueue.sql).
 CREATE OR REPLACE FUNCTION queueworker.replace_pending(ids bigint[], payloads jsonb[], priorities integer[],
                                                        run_afters timestamptz[])
 RETURNS TABLE (id bigint, notified bigint)
 LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT queueworker.require_queues(ARRAY(SELECT t.queue FROM queueworker.tasks t WHERE t.id = ANY(ids)));
     WITH r AS (
         SELECT DISTINCT ON (r.id) r.id, r.payload, r.priority, r.run_after
         FROM unnest(ids, payloads, priorities, run_afters) WITH ORDINALITY AS r(id, payload, priority, run_after, ord)

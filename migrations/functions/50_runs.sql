@@ -69,7 +69,8 @@ BEGIN
 END
 $$;
 
--- The run's end: succeeded (its watermark advances to the run's start) or failed (untouched).
+-- The run's end: succeeded (its watermark advances to the run's start, and belongs to the run's queues
+-- from then on) or failed (untouched).
 CREATE OR REPLACE FUNCTION queueworker.finish_run(run_id bigint, success boolean) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -80,8 +81,10 @@ BEGIN
         watermark_after = CASE WHEN success AND watermark IS NOT NULL THEN to_jsonb(started_at) END
     WHERE id = run_id RETURNING * INTO r;
     IF success AND r.watermark IS NOT NULL THEN
-        INSERT INTO queueworker.watermarks (name, value, run_id) VALUES (r.watermark, r.watermark_after, r.id)
-        ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value, run_id = EXCLUDED.run_id, updated_at = now();
+        INSERT INTO queueworker.watermarks (name, value, run_id, queues)
+        VALUES (r.watermark, r.watermark_after, r.id, r.queues)
+        ON CONFLICT (name) DO UPDATE
+        SET value = EXCLUDED.value, run_id = EXCLUDED.run_id, queues = EXCLUDED.queues, updated_at = now();
     END IF;
 END
 $$;
@@ -129,15 +132,70 @@ BEGIN
 END
 $$;
 
--- Starts a run: its row, with the watermark as it stands. Its partitions are enqueued by the caller
--- (`enqueue_tasks` in worker/db/enqueue.sql, with the run's id), in the same transaction.
+-- Starts a run: its row, with the watermark as it stands; returns its id. Its partitions are enqueued
+-- by the caller (`enqueue_tasks` in worker/db/enqueue.sql, with the run's id), in the same
+-- transaction, each in one of `queues`. The run belongs to those queues and to its consolidation's
+-- and alert's: the acting login must be allowed all of them (queue grants, 15_queue_grants.sql), and
+-- all of those the watermark belongs to, which are those of the run that last advanced it (or, before
+-- any did, of the last run started with it), so one tenant cannot move another's watermark on.
+CREATE OR REPLACE FUNCTION queueworker.start_run(name text, expected integer, on_success jsonb, on_failure jsonb,
+                                                 watermark text, queues text[]) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_variable
+DECLARE
+    run_queues text[];
+    owners text[];
+    new_id bigint;
+BEGIN
+    IF coalesce(cardinality(queues), 0) = 0 THEN
+        RAISE EXCEPTION 'a run is started with the queues of its partitions' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    SELECT array_agg(DISTINCT q ORDER BY q) INTO run_queues
+    FROM unnest(queues || ARRAY[CASE WHEN on_success IS NOT NULL THEN coalesce(on_success ->> 'queue', 'default') END,
+                                CASE WHEN on_failure IS NOT NULL THEN coalesce(on_failure ->> 'queue', 'default') END])
+         AS q
+    WHERE q IS NOT NULL;
+    PERFORM queueworker.require_queues(run_queues);
+    SELECT w.queues INTO owners FROM queueworker.watermarks w WHERE w.name = watermark;
+    IF NOT FOUND THEN  -- not advanced yet: it belongs to the queues of the last run started with it
+        SELECT r.queues INTO owners FROM queueworker.runs r WHERE r.watermark = start_run.watermark
+        ORDER BY r.id DESC LIMIT 1;
+    END IF;
+    IF FOUND AND queueworker.queue_patterns() <> ARRAY['%']
+       AND (owners IS NULL OR EXISTS (SELECT FROM unnest(owners) AS o(name)
+                                      WHERE NOT o.name LIKE ANY (queueworker.queue_patterns()))) THEN
+        RAISE EXCEPTION 'login % may not use the watermark %: it belongs to the queues of another producer',
+                        session_user, watermark
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    INSERT INTO queueworker.runs (name, expected, on_success, on_failure, watermark, watermark_before, queues)
+    VALUES (name, expected, on_success, on_failure, watermark,
+            (SELECT w.value FROM queueworker.watermarks w WHERE w.name = watermark), run_queues)
+    RETURNING id INTO new_id;
+    RETURN new_id;
+END
+$$;
+
+-- Version 15's signature, which its producers call during a rolling upgrade: a run of no declared
+-- queues, which only a login free of queue grants may start and add partitions to.
 CREATE OR REPLACE FUNCTION queueworker.start_run(name text, expected integer, on_success jsonb, on_failure jsonb,
                                                  watermark text) RETURNS bigint
-LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_variable
+DECLARE
+    new_id bigint;
+BEGIN
+    IF NOT queueworker.unbound_by_grants() THEN
+        RAISE EXCEPTION 'login % may not start a run without naming its queues (a producer older than queue '
+                        'grants): upgrade it', session_user
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
     INSERT INTO queueworker.runs (name, expected, on_success, on_failure, watermark, watermark_before)
     VALUES (name, expected, on_success, on_failure, watermark,
-            (SELECT w.value FROM queueworker.watermarks w WHERE w.name = start_run.watermark))
-    RETURNING id
+            (SELECT w.value FROM queueworker.watermarks w WHERE w.name = watermark))
+    RETURNING id INTO new_id;
+    RETURN new_id;
+END
 $$;
 
 -- `queueworker run finalize ID --force`: consolidates a failed run on purpose (once every partition
@@ -195,6 +253,7 @@ CREATE TRIGGER run_events_no_truncate BEFORE TRUNCATE ON queueworker.run_events
 REVOKE EXECUTE ON FUNCTION
     queueworker.count_run_outcomes(bigint[], bigint[], integer[], text[], text[]),
     queueworker.start_run(text, integer, jsonb, jsonb, text),
+    queueworker.start_run(text, integer, jsonb, jsonb, text, text[]),
     queueworker.finalize_run(bigint),
     queueworker.audit_run()
 FROM PUBLIC;

@@ -16,6 +16,9 @@
 -- order, so each spec finds its row. Aimed at `tasks_active`, whose unique index is the arbiter of
 -- the ON CONFLICT: one unfinished task per (queue, dedupe key). A definer function, so the producer
 -- role needs no right on the partition. Called by `enqueue_tasks` (worker/db/enqueue.sql).
+-- Queue grants (15_queue_grants.sql): every spec's queue, every prerequisite's (one the login may not
+-- see is no task to depend on, so it learns nothing of other queues) and every queue of a run it adds
+-- partitions to must be the acting login's; a partition must be in one of its run's queues.
 CREATE OR REPLACE FUNCTION queueworker.enqueue_tasks(queues text[], tasks text[], payloads jsonb[],
                                                      priorities integer[], run_afters timestamptz[],
                                                      max_attempts integer[], timeouts integer[], dedupe_keys text[],
@@ -29,7 +32,9 @@ DECLARE
     unknown bigint;
     misfit text;
     crowded bigint;
+    patterns text[] := queueworker.queue_patterns();
 BEGIN
+    PERFORM queueworker.require_queues(queues);
     -- A dependent's edges are settled in its enqueue's commit: their number is bounded (as
     -- queueworker.names.MAX_PREREQUISITES bounds TaskSpec.depends_on).
     SELECT o INTO crowded FROM unnest(prerequisite_ords) AS o GROUP BY o HAVING count(*) > 1000 LIMIT 1;
@@ -38,7 +43,7 @@ BEGIN
             USING ERRCODE = 'program_limit_exceeded';
     END IF;
     SELECT p INTO unknown FROM unnest(prerequisite_ids) AS p
-    WHERE NOT EXISTS (SELECT 1 FROM queueworker.tasks t WHERE t.id = p) LIMIT 1;
+    WHERE NOT EXISTS (SELECT 1 FROM queueworker.tasks t WHERE t.id = p AND t.queue LIKE ANY (patterns)) LIMIT 1;
     IF unknown IS NOT NULL THEN
         RAISE EXCEPTION 'there is no task % to depend on', unknown USING ERRCODE = 'foreign_key_violation';
     END IF;
@@ -47,8 +52,9 @@ BEGIN
     -- more outcomes than the run expects, and the statement that counted them (a completion, or the
     -- rescue of every queue) would fail for good.
     WITH given AS (
-        SELECT s.run_id, s.run_partition, s.dedupe_key, s.by_spec
-        FROM unnest(run_ids, run_partitions, dedupe_keys, by_spec) AS s(run_id, run_partition, dedupe_key, by_spec)
+        SELECT s.run_id, s.run_partition, s.dedupe_key, s.by_spec, s.queue
+        FROM unnest(run_ids, run_partitions, dedupe_keys, by_spec, queues)
+             AS s(run_id, run_partition, dedupe_key, by_spec, queue)
         WHERE s.run_id IS NOT NULL
     ), doubled AS (
         SELECT g.run_id, g.run_partition FROM given g GROUP BY g.run_id, g.run_partition HAVING count(*) > 1
@@ -56,6 +62,10 @@ BEGIN
     SELECT format('run %s, partition %s', g.run_id, coalesce(g.run_partition::text, 'none')) INTO misfit
     FROM given g LEFT JOIN queueworker.runs r ON r.id = g.run_id
     WHERE r.id IS NULL OR g.run_partition IS NULL OR g.run_partition NOT BETWEEN 0 AND r.expected - 1
+       OR g.queue IS NULL OR g.queue <> ALL (coalesce(r.queues, ARRAY[g.queue]))
+       -- A run of queues the login may not use is not its own (nor one started before queue grants).
+       OR (patterns <> ARRAY['%'] AND (r.queues IS NULL OR EXISTS (SELECT FROM unnest(r.queues) AS q(name)
+                                                                   WHERE NOT q.name LIKE ANY (patterns))))
        OR g.dedupe_key IS NOT NULL OR coalesce(g.by_spec, false)
        OR EXISTS (SELECT 1 FROM doubled d WHERE d.run_id = g.run_id AND d.run_partition = g.run_partition)
        OR EXISTS (SELECT 1 FROM queueworker.tasks t WHERE t.run_id = g.run_id AND t.run_partition = g.run_partition)
@@ -63,7 +73,8 @@ BEGIN
     IF misfit IS NOT NULL THEN
         RAISE EXCEPTION 'not a partition its run can count: %', misfit
             USING ERRCODE = 'check_violation',
-                  HINT = 'a run''s partitions are numbered 0 to expected - 1, one task each, none unique';
+                  HINT = 'a run''s partitions are numbered 0 to expected - 1, one task each, none unique, '
+                         'each in one of the queues the run was started with';
     END IF;
     RETURN QUERY
     WITH specs AS MATERIALIZED (

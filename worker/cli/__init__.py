@@ -8,7 +8,7 @@ logs and messages are scrubbed of the URL and its password.
 
 The commands only read their arguments and print: what they do is done by queueworker.client (and
 queueworker.dev, queueworker.console, queueworker.runtime), which the console and applications
-call too. One module per group of commands: `tasks`, `queues`, `runs`, `cron`, `worker`, `local`.
+call too. One module per group of commands: `tasks`, `queues`, `runs`, `cron`, `grants`, `worker`, `local`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from .. import __version__, dsn as dsns
 from ..settings import SettingsError, one_line
-from . import cron, local, queues, runs, tasks, worker
+from . import cron, grants, local, queues, runs, tasks, worker
 from .common import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE, ArgumentParser, CliError, database_url, secrets
 
 __all__ = ["EXIT_FAILURE", "EXIT_INTERRUPTED", "EXIT_USAGE", "build_parser", "main"]
@@ -52,6 +52,9 @@ COMMANDS: tuple[tuple[str, AddParser, Callable[[argparse.Namespace], int]], ...]
     ("runs", runs.add_runs, runs.cmd_runs),
     ("run", runs.add_run, runs.cmd_run),
     ("cron", cron.add_cron, cron.cmd_cron),
+    ("grant", grants.add_grant, grants.cmd_grant),
+    ("revoke", grants.add_revoke, grants.cmd_grant),
+    ("grants", grants.add_grants, grants.cmd_grants),
     ("demo", local.add_demo, local.cmd_demo),
     ("console", local.add_console, local.cmd_console),
     ("dev-db", local.add_dev_db, local.cmd_dev_db),

@@ -514,7 +514,8 @@ def start_run(conn: psycopg.Connection, name: str, partitions: Iterable[TaskSpec
     if not 1 <= len(name) <= 200 or not name.isprintable():
         raise ValueError("a run's name is printable text of 1 to 200 characters")
     params = StartRunParams(name=name, expected=len(specs), on_success=_run_task_spec(on_success),
-                            on_failure=_run_task_spec(on_failure), watermark=watermark)
+                            on_failure=_run_task_spec(on_failure), watermark=watermark,
+                            queues=sorted({spec.queue for spec in specs}))
     run_id = statements.fetch(conn, START_RUN, params)[0].id
     for first in range(0, len(specs), BATCH_SIZE):
         _run(conn, _plan(specs[first:first + BATCH_SIZE], (run_id, first)))

@@ -208,6 +208,6 @@ FROM queueworker.replace_pending(%(ids)s::bigint[], %(payloads)s::jsonb[], %(pri
 
 -- name: notify_on_finish
 -- Marks tasks just enqueued (in the producer's transaction) to notify the channel queueworker_finished
--- when they end (the complete statements of lease.sql), which queueworker.wait_for listens to.
-UPDATE queueworker.tasks SET notify_on_finish = true WHERE id = ANY(%(ids)s::bigint[]) AND NOT notify_on_finish
-RETURNING id;
+-- when they end (the complete statements of lease.sql), which queueworker.wait_for listens to; through a
+-- definer function (migration 016's version of the functions), so the producer holds no UPDATE on tasks.
+SELECT id FROM queueworker.mark_notify_on_finish(%(ids)s::bigint[]) AS id;

@@ -17,6 +17,7 @@ class StartRunParams(Params):
     on_success: JsonText | None
     on_failure: JsonText | None
     watermark: str | None
+    queues: list[str]
 
 
 class StartedRunRow(NamedTuple):

@@ -3,10 +3,10 @@
 -- Each statement is declared, with its parameter and row types, in queueworker/db/runs.py.
 
 -- name: start_run
--- The run's row, through a definer function (migration 006); its partitions are enqueued next, in the
--- same transaction, by enqueue_tasks with the run's id.
+-- The run's row, through a definer function (migration 006; the queues since 016); its partitions are
+-- enqueued next, in the same transaction, by enqueue_tasks with the run's id, each in one of `queues`.
 SELECT queueworker.start_run(%(name)s, %(expected)s, %(on_success)s::jsonb, %(on_failure)s::jsonb,
-                             %(watermark)s) AS id;
+                             %(watermark)s, %(queues)s::text[]) AS id;
 
 -- name: runs
 -- The newest runs, of one name or all. Watermarks as JSON text: one written by hand may be JSON Python
