@@ -56,8 +56,8 @@ def add_partition(conn: psycopg.Connection, run: int, partition: int, queue: str
                  "'{}', '{}', ARRAY[%s::bigint], ARRAY[%s::int], ARRAY[NULL::jsonb])", (queue, run, partition))
 
 
-def grant(installation: Installation, *args: str) -> str:
-    """`queueworker grant|revoke|grants ...` as the operator login, in a real process."""
+def as_operator(installation: Installation, *args: str) -> str:
+    """`queueworker grant|revoke|grants|show ...` as the operator login, in a real process."""
     done = qw(*args, "--dsn", installation.logins["operator"])
     assert done.returncode == 0, done.stderr
     return done.stdout
@@ -70,7 +70,7 @@ def test_before_the_first_grant_every_producer_uses_every_queue(installation):
         ids += enqueue_many(conn, [TaskSpec(task="qw.noop", queue="shipping.labels", dedupe_key="k")])
         seen = conn.execute("SELECT id FROM queueworker.tasks ORDER BY id").fetchall()
     assert [row[0] for row in seen] == ids
-    assert grant(installation, "grants") == "no queue grants: every producer may use every queue\n"
+    assert as_operator(installation, "grants") == "no queue grants: every producer may use every queue\n"
 
 
 def test_each_producer_touches_only_the_queues_it_is_granted(installation):
@@ -88,12 +88,12 @@ def test_each_producer_touches_only_the_queues_it_is_granted(installation):
                 queues=["shipping.labels"]))[0].id
             add_partition(conn, open_run, 0, "shipping.labels")
             conn.commit()
-        assert "may use queues matching shipping.*" in grant(installation, "grant", user(shipping), "--queue",
+        assert "may use queues matching shipping.*" in as_operator(installation, "grant", user(shipping), "--queue",
                                                              "shipping.*")
-        grant(installation, "grant", user(billing), "--queue", "billing.*")
-        grant(installation, "grant", user(billing), "--queue", "invoices-??")
-        assert "(it already could)" in grant(installation, "grant", user(billing), "--queue", "billing.*")
-        listed = grant(installation, "grants")
+        as_operator(installation, "grant", user(billing), "--queue", "billing.*")
+        as_operator(installation, "grant", user(billing), "--queue", "invoices-??")
+        assert "(it already could)" in as_operator(installation, "grant", user(billing), "--queue", "billing.*")
+        listed = as_operator(installation, "grants")
         assert f"{user(billing)}" in listed and "invoices-??" in listed and "shipping.*" in listed
 
         worker = WorkerProcess(installation.logins["worker"], "--queue", "billing.eu", "--queue", "invoices-01",
@@ -179,10 +179,12 @@ def test_each_producer_touches_only_the_queues_it_is_granted(installation):
             assert cancel(conn, theirs, reason="done with it")
         assert scalar(installation.admin, "SELECT by_user FROM queueworker.task_events WHERE task_id = %s "
                                           "AND to_state = 'cancelled'", (theirs,)) == user(installation.logins["operator"])
+        shown = as_operator(installation, "show", str(theirs))  # what `queueworker show` prints of the audit trail
+        assert f"(by {user(shipping)})" in shown and f"(by {user(installation.logins['operator'])})" in shown
 
         # Revoking takes exactly that pattern away.
-        assert "revoked" in grant(installation, "revoke", user(billing), "--queue", "invoices-??")
-        assert "nothing revoked" in grant(installation, "revoke", user(billing), "--queue", "invoices-??")
+        assert "revoked" in as_operator(installation, "revoke", user(billing), "--queue", "invoices-??")
+        assert "nothing revoked" in as_operator(installation, "revoke", user(billing), "--queue", "invoices-??")
         with psycopg.connect(billing, autocommit=True) as conn:
             with pytest.raises(DENIED):
                 enqueue(conn, "qw.noop", queue="invoices-01")
@@ -198,7 +200,7 @@ def test_a_grant_to_a_group_applies_to_its_members_and_other_producers_get_none(
             for name in ("payments", "refunds"):
                 conn.execute(pgsql.SQL("GRANT qw_test_finance TO {}").format(pgsql.Identifier(user(logins[name]))))
         try:
-            grant(installation, "grant", "qw_test_finance", "--queue", "finance.*")
+            as_operator(installation, "grant", "qw_test_finance", "--queue", "finance.*")
             for name in ("payments", "refunds"):
                 with psycopg.connect(logins[name], autocommit=True) as conn:
                     enqueue(conn, "qw.noop", queue=f"finance.{name}")

@@ -206,5 +206,6 @@ def cmd_show(args: argparse.Namespace) -> int:
     print("events:")
     for event in events:
         print(f"  {event.at:%Y-%m-%d %H:%M:%S.%f} {event.from_state or 'enqueued':<9} -> {event.to_state:<9} "
-              f"token {event.lease_token} {event.worker or ''} {shorten(event.detail_json or '', 300)}".rstrip())
+              f"token {event.lease_token} {event.worker or ''} {shorten(event.detail_json or '', 300)}".rstrip()
+              + (f" (by {event.by_user})" if event.by_user else ""))
     return 0

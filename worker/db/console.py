@@ -137,6 +137,7 @@ class ShownTaskEventRow(NamedTuple):
     lease_token: int
     detail_json: str | None
     detail_bytes: int | None
+    by_user: str | None  # the login that caused it; None for rows written before schema version 16
 
 
 class ListedRunRow(NamedTuple):

@@ -120,7 +120,7 @@ FROM queueworker.tasks WHERE id = %(id)s;
 -- A task's audit trail, oldest first: its first %(limit)s events, each detail cut at %(chars)s
 -- characters with its whole length in bytes (an error's message can be of any size).
 SELECT at, from_state::text AS from_state, to_state::text AS to_state, worker, lease_token,
-       left(detail::text, %(chars)s) AS detail_json, octet_length(detail::text) AS detail_bytes
+       left(detail::text, %(chars)s) AS detail_json, octet_length(detail::text) AS detail_bytes, by_user
 FROM queueworker.task_events WHERE task_id = %(id)s ORDER BY id LIMIT %(limit)s;
 
 -- name: runs_shown

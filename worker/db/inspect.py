@@ -53,6 +53,7 @@ class TaskEventRow(NamedTuple):
     worker: UUID | None
     lease_token: int
     detail_json: str | None
+    by_user: str | None  # the login that caused it; None for rows written before schema version 16
 
 
 class ListTasksParams(Params):

@@ -13,8 +13,10 @@ FROM queueworker.tasks WHERE id = %(id)s;
 
 -- name: task_events
 -- A task's audit trail, oldest first: all of it (%(limit)s NULL) for `queueworker show`, its first
--- %(limit)s events for the console, whose page stays bounded however often a task was retried.
-SELECT at, from_state::text AS from_state, to_state::text AS to_state, worker, lease_token, detail::text AS detail_json
+-- %(limit)s events for the console, whose page stays bounded however often a task was retried. `by_user`:
+-- the login that caused it (migration 016; NULL for rows written before).
+SELECT at, from_state::text AS from_state, to_state::text AS to_state, worker, lease_token, detail::text AS detail_json,
+       by_user
 FROM queueworker.task_events WHERE task_id = %(id)s ORDER BY id LIMIT %(limit)s;
 
 -- name: list_tasks
