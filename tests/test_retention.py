@@ -177,6 +177,23 @@ def test_each_statement_deletes_at_most_its_batch_and_the_cleaner_repeats_until_
     assert scalar(dsn, "SELECT count(*) FROM queueworker.queue_events") == 0
 
 
+def test_a_worker_that_keeps_history_forever_still_bounds_its_watermarks(dsn):
+    """`--retention-hours 0` turns off the deletion of history, not the cleaner: stale watermarks
+    still go."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        stale = start_run(conn, "stale", [PARTITION], watermark="w-stale")
+        end_run_tasks(conn, stale, "succeeded", "2 days")
+        age_runs(conn, [stale], "2 days")
+        age_watermark(conn, "w-stale", "2 days")
+    worker = WorkerProcess(dsn, "--queue", "retention-idle", "--retention-hours", "0",
+                           "--watermark-retention-days", "1", "--cleaner-interval-seconds", "0.2")
+    try:
+        wait_until(lambda: watermarks(dsn) == set(), message="the stale watermark deleted")
+    finally:
+        worker.stop()
+    assert run_ids(dsn) == {stale} and scalar(dsn, "SELECT count(*) FROM queueworker.tasks") == 1
+
+
 @pytest.mark.parametrize("retention_seconds, limit, problem", [
     (-1.0, 100, "a retention is 0 to 2147483647 seconds, not -1"),
     (float("nan"), 100, "a retention is 0 to 2147483647 seconds, not NaN"),
