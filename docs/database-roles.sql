@@ -189,10 +189,14 @@ BEGIN
     -- Aimed at the partitions: CLAIM (tasks_active), COMPLETE_SUCCEEDED (moves a row from
     -- tasks_active to tasks_finished). Those two write their own audit rows, hence INSERT on
     -- task_events (and nothing else there); COMPLETE_SUCCEEDED settles the tasks waiting on those it
-    -- finished through queueworker.settle_dependents. Retention goes through queueworker.clean_finished.
+    -- finished through queueworker.settle_dependents. Retention (CLEAN_FINISHED, CLEAN_RUNS,
+    -- CLEAN_QUEUE_EVENTS, CLEAN_WATERMARKS) goes through the definer functions
+    -- queueworker.clean_finished, queueworker.clean_runs, queueworker.clean_queue_events and
+    -- queueworker.clean_watermarks: the worker deletes no history, run, event or watermark itself.
+    -- queueworker.retention_cutoff, which checks their arguments, needs no grant: only they call it.
     -- RESCUE and PROMOTE_DUE lock their duty's row of queueworker.duty_locks (one worker at a time
     -- does each duty): UPDATE on that table is what lets a role lock its rows, and no other role
-    -- has it, so no other login can hold a duty up. queueworker.clean_finished locks its row as
+    -- has it, so no other login can hold a duty up. The retention functions lock their rows as
     -- the owner.
     GRANT SELECT ON queueworker.schema_migrations TO queueworker_worker;
     GRANT SELECT, UPDATE ON queueworker.duty_locks TO queueworker_worker;
@@ -218,6 +222,9 @@ BEGIN
     GRANT EXECUTE ON FUNCTION queueworker.transition_detail(integer, jsonb, jsonb),
                               queueworker.clean_finished(float8, integer),
                               queueworker.clean_finished(bigint, float8, integer),
+                              queueworker.clean_runs(float8, integer),
+                              queueworker.clean_queue_events(float8, integer),
+                              queueworker.clean_watermarks(float8, integer),
                               queueworker.settle_dependents(bigint[]),
                               queueworker.settle_dependents(bigint[], bigint[]),
                               queueworker.count_run_outcomes(bigint[], bigint[], integer[], text[], text[])

@@ -181,7 +181,8 @@ def test_cleaner_deletes_only_finished_history_past_the_retention(dsn):
     async def clean() -> int:
         connection = DutyConnection(dsn, "test")
         try:
-            return await Cleaner(connection, retention_seconds=3600, interval=1).clean_once()
+            return (await Cleaner(connection, retention_seconds=3600, watermark_retention_seconds=0,
+                                  interval=1).clean_once()).tasks
         finally:
             await connection.close()
 

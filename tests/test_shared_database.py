@@ -101,7 +101,7 @@ def test_a_login_without_grants_holding_every_advisory_key_stalls_nothing(dsn, o
         assert scalar(dsn, "SELECT rescues FROM queueworker.tasks WHERE id = %s", (orphan,)) == 1
 
         with psycopg.connect(dsn, autocommit=True) as conn:
-            cleaned = statements.fetch(conn, duties.CLEAN_FINISHED, duties.CleanFinishedParams(
+            cleaned = statements.fetch(conn, duties.CLEAN_FINISHED, duties.RetentionParams(
                 retention_seconds=0, limit=100))
         assert {row.id for row in cleaned} >= set(tasks)
 
@@ -129,7 +129,7 @@ def test_no_role_but_the_workers_may_lock_a_duty(dsn, outsider):
         conn.execute(f"GRANT USAGE ON SCHEMA queueworker TO {user}")
         conn.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA queueworker TO {user}")
     with psycopg.connect(outsider, autocommit=True) as conn:
-        assert conn.execute("SELECT count(*) FROM queueworker.duty_locks").fetchone()[0] == 3
+        assert conn.execute("SELECT count(*) FROM queueworker.duty_locks").fetchone()[0] == 6
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("SELECT FROM queueworker.duty_locks FOR KEY SHARE")
         with pytest.raises(psycopg.errors.InsufficientPrivilege), conn.transaction():

@@ -79,6 +79,10 @@ CRON_SLOTS_ENQUEUED = Counter("queueworker_cron_slots_enqueued_total",
                               "Slots of periodic schedules this worker enqueued (each slot is enqueued by one worker)",
                               ["job"])
 TASKS_DELETED = Counter("queueworker_tasks_deleted_total", "Finished tasks deleted after the retention period")
+HISTORY_DELETED = Counter("queueworker_history_deleted_total",
+                          "Finished runs (with their events) and queue events deleted after the retention period, "
+                          "and watermarks after the watermark retention, by kind: runs, queue_events, watermarks",
+                          ["kind"])
 
 
 @lru_cache(maxsize=4096)

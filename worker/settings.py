@@ -21,6 +21,7 @@ from .names import MAX_SECONDS, QueueName
 
 ENV_PREFIX = "QUEUEWORKER_"
 HOUR = 3600.0
+DAY = 24 * HOUR
 
 Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS)]
 PositiveSeconds = Annotated[float, Field(gt=0, le=MAX_SECONDS)]
@@ -69,8 +70,14 @@ class WorkerSettings(BaseModel):
     scheduler_max_interval_seconds: PositiveSeconds = Field(
         default=30.0, description="longest wait between promotions of due retries and delayed tasks")
     retention_seconds: Seconds = Field(
-        default=7 * 24 * HOUR, description="finished tasks and their audit rows are deleted after this long; "
-                                           "0 keeps them forever")
+        default=7 * DAY, description="finished tasks and their audit rows, finished runs (once none of their "
+                                     "tasks remain) and their events, and queue events are deleted after this "
+                                     "long; 0 keeps them forever")
+    # Longer than any job's period: a watermark that goes makes its job's next run start from nothing.
+    watermark_retention_seconds: Seconds = Field(
+        default=400 * DAY, description="a watermark not advanced for this long, with no run that advances it "
+                                       "running, is deleted (the next run naming it starts from nothing); "
+                                       "0 keeps them forever")
     cleaner_interval_seconds: PositiveSeconds = Field(default=300.0, description="how often old history is deleted")
     summary_interval_seconds: PositiveSeconds = Field(
         default=60.0, description="how often a worker that did anything logs a summary line (info level)")
@@ -188,12 +195,14 @@ class SettingOption:
         return number * self.scale
 
 
-# Fields whose flag predates the derived names (kept stable), and the one given in other units.
+# Fields whose flag predates the derived names (kept stable), and those given in other units.
 _NAMED_OPTIONS = {
     "queues": SettingOption("queues", "--queue", f"{ENV_PREFIX}QUEUES"),
     "task_timeout_seconds": SettingOption("task_timeout_seconds", "--task-timeout", f"{ENV_PREFIX}TASK_TIMEOUT"),
     "retention_seconds": SettingOption("retention_seconds", "--retention-hours", f"{ENV_PREFIX}RETENTION_HOURS",
                                        scale=HOUR),
+    "watermark_retention_seconds": SettingOption("watermark_retention_seconds", "--watermark-retention-days",
+                                                 f"{ENV_PREFIX}WATERMARK_RETENTION_DAYS", scale=DAY),
 }
 
 

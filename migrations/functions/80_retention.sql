@@ -1,4 +1,5 @@
--- queueworker functions: retention of finished tasks.
+-- queueworker functions: retention of history (finished tasks, finished runs, queue events, stale
+-- watermarks).
 --
 -- Repeatable (worker/migrate.py): every file of migrations/functions/ is applied after the versioned
 -- migrations, in name order, in one transaction, whenever a versioned migration was applied or one of
@@ -7,24 +8,53 @@
 -- replace a constraint trigger). A SQL-language body is checked when it is created: what it calls
 -- must come from an earlier file, or from earlier in the same one. PL/pgSQL bodies are resolved
 -- when they run.
+--
+-- Retention is the one way history is deleted, by the cleaner duty of every worker
+-- (worker/runtime/cleaner.py), through the definer functions below: the worker role may EXECUTE
+-- them and holds no DELETE on the history or the audit trails itself (docs/security.md). Each
+-- locks its own row of queueworker.duty_locks (migrations 013 and 017) for its transaction, SKIP
+-- LOCKED, so one worker at a time does each and the others delete nothing; a login without UPDATE
+-- on that table cannot lock it (an advisory key could be held by anyone). Each deletes at most
+-- `batch` rows, oldest first, and the caller repeats it until a batch comes back short.
 
--- Retention is the one way audit rows are deleted. Deletes finished tasks older than the retention,
--- oldest first, at most `batch` of them, with their audit rows and their edges; returns their ids.
--- A finished prerequisite has already had its say: its dependents were settled when it ended. The
--- row 'clean_finished' of queueworker.duty_locks (migration 013), locked for the transaction, lets
--- one worker at a time do it; a login without the grants cannot lock it (an advisory key could be
--- held by anyone). A definer function: the worker role may EXECUTE it and holds no DELETE on the
--- history itself. Called by `clean_finished` (worker/db/duties.sql).
+-- The time before which history goes: now, less `retention_seconds`. Refuses what no worker sends
+-- (a retention that is negative, NaN, infinite or over 2^31 - 1 seconds, the bound of
+-- WorkerSettings; a batch outside 1 to 100,000) with one line, rather than deleting everything, or
+-- nothing, in silence.
+CREATE OR REPLACE FUNCTION queueworker.retention_cutoff(retention_seconds float8, batch integer)
+RETURNS timestamptz
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    -- NaN compares greater than every number in Postgres, so BETWEEN refuses it with infinity.
+    IF (retention_seconds BETWEEN 0 AND 2147483647) IS NOT TRUE THEN
+        RAISE EXCEPTION 'a retention is 0 to 2147483647 seconds, not %', coalesce(retention_seconds::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF (batch BETWEEN 1 AND 100000) IS NOT TRUE THEN
+        RAISE EXCEPTION 'a retention batch is 1 to 100000 rows, not %', coalesce(batch::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN now() - make_interval(secs => retention_seconds);
+END
+$$;
+
+-- Deletes finished tasks older than the retention, with their audit rows and their edges; returns
+-- their ids. A finished prerequisite has already had its say: its dependents were settled when it
+-- ended. Called by `clean_finished` (worker/db/duties.sql).
 CREATE OR REPLACE FUNCTION queueworker.clean_finished(retention_seconds float8, batch integer)
 RETURNS SETOF bigint
-LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-    WITH guard AS MATERIALIZED (
-        SELECT count(*) > 0 AS held FROM (
-            SELECT FROM queueworker.duty_locks WHERE duty = 'clean_finished' FOR NO KEY UPDATE SKIP LOCKED) AS duty
-    ), old AS (
-        SELECT t.id FROM queueworker.tasks t, guard
-        WHERE guard.held AND t.finished_at < now() - make_interval(secs => retention_seconds)
-          AND t.state IN ('succeeded', 'failed', 'cancelled')
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    cutoff timestamptz := queueworker.retention_cutoff(retention_seconds, batch);
+BEGIN
+    PERFORM FROM queueworker.duty_locks WHERE duty = 'clean_finished' FOR NO KEY UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH old AS (
+        SELECT t.id FROM queueworker.tasks t
+        WHERE t.finished_at < cutoff AND t.state IN ('succeeded', 'failed', 'cancelled')
         ORDER BY t.finished_at
         LIMIT batch
         FOR UPDATE OF t SKIP LOCKED
@@ -35,7 +65,8 @@ LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     )
     DELETE FROM queueworker.tasks t USING old
     WHERE t.id = old.id AND t.state IN ('succeeded', 'failed', 'cancelled')
-    RETURNING t.id
+    RETURNING t.id;
+END
 $$;
 
 -- Version 12's signature, which its workers call during a rolling upgrade: the key they pass is
@@ -46,6 +77,102 @@ LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     SELECT queueworker.clean_finished(retention_seconds, batch)
 $$;
 
+-- Deletes finished runs (succeeded or failed) that ended before the retention, with their events
+-- (run_events); returns their ids. Only once none of a run's tasks remain (clean_finished deletes
+-- them first, by the same retention): a run with a task left could still move (a retry of its
+-- partition, its consolidation or its alert takes it back to running), and its tasks would name a
+-- run that is gone. The run that last advanced a watermark stays as long as the watermark does
+-- (watermarks.run_id names it), so a watermark always shows where it came from. Nothing else
+-- refers to a run. Called by `clean_runs` (worker/db/duties.sql).
+CREATE OR REPLACE FUNCTION queueworker.clean_runs(retention_seconds float8, batch integer)
+RETURNS SETOF bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    cutoff timestamptz := queueworker.retention_cutoff(retention_seconds, batch);
+BEGIN
+    PERFORM FROM queueworker.duty_locks WHERE duty = 'clean_runs' FOR NO KEY UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH old AS (
+        -- A run ends after it starts: in the order of the start's index (runs_started), a batch
+        -- reads its candidates and stops, and a pass with nothing to delete reads nothing.
+        SELECT r.id FROM queueworker.runs r
+        WHERE r.started_at < cutoff AND r.finished_at < cutoff AND r.state <> 'running'
+          AND NOT EXISTS (SELECT FROM queueworker.tasks t WHERE t.run_id = r.id)
+          AND NOT EXISTS (SELECT FROM queueworker.watermarks w WHERE w.run_id = r.id)
+        ORDER BY r.started_at
+        LIMIT batch
+        FOR UPDATE OF r SKIP LOCKED
+    ), events AS (
+        DELETE FROM queueworker.run_events e USING old WHERE e.run_id = old.id
+    )
+    DELETE FROM queueworker.runs r USING old
+    WHERE r.id = old.id AND r.state <> 'running'
+    RETURNING r.id;
+END
+$$;
+
+-- Deletes queue events (the audit trail of flow control) older than the retention; returns their
+-- ids. Nothing reads them back: a queue's settings and its breaker's state are in queueworker.queues,
+-- whatever became of the events that recorded their changes. Called by `clean_queue_events`.
+CREATE OR REPLACE FUNCTION queueworker.clean_queue_events(retention_seconds float8, batch integer)
+RETURNS SETOF bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    cutoff timestamptz := queueworker.retention_cutoff(retention_seconds, batch);
+BEGIN
+    PERFORM FROM queueworker.duty_locks WHERE duty = 'clean_queue_events' FOR NO KEY UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH old AS (
+        SELECT e.id FROM queueworker.queue_events e
+        WHERE e.at < cutoff
+        ORDER BY e.at
+        LIMIT batch
+        FOR UPDATE OF e SKIP LOCKED
+    )
+    DELETE FROM queueworker.queue_events e USING old WHERE e.id = old.id
+    RETURNING e.id;
+END
+$$;
+
+-- Deletes watermarks last advanced before the watermark retention (a retention of their own, longer
+-- than the history's: a watermark that goes makes its job's next run start from nothing, so a job
+-- that runs once a year must keep its own), unless a run that will advance it is running; returns
+-- their names. A run that starts meanwhile read the value as it stood, and writes the watermark
+-- again when it succeeds. Called by `clean_watermarks`.
+CREATE OR REPLACE FUNCTION queueworker.clean_watermarks(retention_seconds float8, batch integer)
+RETURNS SETOF text
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    cutoff timestamptz := queueworker.retention_cutoff(retention_seconds, batch);
+BEGIN
+    PERFORM FROM queueworker.duty_locks WHERE duty = 'clean_watermarks' FOR NO KEY UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH stale AS (
+        SELECT w.name FROM queueworker.watermarks w
+        WHERE w.updated_at < cutoff
+          AND NOT EXISTS (SELECT FROM queueworker.runs r WHERE r.state = 'running' AND r.watermark = w.name)
+        ORDER BY w.updated_at
+        LIMIT batch
+        FOR UPDATE OF w SKIP LOCKED
+    )
+    DELETE FROM queueworker.watermarks w USING stale WHERE w.name = stale.name
+    RETURNING w.name;
+END
+$$;
+
 -- Functions are executable by PUBLIC unless revoked; these delete history.
-REVOKE EXECUTE ON FUNCTION queueworker.clean_finished(float8, integer),
-                           queueworker.clean_finished(bigint, float8, integer) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION queueworker.retention_cutoff(float8, integer),
+                           queueworker.clean_finished(float8, integer),
+                           queueworker.clean_finished(bigint, float8, integer),
+                           queueworker.clean_runs(float8, integer),
+                           queueworker.clean_queue_events(float8, integer),
+                           queueworker.clean_watermarks(float8, integer) FROM PUBLIC;

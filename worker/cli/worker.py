@@ -59,7 +59,8 @@ def add_worker(sub: Any, common: argparse.ArgumentParser) -> None:
 def _metavar(option: SettingOption) -> str:
     field = option.field
     if field.endswith("_seconds"):
-        return "SECONDS" if option.scale == 1.0 else "HOURS"
+        # A flag in another unit names it last: --retention-hours, --watermark-retention-days.
+        return "SECONDS" if option.scale == 1.0 else option.flag.rsplit("-", 1)[-1].upper()
     for suffix in ("port", "address", "bytes"):
         if field.endswith(f"_{suffix}"):
             return suffix.upper()

@@ -1,5 +1,6 @@
-"""The statements of a worker's background duties that keep the queue moving: rescue, promote,
-clean (queueworker.runtime.rescuer, .scheduler, .cleaner). The statements are in duties.sql.
+"""The statements of a worker's background duties that keep the queue moving and the history
+bounded: rescue, promote, clean (queueworker.runtime.rescuer, .scheduler, .cleaner). The statements
+are in duties.sql.
 
 Every worker runs these duties; each statement first tries to lock its duty's row of
 queueworker.duty_locks for its transaction, so one worker at a time does the work and the others'
@@ -43,7 +44,10 @@ class PromotedRow(NamedTuple):
     next_due_in: float | None
 
 
-class CleanFinishedParams(Params):
+class RetentionParams(Params):
+    """What the cleaner's statements delete: rows older than `retention_seconds`, at most `limit`
+    (1 to 100,000) at a time."""
+
     retention_seconds: float
     limit: int
 
@@ -54,8 +58,29 @@ class CleanedRow(NamedTuple):
     id: int
 
 
+class CleanedRunRow(NamedTuple):
+    """A finished run deleted, with its events."""
+
+    id: int
+
+
+class CleanedQueueEventRow(NamedTuple):
+    """A queue event deleted."""
+
+    id: int
+
+
+class CleanedWatermarkRow(NamedTuple):
+    """A stale watermark deleted: the next run that names it starts from nothing."""
+
+    name: str
+
+
 RESCUE = _SQL.statement("rescue", RescueParams, RescueRow)
 PROMOTE_DUE = _SQL.statement("promote_due", PromoteDueParams, PromotedRow)
-CLEAN_FINISHED = _SQL.statement("clean_finished", CleanFinishedParams, CleanedRow)
+CLEAN_FINISHED = _SQL.statement("clean_finished", RetentionParams, CleanedRow)
+CLEAN_RUNS = _SQL.statement("clean_runs", RetentionParams, CleanedRunRow)
+CLEAN_QUEUE_EVENTS = _SQL.statement("clean_queue_events", RetentionParams, CleanedQueueEventRow)
+CLEAN_WATERMARKS = _SQL.statement("clean_watermarks", RetentionParams, CleanedWatermarkRow)
 
 _SQL.check_all_declared()

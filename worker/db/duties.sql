@@ -1,7 +1,7 @@
--- The worker's background duties that keep the queue moving: rescue, promote, clean. Every worker
--- runs them; each statement first locks its duty's row of queueworker.duty_locks (migration 013)
--- for its transaction, SKIP LOCKED, so one worker at a time does the work and the others change
--- nothing. Only roles granted UPDATE on that table can lock its rows: a login without grants can
+-- The worker's background duties that keep the queue moving and the history bounded: rescue,
+-- promote, clean. Every worker runs them; each statement first locks its duty's row of
+-- queueworker.duty_locks (migrations 013 and 017) for its transaction, SKIP LOCKED, so one worker
+-- at a time does the work and the others change nothing. Only roles granted UPDATE on that table can lock its rows: a login without grants can
 -- hold no duty up, as it could an advisory key.
 -- Each statement is declared, with its parameter and row types, in queueworker.db.duties.
 
@@ -77,9 +77,28 @@ SELECT (SELECT count(*) FROM promoted) AS promoted,
 
 -- name: clean_finished
 -- Cleaner: deletes finished tasks (and their audit rows) older than the retention, oldest first,
--- in batches, so history never grows without bound. Guarded like the other duties (the row is
--- locked inside the function). A SECURITY
--- DEFINER function (migration 003): the worker role may run it, but holds no DELETE on the history
--- or the audit trail (docs/security.md).
+-- in batches, so history never grows without bound. Each of the cleaner's statements runs a
+-- SECURITY DEFINER function (migrations/functions/80_retention.sql), which locks the duty's row of
+-- queueworker.duty_locks itself: the worker role may run them, but holds no DELETE on the history
+-- or the audit trails (docs/security.md).
 SELECT id FROM queueworker.clean_finished(%(retention_seconds)s::float8, %(limit)s::integer)
     AS deleted(id);
+
+-- name: clean_runs
+-- Cleaner: deletes finished runs (and their run_events) that ended before the retention, once none
+-- of their tasks remain (clean_finished deletes those first) and no watermark names them as the run
+-- that last advanced it.
+SELECT id FROM queueworker.clean_runs(%(retention_seconds)s::float8, %(limit)s::integer)
+    AS deleted(id);
+
+-- name: clean_queue_events
+-- Cleaner: deletes queue events (who changed a queue's flow control, and the breaker's moves)
+-- older than the retention.
+SELECT id FROM queueworker.clean_queue_events(%(retention_seconds)s::float8, %(limit)s::integer)
+    AS deleted(id);
+
+-- name: clean_watermarks
+-- Cleaner: deletes watermarks last advanced before the watermark retention (their own, longer one)
+-- that no running run will advance; returns their names for the log.
+SELECT name FROM queueworker.clean_watermarks(%(retention_seconds)s::float8, %(limit)s::integer)
+    AS deleted(name);

@@ -168,7 +168,8 @@ class Worker:
                                        lambda: self._draining, self._can_claim, self._leases_lost)
         self.rescuer = Rescuer(self._duty_conn, settings.rescue_interval_seconds,
                                settings.deadline_grace_seconds, settings.worker_ttl_seconds)
-        self.cleaner = Cleaner(self._duty_conn, settings.retention_seconds, settings.cleaner_interval_seconds)
+        self.cleaner = Cleaner(self._duty_conn, settings.retention_seconds, settings.watermark_retention_seconds,
+                               settings.cleaner_interval_seconds)
         self.cron = CronDuty(self._duty_conn, schedule or Schedule(), listening=lambda: not self.listener.polling)
         self.cancels = CancelChecks(self._duty_conn, self._runs, self._running_keys, self._cancelled_task)
         self.listener = Listener(dsn, self._duty_conn, settings.queues, self._wake_at, str(self.identity.id),
@@ -270,7 +271,7 @@ class Worker:
             ("cron", self.cron.step, {"wake": self.cron.wake}),
         ]
         duties.append(("summary", self._summary_step, {"first_delay": self.settings.summary_interval_seconds}))
-        if self.settings.retention_seconds:
+        if self.settings.retention_seconds or self.settings.watermark_retention_seconds:
             duties.append(("clean", self.cleaner.step, {"first_delay": self.settings.cleaner_interval_seconds,
                                                         "jitter": 0.2}))
         return duties
