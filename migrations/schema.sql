@@ -143,16 +143,20 @@ END
 $$;
 
 CREATE FUNCTION queueworker.clean_finished(retention_seconds double precision, batch integer) RETURNS SETOF bigint
-    LANGUAGE sql SECURITY DEFINER
+    LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
-    WITH guard AS MATERIALIZED (
-        SELECT count(*) > 0 AS held FROM (
-            SELECT FROM queueworker.duty_locks WHERE duty = 'clean_finished' FOR NO KEY UPDATE SKIP LOCKED) AS duty
-    ), old AS (
-        SELECT t.id FROM queueworker.tasks t, guard
-        WHERE guard.held AND t.finished_at < now() - make_interval(secs => retention_seconds)
-          AND t.state IN ('succeeded', 'failed', 'cancelled')
+DECLARE
+    cutoff timestamptz := queueworker.retention_cutoff(retention_seconds, batch);
+BEGIN
+    PERFORM FROM queueworker.duty_locks WHERE duty = 'clean_finished' FOR NO KEY UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH old AS (
+        SELECT t.id FROM queueworker.tasks t
+        WHERE t.finished_at < cutoff AND t.state IN ('succeeded', 'failed', 'cancelled')
         ORDER BY t.finished_at
         LIMIT batch
         FOR UPDATE OF t SKIP LOCKED
@@ -163,7 +167,8 @@ CREATE FUNCTION queueworker.clean_finished(retention_seconds double precision, b
     )
     DELETE FROM queueworker.tasks t USING old
     WHERE t.id = old.id AND t.state IN ('succeeded', 'failed', 'cancelled')
-    RETURNING t.id
+    RETURNING t.id;
+END
 $$;
 
 CREATE FUNCTION queueworker.clean_finished(lock_key bigint, retention_seconds double precision, batch integer) RETURNS SETOF bigint
@@ -171,6 +176,86 @@ CREATE FUNCTION queueworker.clean_finished(lock_key bigint, retention_seconds do
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
     SELECT queueworker.clean_finished(retention_seconds, batch)
+$$;
+
+CREATE FUNCTION queueworker.clean_queue_events(retention_seconds double precision, batch integer) RETURNS SETOF bigint
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    cutoff timestamptz := queueworker.retention_cutoff(retention_seconds, batch);
+BEGIN
+    PERFORM FROM queueworker.duty_locks WHERE duty = 'clean_queue_events' FOR NO KEY UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH old AS (
+        SELECT e.id FROM queueworker.queue_events e
+        WHERE e.at < cutoff
+        ORDER BY e.at
+        LIMIT batch
+        FOR UPDATE OF e SKIP LOCKED
+    )
+    DELETE FROM queueworker.queue_events e USING old WHERE e.id = old.id
+    RETURNING e.id;
+END
+$$;
+
+CREATE FUNCTION queueworker.clean_runs(retention_seconds double precision, batch integer) RETURNS SETOF bigint
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    cutoff timestamptz := queueworker.retention_cutoff(retention_seconds, batch);
+BEGIN
+    PERFORM FROM queueworker.duty_locks WHERE duty = 'clean_runs' FOR NO KEY UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH old AS (
+        -- A run ends after it starts: in the order of the start's index (runs_started), a batch
+        -- reads its candidates and stops, and a pass with nothing to delete reads nothing.
+        SELECT r.id FROM queueworker.runs r
+        WHERE r.started_at < cutoff AND r.finished_at < cutoff AND r.state <> 'running'
+          AND NOT EXISTS (SELECT FROM queueworker.tasks t WHERE t.run_id = r.id)
+          AND NOT EXISTS (SELECT FROM queueworker.watermarks w WHERE w.run_id = r.id)
+        ORDER BY r.started_at
+        LIMIT batch
+        FOR UPDATE OF r SKIP LOCKED
+    ), events AS (
+        DELETE FROM queueworker.run_events e USING old WHERE e.run_id = old.id
+    )
+    DELETE FROM queueworker.runs r USING old
+    WHERE r.id = old.id AND r.state <> 'running'
+    RETURNING r.id;
+END
+$$;
+
+CREATE FUNCTION queueworker.clean_watermarks(retention_seconds double precision, batch integer) RETURNS SETOF text
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    cutoff timestamptz := queueworker.retention_cutoff(retention_seconds, batch);
+BEGIN
+    PERFORM FROM queueworker.duty_locks WHERE duty = 'clean_watermarks' FOR NO KEY UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH stale AS (
+        SELECT w.name FROM queueworker.watermarks w
+        WHERE w.updated_at < cutoff
+          AND NOT EXISTS (SELECT FROM queueworker.runs r WHERE r.state = 'running' AND r.watermark = w.name)
+        ORDER BY w.updated_at
+        LIMIT batch
+        FOR UPDATE OF w SKIP LOCKED
+    )
+    DELETE FROM queueworker.watermarks w USING stale WHERE w.name = stale.name
+    RETURNING w.name;
+END
 $$;
 
 CREATE FUNCTION queueworker.count_run_outcomes(ids bigint[], run_ids bigint[], partitions integer[], old_states text[], new_states text[]) RETURNS void
@@ -284,6 +369,9 @@ BEGIN
     -- range, twice, or a unique task (which could turn out to be another, not counted) would count
     -- more outcomes than the run expects, and the statement that counted them (a completion, or the
     -- rescue of every queue) would fail for good.
+    -- The runs are held (FOR KEY SHARE) until this transaction ends, so retention (clean_runs) cannot
+    -- delete one between this check and the insert; a partition joins only a running run.
+    PERFORM FROM queueworker.runs r WHERE r.id = ANY(run_ids) ORDER BY r.id FOR KEY SHARE;
     WITH given AS (
         SELECT s.run_id, s.run_partition, s.dedupe_key, s.by_spec, s.queue
         FROM unnest(run_ids, run_partitions, dedupe_keys, by_spec, queues)
@@ -294,7 +382,7 @@ BEGIN
     )
     SELECT format('run %s, partition %s', g.run_id, coalesce(g.run_partition::text, 'none')) INTO misfit
     FROM given g LEFT JOIN queueworker.runs r ON r.id = g.run_id
-    WHERE r.id IS NULL OR g.run_partition IS NULL OR g.run_partition NOT BETWEEN 0 AND r.expected - 1
+    WHERE r.id IS NULL OR r.state <> 'running' OR g.run_partition IS NULL OR g.run_partition NOT BETWEEN 0 AND r.expected - 1
        OR g.queue IS NULL OR g.queue <> ALL (coalesce(r.queues, ARRAY[g.queue]))
        -- A run of queues the login may not use is not its own (nor one started before queue grants).
        OR (patterns <> ARRAY['%'] AND (r.queues IS NULL OR EXISTS (SELECT FROM unnest(r.queues) AS q(name)
@@ -558,6 +646,24 @@ BEGIN
             USING ERRCODE = 'insufficient_privilege',
                   HINT = 'queue grants decide which queues a producer may use: `queueworker grants` lists them';
     END IF;
+END
+$$;
+
+CREATE FUNCTION queueworker.retention_cutoff(retention_seconds double precision, batch integer) RETURNS timestamp with time zone
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    -- NaN compares greater than every number in Postgres, so BETWEEN refuses it with infinity.
+    IF (retention_seconds BETWEEN 0 AND 2147483647) IS NOT TRUE THEN
+        RAISE EXCEPTION 'a retention is 0 to 2147483647 seconds, not %', coalesce(retention_seconds::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF (batch BETWEEN 1 AND 100000) IS NOT TRUE THEN
+        RAISE EXCEPTION 'a retention batch is 1 to 100000 rows, not %', coalesce(batch::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN now() - make_interval(secs => retention_seconds);
 END
 $$;
 
@@ -1193,6 +1299,8 @@ ALTER TABLE ONLY queueworker.workers
 
 CREATE INDEX cron_jobs_due ON queueworker.cron_jobs USING btree (next_slot) WHERE (NOT paused);
 
+CREATE INDEX queue_events_at ON queueworker.queue_events USING btree (at);
+
 CREATE INDEX queue_events_queue ON queueworker.queue_events USING btree (queue, id);
 
 CREATE INDEX run_events_at ON queueworker.run_events USING btree (at);
@@ -1287,6 +1395,12 @@ REVOKE ALL ON FUNCTION queueworker.clean_finished(retention_seconds double preci
 
 REVOKE ALL ON FUNCTION queueworker.clean_finished(lock_key bigint, retention_seconds double precision, batch integer) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION queueworker.clean_queue_events(retention_seconds double precision, batch integer) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION queueworker.clean_runs(retention_seconds double precision, batch integer) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION queueworker.clean_watermarks(retention_seconds double precision, batch integer) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION queueworker.count_run_outcomes(ids bigint[], run_ids bigint[], partitions integer[], old_states text[], new_states text[]) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION queueworker.enqueue_tasks(queues text[], tasks text[], payloads jsonb[], priorities integer[], run_afters timestamp with time zone[], max_attempts integer[], timeouts integer[], dedupe_keys text[], by_spec boolean[], cancel_on_failure boolean[], prerequisite_ords bigint[], prerequisite_ids bigint[], run_ids bigint[], run_partitions integer[]) FROM PUBLIC;
@@ -1306,6 +1420,8 @@ REVOKE ALL ON FUNCTION queueworker.queue_patterns() FROM PUBLIC;
 REVOKE ALL ON FUNCTION queueworker.replace_pending(ids bigint[], payloads jsonb[], priorities integer[], run_afters timestamp with time zone[]) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION queueworker.require_queues(queues text[]) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION queueworker.retention_cutoff(retention_seconds double precision, batch integer) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION queueworker.revoke_queue(grantee text, pattern text) FROM PUBLIC;
 

@@ -197,6 +197,18 @@ def test_the_database_refuses_partitions_a_run_cannot_count(dsn, partitions, key
     assert scalar(dsn, "SELECT count(*) FROM queueworker.tasks WHERE run_id IS NOT NULL") == 1
 
 
+def test_a_partition_joins_only_a_running_run(dsn):
+    """A run that has ended (here failed, its tasks gone with retention) counts nothing more: a partition
+    in a number it left free would otherwise be counted on a run that already decided."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        run_id = conn.execute("SELECT queueworker.start_run('ended', 1, NULL, NULL, NULL)").fetchone()[0]
+        conn.execute("UPDATE queueworker.runs SET state = 'failed', finished_at = now() WHERE id = %s", (run_id,))
+        with pytest.raises(psycopg.errors.CheckViolation, match=f"not a partition its run can count: run {run_id}"):
+            conn.execute(ENQUEUE_PARTITIONS, {"queues": ["q"], "tasks": ["p"], "payloads": ["{}"], "zeros": [0],
+                                              "ones": [1], "keys": [None], "runs": [run_id], "partitions": [0]})
+    assert scalar(dsn, "SELECT count(*) FROM queueworker.tasks WHERE run_id = %s", (run_id,)) == 0
+
+
 def test_four_workers_one_killed_and_a_postgres_restart_consolidate_exactly_once(dsn, local_postgres):
     with psycopg.connect(dsn) as conn:
         run_id = start_run(conn, "big", [{"task": "qw.sleep", "queue": "parts", "payload": {"seconds": 0.02}}

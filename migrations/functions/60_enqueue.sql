@@ -51,6 +51,9 @@ BEGIN
     -- range, twice, or a unique task (which could turn out to be another, not counted) would count
     -- more outcomes than the run expects, and the statement that counted them (a completion, or the
     -- rescue of every queue) would fail for good.
+    -- The runs are held (FOR KEY SHARE) until this transaction ends, so retention (clean_runs) cannot
+    -- delete one between this check and the insert; a partition joins only a running run.
+    PERFORM FROM queueworker.runs r WHERE r.id = ANY(run_ids) ORDER BY r.id FOR KEY SHARE;
     WITH given AS (
         SELECT s.run_id, s.run_partition, s.dedupe_key, s.by_spec, s.queue
         FROM unnest(run_ids, run_partitions, dedupe_keys, by_spec, queues)
@@ -61,7 +64,7 @@ BEGIN
     )
     SELECT format('run %s, partition %s', g.run_id, coalesce(g.run_partition::text, 'none')) INTO misfit
     FROM given g LEFT JOIN queueworker.runs r ON r.id = g.run_id
-    WHERE r.id IS NULL OR g.run_partition IS NULL OR g.run_partition NOT BETWEEN 0 AND r.expected - 1
+    WHERE r.id IS NULL OR r.state <> 'running' OR g.run_partition IS NULL OR g.run_partition NOT BETWEEN 0 AND r.expected - 1
        OR g.queue IS NULL OR g.queue <> ALL (coalesce(r.queues, ARRAY[g.queue]))
        -- A run of queues the login may not use is not its own (nor one started before queue grants).
        OR (patterns <> ARRAY['%'] AND (r.queues IS NULL OR EXISTS (SELECT FROM unnest(r.queues) AS q(name)
