@@ -229,3 +229,20 @@ def test_grant_refuses_bad_input_in_one_line(installation):
     # A producer may not grant itself more.
     done = qw("grant", "queueworker_producer", "--queue", "*", "--dsn", installation.logins["producer"])
     assert done.returncode == 1 and "permission denied for function grant_queue" in done.stderr, done.stderr
+
+
+def test_a_run_of_no_queue_cannot_take_another_producers_watermark(installation):
+    """start_run with queues that are all NULL declared no queue, so the grants' check passed even for a
+    login granted none, and its run owned the watermark it named: the tenant whose name it was could
+    never start a run over it."""
+    installation.install()
+    with tenants(installation, "billing", "squatter") as logins:
+        as_operator(installation, "grant", user(logins["billing"]), "--queue", "billing.*")
+        with psycopg.connect(logins["squatter"], autocommit=True) as conn:  # no grant at all
+            for queues in ("{NULL}", "{NULL,NULL}"):
+                with pytest.raises(psycopg.errors.NullValueNotAllowed, match="none of them NULL"):
+                    conn.execute("SELECT queueworker.start_run('squat', 1, NULL, NULL, 'nightly-invoices', %s)",
+                                 (queues,))
+        with psycopg.connect(logins["billing"], autocommit=True) as conn:
+            start_run(conn, "invoices", [{"task": "qw.noop", "queue": "billing.eu"}], watermark="nightly-invoices")
+        assert scalar(installation.admin, "SELECT count(*) FROM queueworker.runs WHERE queues IS NULL") == 0

@@ -147,8 +147,10 @@ DECLARE
     owners text[];
     new_id bigint;
 BEGIN
-    IF coalesce(cardinality(queues), 0) = 0 THEN
-        RAISE EXCEPTION 'a run is started with the queues of its partitions' USING ERRCODE = 'null_value_not_allowed';
+    -- A NULL queue is no queue: a run of none would pass the grants' check and own its watermark.
+    IF coalesce(cardinality(queues), 0) = 0 OR EXISTS (SELECT FROM unnest(queues) AS q WHERE q IS NULL) THEN
+        RAISE EXCEPTION 'a run is started with the queues of its partitions, none of them NULL'
+            USING ERRCODE = 'null_value_not_allowed';
     END IF;
     SELECT array_agg(DISTINCT q ORDER BY q) INTO run_queues
     FROM unnest(queues || ARRAY[CASE WHEN on_success IS NOT NULL THEN coalesce(on_success ->> 'queue', 'default') END,
