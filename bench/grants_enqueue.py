@@ -1,15 +1,14 @@
 """Bulk enqueue as a least-privileged producer, with and without queue grants (queueworker only).
 
 `enqueue_many` of `tasks` no-op tasks in calls of 10,000, each committed, as in the enqueue
-scenario (bench/enqueue.py), by four callers, alternating, on one database set up by
+scenario (bench/enqueue.py), by three callers, alternating, on one database set up by
 docs/database-roles.sql:
 
-- `owner`: the superuser (no row-level security, the hash set by the statement);
-- `producer, no RLS`: a producer login with row-level security off on `queueworker.tasks`, as a
-  producer of schema version 15 enqueued;
-- `producer, no grants`: row-level security on, no queue grant at all (every queue allowed);
-- `producer, granted`: row-level security on, 20 grants of other roles and the producer's own
-  pattern, which its queue matches.
+- `owner`: the superuser (not bound by grants; the hash set by the statement);
+- `producer, no grants`: a producer login, no queue grant at all (every queue allowed: the insert
+  trigger's check is one look at `queueworker.queue_grants`);
+- `producer, granted`: 20 grants of other roles and the producer's own pattern, which its queue
+  matches (the trigger matches every inserted row's queue).
 
     python -m bench.grants_enqueue [--tasks 100000] [--rounds 5]
 """
@@ -31,14 +30,12 @@ from queueworker.dev.localpg import LocalPostgres
 
 ROLES_SCRIPT = Path(__file__).resolve().parent.parent / "docs" / "database-roles.sql"
 BATCH = 10_000
-CALLERS = ("owner", "producer, no RLS", "producer, no grants", "producer, granted")
+CALLERS = ("owner", "producer, no grants", "producer, granted")
 
 
 def _prepare(admin: str, caller: str) -> None:
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute("DELETE FROM queueworker.queue_grants")
-        rls = "DISABLE" if caller == "producer, no RLS" else "ENABLE"
-        conn.execute(f"ALTER TABLE queueworker.tasks {rls} ROW LEVEL SECURITY")
         if caller == "producer, granted":
             conn.execute("INSERT INTO queueworker.queue_grants (grantee, pattern) "
                          "SELECT 'bench_other_' || i, 'other' || i || '.*' FROM generate_series(1, 20) i "

@@ -118,7 +118,8 @@ BEGIN
     GRANT USAGE ON TYPE queueworker.run_state TO queueworker_operator;
     -- The trigger functions queueworker.audit_task_inserts, queueworker.audit_task_updates and
     -- queueworker.forbid_event_updates need no EXECUTE grant: a trigger fires whoever causes it.
-    -- Nor do queueworker.require_queues (queue grants, above), queueworker.replaced_columns, queueworker.counted_as, queueworker.dependency_verdict,
+    -- Nor do queueworker.require_queues (queue grants, above), queueworker.check_run_task_spec (start_run's),
+    -- queueworker.replaced_columns, queueworker.counted_as, queueworker.dependency_verdict,
     -- queueworker.settle_edges and queueworker.settle_cascade: only the owner's definer functions
     -- and triggers call them (queueworker.settle_new_dependent is the trigger that settles a new
     -- dependent's edges at commit). queueworker.task_dependencies, the edges, is written only by them too;
@@ -135,24 +136,16 @@ BEGIN
     REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA queueworker FROM PUBLIC;
 
     -- Queue grants (migration 016; `queueworker grant`, `revoke`, `grants`): once any grant exists, a
-    -- producer login may use only the queues its grants match. Its plain inserts and its reads of tasks
-    -- are limited by the row-level security below; the definer functions it calls check their arguments
-    -- with queueworker.require_queues. queueworker.glob_like, queueworker.unbound_by_grants and
-    -- queueworker.queue_patterns compute what a login may use; only the definer functions and this
-    -- policy call them (the policy as the producer, hence its EXECUTE on queue_patterns). Every other
-    -- role that reads or writes tasks through the parent table gets a policy that passes every row:
-    -- with row-level security on, a role without a policy would see no task at all. The schema's
-    -- owner is not subject to it. The operator grants and revokes (queueworker.grant_queue,
-    -- queueworker.revoke_queue); queueworker.queue_grants is read by it with every other table.
-    ALTER TABLE queueworker.tasks ENABLE ROW LEVEL SECURITY;
-    DROP POLICY IF EXISTS every_queue ON queueworker.tasks;
-    CREATE POLICY every_queue ON queueworker.tasks
-        TO queueworker_worker, queueworker_controller, queueworker_operator USING (true) WITH CHECK (true);
-    DROP POLICY IF EXISTS granted_queues ON queueworker.tasks;
-    CREATE POLICY granted_queues ON queueworker.tasks TO queueworker_producer
-        USING (queue LIKE ANY ((SELECT queueworker.queue_patterns())::text[]))
-        WITH CHECK (queue LIKE ANY ((SELECT queueworker.queue_patterns())::text[]));
-    GRANT EXECUTE ON FUNCTION queueworker.queue_patterns() TO queueworker_producer;
+    -- producer login may use only the queues its grants match. The insert trigger
+    -- (queueworker.audit_task_inserts) refuses a plain insert into another's queue; the definer
+    -- functions it calls check their arguments with queueworker.require_queues; it reads which task
+    -- holds a key through queueworker.existing_tasks. queueworker.glob_like,
+    -- queueworker.unbound_by_grants and queueworker.queue_patterns compute what a login may use; only
+    -- those functions and triggers call them. Not row-level security: with it on, Postgres plans every
+    -- other role's statements on tasks without the statistics of non-leakproof operators (the enum's
+    -- `=`), which made the controller's depth read several times slower. The operator grants and
+    -- revokes (queueworker.grant_queue, queueworker.revoke_queue); queueworker.queue_grants is read by
+    -- it with every other table.
     GRANT EXECUTE ON FUNCTION queueworker.grant_queue(text, text), queueworker.revoke_queue(text, text)
         TO queueworker_operator;
 
@@ -164,8 +157,11 @@ BEGIN
     -- changing pending ones that have a key); ENQUEUE_EXISTING reads which task holds a key. The trigger queueworker.fill_spec_hash
     -- runs queueworker.spec_hash as the role that inserts a task or moves one back (a retry).
     GRANT INSERT (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds, headers),
-          SELECT (id, queue, state, run_after, dedupe_key)
+          SELECT (id, queue, run_after)
         ON queueworker.tasks TO queueworker_producer;
+    -- Before version 16 ENQUEUE_EXISTING read `state` and `dedupe_key` of every task; now
+    -- queueworker.existing_tasks reads them, for the producer's own queues only.
+    REVOKE SELECT (state, dedupe_key) ON queueworker.tasks FROM queueworker_producer;
     -- NOTIFY_ON_FINISH marks the tasks just enqueued with notify_on_finish (wait_for) through the
     -- definer function queueworker.mark_notify_on_finish; the trigger function
     -- queueworker.notify_finished sends the notification when they end. Before version 16 the producer
@@ -180,7 +176,8 @@ BEGIN
                                       text[], boolean[], boolean[], bigint[], bigint[], bigint[], integer[], jsonb[]),
             queueworker.start_run(text, integer, jsonb, jsonb, text),
             queueworker.start_run(text, integer, jsonb, jsonb, text, text[]),
-            queueworker.replace_pending(bigint[], jsonb[], integer[], timestamptz[])
+            queueworker.replace_pending(bigint[], jsonb[], integer[], timestamptz[]),
+            queueworker.existing_tasks(bigint[], text[], text[])
         TO queueworker_producer;
     GRANT EXECUTE ON FUNCTION queueworker.spec_hash(text, text, jsonb)
         TO queueworker_producer, queueworker_worker, queueworker_operator;

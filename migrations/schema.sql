@@ -103,6 +103,9 @@ CREATE FUNCTION queueworker.audit_task_inserts() RETURNS trigger
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 BEGIN
+    IF NOT queueworker.unbound_by_grants() THEN
+        PERFORM queueworker.require_queues(ARRAY(SELECT DISTINCT n.queue FROM new_rows n));
+    END IF;
     INSERT INTO queueworker.task_events (task_id, from_state, to_state, worker, lease_token, detail)
     SELECT n.id, NULL, n.state, n.lease_owner, n.lease_token, NULL
     FROM new_rows n;
@@ -141,6 +144,25 @@ BEGIN
     RETURN NULL;
 END
 $$;
+
+CREATE FUNCTION queueworker.check_run_task_spec(spec jsonb, role text) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $_$
+BEGIN
+    IF spec IS NULL THEN
+        RETURN;
+    END IF;
+    IF jsonb_typeof(spec) <> 'object' OR coalesce(spec ->> 'queue', 'default') !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$'
+       OR coalesce(length(spec ->> 'task'), 0) NOT BETWEEN 1 AND 200
+       OR coalesce((spec ->> 'max_attempts')::integer, 10) < 1 OR (spec ->> 'timeout_seconds')::integer <= 0
+       OR (spec ->> 'priority')::integer IS DISTINCT FROM (spec ->> 'priority')::integer THEN
+        RAISE EXCEPTION 'the run''s % is not a task spec it could enqueue', role USING ERRCODE = 'check_violation';
+    END IF;
+EXCEPTION WHEN invalid_text_representation OR numeric_value_out_of_range THEN
+    RAISE EXCEPTION 'the run''s % is not a task spec it could enqueue', role USING ERRCODE = 'check_violation';
+END
+$_$;
 
 CREATE FUNCTION queueworker.clean_finished(retention_seconds double precision, batch integer) RETURNS SETOF bigint
     LANGUAGE plpgsql SECURITY DEFINER
@@ -437,6 +459,25 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION queueworker.existing_tasks(ords bigint[], queues text[], dedupe_keys text[]) RETURNS TABLE(ord bigint, id bigint, state text)
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    PERFORM queueworker.require_queues(queues);
+    RETURN QUERY
+    SELECT k.ord, t.id, t.state::text
+    FROM unnest(ords, queues, dedupe_keys) AS k(ord, queue, dedupe_key)
+    CROSS JOIN LATERAL (
+        SELECT x.id, x.state FROM queueworker.tasks x
+        WHERE x.queue = k.queue AND x.dedupe_key = k.dedupe_key
+        ORDER BY x.state IN ('succeeded', 'failed', 'cancelled'), x.id DESC
+        LIMIT 1
+    ) t
+    ORDER BY k.ord;
+END
+$$;
+
 CREATE FUNCTION queueworker.fill_spec_hash() RETURNS trigger
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -521,8 +562,8 @@ CREATE FUNCTION queueworker.mark_notify_on_finish(ids bigint[]) RETURNS SETOF bi
     LANGUAGE sql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
-    SELECT queueworker.require_queues(ARRAY(SELECT t.queue FROM queueworker.tasks t WHERE t.id = ANY(ids)));
-    UPDATE queueworker.tasks SET notify_on_finish = true WHERE id = ANY(ids) AND NOT notify_on_finish
+    UPDATE queueworker.tasks SET notify_on_finish = true
+    WHERE id = ANY(ids) AND NOT notify_on_finish AND queue LIKE ANY ((SELECT queueworker.queue_patterns())::text[])
     RETURNING id
 $$;
 
@@ -554,7 +595,6 @@ CREATE FUNCTION queueworker.replace_pending(ids bigint[], payloads jsonb[], prio
     LANGUAGE sql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
-    SELECT queueworker.require_queues(ARRAY(SELECT t.queue FROM queueworker.tasks t WHERE t.id = ANY(ids)));
     WITH r AS (
         SELECT DISTINCT ON (r.id) r.id, r.payload, r.priority, r.run_after
         FROM unnest(ids, payloads, priorities, run_afters) WITH ORDINALITY AS r(id, payload, priority, run_after, ord)
@@ -565,6 +605,7 @@ CREATE FUNCTION queueworker.replace_pending(ids bigint[], payloads jsonb[], prio
             delayed = coalesce(r.run_after > now(), false), updated_at = now()
         FROM r
         WHERE t.id = r.id AND t.state = 'pending' AND t.dedupe_key IS NOT NULL
+          AND t.queue LIKE ANY ((SELECT queueworker.queue_patterns())::text[])
           AND (t.payload IS DISTINCT FROM r.payload OR t.priority IS DISTINCT FROM r.priority
                OR t.run_after IS DISTINCT FROM coalesce(r.run_after, least(t.run_after, now())))
         RETURNING t.id, t.queue, t.run_after
@@ -878,8 +919,10 @@ DECLARE
     owners text[];
     new_id bigint;
 BEGIN
-    IF coalesce(cardinality(queues), 0) = 0 THEN
-        RAISE EXCEPTION 'a run is started with the queues of its partitions' USING ERRCODE = 'null_value_not_allowed';
+    -- A NULL queue is no queue: a run of none would pass the grants' check and own its watermark.
+    IF coalesce(cardinality(queues), 0) = 0 OR EXISTS (SELECT FROM unnest(queues) AS q WHERE q IS NULL) THEN
+        RAISE EXCEPTION 'a run is started with the queues of its partitions, none of them NULL'
+            USING ERRCODE = 'null_value_not_allowed';
     END IF;
     SELECT array_agg(DISTINCT q ORDER BY q) INTO run_queues
     FROM unnest(queues || ARRAY[CASE WHEN on_success IS NOT NULL THEN coalesce(on_success ->> 'queue', 'default') END,
@@ -887,6 +930,7 @@ BEGIN
          AS q
     WHERE q IS NOT NULL;
     PERFORM queueworker.require_queues(run_queues);
+    PERFORM queueworker.check_run_task_spec(on_success, 'consolidation'), queueworker.check_run_task_spec(on_failure, 'alert');
     SELECT w.queues INTO owners FROM queueworker.watermarks w WHERE w.name = watermark;
     IF NOT FOUND THEN  -- not advanced yet: it belongs to the queues of the last run started with it
         SELECT r.queues INTO owners FROM queueworker.runs r WHERE r.watermark = start_run.watermark
@@ -1406,6 +1450,8 @@ REVOKE ALL ON FUNCTION queueworker.count_run_outcomes(ids bigint[], run_ids bigi
 REVOKE ALL ON FUNCTION queueworker.enqueue_tasks(queues text[], tasks text[], payloads jsonb[], priorities integer[], run_afters timestamp with time zone[], max_attempts integer[], timeouts integer[], dedupe_keys text[], by_spec boolean[], cancel_on_failure boolean[], prerequisite_ords bigint[], prerequisite_ids bigint[], run_ids bigint[], run_partitions integer[]) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION queueworker.enqueue_tasks(queues text[], tasks text[], payloads jsonb[], priorities integer[], run_afters timestamp with time zone[], max_attempts integer[], timeouts integer[], dedupe_keys text[], by_spec boolean[], cancel_on_failure boolean[], prerequisite_ords bigint[], prerequisite_ids bigint[], run_ids bigint[], run_partitions integer[], headers jsonb[]) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION queueworker.existing_tasks(ords bigint[], queues text[], dedupe_keys text[]) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION queueworker.finalize_run(run_id bigint) FROM PUBLIC;
 

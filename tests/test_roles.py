@@ -400,7 +400,7 @@ def test_definer_functions_pin_their_search_path_and_are_not_public(dsn):
                                      "replace_pending", "settle_dependents", "settle_new_dependent",
                                      "count_run_outcomes", "start_run", "finalize_run", "audit_run", "audit_queue",
                                      "unbound_by_grants", "queue_patterns", "grant_queue", "revoke_queue",
-                                     "mark_notify_on_finish")}
+                                     "mark_notify_on_finish", "existing_tasks")}
     # Even without docs/database-roles.sql, only the owner may run the functions that change rows.
     for function in ("clean_finished(bigint, float8, integer)", "clean_finished(float8, integer)",
                      "clean_runs(float8, integer)", "clean_queue_events(float8, integer)",
@@ -411,6 +411,7 @@ def test_definer_functions_pin_their_search_path_and_are_not_public(dsn):
                      "start_run(text, integer, jsonb, jsonb, text)", "finalize_run(bigint)",
                      "start_run(text, integer, jsonb, jsonb, text, text[])", "grant_queue(text, text)",
                      "revoke_queue(text, text)", "mark_notify_on_finish(bigint[])", "queue_patterns()",
+                     "existing_tasks(bigint[], text[], text[])",
                      "replace_pending(bigint[], jsonb[], integer[], timestamptz[])",
                      "settle_dependents(bigint[], bigint[])", "settle_dependents(bigint[])", "audit_run()",
                      "audit_queue()"):

@@ -36,9 +36,15 @@ $$;
 
 -- Statement-level triggers with transition tables: one INSERT ... SELECT per statement,
 -- so a batched claim or completion of 500 rows costs one audit insert, not 500.
+-- The insert trigger also holds a producer to its queues (queue grants, 15_queue_grants.sql): a
+-- plain insert into a queue the acting login may not use fails whole, in one line. A login free of
+-- grants pays one look at queueworker.queue_grants per statement.
 CREATE OR REPLACE FUNCTION queueworker.audit_task_inserts() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
+    IF NOT queueworker.unbound_by_grants() THEN
+        PERFORM queueworker.require_queues(ARRAY(SELECT DISTINCT n.queue FROM new_rows n));
+    END IF;
     INSERT INTO queueworker.task_events (task_id, from_state, to_state, worker, lease_token, detail)
     SELECT n.id, NULL, n.state, n.lease_owner, n.lease_token, NULL
     FROM new_rows n;

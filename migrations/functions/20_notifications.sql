@@ -38,11 +38,12 @@ CREATE TRIGGER tasks_notify_finished AFTER UPDATE ON queueworker.tasks
 
 -- Marks tasks just enqueued with `notify_on_finish` (the producer's NOTIFY_ON_FINISH, worker/db/enqueue.sql);
 -- returns the ids marked. A definer function, so the producer needs no UPDATE on tasks (which would also
--- let it lock any task row with SELECT ... FOR UPDATE), and only for tasks of queues it may use.
+-- let it lock any task row with SELECT ... FOR UPDATE), and only for tasks of queues it may use (another's
+-- is to it a task that does not exist, and is left alone).
 CREATE OR REPLACE FUNCTION queueworker.mark_notify_on_finish(ids bigint[]) RETURNS SETOF bigint
 LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-    SELECT queueworker.require_queues(ARRAY(SELECT t.queue FROM queueworker.tasks t WHERE t.id = ANY(ids)));
-    UPDATE queueworker.tasks SET notify_on_finish = true WHERE id = ANY(ids) AND NOT notify_on_finish
+    UPDATE queueworker.tasks SET notify_on_finish = true
+    WHERE id = ANY(ids) AND NOT notify_on_finish AND queue LIKE ANY ((SELECT queueworker.queue_patterns())::text[])
     RETURNING id
 $$;
 

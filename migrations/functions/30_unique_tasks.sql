@@ -49,13 +49,12 @@ CREATE TRIGGER tasks_active_spec_changed BEFORE UPDATE OF queue, task, payload O
 -- UPDATE on tasks: enqueue_tasks (60_enqueue.sql) inserts, this one replaces.
 -- Gives pending tasks that have a dedupe key new values (the last of an id's entries wins), where
 -- they change anything; returns the ids changed. Only tasks of queues the acting login may use (queue
--- grants, 15_queue_grants.sql): one of another's refuses the whole call. Called by `enqueue_replace`
--- (worker/db/enqueue.sql).
+-- grants, 15_queue_grants.sql): another's is to it a task that does not exist, and is left alone.
+-- Called by `enqueue_replace` (worker/db/enqueue.sql).
 CREATE OR REPLACE FUNCTION queueworker.replace_pending(ids bigint[], payloads jsonb[], priorities integer[],
                                                        run_afters timestamptz[])
 RETURNS TABLE (id bigint, notified bigint)
 LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-    SELECT queueworker.require_queues(ARRAY(SELECT t.queue FROM queueworker.tasks t WHERE t.id = ANY(ids)));
     WITH r AS (
         SELECT DISTINCT ON (r.id) r.id, r.payload, r.priority, r.run_after
         FROM unnest(ids, payloads, priorities, run_afters) WITH ORDINALITY AS r(id, payload, priority, run_after, ord)
@@ -66,6 +65,7 @@ LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
             delayed = coalesce(r.run_after > now(), false), updated_at = now()
         FROM r
         WHERE t.id = r.id AND t.state = 'pending' AND t.dedupe_key IS NOT NULL
+          AND t.queue LIKE ANY ((SELECT queueworker.queue_patterns())::text[])
           AND (t.payload IS DISTINCT FROM r.payload OR t.priority IS DISTINCT FROM r.priority
                OR t.run_after IS DISTINCT FROM coalesce(r.run_after, least(t.run_after, now())))
         RETURNING t.id, t.queue, t.run_after
@@ -75,4 +75,28 @@ LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     SELECT id, (SELECT count(*) FROM notified) FROM replaced ORDER BY id
 $$;
 
-REVOKE EXECUTE ON FUNCTION queueworker.replace_pending(bigint[], jsonb[], integer[], timestamptz[]) FROM PUBLIC;
+-- The task holding each key, for the specs enqueue_tasks did not insert: the unfinished one, else
+-- (it finished since) the newest finished one; `ord` is the spec's. A definer function, so the
+-- producer needs no read of `state` and `dedupe_key` (which would show it every queue's keys); the
+-- queues must be the acting login's. Called by `enqueue_existing` (worker/db/enqueue.sql), a new
+-- statement after the insert, so it sees the duplicate that the insert waited for.
+CREATE OR REPLACE FUNCTION queueworker.existing_tasks(ords bigint[], queues text[], dedupe_keys text[])
+RETURNS TABLE (ord bigint, id bigint, state text)
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM queueworker.require_queues(queues);
+    RETURN QUERY
+    SELECT k.ord, t.id, t.state::text
+    FROM unnest(ords, queues, dedupe_keys) AS k(ord, queue, dedupe_key)
+    CROSS JOIN LATERAL (
+        SELECT x.id, x.state FROM queueworker.tasks x
+        WHERE x.queue = k.queue AND x.dedupe_key = k.dedupe_key
+        ORDER BY x.state IN ('succeeded', 'failed', 'cancelled'), x.id DESC
+        LIMIT 1
+    ) t
+    ORDER BY k.ord;
+END
+$$;
+
+REVOKE EXECUTE ON FUNCTION queueworker.replace_pending(bigint[], jsonb[], integer[], timestamptz[]),
+                           queueworker.existing_tasks(bigint[], text[], text[]) FROM PUBLIC;

@@ -34,6 +34,26 @@ BEGIN
 END
 $$;
 
+-- Refuses, at the start of a run, a consolidation or alert spec that enqueue_run_task could not insert
+-- when its time comes: that would fail the completion statement of the run's last partition (and
+-- with it the rest of that worker's batch), every time it is retried. The rules are the tasks table's.
+CREATE OR REPLACE FUNCTION queueworker.check_run_task_spec(spec jsonb, role text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF spec IS NULL THEN
+        RETURN;
+    END IF;
+    IF jsonb_typeof(spec) <> 'object' OR coalesce(spec ->> 'queue', 'default') !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$'
+       OR coalesce(length(spec ->> 'task'), 0) NOT BETWEEN 1 AND 200
+       OR coalesce((spec ->> 'max_attempts')::integer, 10) < 1 OR (spec ->> 'timeout_seconds')::integer <= 0
+       OR (spec ->> 'priority')::integer IS DISTINCT FROM (spec ->> 'priority')::integer THEN
+        RAISE EXCEPTION 'the run''s % is not a task spec it could enqueue', role USING ERRCODE = 'check_violation';
+    END IF;
+EXCEPTION WHEN invalid_text_representation OR numeric_value_out_of_range THEN
+    RAISE EXCEPTION 'the run''s % is not a task spec it could enqueue', role USING ERRCODE = 'check_violation';
+END
+$$;
+
 -- Moves a (locked) run on from its counters: consolidation or success when every partition
 -- succeeded, failure (and the alert) when one ended failed or cancelled, back to running when a
 -- retry took the last failure back. A run fails and gets its alert in one update: one transition,
@@ -158,6 +178,7 @@ BEGIN
          AS q
     WHERE q IS NOT NULL;
     PERFORM queueworker.require_queues(run_queues);
+    PERFORM queueworker.check_run_task_spec(on_success, 'consolidation'), queueworker.check_run_task_spec(on_failure, 'alert');
     SELECT w.queues INTO owners FROM queueworker.watermarks w WHERE w.name = watermark;
     IF NOT FOUND THEN  -- not advanced yet: it belongs to the queues of the last run started with it
         SELECT r.queues INTO owners FROM queueworker.runs r WHERE r.watermark = start_run.watermark

@@ -185,16 +185,9 @@ FROM queueworker.enqueue_tasks(%(queues)s::text[], %(tasks)s::text[], %(payloads
 -- name: enqueue_existing
 -- The task holding each key, for the specs enqueue_tasks did not insert: the unfinished one, else
 -- (it finished since) the newest finished one. A new statement, so it sees the duplicate that the
--- insert waited for.
-SELECT k.ord, t.id, t.state::text AS state
-FROM unnest(%(ords)s::bigint[], %(queues)s::text[], %(dedupe_keys)s::text[]) AS k(ord, queue, dedupe_key)
-CROSS JOIN LATERAL (
-    SELECT id, state FROM queueworker.tasks
-    WHERE queue = k.queue AND dedupe_key = k.dedupe_key
-    ORDER BY state IN ('succeeded', 'failed', 'cancelled'), id DESC
-    LIMIT 1
-) t
-ORDER BY k.ord;
+-- insert waited for; through a definer function (migration 016's version of the functions), so the
+-- producer reads keys and states of its own queues only.
+SELECT ord, id, state FROM queueworker.existing_tasks(%(ords)s::bigint[], %(queues)s::text[], %(dedupe_keys)s::text[]);
 
 -- name: enqueue_replace
 -- on_conflict="replace": a duplicate that is still `pending` takes the new spec's payload, priority
