@@ -149,14 +149,20 @@ CREATE FUNCTION queueworker.check_run_task_spec(spec jsonb, role text) RETURNS v
     LANGUAGE plpgsql IMMUTABLE
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $_$
+DECLARE
+    priority integer;
+    max_attempts integer;
+    timeout_seconds integer;
 BEGIN
     IF spec IS NULL THEN
         RETURN;
     END IF;
+    -- The casts enqueue_run_task makes: text that is no integer fails here, as it would there.
+    priority := spec ->> 'priority';
+    max_attempts := coalesce((spec ->> 'max_attempts')::integer, 10);
+    timeout_seconds := spec ->> 'timeout_seconds';
     IF jsonb_typeof(spec) <> 'object' OR coalesce(spec ->> 'queue', 'default') !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$'
-       OR coalesce(length(spec ->> 'task'), 0) NOT BETWEEN 1 AND 200
-       OR coalesce((spec ->> 'max_attempts')::integer, 10) < 1 OR (spec ->> 'timeout_seconds')::integer <= 0
-       OR (spec ->> 'priority')::integer IS DISTINCT FROM (spec ->> 'priority')::integer THEN
+       OR coalesce(length(spec ->> 'task'), 0) NOT BETWEEN 1 AND 200 OR max_attempts < 1 OR timeout_seconds <= 0 THEN
         RAISE EXCEPTION 'the run''s % is not a task spec it could enqueue', role USING ERRCODE = 'check_violation';
     END IF;
 EXCEPTION WHEN invalid_text_representation OR numeric_value_out_of_range THEN
