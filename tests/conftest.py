@@ -18,21 +18,11 @@ from tests.cluster.fixtures import (  # noqa: F401
     cluster_namespace, control_plane, crd, node_postgres, real_node, real_node_namespace,
 )
 from tests.containers.fixtures import container_engine, images  # noqa: F401
-from tests import parallel
+from tests.parallel import (  # noqa: F401 - the hooks that share the machine between pytest processes
+    pytest_collection_modifyitems, pytest_runtest_teardown, pytest_xdist_make_scheduler,
+)
 from tests.support import close_kept_connections
 from tests.pgbouncer import pgbouncer, pgbouncer_blank_dsn, pgbouncer_dsn  # noqa: F401
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    parallel.check_host_modules(items)
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        parallel.order_slowest_first(items)
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """Under `-n`: the host's tests in one process, every other module a unit of its own (tests/parallel.py)."""
-    return parallel.make_scheduler(config, log)
 
 
 @pytest.fixture(autouse=True)
