@@ -18,20 +18,18 @@ from tests.cluster.fixtures import (  # noqa: F401
     cluster_namespace, control_plane, crd, node_postgres, real_node, real_node_namespace,
 )
 from tests.containers.fixtures import container_engine, images  # noqa: F401
-from tests import parallel
+from tests.parallel import (  # noqa: F401 - the hooks that share the machine between pytest processes
+    pytest_collection_modifyitems, pytest_runtest_teardown, pytest_xdist_make_scheduler,
+)
+from tests.support import close_kept_connections
 from tests.pgbouncer import pgbouncer, pgbouncer_blank_dsn, pgbouncer_dsn  # noqa: F401
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    parallel.check_host_modules(items)
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        parallel.order_slowest_first(items)
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """Under `-n`: the host's tests in one process, every other module a unit of its own (tests/parallel.py)."""
-    return parallel.make_scheduler(config, log)
+@pytest.fixture(autouse=True)
+def kept_connections_closed() -> Iterator[None]:
+    """The connections `tests.support.query` keeps last one test at most."""
+    yield
+    close_kept_connections()
 
 
 @pytest.fixture(scope="session")
@@ -78,6 +76,7 @@ def create_database(admin_dsn: str, template: str | None = None) -> str:
 
 
 def drop_database(admin_dsn: str, name: str) -> None:
+    close_kept_connections()
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 

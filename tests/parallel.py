@@ -17,6 +17,7 @@ the host's fixtures outside these modules fails the collection.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -53,16 +54,43 @@ def check_host_modules(items: list[pytest.Item]) -> None:
 SLOWEST_FIRST = ("cluster", "integration")
 
 
-def order_slowest_first(items: list[pytest.Item]) -> None:
+def order_slowest_first(items: list[pytest.Item]) -> dict[str, int]:
     """Sorts `items` (stably) by unit of work: the host's unit first, then units with cluster
     tests, then integration, then the rest. Every process collects in this order, and the
-    scheduler hands out units in the order of the collection."""
+    scheduler hands out units in the order of the collection. Returns each unit's rank in that
+    order (0 the host's unit, 1 cluster, 2 integration, 3 the rest)."""
     rank: dict[str, int] = {}
     for item in items:
         unit = unit_of_work(item.nodeid)
         tiers = [i for i, marker in enumerate(SLOWEST_FIRST, start=1) if item.get_closest_marker(marker)]
         rank[unit] = min(rank.get(unit, len(SLOWEST_FIRST) + 1), 0 if unit == HOST_UNIT else min(tiers, default=len(SLOWEST_FIRST) + 1))
     items.sort(key=lambda item: rank[unit_of_work(item.nodeid)])
+    return rank
+
+
+# Session fixtures that only the units up to a rank use, with that rank: the real node only the
+# host's unit, the process kubelet's control plane the host's and the cluster units. Since every
+# process runs its units in rank order, once a process's next test ranks later it will not use
+# them again, and it stops them then rather than at the session's end (what was built on them, the
+# CRD or the controller's kubeconfig, goes with them). An idle control plane (API server, etcd,
+# controller manager, kubelet) keeps about a tenth of a core busy. Should a later test ask for
+# one all the same, pytest starts it anew.
+LAST_RANK_USING = {"real_node": 0, "control_plane": 1}
+UNIT_RANKS = pytest.StashKey[dict[str, int]]()
+
+
+def finish_unused_fixtures(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """After `item`'s teardown: finishes each fixture of LAST_RANK_USING that runs here and that
+    no test after `item` uses, when the units are ranked (under `-n`, `UNIT_RANKS` in the stash)."""
+    ranks = item.config.stash.get(UNIT_RANKS, None)
+    request = getattr(item, "_request", None)
+    if ranks is None or nextitem is None or request is None:
+        return
+    next_rank = ranks.get(unit_of_work(nextitem.nodeid), 0)
+    for name, last_rank in LAST_RANK_USING.items():
+        if next_rank > last_rank and name not in getattr(nextitem, "fixturenames", ()):
+            for fixturedef in item.session._fixturemanager.getfixturedefs(name, item) or ():
+                fixturedef.finish(request)
 
 
 def make_scheduler(config: pytest.Config, log: Any) -> Any:
@@ -77,3 +105,25 @@ def make_scheduler(config: pytest.Config, log: Any) -> Any:
             return unit_of_work(nodeid)
 
     return ModuleOrHostScheduling(config, log)
+
+
+# The hooks, imported by tests/conftest.py.
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    check_host_modules(items)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        config.stash[UNIT_RANKS] = order_slowest_first(items)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+    """Under `-n`: the control planes stop once this process has no test left that uses them."""
+    result = yield
+    finish_unused_fixtures(item, nextitem)
+    return result
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """Under `-n`: the host's tests in one process, every other module a unit of its own."""
+    return make_scheduler(config, log)

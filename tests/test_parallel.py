@@ -9,6 +9,7 @@ import pytest
 from tests import parallel
 
 ROOT = Path(__file__).resolve().parent.parent
+pytest_plugins = ["pytester"]
 
 
 class Item:
@@ -43,3 +44,57 @@ def test_a_test_that_reaches_the_host_outside_the_host_modules_fails_the_collect
     parallel.check_host_modules([Item("tests/test_real_node.py::t", ("real_node",))])  # type: ignore[list-item]
     with pytest.raises(pytest.UsageError, match="tests/test_new.py use the host's real node"):
         parallel.check_host_modules([Item("tests/test_new.py::t", ("dsn", "images"))])  # type: ignore[list-item]
+
+
+CONFTEST = """
+import pytest
+
+from tests.parallel import pytest_collection_modifyitems, pytest_runtest_teardown, pytest_xdist_make_scheduler
+
+EVENTS = []
+
+
+@pytest.fixture(scope="session")
+def control_plane():
+    EVENTS.append("started")
+    yield
+    EVENTS.append("stopped")
+
+
+@pytest.fixture
+def plane_events():
+    return EVENTS
+"""
+
+
+def test_a_process_stops_the_control_plane_after_its_last_cluster_test(pytester, monkeypatch):
+    """Under -n, the suite's own hooks (tests/parallel.py's, which tests/conftest.py imports) stop the session's control plane before the first test of a
+    later rank, not at the session's end; a cluster module's tests that do not use it keep it."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    pytester.makeconftest(CONFTEST)
+    pytester.makeini("[pytest]\nmarkers =\n    cluster: c\n    integration: i\n")
+    pytester.makepyfile(
+        test_a_cluster="""
+            import pytest
+            pytestmark = pytest.mark.cluster
+            def test_uses_it(control_plane, plane_events):
+                assert plane_events == ["started"]
+            def test_beside_it(plane_events):
+                assert plane_events == ["started"]
+            def test_uses_it_again(control_plane, plane_events):
+                assert plane_events == ["started"]
+        """,
+        test_b_integration="""
+            import pytest
+            @pytest.mark.integration
+            def test_after(plane_events):
+                assert plane_events == ["started", "stopped"]
+        """,
+        test_c_rest="""
+            def test_later_still(plane_events):
+                assert plane_events == ["started", "stopped"]
+        """)
+    result = pytester.runpytest_subprocess("-n", "1", "-p", "no:cacheprovider", "-p", "no:hypothesispytest",
+                                           "-p", "no:anyio")
+    result.assert_outcomes(passed=5)
