@@ -21,7 +21,7 @@ from tests.containers.fixtures import container_engine, images  # noqa: F401
 from tests.parallel import (  # noqa: F401 - the hooks that share the machine between pytest processes
     pytest_collection_modifyitems, pytest_runtest_teardown, pytest_xdist_make_scheduler,
 )
-from tests.support import close_kept_connections
+from tests.support import admin_execute, close_kept_connections
 from tests.pgbouncer import pgbouncer, pgbouncer_blank_dsn, pgbouncer_dsn  # noqa: F401
 
 
@@ -70,15 +70,13 @@ def create_database(admin_dsn: str, template: str | None = None) -> str:
     """A new database, a copy of `template` (else of template1); its name."""
     name = f"qw_test_{uuid.uuid4().hex[:12]}"
     copy = f' TEMPLATE "{template}" STRATEGY {CLONE_STRATEGY}' if template else ""
-    with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"{copy}')
+    admin_execute(admin_dsn, f'CREATE DATABASE "{name}"{copy}')
     return name
 
 
 def drop_database(admin_dsn: str, name: str) -> None:
     close_kept_connections()
-    with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    admin_execute(admin_dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @contextlib.contextmanager

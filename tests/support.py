@@ -152,6 +152,31 @@ def _ended(conn: psycopg.Connection) -> bool:
     return conn.closed or bool(select.select([conn.fileno()], [], [], 0)[0])
 
 
+# The superuser's connections to the server's maintenance database that create and drop each test's
+# database (tests/conftest.py), kept by thread for the whole session: two logins fewer per test, about
+# 2,000 a run.
+_admin: dict[tuple[int, str], psycopg.Connection] = {}
+
+
+def admin_execute(admin_dsn: str, statement: str) -> None:
+    """Runs `statement` (a CREATE or DROP DATABASE) on this thread's kept connection to `admin_dsn`,
+    logging in again when the server ended it (a restart)."""
+    key = (threading.get_ident(), admin_dsn)
+    conn = _admin.get(key)
+    if conn is not None and _ended(conn):
+        conn.close()
+        conn = None
+    if conn is None:
+        conn = _admin[key] = psycopg.connect(admin_dsn, autocommit=True, prepare_threshold=None)
+    try:
+        conn.execute(statement)
+    except psycopg.OperationalError:
+        if not conn.broken:
+            raise
+        del _admin[key]
+        admin_execute(admin_dsn, statement)
+
+
 def close_kept_connections() -> None:
     """Closes the connections `query` kept (tests/conftest.py: before a test's database is dropped,
     and at each test's end)."""

@@ -8,6 +8,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from tests.conftest import create_database, drop_database
 from tests.support import close_kept_connections, query, scalar
 
 SESSION = "SELECT pg_backend_pid(), backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()"
@@ -40,3 +41,19 @@ def test_query_logs_in_again_when_the_server_ended_its_kept_connection(dsn):
     with psycopg.connect(dsn, autocommit=True) as admin:
         assert admin.execute("SELECT pg_terminate_backend(%s, 10000)", (pid,)).fetchone()[0]
     assert query(dsn, SESSION)[0][0] != pid
+
+
+ADMIN_SESSIONS = ("SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND usename = current_user "
+                  "AND backend_type = 'client backend' AND pid <> pg_backend_pid()")
+
+
+@pytest.mark.integration
+def test_creating_and_dropping_test_databases_keeps_one_login(postgres):
+    _, admin_dsn = postgres
+    drop_database(admin_dsn, create_database(admin_dsn))
+    with psycopg.connect(admin_dsn, autocommit=True) as probe:
+        before = {row[0] for row in probe.execute(ADMIN_SESSIONS)}
+        assert before, "the login that made and dropped a database is kept"
+        for _ in range(3):
+            drop_database(admin_dsn, create_database(admin_dsn))
+        assert {row[0] for row in probe.execute(ADMIN_SESSIONS)} == before
