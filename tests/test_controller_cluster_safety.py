@@ -19,6 +19,7 @@ from kubernetes.client.rest import ApiException
 
 from queueworker.db.migrate import migrate
 from queueworker_controller.deployment import SECRET_VERSION_ANNOTATION
+from queueworker_controller.reconcile import SECRET_REFRESH_SECONDS
 from queueworker.scaling.resource import GROUP, PLURAL, VERSION
 from tests.controller_cluster import Cluster, DB_SECRET, create_queueworker, ERRORS, cluster, enqueue_sleeps, running_controller, task_report, worker_spec  # noqa: F401 (cluster: a fixture)
 from tests.hanging_servers import FloodingPostgres, SilentServer, StalledPostgres
@@ -292,7 +293,10 @@ def test_a_rotated_secret_moves_the_reads_rolls_the_workers_and_deletion_forgets
         version = before.spec.template.metadata.annotations[SECRET_VERSION_ANNOTATION]
 
         cluster.secret(DB_SECRET, rotated)
-        cluster.wait_for(lambda: cluster.queueworker("rotor")["status"]["queueDepth"]["ready"] == 5, timeout=30,
+        # The promise: the Secret is read again within SECRET_REFRESH_SECONDS, and the next tick reads the
+        # depth and writes it; a loaded machine stretches the tick, never the refresh.
+        cluster.wait_for(lambda: cluster.queueworker("rotor")["status"]["queueDepth"]["ready"] == 5,
+                         timeout=SECRET_REFRESH_SECONDS + 30,
                          message="depth read from the new database, without restarting the controller")
         rolled = cluster.wait_for(lambda: (lambda d: d.spec.template.metadata.annotations[SECRET_VERSION_ANNOTATION]
                                            != version and d)(
