@@ -282,7 +282,9 @@ def test_the_worker_role_cleans_history_in_a_real_worker_and_no_other_role_may(i
     bounding = WorkerProcess(login["worker"], "--queue", "retention-idle", "--retention-hours", "1",
                              "--watermark-retention-days", "1", "--cleaner-interval-seconds", "0.2")
     try:
-        wait_until(lambda: run_ids(admin) == {young}, message="the stale watermark's run deleted")
+        # The pass reports what it deleted once it is over: the log line comes after the deletes.
+        wait_until(lambda: run_ids(admin) == {young} and "deleted 1 watermarks" in bounding.log(),
+                   message="the stale watermark's run deleted, and the pass's report")
     finally:
         bounding.stop()
     log = bounding.log()
