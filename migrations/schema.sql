@@ -923,6 +923,7 @@ CREATE FUNCTION queueworker.start_run(name text, expected integer, on_success js
 DECLARE
     run_queues text[];
     owners text[];
+    patterns text[] := queueworker.queue_patterns();
     new_id bigint;
 BEGIN
     -- A NULL queue is no queue: a run of none would pass the grants' check and own its watermark.
@@ -942,9 +943,8 @@ BEGIN
         SELECT r.queues INTO owners FROM queueworker.runs r WHERE r.watermark = start_run.watermark
         ORDER BY r.id DESC LIMIT 1;
     END IF;
-    IF FOUND AND queueworker.queue_patterns() <> ARRAY['%']
-       AND (owners IS NULL OR EXISTS (SELECT FROM unnest(owners) AS o(name)
-                                      WHERE NOT o.name LIKE ANY (queueworker.queue_patterns()))) THEN
+    IF FOUND AND patterns <> ARRAY['%']
+       AND (owners IS NULL OR EXISTS (SELECT FROM unnest(owners) AS o(name) WHERE NOT o.name LIKE ANY (patterns))) THEN
         RAISE EXCEPTION 'login % may not use the watermark %: it belongs to the queues of another producer',
                         session_user, watermark
             USING ERRCODE = 'insufficient_privilege';
