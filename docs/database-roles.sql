@@ -156,7 +156,7 @@ BEGIN
     -- (ENQUEUE_TASKS, ENQUEUE_REPLACE: nothing but inserting such tasks with their edges, and
     -- changing pending ones that have a key); ENQUEUE_EXISTING reads which task holds a key. The trigger queueworker.fill_spec_hash
     -- runs queueworker.spec_hash as the role that inserts a task or moves one back (a retry).
-    GRANT INSERT (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds, headers),
+    GRANT INSERT (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds, headers, key),
           SELECT (id, queue, run_after)
         ON queueworker.tasks TO queueworker_producer;
     -- Before version 16 ENQUEUE_EXISTING read `state` and `dedupe_key` of every task; now
@@ -174,6 +174,9 @@ BEGIN
                                       text[], boolean[], boolean[], bigint[], bigint[], bigint[], integer[]),
             queueworker.enqueue_tasks(text[], text[], jsonb[], integer[], timestamptz[], integer[], integer[],
                                       text[], boolean[], boolean[], bigint[], bigint[], bigint[], integer[], jsonb[]),
+            queueworker.enqueue_tasks(text[], text[], jsonb[], integer[], timestamptz[], integer[], integer[],
+                                      text[], boolean[], boolean[], bigint[], bigint[], bigint[], integer[], jsonb[],
+                                      text[]),
             queueworker.start_run(text, integer, jsonb, jsonb, text),
             queueworker.start_run(text, integer, jsonb, jsonb, text, text[]),
             queueworker.replace_pending(bigint[], jsonb[], integer[], timestamptz[]),
@@ -206,7 +209,7 @@ BEGIN
     -- NOTIFY that wakes workers for it through queueworker.wake_queue. SAVE_CHECKPOINT updates
     -- tasks_active (granted above).
     GRANT INSERT (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds, run_id,
-                  run_partition, continued_from, headers)
+                  run_partition, continued_from, headers, key)
         ON queueworker.tasks TO queueworker_worker;
     GRANT EXECUTE ON FUNCTION queueworker.wake_queue(text, timestamptz) TO queueworker_worker;
     -- Flow control: CLAIM reads whether a queue is limited; CLAIM_LIMITED locks the queue's row and
@@ -228,11 +231,15 @@ BEGIN
         TO queueworker_worker;
     -- Periodic tasks (migration 011): the cron duty writes the schedules declared in code
     -- (UPSERT_CODE_CRON_JOB), reads those due (DUE_CRON_JOBS), and moves a schedule's next slot on
-    -- together with enqueueing its slots (ENQUEUE_CRON_SLOTS, through queueworker.enqueue_tasks).
+    -- together with enqueueing its slots (ENQUEUE_CRON_SLOTS, through queueworker.enqueue_tasks, which
+    -- takes the schedule's task key since version 18; workers of earlier versions call the version without).
     GRANT SELECT, INSERT, UPDATE ON queueworker.cron_jobs TO queueworker_worker;
     GRANT EXECUTE ON FUNCTION
             queueworker.enqueue_tasks(text[], text[], jsonb[], integer[], timestamptz[], integer[], integer[],
-                                      text[], boolean[], boolean[], bigint[], bigint[], bigint[], integer[])
+                                      text[], boolean[], boolean[], bigint[], bigint[], bigint[], integer[]),
+            queueworker.enqueue_tasks(text[], text[], jsonb[], integer[], timestamptz[], integer[], integer[],
+                                      text[], boolean[], boolean[], bigint[], bigint[], bigint[], integer[], jsonb[],
+                                      text[])
         TO queueworker_worker;
 
     -- Controller (QUEUE_DEPTH, WORKER_LEASES): counts and leases, never payloads; a queue's

@@ -59,7 +59,7 @@ WHEN = st.one_of(st.none(), st.sampled_from([datetime(1, 1, 1, tzinfo=UTC), date
 SPEC = st.fixed_dictionaries({"task": TEXT}, optional={
     "payload": st.one_of(JSON, st.just(DEEP)), "queue": TEXT, "priority": NUMBER, "run_after": WHEN,
     "delay": NUMBER, "max_attempts": NUMBER, "timeout_seconds": NUMBER, "dedupe_key": TEXT,
-    "headers": st.dictionaries(TEXT, TEXT, max_size=3), "notify_on_finish": st.booleans()})
+    "headers": st.dictionaries(TEXT, TEXT, max_size=3), "notify_on_finish": st.booleans(), "key": TEXT})
 EXPRESSION = st.one_of(st.sampled_from(["* * * * *", "0 3 * * *", "@hourly", "*/0 * * * *", "60 * * * *"]),
                        HOSTILE_TEXT)
 ZONE = st.one_of(st.sampled_from(["UTC", "Europe/Paris"]), HOSTILE_TEXT)
@@ -67,7 +67,7 @@ ARG = TEXT.filter(lambda t: "\x00" not in t)  # a command line cannot hold NUL
 NUMBER_ARG = st.one_of(NUMBER.map(str), ARG)
 COMMAND_LINE = st.one_of(
     st.tuples(st.just("enqueue"), ARG, st.just("--queue"), ARG, st.just("--payload"), ARG,
-              st.just("--priority"), NUMBER_ARG),
+              st.just("--priority"), NUMBER_ARG, st.just("--key"), ARG),
     st.tuples(st.just("cancel"), NUMBER_ARG),
     st.tuples(st.just("retry"), NUMBER_ARG),
     st.tuples(st.just("pause"), ARG, st.just("--for"), ARG),

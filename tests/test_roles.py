@@ -365,6 +365,45 @@ def test_a_producer_copies_without_setting_the_spec_hash_and_without_temp_does_n
     assert hashed == 2 * len(specs)
 
 
+def test_task_keys_need_no_grant_beyond_their_column(installation):
+    """A producer login stores keys through every enqueue path (plain, COPY, unique, dependent, a run's
+    partitions), an operator login a schedule's key, and a worker login keeps them on a continued
+    task's next page and on cron slots, each with only the grants of docs/database-roles.sql."""
+    installation.install()
+    login = installation.logins
+    with psycopg.connect(login["producer"]) as conn:
+        plain = enqueue(conn, "long.page", {"page": 0, "pages": 2, "sleep": 0}, queue=QUEUE, key="tenant-a")
+        staged = enqueue_many(conn, [{"task": "t", "queue": NOTIFY_QUEUE, "key": f"k{n}"} for n in range(COPY_THRESHOLD)])
+        assert conn.execute(STAGED).fetchone()[0], "the batch went through COPY"
+        unique = enqueue(conn, "t", queue=NOTIFY_QUEUE, key="tenant-u", dedupe_key="roles-keyed")
+        dependent = enqueue(conn, "t", queue=NOTIFY_QUEUE, key="tenant-d", depends_on=[unique])
+        run = start_run(conn, "roles-keyed", [{"task": "t", "queue": NOTIFY_QUEUE, "key": "tenant-p"}])
+    added = qw("cron", "add", "roles-keyed", "--cron", "* * * * * *", "--task", "qw.noop", "--queue", QUEUE,
+               "--key", "tenant-c", "--dsn", login["operator"])
+    assert added.returncode == 0, added.stderr
+    worker = WorkerProcess(login["worker"], "--queue", QUEUE, "--handlers", "tests.long_task_handlers")
+    try:
+        wait_until(lambda: scalar(installation.admin, "SELECT count(*) FROM queueworker.tasks WHERE task = 'long.page' "
+                                                      "AND state = 'succeeded'") == 2, message="both pages")
+        wait_until(lambda: scalar(installation.admin, "SELECT count(*) FROM queueworker.tasks WHERE queue = %s "
+                                                      "AND task = 'qw.noop' AND state = 'succeeded'", (QUEUE,)) >= 1,
+                   message="a cron slot")
+    finally:
+        worker.stop()
+    assert worker.proc.returncode is not None
+    admin = installation.admin
+    assert {key for (key,) in query(admin, "SELECT key FROM queueworker.tasks WHERE task = 'long.page'")} == {"tenant-a"}
+    assert scalar(admin, "SELECT count(*) FROM queueworker.tasks WHERE task = 'long.page' AND continued_from = %s",
+                  (plain,)) == 1
+    assert [key for (key,) in query(admin, "SELECT key FROM queueworker.tasks WHERE id = ANY(%s) ORDER BY id",
+                                    (staged,))] == [f"k{n}" for n in range(COPY_THRESHOLD)]
+    assert query(admin, "SELECT id, key FROM queueworker.tasks WHERE id = ANY(%s) ORDER BY id",
+                 ([unique, dependent],)) == [(unique, "tenant-u"), (dependent, "tenant-d")]
+    assert scalar(admin, "SELECT key FROM queueworker.tasks WHERE run_id = %s", (run,)) == "tenant-p"
+    assert {key for (key,) in query(admin, "SELECT DISTINCT key FROM queueworker.tasks "
+                                           "WHERE dedupe_key LIKE 'cron:roles-keyed:%%'")} == {"tenant-c"}
+
+
 def test_each_role_is_refused_what_it_does_not_need(installation):
     installation.install()
     with psycopg.connect(installation.admin, autocommit=True) as conn:

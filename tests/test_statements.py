@@ -19,6 +19,7 @@ import pytest
 
 import queueworker.db
 from queueworker.db import statements
+from queueworker.db.enqueue import CREATE_STAGING
 from queueworker.db.statements import JsonText, Statement
 
 DB_DIR = Path(queueworker.db.__file__).parent
@@ -109,10 +110,9 @@ def test_the_statement_matches_its_declared_parameter_and_row_types(dsn, stateme
     with psycopg.connect(dsn, autocommit=True) as conn:
         type_names = dict(conn.execute("SELECT oid::int, typname::text FROM pg_type").fetchall())
         enums = {name for (name,) in conn.execute("SELECT typname::text FROM pg_type WHERE typtype = 'e'")}
-        # The staging table the producer's COPY path fills exists only in its transaction.
-        conn.execute("CREATE TEMPORARY TABLE queueworker_staged_tasks (ord bigint NOT NULL, queue text NOT NULL, "
-                     "task text NOT NULL, payload jsonb NOT NULL, priority integer NOT NULL, run_after timestamptz, "
-                     "max_attempts integer NOT NULL, timeout_seconds integer, headers jsonb)")
+        # The staging table the producer's COPY path fills exists only in its transaction: made here as
+        # enqueue.sql's create_staging makes it, kept past this autocommit statement.
+        conn.execute(CREATE_STAGING.text.replace("ON COMMIT DROP", ""))
         text, names = _numbered(statement.text)
         prepared = conn.pgconn.prepare(b"checked", text.encode())
         if prepared.status != psycopg.pq.ExecStatus.COMMAND_OK:

@@ -13,6 +13,8 @@ QUEUE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 DEFAULT_MAX_ATTEMPTS = 10
 MAX_ATTEMPTS = 1000
 MAX_TASK_NAME = 200
+# The longest task key (TaskSpec.key): the CHECK tasks_key_text of migration 018 holds the same bound.
+MAX_TASK_KEY = 256
 # The largest value of a Postgres `integer` column (priority, max_attempts, timeout_seconds).
 INT4_MAX = 2**31 - 1
 # The longest duration accepted anywhere, in seconds (about 68 years): it fits an `integer`
@@ -44,6 +46,16 @@ TaskName = Annotated[str, StringConstraints(min_length=1, max_length=MAX_TASK_NA
 
 DedupeKey = Annotated[str, StringConstraints(min_length=1, max_length=512), AfterValidator(printable)]
 """Any printable text up to 512 characters."""
+
+TaskKey = Annotated[str, StringConstraints(min_length=1, max_length=MAX_TASK_KEY), AfterValidator(printable_or_empty)]
+"""Any printable text of 1 to 256 characters (`str.isprintable()`): the key a task is governed by
+within its queue (docs/flow-control.md)."""
+
+
+def task_key_ok(key: object) -> bool:
+    """Whether `key` is a TaskKey as it is, without pydantic (the producer's fast path for plain dicts)."""
+    return type(key) is str and 0 < len(key) <= MAX_TASK_KEY and key.isprintable()
+
 
 TaskId = Annotated[int, Field(ge=1, le=2**63 - 1)]
 MAX_PREREQUISITES = 1000

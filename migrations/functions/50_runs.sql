@@ -24,10 +24,10 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     new_id bigint;
 BEGIN
-    INSERT INTO queueworker.tasks (queue, task, payload, priority, max_attempts, timeout_seconds, delayed, run_id)
+    INSERT INTO queueworker.tasks (queue, task, payload, priority, max_attempts, timeout_seconds, delayed, run_id, key)
     VALUES (coalesce(spec ->> 'queue', 'default'), spec ->> 'task', coalesce(spec -> 'payload', '{}'),
             coalesce((spec ->> 'priority')::integer, 0), coalesce((spec ->> 'max_attempts')::integer, 10),
-            (spec ->> 'timeout_seconds')::integer, false, run_id)
+            (spec ->> 'timeout_seconds')::integer, false, run_id, spec ->> 'key')
     RETURNING id INTO new_id;
     PERFORM queueworker.wake_queue(coalesce(spec ->> 'queue', 'default'), now());
     RETURN new_id;
@@ -52,7 +52,9 @@ BEGIN
     max_attempts := coalesce((spec ->> 'max_attempts')::integer, 10);
     timeout_seconds := spec ->> 'timeout_seconds';
     IF jsonb_typeof(spec) <> 'object' OR coalesce(spec ->> 'queue', 'default') !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$'
-       OR coalesce(length(spec ->> 'task'), 0) NOT BETWEEN 1 AND 200 OR max_attempts < 1 OR timeout_seconds <= 0 THEN
+       OR coalesce(length(spec ->> 'task'), 0) NOT BETWEEN 1 AND 200 OR max_attempts < 1 OR timeout_seconds <= 0
+       -- A key as the CHECK tasks_key_text of migration 018 takes it.
+       OR length(spec ->> 'key') NOT BETWEEN 1 AND 256 OR spec ->> 'key' ~ '[\x01-\x1f\x7f-\x9f\u2028\u2029]' THEN
         RAISE EXCEPTION 'the run''s % is not a task spec it could enqueue', role USING ERRCODE = 'check_violation';
     END IF;
 EXCEPTION WHEN invalid_text_representation OR numeric_value_out_of_range THEN

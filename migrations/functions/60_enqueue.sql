@@ -11,7 +11,7 @@
 -- The producer's enqueue for everything beyond a plain task: dedupe keys and prerequisites
 -- (`prerequisite_ords[i]` is the 1-based position of the spec that depends on task
 -- `prerequisite_ids[i]`, which must exist), for a run's partitions the run and partition number,
--- and each spec's headers. A spec with prerequisites starts `blocked`; its edges are kept only if
+-- and each spec's headers and key (migration 018). A spec with prerequisites starts `blocked`; its edges are kept only if
 -- it was inserted (a duplicate's holder has its own). Rows are inserted with ids taken in spec
 -- order, so each spec finds its row. Aimed at `tasks_active`, whose unique index is the arbiter of
 -- the ON CONFLICT: one unfinished task per (queue, dedupe key). A definer function, so the producer
@@ -24,7 +24,8 @@ CREATE OR REPLACE FUNCTION queueworker.enqueue_tasks(queues text[], tasks text[]
                                                      max_attempts integer[], timeouts integer[], dedupe_keys text[],
                                                      by_spec boolean[], cancel_on_failure boolean[],
                                                      prerequisite_ords bigint[], prerequisite_ids bigint[],
-                                                     run_ids bigint[], run_partitions integer[], headers jsonb[])
+                                                     run_ids bigint[], run_partitions integer[], headers jsonb[],
+                                                     keys text[])
 RETURNS TABLE (ord bigint, queue text, dedupe_key text, id bigint, notified bigint)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
@@ -82,24 +83,24 @@ BEGIN
     RETURN QUERY
     WITH specs AS MATERIALIZED (
         SELECT s.ord, s.queue, s.task, s.payload, s.priority, s.run_after, s.max_attempts, s.timeout_seconds,
-               s.cancel_on_failure, s.run_id, s.run_partition, s.headers,
+               s.cancel_on_failure, s.run_id, s.run_partition, s.headers, s.key,
                nextval('queueworker.tasks_id_seq') AS new_id,
                CASE WHEN s.by_spec THEN encode(queueworker.spec_hash(s.queue, s.task, s.payload), 'hex')
                     ELSE s.dedupe_key END AS dedupe_key,
                s.ord = ANY(prerequisite_ords) AS blocked
         FROM unnest(queues, tasks, payloads, priorities, run_afters, max_attempts, timeouts, dedupe_keys, by_spec,
-                    cancel_on_failure, run_ids, run_partitions, headers)
+                    cancel_on_failure, run_ids, run_partitions, headers, keys)
              WITH ORDINALITY AS s(queue, task, payload, priority, run_after, max_attempts, timeout_seconds,
-                                  dedupe_key, by_spec, cancel_on_failure, run_id, run_partition, headers, ord)
+                                  dedupe_key, by_spec, cancel_on_failure, run_id, run_partition, headers, key, ord)
         ORDER BY s.ord
     ), inserted AS (
         INSERT INTO queueworker.tasks_active AS t
             (id, queue, task, state, payload, priority, run_after, delayed, max_attempts, timeout_seconds, dedupe_key,
-             run_id, run_partition, headers)
+             run_id, run_partition, headers, key)
         OVERRIDING SYSTEM VALUE  -- the identity is the parent's: an insert aimed at a partition takes ids itself
         SELECT new_id, s.queue, s.task, CASE WHEN s.blocked THEN 'blocked' ELSE 'pending' END::queueworker.task_state,
                s.payload, s.priority, coalesce(s.run_after, now()), coalesce(s.run_after > now(), false),
-               s.max_attempts, s.timeout_seconds, s.dedupe_key, s.run_id, s.run_partition, s.headers
+               s.max_attempts, s.timeout_seconds, s.dedupe_key, s.run_id, s.run_partition, s.headers, s.key
         FROM specs s ORDER BY s.ord
         ON CONFLICT (queue, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
         RETURNING t.id, t.queue, t.run_after, t.state
@@ -119,8 +120,22 @@ BEGIN
 END
 $$;
 
--- The version without headers stays, for producers of earlier versions during a rolling upgrade, and
--- inserts none.
+-- The versions without keys (schema version 12 to 17) and without headers (before 12) stay, for
+-- producers of earlier versions during a rolling upgrade, and insert none: each calls the one above,
+-- which makes every check.
+CREATE OR REPLACE FUNCTION queueworker.enqueue_tasks(queues text[], tasks text[], payloads jsonb[],
+                                                     priorities integer[], run_afters timestamptz[],
+                                                     max_attempts integer[], timeouts integer[], dedupe_keys text[],
+                                                     by_spec boolean[], cancel_on_failure boolean[],
+                                                     prerequisite_ords bigint[], prerequisite_ids bigint[],
+                                                     run_ids bigint[], run_partitions integer[], headers jsonb[])
+RETURNS TABLE (ord bigint, queue text, dedupe_key text, id bigint, notified bigint)
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT * FROM queueworker.enqueue_tasks(queues, tasks, payloads, priorities, run_afters, max_attempts, timeouts,
+                                            dedupe_keys, by_spec, cancel_on_failure, prerequisite_ords,
+                                            prerequisite_ids, run_ids, run_partitions, headers, NULL::text[])
+$$;
+
 CREATE OR REPLACE FUNCTION queueworker.enqueue_tasks(queues text[], tasks text[], payloads jsonb[],
                                                      priorities integer[], run_afters timestamptz[],
                                                      max_attempts integer[], timeouts integer[], dedupe_keys text[],
@@ -131,10 +146,12 @@ RETURNS TABLE (ord bigint, queue text, dedupe_key text, id bigint, notified bigi
 LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     SELECT * FROM queueworker.enqueue_tasks(queues, tasks, payloads, priorities, run_afters, max_attempts, timeouts,
                                             dedupe_keys, by_spec, cancel_on_failure, prerequisite_ords,
-                                            prerequisite_ids, run_ids, run_partitions, NULL::jsonb[])
+                                            prerequisite_ids, run_ids, run_partitions, NULL::jsonb[], NULL::text[])
 $$;
 
 REVOKE EXECUTE ON FUNCTION
+    queueworker.enqueue_tasks(text[], text[], jsonb[], integer[], timestamptz[], integer[], integer[], text[],
+                              boolean[], boolean[], bigint[], bigint[], bigint[], integer[], jsonb[], text[]),
     queueworker.enqueue_tasks(text[], text[], jsonb[], integer[], timestamptz[], integer[], integer[], text[],
                               boolean[], boolean[], bigint[], bigint[], bigint[], integer[], jsonb[]),
     queueworker.enqueue_tasks(text[], text[], jsonb[], integer[], timestamptz[], integer[], integer[], text[],

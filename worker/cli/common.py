@@ -24,7 +24,8 @@ BIGINT_MAX = 2**63 - 1
 ENQUEUE_LABELS = {"task": "TASK", "queue": "--queue", "priority": "--priority",
                   "delay": "--delay", "max_attempts": "--max-attempts", "timeout_seconds": "--timeout",
                   "dedupe_key": "--dedupe-key", "dedupe": "--dedupe-spec", "on_conflict": "--on-conflict",
-                  "depends_on": "--after", "on_dependency_failure": "--on-dependency-failure", "headers": "--header"}
+                  "depends_on": "--after", "on_dependency_failure": "--on-dependency-failure", "headers": "--header",
+                  "key": "--key"}
 
 
 class CliError(Exception):

@@ -38,6 +38,7 @@ def add_cron(sub: Any, common: argparse.ArgumentParser) -> None:
                      help="slots missed while no worker ran: skip them (none, default), run the latest, or all")
     add.add_argument("--priority", help=f"default {default(TaskSpec, 'priority')}")
     add.add_argument("--max-attempts", metavar="N", help=f"default {default(TaskSpec, 'max_attempts')}")
+    add.add_argument("--key", metavar="K", help="the task key of every slot (printable text, 1 to 256 characters)")
     listing = command(commands, "list", parents=[common], help="every schedule, with its next slot")
     listing.add_argument("--json", action="store_true", help="print JSON")
     for name, text in (("pause", "enqueue no more slots of a schedule"),
@@ -78,7 +79,7 @@ def cmd_cron(args: argparse.Namespace) -> int:
 
 def _job(args: argparse.Namespace) -> cron.CronJob:
     """The schedule `cron add` was given, checked (CronError for the schedule itself)."""
-    given = {"queue": args.queue, "priority": args.priority, "max_attempts": args.max_attempts}
+    given = {"queue": args.queue, "priority": args.priority, "max_attempts": args.max_attempts, "key": args.key}
     try:
         return cron.cron_job(args.name, args.cron, args.task, payload(args).get("payload"), timezone=args.timezone,
                         catch_up=args.catch_up, **{k: v for k, v in given.items() if v is not None})

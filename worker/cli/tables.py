@@ -47,6 +47,13 @@ def table(columns: Sequence[Column], rows: Sequence[Sequence[Any]], width: int =
     return [line([column.header for column in columns])] + [line(row) for row in cells]
 
 
+def terminal_text(value: str) -> str:
+    """User text (a task key) as one line a terminal shows as it is: every character that is not
+    printable (a control character, a line separator, one written by SQL past the API's check)
+    escaped as Python writes it (\\x1b, \\u2028)."""
+    return value if value.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in value)
+
+
 def _fit(value: str, width: int, right: bool) -> str:
     if len(value) > width:
         value = value[:width - 1] + "…"

@@ -18,7 +18,7 @@ from ..client.status import STATES, describe_progress
 from ..settings import one_line
 from .common import (
     BIGINT_MAX, ENQUEUE_LABELS, MAX_COUNT, CliError, bounded_int, command, connect, default, payload, shorten)
-from .tables import Column, table
+from .tables import Column, table, terminal_text
 
 
 def _header(text: str) -> tuple[str, str]:
@@ -55,6 +55,9 @@ def add_enqueue(sub: Any, common: argparse.ArgumentParser) -> None:
                      help="run only once task ID has succeeded (repeatable); the task waits as `blocked`")
     enq.add_argument("--on-dependency-failure", choices=("cancel", "run"),
                      help="when a task of --after ends failed or cancelled: cancel this one (default) or run it")
+    enq.add_argument("--key", metavar="K",
+                     help="the task's key: what it belongs to within its queue, e.g. a tenant (printable text, "
+                          "1 to 256 characters; docs/flow-control.md)")
     enq.add_argument("--header", action="append", type=_header, default=[], metavar="KEY=VALUE",
                      help="a header stored with the task (repeatable), e.g. traceparent=00-...-01 to continue "
                           "a trace (docs/observability.md)")
@@ -70,7 +73,8 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
              "max_attempts": args.max_attempts, "timeout_seconds": args.timeout, "dedupe_key": args.dedupe_key,
              "dedupe": "spec" if args.dedupe_spec else None, "on_conflict": args.on_conflict,
              "depends_on": args.after or None, "on_dependency_failure": args.on_dependency_failure,
-             "notify_on_finish": args.notify_on_finish or None, "headers": dict(args.header) or None}
+             "notify_on_finish": args.notify_on_finish or None, "headers": dict(args.header) or None,
+             "key": args.key}
     try:
         spec = TaskSpec(**{k: v for k, v in given.items() if v is not None}, **payload(args))
     except ValidationError as exc:
@@ -111,11 +115,13 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([row._asdict() for row in rows], indent=2, default=str))
         return 0
+    keys = any(row.key is not None for row in rows)  # the KEY column only where some task has one
     print("\n".join(table(
         [Column("ID", right=True), Column("QUEUE"), Column("TASK"), Column("STATE"), Column("ATTEMPTS", right=True),
-         Column("PROGRESS", flexible=True)],
+         Column("PROGRESS", flexible=True)] + ([Column("KEY", flexible=True)] if keys else []),
         [[row.id, row.queue, row.task, row.state, f"{row.attempts}/{row.max_attempts}",
-          describe_progress(row.progress_json)] for row in rows])) if rows else "(no tasks)")
+          describe_progress(row.progress_json)] + ([terminal_text(row.key or "")] if keys else []) for row in rows]))
+          if rows else "(no tasks)")
     return 0
 
 
@@ -192,7 +198,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         return 0
     print(f"task {found.id} {found.task} on queue {found.queue}: {found.state}, attempt {found.attempts} of "
           f"{found.max_attempts}, priority {found.priority}")
-    for label, value in (("dedupe key", found.dedupe_key), ("run", found.run_id and (
+    for label, value in (("key", found.key and terminal_text(found.key)), ("dedupe key", found.dedupe_key), ("run", found.run_id and (
             f"{found.run_id}" + ("" if found.run_partition is None else f" partition {found.run_partition}"))),
             ("continued from", found.continued_from), ("created", found.created_at), ("due", found.run_after),
             ("started", found.started_at), ("finished", found.finished_at)):

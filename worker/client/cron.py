@@ -91,7 +91,7 @@ def first_slot_after(expression: str, timezone_name: str, after: datetime) -> da
 @dataclass(frozen=True)
 class CronJob:
     """One schedule: its name, cron expression, time zone, catch-up rule, and the task each slot
-    enqueues (a TaskSpec: task, payload, queue, priority, max_attempts)."""
+    enqueues (a TaskSpec: task, payload, queue, priority, max_attempts, key)."""
 
     name: str
     expression: str
@@ -104,7 +104,7 @@ class CronJob:
         return UpsertCronJobParams(name=self.name, expression=self.expression, timezone=self.timezone,
                                    task=self.spec.task, payload=self.spec.payload_json, queue=self.spec.queue,
                                    priority=self.spec.priority, max_attempts=self.spec.max_attempts,
-                                   catch_up=self.catch_up, first_slot=first_slot)
+                                   catch_up=self.catch_up, first_slot=first_slot, key=self.spec.key)
 
 
 def schedule_name(name: str) -> str:
@@ -117,7 +117,7 @@ def schedule_name(name: str) -> str:
 
 def cron_job(name: str, cron: str, task: str, payload: Any = None, *, queue: str | None = None,
              timezone: str = "UTC", catch_up: str = "none", priority: int | None = None,
-             max_attempts: int | None = None) -> CronJob:
+             max_attempts: int | None = None, key: str | None = None) -> CronJob:
     """A checked schedule. CronError (a ValueError) for the schedule itself, pydantic's
     ValidationError for the task (as TaskSpec checks it)."""
     name = schedule_name(name)
@@ -126,7 +126,7 @@ def cron_job(name: str, cron: str, task: str, payload: Any = None, *, queue: str
     except ValidationError:
         raise CronError(f"catch_up must be one of {', '.join(CATCH_UP)}, not {str(catch_up)[:40]!r}") from None
     first_slot_after(cron, timezone, datetime.now().astimezone())  # checks both, says why
-    given = {"queue": queue, "priority": priority, "max_attempts": max_attempts}
+    given = {"queue": queue, "priority": priority, "max_attempts": max_attempts, "key": key}
     spec = TaskSpec(task=task, payload={} if payload is None else payload,
                     **{k: v for k, v in given.items() if v is not None})
     return CronJob(name, cron, timezone, catch_up, spec)
@@ -154,15 +154,17 @@ default_schedule = Schedule()
 
 def periodic(name: str, cron: str, task: str, payload: Any = None, *, queue: str | None = None,
              timezone: str = "UTC", catch_up: str = "none", priority: int | None = None,
-             max_attempts: int | None = None) -> CronJob:
+             max_attempts: int | None = None, key: str | None = None) -> CronJob:
     """Declares a schedule in code: task `task` with `payload` on `queue`, at every slot of the cron
     expression `cron` (five fields, or six with seconds last) in the IANA `timezone`. `catch_up`
     says what happens to slots missed while no worker ran: "none" (skipped), "latest" (the most
     recent one runs) or "all" (each runs, at most queueworker.runtime.cron.MAX_CATCH_UP_SLOTS).
+    `key` is the task key of every slot (TaskSpec.key).
     Every worker that imports the declaration writes it to the database at start; a schedule of the
     same name added at runtime (`queueworker cron add`) wins over it."""
     return default_schedule.add(cron_job(name, cron, task, payload, queue=queue, timezone=timezone,
-                                         catch_up=catch_up, priority=priority, max_attempts=max_attempts))
+                                         catch_up=catch_up, priority=priority, max_attempts=max_attempts,
+                                         key=key))
 
 
 # -- runtime schedules (`queueworker cron`) ------------------------------------------------------

@@ -17,6 +17,10 @@ is not enqueued while an unfinished task (pending, retrying, running) of its que
 its id is that task's id. With `on_conflict="replace"`, a duplicate that is still pending takes the
 new payload, priority and schedule instead (audited as a `replaced` event).
 
+Keys: a task may carry a `key` (printable text of 1 to 256 characters), what it belongs to within
+its queue (a tenant, a customer, a source); fair share and per-key limits build on it
+(docs/flow-control.md). A task without one behaves as before.
+
 Headers: a task carries `headers` (a small JSON object of strings) from its producer to its
 attempts. When the `otel` extra is installed and a span is current, every enqueue here adds that
 span's W3C trace context (`traceparent`, `tracestate`); headers given explicitly win over it. See
@@ -46,15 +50,16 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 from .. import jsonvalue, tracing
 from ..db import statements
 from ..db.enqueue import (
-    COPY_STAGING, CREATE_STAGING, EMPTY_STAGING, ENQUEUE, ENQUEUE_EXISTING, ENQUEUE_REPLACE, ENQUEUE_STAGED,
-    ENQUEUE_STAGED_HASHED, ENQUEUE_STAGED_WITH_HEADERS, ENQUEUE_STAGED_WITH_HEADERS_HASHED, ENQUEUE_TASKS,
-    ENQUEUE_TASKS_WITH_HEADERS, ENQUEUE_WITH_HEADERS, NOTIFY_ON_FINISH, STAGING_STATE, EnqueueExistingParams,
-    EnqueueReplaceParams, NotifyOnFinishParams)
+    COPY_STAGING, COPY_STAGING_WITH_KEYS, CREATE_STAGING, EMPTY_STAGING, ENQUEUE, ENQUEUE_EXISTING, ENQUEUE_REPLACE,
+    ENQUEUE_STAGED, ENQUEUE_STAGED_HASHED, ENQUEUE_STAGED_WITH_HEADERS, ENQUEUE_STAGED_WITH_HEADERS_HASHED,
+    ENQUEUE_STAGED_WITH_KEYS, ENQUEUE_STAGED_WITH_KEYS_HASHED, ENQUEUE_TASKS, ENQUEUE_TASKS_WITH_HEADERS,
+    ENQUEUE_TASKS_WITH_KEYS, ENQUEUE_WITH_HEADERS, ENQUEUE_WITH_KEYS, NOTIFY_ON_FINISH, STAGING_STATE,
+    EnqueueExistingParams, EnqueueReplaceParams, NotifyOnFinishParams)
 from ..db.runs import START_RUN, StartRunParams
 from ..db.statements import NO_PARAMS, NoParams, Params, Statement
 from ..names import (
     DEFAULT_MAX_ATTEMPTS, EARLIEST_RUN_AFTER, INT4_MAX, LATEST_RUN_AFTER, MAX_ATTEMPTS, MAX_PREREQUISITES, MAX_SECONDS, MAX_TASK_NAME, QUEUE_PATTERN,
-    DedupeKey, QueueName, TaskId, TaskName, printable, printable_or_empty)
+    DedupeKey, QueueName, TaskId, TaskKey, TaskName, printable, printable_or_empty, task_key_ok)
 
 BATCH_SIZE = 5000
 # The fewest plain specs of a batch that go through COPY (see the module's docstring): below it the
@@ -109,6 +114,7 @@ class TaskSpec(BaseModel):
     on_dependency_failure: Literal["cancel", "run"] = "cancel"
     notify_on_finish: bool = False  # send a notification when it ends, for queueworker.wait_for
     headers: Headers = None  # string -> string, stored with the task (trace context: queueworker.tracing)
+    key: TaskKey | None = None  # what the task belongs to within its queue (docs/flow-control.md)
     # A field rather than a private attribute: pydantic sets those up per instance, which costs
     # more than the encoding saved (this runs once per enqueued task).
     payload_json: str = Field(default="{}", exclude=True, repr=False)
@@ -179,6 +185,7 @@ class PlainTask(NamedTuple):
     delay: float | None
     max_attempts: int
     timeout_seconds: int | None
+    key: str | None = None
     headers: None = None
     plain = True
     notify_on_finish = False
@@ -189,7 +196,7 @@ class PlainTask(NamedTuple):
 
 _QUEUE = re.compile(QUEUE_PATTERN)
 _PLAIN_FIELDS = frozenset({"task", "payload", "queue", "priority", "run_after", "delay", "max_attempts",
-                           "timeout_seconds"})
+                           "timeout_seconds", "key"})
 _DEFAULT_QUEUE: str = TaskSpec.model_fields["queue"].default
 
 
@@ -212,10 +219,12 @@ def _plain_task(values: Any) -> PlainTask | None:
     timeout = values.get("timeout_seconds")
     run_after = values.get("run_after")
     delay = values.get("delay")
+    key = values.get("key")
     if not (type(task) is str and 0 < len(task) <= MAX_TASK_NAME and task.isprintable() and task.strip()
             and type(queue) is str and _QUEUE.fullmatch(queue)
             and _number(priority, -(2**31), INT4_MAX) and _number(max_attempts, 1, MAX_ATTEMPTS)
             and (timeout is None or _number(timeout, 1, INT4_MAX))
+            and (key is None or task_key_ok(key))
             and (delay is None or _number(delay, 0.0, float(MAX_SECONDS)))
             and (run_after is None or (type(run_after) is datetime and run_after.utcoffset() is not None
                                        and EARLIEST_RUN_AFTER <= run_after <= LATEST_RUN_AFTER
@@ -226,7 +235,7 @@ def _plain_task(values: Any) -> PlainTask | None:
     except jsonvalue.NotStorable:
         return None
     return PlainTask(task, payload_json, queue, priority, run_after, None if delay is None else float(delay),
-                     max_attempts, timeout)
+                     max_attempts, timeout, key)
 
 
 def _headers_json(spec: TaskSpec, trace_context: dict[str, str] | None) -> str | None:
@@ -238,7 +247,7 @@ def _headers_json(spec: TaskSpec, trace_context: dict[str, str] | None) -> str |
 
 def _columns(specs: Sequence[TaskSpec | PlainTask]) -> dict[str, list]:
     """The specs column by column, as every enqueue statement takes them (and the staging table holds
-    them): the parameters the statements have in common, and each spec's headers."""
+    them): the parameters the statements have in common, and each spec's headers and key."""
     now = datetime.now(timezone.utc)
     trace_context = tracing.current_headers()
     return {
@@ -250,18 +259,30 @@ def _columns(specs: Sequence[TaskSpec | PlainTask]) -> dict[str, list]:
         "max_attempts": [s.max_attempts for s in specs],
         "timeouts": [s.timeout_seconds for s in specs],
         "headers": [_headers_json(s, trace_context) for s in specs],  # text, cast to jsonb[] like payloads
+        "keys": [s.key for s in specs],
     }
 
 
-def _insert(variants: tuple[Statement[Any, Any], Statement[Any, Any]], columns: dict[str, list],
+def _stored(columns: dict[str, list]) -> tuple[bool, bool]:
+    """Whether some spec of the batch has headers, and whether some has a key."""
+    return (any(headers is not None for headers in columns["headers"]),
+            any(key is not None for key in columns["keys"]))
+
+
+def _insert(variants: tuple[Statement[Any, Any], Statement[Any, Any], Statement[Any, Any]], columns: dict[str, list],
             **more: list) -> Step:
-    """The step inserting a batch: of the two `variants`, the one that stores headers only when a spec
-    has some, so a schema from before headers (migration 012) still takes batches without them. `more`
-    are the parameters beyond the columns."""
-    without, with_headers = variants
-    if any(headers is not None for headers in columns["headers"]):
-        return with_headers, with_headers.params(**columns, **more)
-    return without, without.params(**{name: values for name, values in columns.items() if name != "headers"}, **more)
+    """The step inserting a batch: of the three `variants` (without headers or keys, with headers, with
+    headers and keys), the first that stores what the batch has, so a schema from before headers
+    (migration 012) or keys (migration 018) still takes batches without them. `more` are the
+    parameters beyond the columns."""
+    without, with_headers, with_keys = variants
+    headers, keys = _stored(columns)
+    if keys:
+        return with_keys, with_keys.params(**columns, **more)
+    left_out = {"keys"} if headers else {"headers", "keys"}
+    statement = with_headers if headers else without
+    return statement, statement.params(**{name: values for name, values in columns.items() if name not in left_out},
+                                       **more)
 
 
 def _insert_special(specs: Sequence[TaskSpec], run_id: int | None = None,
@@ -270,7 +291,7 @@ def _insert_special(specs: Sequence[TaskSpec], run_id: int | None = None,
     the keys, the edges by 1-based spec position, and the run and partition number of each spec (for a
     run's partitions)."""
     edges = [(position, prerequisite) for position, spec in enumerate(specs, 1) for prerequisite in spec.depends_on]
-    return _insert((ENQUEUE_TASKS, ENQUEUE_TASKS_WITH_HEADERS), _columns(specs),
+    return _insert((ENQUEUE_TASKS, ENQUEUE_TASKS_WITH_HEADERS, ENQUEUE_TASKS_WITH_KEYS), _columns(specs),
                    dedupe_keys=[s.dedupe_key for s in specs],
                    run_ids=[run_id] * len(specs), run_partitions=list(partitions or [None] * len(specs)),
                    by_spec=[s.dedupe == "spec" for s in specs],
@@ -324,17 +345,22 @@ Plan = Generator[Step, list, Enqueued]
 UNIQUE_ROUNDS = 3
 
 
-# The insert from the staging table, by whether the batch has headers and whether the role may set
-# the spec hash (staging_state says).
-_ENQUEUE_STAGED = {(False, False): ENQUEUE_STAGED, (True, False): ENQUEUE_STAGED_WITH_HEADERS,
-                   (False, True): ENQUEUE_STAGED_HASHED, (True, True): ENQUEUE_STAGED_WITH_HEADERS_HASHED}
+# The insert from the staging table, by what the batch has (_stored: headers, keys; a batch with keys
+# takes the statement that stores both) and whether the role may set the spec hash (staging_state says).
+_ENQUEUE_STAGED = {
+    (False, False, False): ENQUEUE_STAGED, (True, False, False): ENQUEUE_STAGED_WITH_HEADERS,
+    (False, False, True): ENQUEUE_STAGED_HASHED, (True, False, True): ENQUEUE_STAGED_WITH_HEADERS_HASHED,
+    (False, True, False): ENQUEUE_STAGED_WITH_KEYS, (True, True, False): ENQUEUE_STAGED_WITH_KEYS,
+    (False, True, True): ENQUEUE_STAGED_WITH_KEYS_HASHED, (True, True, True): ENQUEUE_STAGED_WITH_KEYS_HASHED}
 
 
-def _staged_rows(columns: dict[str, list]) -> Iterator[tuple]:
-    """The columns as the staging table's rows (in the order of enqueue.sql's copy_staging)."""
-    return zip(range(len(columns["queues"])), columns["queues"], columns["tasks"], columns["payloads"],
-               columns["priorities"], columns["run_afters"], columns["max_attempts"], columns["timeouts"],
-               columns["headers"])
+def _staged_rows(columns: dict[str, list], keys: bool) -> Iterator[tuple]:
+    """The columns as the staging table's rows (in the order of enqueue.sql's copy_staging, or, with
+    `keys`, copy_staging_with_keys)."""
+    common = (range(len(columns["queues"])), columns["queues"], columns["tasks"], columns["payloads"],
+              columns["priorities"], columns["run_afters"], columns["max_attempts"], columns["timeouts"],
+              columns["headers"])
+    return zip(*common, columns["keys"]) if keys else zip(*common)
 
 
 def _copies(conn: psycopg.Connection | psycopg.AsyncConnection) -> bool:
@@ -349,11 +375,12 @@ def _insert_plain(specs: Sequence[TaskSpec | PlainTask], copy: bool) -> Generato
     if copy and len(specs) >= COPY_THRESHOLD:
         state = (yield STAGING_STATE, NO_PARAMS)[0]
         if state.allowed:
-            yield Copy(EMPTY_STAGING if state.exists else CREATE_STAGING, COPY_STAGING, _staged_rows(columns))
-            headers = any(headers is not None for headers in columns["headers"])
-            rows = yield _ENQUEUE_STAGED[headers, state.spec_hash], NO_PARAMS
+            headers, keys = _stored(columns)
+            yield Copy(EMPTY_STAGING if state.exists else CREATE_STAGING,
+                       COPY_STAGING_WITH_KEYS if keys else COPY_STAGING, _staged_rows(columns, keys))
+            rows = yield _ENQUEUE_STAGED[headers, keys, state.spec_hash], NO_PARAMS
             return [row.id for row in rows]
-    rows = yield _insert((ENQUEUE, ENQUEUE_WITH_HEADERS), columns)
+    rows = yield _insert((ENQUEUE, ENQUEUE_WITH_HEADERS, ENQUEUE_WITH_KEYS), columns)
     return [row.id for row in rows]
 
 
@@ -489,11 +516,11 @@ def _run_task_spec(spec: TaskSpec | dict | None) -> str | None:
         return None
     spec = spec if isinstance(spec, TaskSpec) else TaskSpec(**spec)
     if not spec.plain or spec.run_after or spec.delay or spec.notify_on_finish or spec.headers:
-        raise ValueError("a run's on_success/on_failure task takes task, payload, queue, priority, max_attempts "
-                         "and timeout_seconds only")
+        raise ValueError("a run's on_success/on_failure task takes task, payload, queue, priority, max_attempts, "
+                         "timeout_seconds and key only")
     return json.dumps({"task": spec.task, "queue": spec.queue, "payload": json.loads(spec.payload_json),
                        "priority": spec.priority, "max_attempts": spec.max_attempts,
-                       "timeout_seconds": spec.timeout_seconds})
+                       "timeout_seconds": spec.timeout_seconds, **({} if spec.key is None else {"key": spec.key})})
 
 
 def start_run(conn: psycopg.Connection, name: str, partitions: Iterable[TaskSpec | dict], *,

@@ -37,6 +37,7 @@ class TaskInfo:
     progress: Any
     checkpoint: Any
     dedupe_key: str | None
+    key: str | None  # TaskSpec.key
     run_id: int | None
     run_partition: int | None
     continued_from: int | None
@@ -66,7 +67,7 @@ def task_info(row: TaskRow) -> TaskInfo:
             raise jsonvalue.Undecodable(f"task {row.id}'s {field} cannot be decoded: {exc}") from None
     return TaskInfo(row.id, row.queue, row.task, row.state, row.attempts, row.max_attempts, row.priority,
                     created_at=row.created_at, run_after=row.run_after, started_at=row.started_at,
-                    finished_at=row.finished_at, dedupe_key=row.dedupe_key, run_id=row.run_id,
+                    finished_at=row.finished_at, dedupe_key=row.dedupe_key, key=row.key, run_id=row.run_id,
                     run_partition=row.run_partition, continued_from=row.continued_from, **decoded)
 
 

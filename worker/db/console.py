@@ -58,6 +58,7 @@ class TaskPageRow(NamedTuple):
     max_attempts: int | None
     progress_json: str | None
     dedupe_key: str | None
+    key: str | None
     lease_owner: str | None
     created_at: datetime | None
     updated_at: datetime | None
@@ -112,6 +113,7 @@ class ShownTaskRow(NamedTuple):
     headers_bytes: int | None
     progress_json: str | None
     dedupe_key: str | None
+    key: str | None  # TaskSpec.key (migration 018)
     run_id: int | None
     run_partition: int | None
     continued_from: int | None

@@ -72,7 +72,8 @@ FROM recent GROUP BY queue;
 -- many tasks were read and the lowest id among them, so a page with few matches continues below
 -- what was read; one row of NULL task columns when none match.
 WITH scanned AS MATERIALIZED (
-    SELECT id, queue, task, state, attempts, max_attempts, progress, dedupe_key, lease_owner, created_at, updated_at
+    SELECT id, queue, task, state, attempts, max_attempts, progress, dedupe_key, key, lease_owner, created_at,
+           updated_at
     FROM queueworker.tasks
     WHERE id < %(before)s AND state = ANY(%(partition_states)s::queueworker.task_state[])
     ORDER BY id DESC LIMIT %(scan)s
@@ -86,7 +87,7 @@ WITH scanned AS MATERIALIZED (
 )
 SELECT m.id, m.queue, m.task, m.state::text AS state, m.attempts, m.max_attempts,
        left(m.progress::text, %(progress_chars)s) AS progress_json,
-       m.dedupe_key, m.lease_owner::text AS lease_owner, m.created_at, m.updated_at, s.scanned, s.lowest_scanned
+       m.dedupe_key, m.key, m.lease_owner::text AS lease_owner, m.created_at, m.updated_at, s.scanned, s.lowest_scanned
 FROM (SELECT count(*) AS scanned, min(id) AS lowest_scanned FROM scanned) AS s
 LEFT JOIN matched m ON true
 ORDER BY m.id DESC;
@@ -112,7 +113,7 @@ SELECT id, queue, task, state::text AS state, attempts, max_attempts, priority,
        left(error::text, %(chars)s) AS error_json, octet_length(error::text) AS error_bytes,
        left(checkpoint::text, %(chars)s) AS checkpoint_json, octet_length(checkpoint::text) AS checkpoint_bytes,
        left(headers::text, %(chars)s) AS headers_json, octet_length(headers::text) AS headers_bytes,
-       left(progress::text, %(chars)s) AS progress_json, dedupe_key,
+       left(progress::text, %(chars)s) AS progress_json, dedupe_key, key,
        run_id, run_partition, continued_from, lease_owner, created_at, run_after, started_at, finished_at, updated_at
 FROM queueworker.tasks WHERE id = %(id)s;
 

@@ -29,6 +29,7 @@ class UpsertCronJobParams(Params):
     max_attempts: int
     catch_up: str
     first_slot: datetime
+    key: str | None  # the task key of every slot (migration 018)
 
 
 class UpsertedCronJobRow(NamedTuple):
@@ -98,6 +99,7 @@ class CronJobRow(NamedTuple):
     last_enqueued_slot: datetime | None
     created_at: datetime
     updated_at: datetime
+    key: str | None
 
 
 class CronJobNameParams(Params):

@@ -18,19 +18,19 @@ SELECT now();
 -- no row comes back then.
 WITH changed AS (
     INSERT INTO queueworker.cron_jobs AS j (name, expression, timezone, task, payload, queue, priority, max_attempts,
-                                           catch_up, source, next_slot)
+                                           catch_up, source, next_slot, key)
     VALUES (%(name)s, %(expression)s, %(timezone)s, %(task)s, %(payload)s::jsonb, %(queue)s, %(priority)s,
-            %(max_attempts)s, %(catch_up)s, 'code', %(first_slot)s)
+            %(max_attempts)s, %(catch_up)s, 'code', %(first_slot)s, %(key)s)
     ON CONFLICT (name) DO UPDATE
     SET expression = excluded.expression, timezone = excluded.timezone, task = excluded.task,
         payload = excluded.payload, queue = excluded.queue, priority = excluded.priority,
-        max_attempts = excluded.max_attempts, catch_up = excluded.catch_up, updated_at = now(),
+        max_attempts = excluded.max_attempts, catch_up = excluded.catch_up, key = excluded.key, updated_at = now(),
         next_slot = CASE WHEN (j.expression, j.timezone) IS DISTINCT FROM (excluded.expression, excluded.timezone)
                          THEN excluded.next_slot ELSE j.next_slot END
     WHERE j.source = 'code'
-      AND (j.expression, j.timezone, j.task, j.payload, j.queue, j.priority, j.max_attempts, j.catch_up)
+      AND (j.expression, j.timezone, j.task, j.payload, j.queue, j.priority, j.max_attempts, j.catch_up, j.key)
           IS DISTINCT FROM (excluded.expression, excluded.timezone, excluded.task, excluded.payload, excluded.queue,
-                            excluded.priority, excluded.max_attempts, excluded.catch_up)
+                            excluded.priority, excluded.max_attempts, excluded.catch_up, excluded.key)
     RETURNING name, (xmax = 0) AS created
 ), told AS (
     SELECT pg_notify('queueworker_cron', name) FROM changed
@@ -41,19 +41,19 @@ SELECT created FROM changed, (SELECT count(*) FROM told) AS t;
 -- `cron add`: the same for a runtime schedule, which leaves one declared in code alone.
 WITH changed AS (
     INSERT INTO queueworker.cron_jobs AS j (name, expression, timezone, task, payload, queue, priority, max_attempts,
-                                           catch_up, source, next_slot)
+                                           catch_up, source, next_slot, key)
     VALUES (%(name)s, %(expression)s, %(timezone)s, %(task)s, %(payload)s::jsonb, %(queue)s, %(priority)s,
-            %(max_attempts)s, %(catch_up)s, 'runtime', %(first_slot)s)
+            %(max_attempts)s, %(catch_up)s, 'runtime', %(first_slot)s, %(key)s)
     ON CONFLICT (name) DO UPDATE
     SET expression = excluded.expression, timezone = excluded.timezone, task = excluded.task,
         payload = excluded.payload, queue = excluded.queue, priority = excluded.priority,
-        max_attempts = excluded.max_attempts, catch_up = excluded.catch_up, updated_at = now(),
+        max_attempts = excluded.max_attempts, catch_up = excluded.catch_up, key = excluded.key, updated_at = now(),
         next_slot = CASE WHEN (j.expression, j.timezone) IS DISTINCT FROM (excluded.expression, excluded.timezone)
                          THEN excluded.next_slot ELSE j.next_slot END
     WHERE j.source = 'runtime'
-      AND (j.expression, j.timezone, j.task, j.payload, j.queue, j.priority, j.max_attempts, j.catch_up)
+      AND (j.expression, j.timezone, j.task, j.payload, j.queue, j.priority, j.max_attempts, j.catch_up, j.key)
           IS DISTINCT FROM (excluded.expression, excluded.timezone, excluded.task, excluded.payload, excluded.queue,
-                            excluded.priority, excluded.max_attempts, excluded.catch_up)
+                            excluded.priority, excluded.max_attempts, excluded.catch_up, excluded.key)
     RETURNING name, (xmax = 0) AS created
 ), told AS (
     SELECT pg_notify('queueworker_cron', name) FROM changed
@@ -84,8 +84,9 @@ FROM queueworker.cron_jobs WHERE NOT paused AND name <> ALL(%(skipped)s::text[])
 -- schedule still is what the worker computed them from (compare-and-set on next_slot, expression
 -- and time zone): a second worker with the same slots waits for the first one's row lock, finds
 -- next_slot moved, and changes nothing. The task itself comes from the row as it is now. Each slot
--- is one task due at the slot (a delayed one until then), with the key 'cron:NAME:<slot>',
--- through queueworker.enqueue_tasks (migration 006), which also wakes the queue. A slot at or before
+-- is one task due at the slot (a delayed one until then), with the dedupe key 'cron:NAME:<slot>' and
+-- the schedule's task key (migration 018), through queueworker.enqueue_tasks (migration 006), which
+-- also wakes the queue. A slot at or before
 -- the last one enqueued is never enqueued again: a schedule whose expression and queue changed
 -- together starts again from its new first slot, and the key (unique per queue) would not catch
 -- the same slot in the new queue. (Every CTE reads the row as it was before `advanced` changed it.)
@@ -97,7 +98,7 @@ WITH before AS (
         last_enqueued_slot = greatest(%(last_slot)s::timestamptz, last_enqueued_slot), updated_at = now()
     WHERE name = %(name)s AND next_slot = %(seen)s AND expression = %(expression)s AND timezone = %(timezone)s
       AND NOT paused
-    RETURNING queue, task, payload, priority, max_attempts
+    RETURNING queue, task, payload, priority, max_attempts, key
 ), fresh AS (
     SELECT coalesce(array_agg(s.slot ORDER BY s.slot), '{}') AS slots,
            coalesce(array_agg(s.dedupe_key ORDER BY s.slot), '{}') AS dedupe_keys
@@ -110,7 +111,8 @@ WITH before AS (
                                    array_fill(a.payload, ARRAY[n]), array_fill(a.priority, ARRAY[n]),
                                    f.slots, array_fill(a.max_attempts, ARRAY[n]), '{}'::int[],
                                    f.dedupe_keys, '{}'::bool[], '{}'::bool[], '{}'::bigint[],
-                                   '{}'::bigint[], '{}'::bigint[], '{}'::int[]) AS e
+                                   '{}'::bigint[], '{}'::bigint[], '{}'::int[], '{}'::jsonb[],
+                                   array_fill(a.key, ARRAY[n])) AS e
     WHERE n > 0
 )
 SELECT (SELECT count(*) FROM advanced) AS advanced, (SELECT count(id) FROM enqueued) AS enqueued;
@@ -118,7 +120,7 @@ SELECT (SELECT count(*) FROM advanced) AS advanced, (SELECT count(id) FROM enque
 -- name: cron_jobs
 -- `cron list`: every schedule, the payload as JSON text (decoded where it is shown).
 SELECT name, expression, timezone, task, payload::text AS payload_json, queue, priority, max_attempts,
-       catch_up, paused, source, next_slot, last_enqueued_slot, created_at, updated_at
+       catch_up, paused, source, next_slot, last_enqueued_slot, created_at, updated_at, key
 FROM queueworker.cron_jobs ORDER BY name;
 
 -- name: cron_schedule_for_update

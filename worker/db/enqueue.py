@@ -1,7 +1,8 @@
 """Enqueueing: the producer's statements (queueworker.client.producer). The statements are in enqueue.sql.
 
-The parameter types of the variants with headers extend those without: a batch without headers
-leaves out the column, so a schema from before migration 012 still takes it."""
+The parameter types of the variants with headers extend those without, and those with keys extend
+those with headers: a batch without headers or keys leaves out the column, so a schema from before
+migration 012 (headers) or 018 (keys) still takes it."""
 
 from __future__ import annotations
 
@@ -34,6 +35,10 @@ class EnqueueWithHeadersParams(EnqueueParams):
     headers: list[JsonText | None]
 
 
+class EnqueueWithKeysParams(EnqueueWithHeadersParams):
+    keys: list[str | None]  # TaskSpec.key
+
+
 class StagingStateRow(NamedTuple):
     exists: bool
     allowed: bool
@@ -62,6 +67,10 @@ class TaskEnqueuedRow(NamedTuple):
 
 class EnqueueTasksWithHeadersParams(EnqueueTasksParams):
     headers: list[JsonText | None]
+
+
+class EnqueueTasksWithKeysParams(EnqueueTasksWithHeadersParams):
+    keys: list[str | None]
 
 
 class EnqueueExistingParams(Params):
@@ -98,17 +107,22 @@ class MarkedRow(NamedTuple):
 
 ENQUEUE = _SQL.statement("enqueue", EnqueueParams, EnqueuedRow)
 ENQUEUE_WITH_HEADERS = _SQL.statement("enqueue_with_headers", EnqueueWithHeadersParams, EnqueuedRow)
+ENQUEUE_WITH_KEYS = _SQL.statement("enqueue_with_keys", EnqueueWithKeysParams, EnqueuedRow)
 STAGING_STATE = _SQL.statement("staging_state", NoParams, StagingStateRow)
 CREATE_STAGING = _SQL.statement("create_staging", NoParams)
 EMPTY_STAGING = _SQL.statement("empty_staging", NoParams)
 COPY_STAGING = _SQL.statement("copy_staging", NoParams)
+COPY_STAGING_WITH_KEYS = _SQL.statement("copy_staging_with_keys", NoParams)
 ENQUEUE_STAGED = _SQL.statement("enqueue_staged", NoParams, EnqueuedRow)
 ENQUEUE_STAGED_WITH_HEADERS = _SQL.statement("enqueue_staged_with_headers", NoParams, EnqueuedRow)
 ENQUEUE_STAGED_HASHED = _SQL.statement("enqueue_staged_hashed", NoParams, EnqueuedRow)
 ENQUEUE_STAGED_WITH_HEADERS_HASHED = _SQL.statement("enqueue_staged_with_headers_hashed", NoParams, EnqueuedRow)
+ENQUEUE_STAGED_WITH_KEYS = _SQL.statement("enqueue_staged_with_keys", NoParams, EnqueuedRow)
+ENQUEUE_STAGED_WITH_KEYS_HASHED = _SQL.statement("enqueue_staged_with_keys_hashed", NoParams, EnqueuedRow)
 ENQUEUE_TASKS = _SQL.statement("enqueue_tasks", EnqueueTasksParams, TaskEnqueuedRow)
 ENQUEUE_TASKS_WITH_HEADERS = _SQL.statement("enqueue_tasks_with_headers", EnqueueTasksWithHeadersParams,
                                             TaskEnqueuedRow)
+ENQUEUE_TASKS_WITH_KEYS = _SQL.statement("enqueue_tasks_with_keys", EnqueueTasksWithKeysParams, TaskEnqueuedRow)
 ENQUEUE_EXISTING = _SQL.statement("enqueue_existing", EnqueueExistingParams, ExistingTaskRow)
 ENQUEUE_REPLACE = _SQL.statement("enqueue_replace", EnqueueReplaceParams, ReplacedRow)
 NOTIFY_ON_FINISH = _SQL.statement("notify_on_finish", NotifyOnFinishParams, MarkedRow)

@@ -6,7 +6,9 @@
 -- schedule a precise wake-up instead of polling. The NOTIFY is spelled out rather than calling
 -- queueworker.wake_queue (migration 004), so that plain enqueues keep working against a schema not yet
 -- migrated that far; for the same reason a batch without headers (migration 012) is inserted by the
--- statements without `headers` in their names.
+-- statements without `headers` in their names, and a batch without keys (migration 018) by those
+-- without `keys`. A batch with keys takes the `with_keys` variant, which stores headers too: the
+-- plain statements stay as short as they were, and keys add one variant each, not two.
 
 -- name: enqueue
 -- Plain specs (neither unique nor dependent), one row per element of the array parameters, in order:
@@ -48,6 +50,28 @@ WITH inserted AS (
 )
 SELECT id, (SELECT count(*) FROM notified) AS notified FROM inserted ORDER BY id;
 
+-- name: enqueue_with_keys
+-- The same, for a batch in which some spec has a key (TaskSpec.key), with each spec's headers.
+WITH inserted AS (
+    INSERT INTO queueworker.tasks (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds,
+                                   headers, key)
+    SELECT s.queue, s.task, s.payload, s.priority, coalesce(s.run_after, now()), coalesce(s.run_after > now(), false),
+           s.max_attempts, s.timeout_seconds, s.headers, s.key
+    FROM unnest(%(queues)s::text[], %(tasks)s::text[], %(payloads)s::jsonb[], %(priorities)s::int[],
+                %(run_afters)s::timestamptz[], %(max_attempts)s::int[], %(timeouts)s::int[], %(headers)s::jsonb[],
+                %(keys)s::text[])
+         WITH ORDINALITY AS s(queue, task, payload, priority, run_after, max_attempts, timeout_seconds, headers, key,
+                              ord)
+    ORDER BY s.ord
+    RETURNING id, queue, run_after
+), notified AS (
+    SELECT pg_notify('queueworker',
+                     CASE WHEN min(run_after) <= now() THEN queue
+                          ELSE queue || ' ' || extract(epoch FROM min(run_after))::text END)
+    FROM inserted GROUP BY queue
+)
+SELECT id, (SELECT count(*) FROM notified) AS notified FROM inserted ORDER BY id;
+
 -- name: staging_state
 -- Whether this transaction has a staging table already, whether the role may create one (TEMPORARY
 -- on the database, granted to PUBLIC unless revoked), and whether the statement may set the spec
@@ -66,10 +90,10 @@ SELECT to_regclass('pg_temp.queueworker_staged_tasks') IS NOT NULL AS exists,
 -- arrays. Sending the rows costs the client a fraction of what binding them as array parameters does,
 -- and the server parses them while the client is still sending. The table has the columns `enqueue`
 -- takes, typed as the table's, so the COPY parses payloads and headers once; it is dropped when the
--- transaction ends.
+-- transaction ends. `key` stays NULL unless copy_staging_with_keys fills it.
 CREATE TEMPORARY TABLE queueworker_staged_tasks (
     ord bigint NOT NULL, queue text NOT NULL, task text NOT NULL, payload jsonb NOT NULL, priority integer NOT NULL,
-    run_after timestamptz, max_attempts integer NOT NULL, timeout_seconds integer, headers jsonb
+    run_after timestamptz, max_attempts integer NOT NULL, timeout_seconds integer, headers jsonb, key text
 ) ON COMMIT DROP;
 
 -- name: empty_staging
@@ -80,6 +104,13 @@ TRUNCATE pg_temp.queueworker_staged_tasks;
 -- Text format (producer.Copy says why); the columns in the order of producer._staged_rows.
 COPY pg_temp.queueworker_staged_tasks (ord, queue, task, payload, priority, run_after, max_attempts, timeout_seconds,
                                    headers)
+FROM STDIN;
+
+-- name: copy_staging_with_keys
+-- copy_staging with each spec's key (producer._staged_rows adds it last), for a batch in which some
+-- spec has one.
+COPY pg_temp.queueworker_staged_tasks (ord, queue, task, payload, priority, run_after, max_attempts, timeout_seconds,
+                                   headers, key)
 FROM STDIN;
 
 -- name: enqueue_staged
@@ -155,6 +186,42 @@ WITH inserted AS (
 )
 SELECT id, (SELECT count(*) FROM notified) AS notified FROM inserted ORDER BY id;
 
+-- name: enqueue_staged_with_keys
+-- enqueue_staged_with_headers with each spec's key, after copy_staging_with_keys.
+WITH inserted AS (
+    INSERT INTO queueworker.tasks (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds,
+                                   headers, key)
+    SELECT s.queue, s.task, s.payload, s.priority, coalesce(s.run_after, now()), coalesce(s.run_after > now(), false),
+           s.max_attempts, s.timeout_seconds, s.headers, s.key
+    FROM pg_temp.queueworker_staged_tasks s
+    ORDER BY s.ord
+    RETURNING id, queue, run_after
+), notified AS (
+    SELECT pg_notify('queueworker',
+                     CASE WHEN min(run_after) <= now() THEN queue
+                          ELSE queue || ' ' || extract(epoch FROM min(run_after))::text END)
+    FROM inserted GROUP BY queue
+)
+SELECT id, (SELECT count(*) FROM notified) AS notified FROM inserted ORDER BY id;
+
+-- name: enqueue_staged_with_keys_hashed
+-- enqueue_staged_with_keys, computing the spec hash as enqueue_staged_hashed does.
+WITH inserted AS (
+    INSERT INTO queueworker.tasks (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds,
+                                   headers, key, spec_hash)
+    SELECT s.queue, s.task, s.payload, s.priority, coalesce(s.run_after, now()), coalesce(s.run_after > now(), false),
+           s.max_attempts, s.timeout_seconds, s.headers, s.key, queueworker.spec_hash(s.queue, s.task, s.payload)
+    FROM pg_temp.queueworker_staged_tasks s
+    ORDER BY s.ord
+    RETURNING id, queue, run_after
+), notified AS (
+    SELECT pg_notify('queueworker',
+                     CASE WHEN min(run_after) <= now() THEN queue
+                          ELSE queue || ' ' || extract(epoch FROM min(run_after))::text END)
+    FROM inserted GROUP BY queue
+)
+SELECT id, (SELECT count(*) FROM notified) AS notified FROM inserted ORDER BY id;
+
 -- name: enqueue_tasks
 -- Everything beyond a plain task: dedupe keys (TaskSpec.dedupe_key, or dedupe="spec": the hex spec
 -- hash as the key) and prerequisites (TaskSpec.depends_on: the task starts `blocked`), through a
@@ -181,6 +248,16 @@ FROM queueworker.enqueue_tasks(%(queues)s::text[], %(tasks)s::text[], %(payloads
                                %(dedupe_keys)s::text[], %(by_spec)s::bool[], %(cancel_on_failure)s::bool[],
                                %(prerequisite_ords)s::bigint[], %(prerequisite_ids)s::bigint[],
                                %(run_ids)s::bigint[], %(run_partitions)s::int[], %(headers)s::jsonb[]);
+
+-- name: enqueue_tasks_with_keys
+-- The same with each spec's headers and key, for batches in which some spec has a key (migration 018).
+SELECT ord, queue, dedupe_key, id, notified
+FROM queueworker.enqueue_tasks(%(queues)s::text[], %(tasks)s::text[], %(payloads)s::jsonb[], %(priorities)s::int[],
+                               %(run_afters)s::timestamptz[], %(max_attempts)s::int[], %(timeouts)s::int[],
+                               %(dedupe_keys)s::text[], %(by_spec)s::bool[], %(cancel_on_failure)s::bool[],
+                               %(prerequisite_ords)s::bigint[], %(prerequisite_ids)s::bigint[],
+                               %(run_ids)s::bigint[], %(run_partitions)s::int[], %(headers)s::jsonb[],
+                               %(keys)s::text[]);
 
 -- name: enqueue_existing
 -- The task holding each key, for the specs enqueue_tasks did not insert: the unfinished one, else

@@ -30,6 +30,7 @@ class TaskRow(NamedTuple):
     progress_json: str | None
     checkpoint_json: str | None
     dedupe_key: str | None
+    key: str | None  # TaskSpec.key (migration 018)
     run_id: int | None
     run_partition: int | None
     continued_from: int | None
@@ -72,6 +73,7 @@ class ListedTaskRow(NamedTuple):
     progress_json: str | None
     created_at: datetime
     updated_at: datetime
+    key: str | None
 
 
 class QueueFilterParams(Params):

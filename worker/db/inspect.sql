@@ -7,7 +7,7 @@
 -- the caller decides how to read them (Python may not read what another language stored).
 SELECT id, queue, task, state::text AS state, attempts, max_attempts, priority, payload::text AS payload_json,
        result::text AS result_json, error::text AS error_json, progress::text AS progress_json,
-       checkpoint::text AS checkpoint_json, dedupe_key, run_id, run_partition, continued_from,
+       checkpoint::text AS checkpoint_json, dedupe_key, key, run_id, run_partition, continued_from,
        lease_owner, created_at, run_after, started_at, finished_at, updated_at
 FROM queueworker.tasks WHERE id = %(id)s;
 
@@ -22,7 +22,7 @@ FROM queueworker.task_events WHERE task_id = %(id)s ORDER BY id LIMIT %(limit)s;
 -- name: list_tasks
 -- `queueworker list`: the newest tasks, by queue and state.
 SELECT id, queue, task, state::text AS state, attempts, max_attempts, progress::text AS progress_json,
-       created_at, updated_at
+       created_at, updated_at, key
 FROM queueworker.tasks
 WHERE (%(queue)s::text IS NULL OR queue = %(queue)s)
   AND (%(state)s::text IS NULL OR state = %(state)s::queueworker.task_state)

@@ -204,18 +204,18 @@ WITH done AS (
     RETURNING t.id, t.queue, t.task, t.delayed, t.priority, t.run_after, t.attempts, t.max_attempts,
               t.rescues, t.timeout_seconds, t.payload, c.result, t.error, t.lease_owner, t.lease_token,
               t.created_at, t.started_at, t.spec_hash, t.dedupe_key, t.run_id, t.run_partition, t.progress,
-              t.continued_from, t.notify_on_finish, t.headers
+              t.continued_from, t.notify_on_finish, t.headers, t.key
 ), moved AS (
     INSERT INTO queueworker.tasks_finished
         (id, queue, task, state, delayed, priority, run_after, attempts, max_attempts, rescues, timeout_seconds,
          payload, result, error, lease_owner, lease_token, leased_until, deadline_at, created_at, updated_at,
          started_at, finished_at, spec_hash, dedupe_key, run_id, run_partition, progress, continued_from,
-         notify_on_finish, headers)
+         notify_on_finish, headers, key)
     OVERRIDING SYSTEM VALUE
     SELECT id, queue, task, 'succeeded', delayed, priority, run_after, attempts, max_attempts, rescues,
            timeout_seconds, payload, result, NULL, lease_owner, lease_token, NULL, NULL, created_at, now(),
            started_at, now(), spec_hash, dedupe_key, run_id, run_partition, progress, continued_from,
-           notify_on_finish, headers
+           notify_on_finish, headers, key
     FROM done
     RETURNING id, lease_token
 ), audited AS (
@@ -235,7 +235,7 @@ SELECT id, lease_token FROM moved LEFT JOIN counted ON true, settled, (SELECT co
 
 -- name: complete_continued
 -- A handler returned Continue(payload, delay): the task succeeds and its next page is enqueued in
--- the same statement (same task, queue, priority, attempts allowed, timeout and run partition;
+-- the same statement (same task, queue, priority, key, attempts allowed, timeout and run partition;
 -- `continued_from` links them; its headers are the attempt's trace context when tracing, else the
 -- task's own), so there is never one without the other. A page of a run's partition
 -- is not the partition's outcome: the last page's is, so this statement counts nothing. The rest
@@ -249,18 +249,19 @@ WITH done AS (
     RETURNING t.id, t.queue, t.task, t.delayed, t.priority, t.run_after, t.attempts, t.max_attempts,
               t.rescues, t.timeout_seconds, t.payload, c.result, t.error, t.lease_owner, t.lease_token,
               t.created_at, t.started_at, t.spec_hash, t.dedupe_key, t.run_id, t.run_partition, t.progress,
-              t.continued_from, t.notify_on_finish, t.headers, c.next_payload, c.next_delay, c.next_headers
+              t.continued_from, t.notify_on_finish, t.headers, t.key, c.next_payload, c.next_delay,
+              c.next_headers
 ), moved AS (
     INSERT INTO queueworker.tasks_finished
         (id, queue, task, state, delayed, priority, run_after, attempts, max_attempts, rescues, timeout_seconds,
          payload, result, error, lease_owner, lease_token, leased_until, deadline_at, created_at, updated_at,
          started_at, finished_at, spec_hash, dedupe_key, run_id, run_partition, progress, continued_from,
-         notify_on_finish, headers)
+         notify_on_finish, headers, key)
     OVERRIDING SYSTEM VALUE
     SELECT id, queue, task, 'succeeded', delayed, priority, run_after, attempts, max_attempts, rescues,
            timeout_seconds, payload, result, NULL, lease_owner, lease_token, NULL, NULL, created_at, now(),
            started_at, now(), spec_hash, dedupe_key, run_id, run_partition, progress, continued_from,
-           notify_on_finish, headers
+           notify_on_finish, headers, key
     FROM done
     RETURNING id, lease_token
 ), audited AS (
@@ -273,10 +274,10 @@ WITH done AS (
     SELECT pg_notify('queueworker_finished', id::text) FROM done WHERE notify_on_finish
 ), followed AS (
     INSERT INTO queueworker.tasks (queue, task, payload, priority, run_after, delayed, max_attempts,
-                                   timeout_seconds, run_id, run_partition, continued_from, headers)
+                                   timeout_seconds, run_id, run_partition, continued_from, headers, key)
     SELECT d.queue, d.task, d.next_payload, d.priority, now() + make_interval(secs => d.next_delay),
            d.next_delay > 0, d.max_attempts, d.timeout_seconds, d.run_id, d.run_partition, d.id,
-           coalesce(d.next_headers, d.headers)
+           coalesce(d.next_headers, d.headers), d.key
     FROM done d JOIN moved m ON m.id = d.id
     RETURNING id, queue, run_after
 ), woken AS (
