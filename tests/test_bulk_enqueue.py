@@ -30,7 +30,7 @@ STAGED = "SELECT to_regclass('pg_temp.queueworker_staged_tasks') IS NOT NULL"
 ROW = """
 SELECT queue, task, state::text, delayed, priority, attempts, max_attempts, rescues, timeout_seconds, payload,
        result, error, lease_owner, lease_token, leased_until, deadline_at, started_at, finished_at, spec_hash,
-       dedupe_key, run_id, run_partition, progress, checkpoint, continued_from, notify_on_finish, headers,
+       dedupe_key, run_id, run_partition, progress, checkpoint, continued_from, notify_on_finish, headers, key,
        round(extract(epoch FROM run_after - created_at) / 60) AS due_in_minutes, created_at = updated_at
 FROM queueworker.tasks WHERE id = ANY(%s) ORDER BY id
 """
@@ -52,6 +52,8 @@ def _varied_specs(count: int) -> list:
         lambda n: TaskSpec(task="notify", notify_on_finish=True),
         lambda n: {"task": "coerced", "priority": "7", "delay": "60"},  # left to TaskSpec, which converts
         lambda n: {"task": "t", "payload": None, "timeout_seconds": None, "run_after": None},
+        lambda n: {"task": "t", "key": f"tenant-{n % 7} é \U0001f600"},
+        lambda n: TaskSpec(task="typed", key="k" * 256, headers={"x": "y"}),
     ]
     return [shapes[n % len(shapes)](n) for n in range(count)]
 
@@ -271,6 +273,7 @@ _FIELDS = {
     "timeout_seconds": st.integers(-1, 2 * INT4_MAX) | _VALUES,
     "headers": _VALUES,
     "dedupe_key": _VALUES,
+    "key": st.text(max_size=260) | st.sampled_from(["", "k" * 256, "k" * 257, "\x00", "a\u2028b"]) | _VALUES,
 }
 
 
@@ -288,6 +291,6 @@ def test_the_fast_check_never_accepts_what_taskspec_refuses_nor_stores_it_differ
     now = datetime.now(timezone.utc)
     assert spec.plain and not spec.notify_on_finish and spec.headers is None
     assert (checked.task, checked.payload_json, checked.queue, checked.priority, checked.max_attempts,
-            checked.timeout_seconds, checked.due_at(now)) == \
+            checked.timeout_seconds, checked.key, checked.due_at(now)) == \
         (spec.task, spec.payload_json, spec.queue, spec.priority, spec.max_attempts, spec.timeout_seconds,
-         spec.due_at(now))
+         spec.key, spec.due_at(now))

@@ -118,7 +118,12 @@ def test_each_producer_touches_only_the_queues_it_is_granted(installation):
                                                                      payload={"n": n})
                                                             for n in range(COPY_THRESHOLD)]),
                                 lambda: enqueue(conn, "qw.noop", queue="shipping.labels", dedupe_key="label-1",
-                                                on_conflict="replace")):
+                                                on_conflict="replace"),
+                                # With keys: the statements and the definer function that store them.
+                                lambda: enqueue(conn, "qw.noop", queue="shipping.labels", key="k"),
+                                lambda: enqueue(conn, "qw.noop", queue="shipping.labels", key="k", dedupe_key="k-1"),
+                                lambda: enqueue_many(conn, [TaskSpec(task="qw.noop", queue="shipping.labels",
+                                                                     key=f"k{n}") for n in range(COPY_THRESHOLD)])):
                     with pytest.raises(DENIED):
                         attempt()
                 # It reads no task's state or key (only the id, queue and due time an insert returns), and
@@ -134,6 +139,8 @@ def test_each_producer_touches_only_the_queues_it_is_granted(installation):
                 # Nor depend on it: to this login it does not exist.
                 with pytest.raises(psycopg.errors.ForeignKeyViolation, match=f"there is no task {theirs} to"):
                     enqueue(conn, "qw.noop", queue="billing.eu", depends_on=[theirs])
+                with pytest.raises(psycopg.errors.ForeignKeyViolation, match=f"there is no task {theirs} to"):
+                    enqueue(conn, "qw.noop", queue="billing.eu", depends_on=[theirs], key="k")
                 # Nor replace it through the definer function, which the CLI never calls this way: to this
                 # login it does not exist, as an unknown id does not.
                 assert conn.execute("SELECT * FROM queueworker.replace_pending(ARRAY[%s::bigint], "
