@@ -215,13 +215,10 @@ def test_the_database_refuses_a_key_written_past_the_api(dsn, key):
                          "ARRAY[0], ARRAY[NULL::timestamptz], ARRAY[10], ARRAY[NULL::int], ARRAY['d'], ARRAY[false], "
                          "ARRAY[true], '{}', '{}', ARRAY[NULL::bigint], ARRAY[NULL::int], ARRAY[NULL::jsonb], "
                          "ARRAY[%s])", (key,))
+        # A NUL never reaches it: Postgres text holds none, and psycopg refuses to send one.
+        with pytest.raises(psycopg.DataError):
+            conn.execute("INSERT INTO queueworker.tasks (queue, task, key) VALUES ('default', 't', %s)", (key + "\x00",))
     assert scalar(dsn, "SELECT count(*) FROM queueworker.tasks") == 0
-
-
-@pytest.mark.integration
-def test_a_nul_never_reaches_the_database(dsn):
-    with psycopg.connect(dsn, autocommit=True) as conn, pytest.raises(psycopg.DataError):
-        conn.execute("INSERT INTO queueworker.tasks (queue, task, key) VALUES ('default', 't', %s)", ("a\x00",))
 
 
 @pytest.mark.integration
