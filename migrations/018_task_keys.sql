@@ -10,7 +10,9 @@
 --
 -- The column lives on the parent, so both partitions have it; UPDATEs through the parent move it
 -- with the row, and COMPLETE_SUCCEEDED and COMPLETE_CONTINUED (worker/db/lease.sql), which move
--- rows between the partitions themselves, list it. The CHECK is NOT VALID: every existing row holds
+-- rows between the partitions themselves, list it. Workers of earlier versions list the columns
+-- they knew: a keyed task they finish keeps no key in tasks_finished, and its next page (Continue)
+-- none either, so upgrade the workers before producers set keys. The CHECK is NOT VALID: every existing row holds
 -- NULL, which it allows, so there is nothing to scan while the table is locked; it holds for every
 -- row written from now on.
 ALTER TABLE queueworker.tasks ADD COLUMN key text;
