@@ -1,4 +1,4 @@
--- Least-privilege database roles for queueworker, schema version 17. Why each grant exists, and
+-- Least-privilege database roles for queueworker, schema version 19. Why each grant exists, and
 -- what the roles still can do: docs/security.md.
 --
 -- Run it as a superuser, in the application's database:
@@ -92,7 +92,7 @@ ALTER DEFAULT PRIVILEGES FOR ROLE queueworker_migrator REVOKE EXECUTE ON FUNCTIO
 ALTER DEFAULT PRIVILEGES FOR ROLE queueworker_migrator IN SCHEMA queueworker
     GRANT SELECT ON TABLES TO queueworker_operator;
 
--- 5. The grants, for schema version 17.
+-- 5. The grants, for schema version 19.
 DO $$
 DECLARE
     applied_version integer;
@@ -100,14 +100,14 @@ BEGIN
     IF to_regclass('queueworker.schema_migrations') IS NOT NULL THEN
         SELECT max(m.version) INTO applied_version FROM queueworker.schema_migrations m;
     END IF;
-    IF coalesce(applied_version, 0) < 17 THEN
-        RAISE NOTICE 'queueworker is at schema version %, these grants are for version 17: run `queueworker '
+    IF coalesce(applied_version, 0) < 19 THEN
+        RAISE NOTICE 'queueworker is at schema version %, these grants are for version 19: run `queueworker '
                      'migrate` as a member of queueworker_migrator, then run this script again',
                      coalesce(applied_version, 0);
         RETURN;
     END IF;
-    IF applied_version > 17 THEN
-        RAISE EXCEPTION 'these grants are for queueworker schema version 17, the database is at version %: '
+    IF applied_version > 19 THEN
+        RAISE EXCEPTION 'these grants are for queueworker schema version 19, the database is at version %: '
                         'run the database-roles.sql of the queueworker release that migrated it', applied_version;
     END IF;
 
@@ -156,18 +156,21 @@ BEGIN
     -- (ENQUEUE_TASKS, ENQUEUE_REPLACE: nothing but inserting such tasks with their edges, and
     -- changing pending ones that have a key); ENQUEUE_EXISTING reads which task holds a key. The trigger queueworker.fill_spec_hash
     -- runs queueworker.spec_hash as the role that inserts a task or moves one back (a retry).
+    -- Plain tasks go in through the view queueworker.new_tasks (version 19), which inserts into
+    -- queueworker.tasks and shows no row: RETURNING gives the producer the ids of what it inserted
+    -- and nothing else. Workers enqueue through it too (a handler's enqueue on the worker's
+    -- connection). The producer holds nothing on queueworker.tasks itself; what earlier versions
+    -- granted is taken back: INSERT and SELECT (id, queue, run_after) there (before version 19; the
+    -- SELECT that RETURNING needs let it list every tenant's tasks), SELECT (state, dedupe_key)
+    -- (before 16; queueworker.existing_tasks reads them now, for the producer's own queues only) and
+    -- UPDATE (notify_on_finish) (before 16; it also let it lock any task row with SELECT ... FOR
+    -- UPDATE). NOTIFY_ON_FINISH marks the tasks just enqueued with notify_on_finish (wait_for)
+    -- through the definer function queueworker.mark_notify_on_finish; the trigger function
+    -- queueworker.notify_finished sends the notification when they end.
     GRANT INSERT (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds, headers, key),
           SELECT (id, queue, run_after)
-        ON queueworker.tasks TO queueworker_producer;
-    -- Before version 16 ENQUEUE_EXISTING read `state` and `dedupe_key` of every task; now
-    -- queueworker.existing_tasks reads them, for the producer's own queues only.
-    REVOKE SELECT (state, dedupe_key) ON queueworker.tasks FROM queueworker_producer;
-    -- NOTIFY_ON_FINISH marks the tasks just enqueued with notify_on_finish (wait_for) through the
-    -- definer function queueworker.mark_notify_on_finish; the trigger function
-    -- queueworker.notify_finished sends the notification when they end. Before version 16 the producer
-    -- held UPDATE (notify_on_finish) on tasks, which also let it lock any task row (SELECT ... FOR
-    -- UPDATE): taken back.
-    REVOKE UPDATE ON queueworker.tasks FROM queueworker_producer;
+        ON queueworker.new_tasks TO queueworker_producer, queueworker_worker;
+    REVOKE ALL ON queueworker.tasks FROM queueworker_producer;
     GRANT EXECUTE ON FUNCTION queueworker.mark_notify_on_finish(bigint[]) TO queueworker_producer;
     GRANT EXECUTE ON FUNCTION
             queueworker.enqueue_tasks(text[], text[], jsonb[], integer[], timestamptz[], integer[], integer[],

@@ -162,7 +162,9 @@ BEGIN
     max_attempts := coalesce((spec ->> 'max_attempts')::integer, 10);
     timeout_seconds := spec ->> 'timeout_seconds';
     IF jsonb_typeof(spec) <> 'object' OR coalesce(spec ->> 'queue', 'default') !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$'
-       OR coalesce(length(spec ->> 'task'), 0) NOT BETWEEN 1 AND 200 OR max_attempts < 1 OR timeout_seconds <= 0 THEN
+       OR coalesce(length(spec ->> 'task'), 0) NOT BETWEEN 1 AND 200 OR max_attempts < 1 OR timeout_seconds <= 0
+       -- A key as the CHECK tasks_key_text of migration 018 takes it.
+       OR length(spec ->> 'key') NOT BETWEEN 1 AND 256 OR spec ->> 'key' ~ '[\x01-\x1f\x7f-\x9f\u2028\u2029]' THEN
         RAISE EXCEPTION 'the run''s % is not a task spec it could enqueue', role USING ERRCODE = 'check_violation';
     END IF;
 EXCEPTION WHEN invalid_text_representation OR numeric_value_out_of_range THEN
@@ -350,10 +352,10 @@ CREATE FUNCTION queueworker.enqueue_run_task(run_id bigint, spec jsonb) RETURNS 
 DECLARE
     new_id bigint;
 BEGIN
-    INSERT INTO queueworker.tasks (queue, task, payload, priority, max_attempts, timeout_seconds, delayed, run_id)
+    INSERT INTO queueworker.tasks (queue, task, payload, priority, max_attempts, timeout_seconds, delayed, run_id, key)
     VALUES (coalesce(spec ->> 'queue', 'default'), spec ->> 'task', coalesce(spec -> 'payload', '{}'),
             coalesce((spec ->> 'priority')::integer, 0), coalesce((spec ->> 'max_attempts')::integer, 10),
-            (spec ->> 'timeout_seconds')::integer, false, run_id)
+            (spec ->> 'timeout_seconds')::integer, false, run_id, spec ->> 'key')
     RETURNING id INTO new_id;
     PERFORM queueworker.wake_queue(coalesce(spec ->> 'queue', 'default'), now());
     RETURN new_id;
@@ -366,10 +368,19 @@ CREATE FUNCTION queueworker.enqueue_tasks(queues text[], tasks text[], payloads 
     AS $$
     SELECT * FROM queueworker.enqueue_tasks(queues, tasks, payloads, priorities, run_afters, max_attempts, timeouts,
                                             dedupe_keys, by_spec, cancel_on_failure, prerequisite_ords,
-                                            prerequisite_ids, run_ids, run_partitions, NULL::jsonb[])
+                                            prerequisite_ids, run_ids, run_partitions, NULL::jsonb[], NULL::text[])
 $$;
 
 CREATE FUNCTION queueworker.enqueue_tasks(queues text[], tasks text[], payloads jsonb[], priorities integer[], run_afters timestamp with time zone[], max_attempts integer[], timeouts integer[], dedupe_keys text[], by_spec boolean[], cancel_on_failure boolean[], prerequisite_ords bigint[], prerequisite_ids bigint[], run_ids bigint[], run_partitions integer[], headers jsonb[]) RETURNS TABLE(ord bigint, queue text, dedupe_key text, id bigint, notified bigint)
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT * FROM queueworker.enqueue_tasks(queues, tasks, payloads, priorities, run_afters, max_attempts, timeouts,
+                                            dedupe_keys, by_spec, cancel_on_failure, prerequisite_ords,
+                                            prerequisite_ids, run_ids, run_partitions, headers, NULL::text[])
+$$;
+
+CREATE FUNCTION queueworker.enqueue_tasks(queues text[], tasks text[], payloads jsonb[], priorities integer[], run_afters timestamp with time zone[], max_attempts integer[], timeouts integer[], dedupe_keys text[], by_spec boolean[], cancel_on_failure boolean[], prerequisite_ords bigint[], prerequisite_ids bigint[], run_ids bigint[], run_partitions integer[], headers jsonb[], keys text[]) RETURNS TABLE(ord bigint, queue text, dedupe_key text, id bigint, notified bigint)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
@@ -428,24 +439,24 @@ BEGIN
     RETURN QUERY
     WITH specs AS MATERIALIZED (
         SELECT s.ord, s.queue, s.task, s.payload, s.priority, s.run_after, s.max_attempts, s.timeout_seconds,
-               s.cancel_on_failure, s.run_id, s.run_partition, s.headers,
+               s.cancel_on_failure, s.run_id, s.run_partition, s.headers, s.key,
                nextval('queueworker.tasks_id_seq') AS new_id,
                CASE WHEN s.by_spec THEN encode(queueworker.spec_hash(s.queue, s.task, s.payload), 'hex')
                     ELSE s.dedupe_key END AS dedupe_key,
                s.ord = ANY(prerequisite_ords) AS blocked
         FROM unnest(queues, tasks, payloads, priorities, run_afters, max_attempts, timeouts, dedupe_keys, by_spec,
-                    cancel_on_failure, run_ids, run_partitions, headers)
+                    cancel_on_failure, run_ids, run_partitions, headers, keys)
              WITH ORDINALITY AS s(queue, task, payload, priority, run_after, max_attempts, timeout_seconds,
-                                  dedupe_key, by_spec, cancel_on_failure, run_id, run_partition, headers, ord)
+                                  dedupe_key, by_spec, cancel_on_failure, run_id, run_partition, headers, key, ord)
         ORDER BY s.ord
     ), inserted AS (
         INSERT INTO queueworker.tasks_active AS t
             (id, queue, task, state, payload, priority, run_after, delayed, max_attempts, timeout_seconds, dedupe_key,
-             run_id, run_partition, headers)
+             run_id, run_partition, headers, key)
         OVERRIDING SYSTEM VALUE  -- the identity is the parent's: an insert aimed at a partition takes ids itself
         SELECT new_id, s.queue, s.task, CASE WHEN s.blocked THEN 'blocked' ELSE 'pending' END::queueworker.task_state,
                s.payload, s.priority, coalesce(s.run_after, now()), coalesce(s.run_after > now(), false),
-               s.max_attempts, s.timeout_seconds, s.dedupe_key, s.run_id, s.run_partition, s.headers
+               s.max_attempts, s.timeout_seconds, s.dedupe_key, s.run_id, s.run_partition, s.headers, s.key
         FROM specs s ORDER BY s.ord
         ON CONFLICT (queue, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
         RETURNING t.id, t.queue, t.run_after, t.state
@@ -655,6 +666,7 @@ CREATE TABLE queueworker.tasks (
     headers jsonb,
     prerequisites_waiting integer DEFAULT 0 NOT NULL,
     prerequisites_failed integer DEFAULT 0 NOT NULL,
+    key text,
     CONSTRAINT dedupe_key_length CHECK (((length(dedupe_key) >= 1) AND (length(dedupe_key) <= 512))),
     CONSTRAINT run_after_readable CHECK (((run_after >= '0002-01-01 00:00:00+00'::timestamp with time zone) AND (run_after <= '9999-12-30 00:00:00+00'::timestamp with time zone))),
     CONSTRAINT running_has_lease CHECK (((state <> 'running'::queueworker.task_state) OR ((lease_owner IS NOT NULL) AND (leased_until IS NOT NULL) AND (deadline_at IS NOT NULL)))),
@@ -1001,8 +1013,10 @@ CREATE TABLE queueworker.cron_jobs (
     last_enqueued_slot timestamp with time zone,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    key text,
     CONSTRAINT cron_catch_up CHECK ((catch_up = ANY (ARRAY['none'::text, 'latest'::text, 'all'::text]))),
     CONSTRAINT cron_expression_length CHECK (((length(expression) >= 1) AND (length(expression) <= 200))),
+    CONSTRAINT cron_jobs_key_text CHECK (((key IS NULL) OR (((length(key) >= 1) AND (length(key) <= 256)) AND (key !~ '[\x01-\x1f\x7f-\x9f\u2028\u2029]'::text)))),
     CONSTRAINT cron_jobs_queue_pattern CHECK ((queue ~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$'::text)),
     CONSTRAINT cron_max_attempts CHECK (((max_attempts >= 1) AND (max_attempts <= 1000))),
     CONSTRAINT cron_name_length CHECK (((length(name) >= 1) AND (length(name) <= 200))),
@@ -1014,6 +1028,22 @@ CREATE TABLE queueworker.cron_jobs (
 CREATE TABLE queueworker.duty_locks (
     duty text NOT NULL
 );
+
+CREATE VIEW queueworker.new_tasks AS
+ SELECT tasks.id,
+    tasks.queue,
+    tasks.task,
+    tasks.payload,
+    tasks.priority,
+    tasks.run_after,
+    tasks.delayed,
+    tasks.max_attempts,
+    tasks.timeout_seconds,
+    tasks.headers,
+    tasks.key,
+    tasks.spec_hash
+   FROM queueworker.tasks
+  WHERE false;
 
 CREATE TABLE queueworker.queue_events (
     id bigint NOT NULL,
@@ -1202,6 +1232,7 @@ CREATE TABLE queueworker.tasks_active (
     headers jsonb,
     prerequisites_waiting integer DEFAULT 0 NOT NULL,
     prerequisites_failed integer DEFAULT 0 NOT NULL,
+    key text,
     CONSTRAINT dedupe_key_length CHECK (((length(dedupe_key) >= 1) AND (length(dedupe_key) <= 512))),
     CONSTRAINT run_after_readable CHECK (((run_after >= '0002-01-01 00:00:00+00'::timestamp with time zone) AND (run_after <= '9999-12-30 00:00:00+00'::timestamp with time zone))),
     CONSTRAINT running_has_lease CHECK (((state <> 'running'::queueworker.task_state) OR ((lease_owner IS NOT NULL) AND (leased_until IS NOT NULL) AND (deadline_at IS NOT NULL)))),
@@ -1247,6 +1278,7 @@ CREATE TABLE queueworker.tasks_finished (
     headers jsonb,
     prerequisites_waiting integer DEFAULT 0 NOT NULL,
     prerequisites_failed integer DEFAULT 0 NOT NULL,
+    key text,
     CONSTRAINT dedupe_key_length CHECK (((length(dedupe_key) >= 1) AND (length(dedupe_key) <= 512))),
     CONSTRAINT run_after_readable CHECK (((run_after >= '0002-01-01 00:00:00+00'::timestamp with time zone) AND (run_after <= '9999-12-30 00:00:00+00'::timestamp with time zone))),
     CONSTRAINT running_has_lease CHECK (((state <> 'running'::queueworker.task_state) OR ((lease_owner IS NOT NULL) AND (leased_until IS NOT NULL) AND (deadline_at IS NOT NULL)))),
@@ -1340,6 +1372,9 @@ ALTER TABLE ONLY queueworker.tasks_active
 
 ALTER TABLE ONLY queueworker.tasks_finished
     ADD CONSTRAINT tasks_finished_pkey PRIMARY KEY (id, state);
+
+ALTER TABLE queueworker.tasks
+    ADD CONSTRAINT tasks_key_text CHECK (((key IS NULL) OR (((length(key) >= 1) AND (length(key) <= 256)) AND (key !~ '[\x01-\x1f\x7f-\x9f\u2028\u2029]'::text)))) NOT VALID;
 
 ALTER TABLE ONLY queueworker.watermarks
     ADD CONSTRAINT watermarks_pkey PRIMARY KEY (name);
@@ -1456,6 +1491,8 @@ REVOKE ALL ON FUNCTION queueworker.count_run_outcomes(ids bigint[], run_ids bigi
 REVOKE ALL ON FUNCTION queueworker.enqueue_tasks(queues text[], tasks text[], payloads jsonb[], priorities integer[], run_afters timestamp with time zone[], max_attempts integer[], timeouts integer[], dedupe_keys text[], by_spec boolean[], cancel_on_failure boolean[], prerequisite_ords bigint[], prerequisite_ids bigint[], run_ids bigint[], run_partitions integer[]) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION queueworker.enqueue_tasks(queues text[], tasks text[], payloads jsonb[], priorities integer[], run_afters timestamp with time zone[], max_attempts integer[], timeouts integer[], dedupe_keys text[], by_spec boolean[], cancel_on_failure boolean[], prerequisite_ords bigint[], prerequisite_ids bigint[], run_ids bigint[], run_partitions integer[], headers jsonb[]) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION queueworker.enqueue_tasks(queues text[], tasks text[], payloads jsonb[], priorities integer[], run_afters timestamp with time zone[], max_attempts integer[], timeouts integer[], dedupe_keys text[], by_spec boolean[], cancel_on_failure boolean[], prerequisite_ords bigint[], prerequisite_ids bigint[], run_ids bigint[], run_partitions integer[], headers jsonb[], keys text[]) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION queueworker.existing_tasks(ords bigint[], queues text[], dedupe_keys text[]) FROM PUBLIC;
 

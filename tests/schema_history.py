@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 from queueworker.db.migrate import Migration
 
@@ -58,3 +59,11 @@ def migrate_to(dsn: str, version: int) -> list[Migration]:
                 conn.execute("INSERT INTO queueworker.schema_migrations (version, name, checksum) VALUES (%s, %s, %s)",
                              (migration.version, migration.name, migration.checksum))
     return applied
+
+
+def insert_plain_tasks(conn: psycopg.Connection, tasks: list[tuple[str, str, dict]]) -> list[int]:
+    """Inserts (queue, task, payload) tasks as the producers of schema versions before 19 did,
+    straight into queueworker.tasks (today's producer inserts through queueworker.new_tasks, which
+    those versions lack), due now; returns their ids in order."""
+    return [conn.execute("INSERT INTO queueworker.tasks (queue, task, payload, delayed) VALUES (%s, %s, %s, false) "
+                         "RETURNING id", (queue, task, Jsonb(payload))).fetchone()[0] for queue, task, payload in tasks]

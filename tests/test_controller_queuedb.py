@@ -73,7 +73,7 @@ def test_blocked_tasks_are_reported_apart_and_older_schemas_still_read(blank_dsn
     them (version 4: no `blocked` state yet) still gets its depth read, with none blocked."""
     from queueworker.db.migrate import migrate
     from queueworker.client.producer import enqueue_chain
-    from tests.schema_history import migrate_to
+    from tests.schema_history import insert_plain_tasks, migrate_to
 
     def read():
         async def scenario(databases):
@@ -82,7 +82,8 @@ def test_blocked_tasks_are_reported_apart_and_older_schemas_still_read(blank_dsn
         return run(scenario)
 
     migrate_to(blank_dsn, 4)
-    enqueue(blank_dsn, "pipeline", 3)
+    with psycopg.connect(blank_dsn) as conn:
+        insert_plain_tasks(conn, [("pipeline", "qw.noop", {})] * 3)
     old = read()
     assert (old.ready, old.running, old.retrying, old.blocked) == (2, 0, 0, 0)
     migrate(blank_dsn)

@@ -12,7 +12,7 @@ import pytest
 
 from queueworker import enqueue, enqueue_many
 from queueworker.db.migrate import migrate
-from tests.schema_history import migrate_to
+from tests.schema_history import insert_plain_tasks, migrate_to
 from tests.support import WorkerProcess, query, wait_until
 from tests.test_dependencies import claim, states, succeed
 
@@ -38,7 +38,7 @@ def test_a_big_graphs_open_transaction_holds_up_no_other_completion(dsn):
 def test_graphs_in_flight_at_version_12_carry_on_after_the_upgrade(blank_dsn):
     migrate_to(blank_dsn, 12)
     with psycopg.connect(blank_dsn, autocommit=True) as conn:
-        p1, p2, p3 = enqueue_many(conn, [{"task": "p"}] * 3)
+        p1, p2, p3 = insert_plain_tasks(conn, [("default", "p", {})] * 3)
         d1 = enqueue(conn, "d1", depends_on=[p1, p2])
         d2 = enqueue(conn, "d2", depends_on=[p3])
         d3 = enqueue(conn, "d3", depends_on=[d2])

@@ -43,8 +43,10 @@ BLOCKER = "long-report"
 def _at_version_1(dsn: str) -> list[int]:
     """The database as migration 001 left it, with a few tasks; returns their ids."""
     migrate_to(dsn, 1)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        return [enqueue(conn, "qw.noop") for _ in range(3)]
+    with psycopg.connect(dsn, autocommit=True) as conn:  # inserted as that version's producer did
+        return [row[0] for row in conn.execute("INSERT INTO queueworker.tasks (queue, task) "
+                                               "SELECT 'default', 'qw.noop' FROM generate_series(1, 3) "
+                                               "RETURNING id").fetchall()]
 
 
 def _open_transaction_that_read_tasks(dsn: str) -> psycopg.Connection:

@@ -21,7 +21,7 @@ from queueworker.db import lease, statements, tasks
 from queueworker.db.connection import DutyConnection
 from queueworker.db.migrate import available_migrations, migrate
 from queueworker.client.producer import enqueue
-from tests.schema_history import migrate_to
+from tests.schema_history import insert_plain_tasks, migrate_to
 from tests.support import query, scalar, wait_until
 
 pytestmark = pytest.mark.integration
@@ -83,7 +83,7 @@ def test_success_moves_rows_itself_and_audits_the_transition(dsn):
 def test_upgrading_a_version_1_database_keeps_rows_ids_and_audit_trail(blank_dsn):
     migrate_to(blank_dsn, 1)
     with psycopg.connect(blank_dsn, autocommit=True) as conn:
-        ids = [enqueue(conn, "qw.noop", {"n": n}) for n in range(4)]
+        ids = insert_plain_tasks(conn, [("default", "qw.noop", {"n": n}) for n in range(4)])
         running, finished = ids[:2]
         conn.execute("""UPDATE queueworker.tasks SET state = 'running', lease_owner = %s, lease_token = 1,
                         leased_until = now() + interval '1 minute', deadline_at = now() + interval '1 hour'

@@ -68,8 +68,7 @@ def test_before_the_first_grant_every_producer_uses_every_queue(installation):
     with tenants(installation, "billing") as logins, psycopg.connect(logins["billing"], autocommit=True) as conn:
         ids = [enqueue(conn, "qw.noop", queue="shipping.labels"), enqueue(conn, "qw.noop", queue="anything")]
         ids += enqueue_many(conn, [TaskSpec(task="qw.noop", queue="shipping.labels", dedupe_key="k")])
-        seen = conn.execute("SELECT id FROM queueworker.tasks ORDER BY id").fetchall()
-    assert [row[0] for row in seen] == ids
+    assert [row[0] for row in query(installation.admin, "SELECT id FROM queueworker.tasks ORDER BY id")] == ids
     assert as_operator(installation, "grants") == "no queue grants: every producer may use every queue\n"
 
 
@@ -126,13 +125,16 @@ def test_each_producer_touches_only_the_queues_it_is_granted(installation):
                                                                      key=f"k{n}") for n in range(COPY_THRESHOLD)])):
                     with pytest.raises(DENIED):
                         attempt()
-                # It reads no task's state or key (only the id, queue and due time an insert returns), and
-                # cannot lock another's row.
-                for column in ("state", "dedupe_key", "payload"):
+                # It reads no task, not even the ids, queues and due times of its own (only an insert's
+                # RETURNING shows those, of the rows it inserts), and cannot lock another's row.
+                for column in ("id", "queue", "run_after", "state", "dedupe_key", "key", "payload"):
                     with pytest.raises(DENIED):
                         conn.execute(f"SELECT {column} FROM queueworker.tasks WHERE id = %s", (theirs,))
+                assert conn.execute("SELECT id, queue, run_after FROM queueworker.new_tasks").fetchall() == []
                 with pytest.raises(DENIED):
                     conn.execute("SELECT id FROM queueworker.tasks WHERE id = %s FOR UPDATE", (theirs,))
+                with pytest.raises(DENIED):
+                    conn.execute("SELECT id FROM queueworker.new_tasks FOR UPDATE")
                 with pytest.raises(DENIED, match="may not use queue shipping.labels"):
                     conn.execute("SELECT * FROM queueworker.existing_tasks(ARRAY[1::bigint], ARRAY['shipping.labels'], "
                                  "ARRAY['label-1'])")

@@ -286,6 +286,12 @@ REFUSED = [
     *(("producer", statement) for statement in (
         "SELECT payload FROM queueworker.tasks",
         "SELECT result, error FROM queueworker.tasks",
+        "SELECT id, queue, run_after FROM queueworker.tasks",
+        "INSERT INTO queueworker.tasks (queue, task) VALUES ('default', 't')",
+        "INSERT INTO queueworker.new_tasks (task, spec_hash) VALUES ('t', '\\x00')",
+        "SELECT payload FROM queueworker.new_tasks",
+        "UPDATE queueworker.new_tasks SET priority = 1",
+        "DELETE FROM queueworker.new_tasks",
         "SELECT count(*) FROM queueworker.task_events",
         "UPDATE queueworker.tasks SET priority = 1",
         "DELETE FROM queueworker.tasks",
@@ -478,7 +484,9 @@ def test_an_installation_migrated_before_the_roles_passes_to_the_migrator(instal
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute("DROP SCHEMA queueworker")  # the fixture's run of the script made it; the field had none
         migrate_to(admin, 2)
-        old = enqueue(conn, "qw.noop")
+        # A task of that time, inserted as that version's producer did (this one's needs version 19).
+        old = conn.execute("INSERT INTO queueworker.tasks (queue, task) VALUES ('default', 'qw.noop') "
+                           "RETURNING id").fetchone()[0]
         conn.execute("UPDATE queueworker.tasks SET state = 'succeeded', finished_at = now() - interval '2 hours'")
     assert [row[0] for row in query(admin, OWNERS)] == ["postgres"]
 

@@ -1,20 +1,21 @@
 -- Enqueueing: the producer's statements (queueworker.client.producer), run in the caller's transaction.
 -- Each statement is declared, with its parameter and row types, in queueworker/db/enqueue.py.
 --
+-- Plain tasks are inserted through the view queueworker.new_tasks (migration 019), which inserts
+-- into queueworker.tasks and shows no row, so a producer learns the ids of the tasks it inserts and
+-- of no other; the library needs schema version 19 for it (run `queueworker migrate` first).
+--
 -- Every insert wakes idle workers with one NOTIFY per queue per statement (delivered at commit, so it
 -- rides the caller's transaction); a batch that is only due later carries its due time, so listeners
--- schedule a precise wake-up instead of polling. The NOTIFY is spelled out rather than calling
--- queueworker.wake_queue (migration 004), so that plain enqueues keep working against a schema not yet
--- migrated that far; for the same reason a batch without headers (migration 012) is inserted by the
--- statements without `headers` in their names, and a batch without keys (migration 018) by those
--- without `keys`. A batch with keys takes the `with_keys` variant, which stores headers too: the
+-- schedule a precise wake-up instead of polling. A batch without headers is inserted by the
+-- statements without `headers` in their names, and a batch without keys by those without `keys`. A batch with keys takes the `with_keys` variant, which stores headers too: the
 -- plain statements stay as short as they were, and keys add one variant each, not two.
 
 -- name: enqueue
 -- Plain specs (neither unique nor dependent), one row per element of the array parameters, in order:
 -- one statement for any batch size.
 WITH inserted AS (
-    INSERT INTO queueworker.tasks (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds)
+    INSERT INTO queueworker.new_tasks (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds)
     SELECT s.queue, s.task, s.payload, s.priority, coalesce(s.run_after, now()), coalesce(s.run_after > now(), false),
            s.max_attempts, s.timeout_seconds
     FROM unnest(%(queues)s::text[], %(tasks)s::text[], %(payloads)s::jsonb[], %(priorities)s::int[],
@@ -33,7 +34,7 @@ SELECT id, (SELECT count(*) FROM notified) AS notified FROM inserted ORDER BY id
 -- name: enqueue_with_headers
 -- The same, for a batch in which some spec has headers.
 WITH inserted AS (
-    INSERT INTO queueworker.tasks (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds,
+    INSERT INTO queueworker.new_tasks (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds,
                                    headers)
     SELECT s.queue, s.task, s.payload, s.priority, coalesce(s.run_after, now()), coalesce(s.run_after > now(), false),
            s.max_attempts, s.timeout_seconds, s.headers
@@ -53,7 +54,7 @@ SELECT id, (SELECT count(*) FROM notified) AS notified FROM inserted ORDER BY id
 -- name: enqueue_with_keys
 -- The same, for a batch in which some spec has a key (TaskSpec.key), with each spec's headers.
 WITH inserted AS (
-    INSERT INTO queueworker.tasks (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds,
+    INSERT INTO queueworker.new_tasks (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds,
                                    headers, key)
     SELECT s.queue, s.task, s.payload, s.priority, coalesce(s.run_after, now()), coalesce(s.run_after > now(), false),
            s.max_attempts, s.timeout_seconds, s.headers, s.key
@@ -75,14 +76,11 @@ SELECT id, (SELECT count(*) FROM notified) AS notified FROM inserted ORDER BY id
 -- name: staging_state
 -- Whether this transaction has a staging table already, whether the role may create one (TEMPORARY
 -- on the database, granted to PUBLIC unless revoked), and whether the statement may set the spec
--- hash itself: the schema has it (migration 004) and the role may insert it (the owner; a
--- least-privilege producer may not, so that it cannot forge one, and its rows get theirs from the
--- trigger).
+-- hash itself: the role may insert it (the owner; a least-privilege producer may not, so that it
+-- cannot forge one, and its rows get theirs from the trigger).
 SELECT to_regclass('pg_temp.queueworker_staged_tasks') IS NOT NULL AS exists,
        has_database_privilege(current_database(), 'TEMPORARY') AS allowed,
-       CASE WHEN EXISTS (SELECT FROM pg_attribute WHERE attrelid = 'queueworker.tasks'::regclass
-                                                    AND attname = 'spec_hash' AND NOT attisdropped)
-            THEN has_column_privilege('queueworker.tasks', 'spec_hash', 'INSERT') ELSE false END AS spec_hash;
+       has_column_privilege('queueworker.new_tasks', 'spec_hash', 'INSERT') AS spec_hash;
 
 -- name: create_staging
 -- The fast path of a big batch of plain specs (producer.COPY_THRESHOLD): COPY into a temporary staging
@@ -116,7 +114,7 @@ FROM STDIN;
 -- name: enqueue_staged
 -- `enqueue`, from the staging table that copy_staging filled.
 WITH inserted AS (
-    INSERT INTO queueworker.tasks (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds)
+    INSERT INTO queueworker.new_tasks (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds)
     SELECT s.queue, s.task, s.payload, s.priority, coalesce(s.run_after, now()), coalesce(s.run_after > now(), false),
            s.max_attempts, s.timeout_seconds
     FROM pg_temp.queueworker_staged_tasks s
@@ -133,7 +131,7 @@ SELECT id, (SELECT count(*) FROM notified) AS notified FROM inserted ORDER BY id
 -- name: enqueue_staged_with_headers
 -- The same, for a batch in which some spec has headers.
 WITH inserted AS (
-    INSERT INTO queueworker.tasks (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds,
+    INSERT INTO queueworker.new_tasks (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds,
                                    headers)
     SELECT s.queue, s.task, s.payload, s.priority, coalesce(s.run_after, now()), coalesce(s.run_after > now(), false),
            s.max_attempts, s.timeout_seconds, s.headers
@@ -153,7 +151,7 @@ SELECT id, (SELECT count(*) FROM notified) AS notified FROM inserted ORDER BY id
 -- the row), which costs the database less than a trigger call per row; for a role that may insert it
 -- (staging_state says).
 WITH inserted AS (
-    INSERT INTO queueworker.tasks (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds,
+    INSERT INTO queueworker.new_tasks (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds,
                                    spec_hash)
     SELECT s.queue, s.task, s.payload, s.priority, coalesce(s.run_after, now()), coalesce(s.run_after > now(), false),
            s.max_attempts, s.timeout_seconds, queueworker.spec_hash(s.queue, s.task, s.payload)
@@ -171,7 +169,7 @@ SELECT id, (SELECT count(*) FROM notified) AS notified FROM inserted ORDER BY id
 -- name: enqueue_staged_with_headers_hashed
 -- enqueue_staged_with_headers, computing the spec hash as enqueue_staged_hashed does.
 WITH inserted AS (
-    INSERT INTO queueworker.tasks (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds,
+    INSERT INTO queueworker.new_tasks (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds,
                                    headers, spec_hash)
     SELECT s.queue, s.task, s.payload, s.priority, coalesce(s.run_after, now()), coalesce(s.run_after > now(), false),
            s.max_attempts, s.timeout_seconds, s.headers, queueworker.spec_hash(s.queue, s.task, s.payload)
@@ -189,7 +187,7 @@ SELECT id, (SELECT count(*) FROM notified) AS notified FROM inserted ORDER BY id
 -- name: enqueue_staged_with_keys
 -- enqueue_staged_with_headers with each spec's key, after copy_staging_with_keys.
 WITH inserted AS (
-    INSERT INTO queueworker.tasks (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds,
+    INSERT INTO queueworker.new_tasks (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds,
                                    headers, key)
     SELECT s.queue, s.task, s.payload, s.priority, coalesce(s.run_after, now()), coalesce(s.run_after > now(), false),
            s.max_attempts, s.timeout_seconds, s.headers, s.key
@@ -207,7 +205,7 @@ SELECT id, (SELECT count(*) FROM notified) AS notified FROM inserted ORDER BY id
 -- name: enqueue_staged_with_keys_hashed
 -- enqueue_staged_with_keys, computing the spec hash as enqueue_staged_hashed does.
 WITH inserted AS (
-    INSERT INTO queueworker.tasks (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds,
+    INSERT INTO queueworker.new_tasks (queue, task, payload, priority, run_after, delayed, max_attempts, timeout_seconds,
                                    headers, key, spec_hash)
     SELECT s.queue, s.task, s.payload, s.priority, coalesce(s.run_after, now()), coalesce(s.run_after > now(), false),
            s.max_attempts, s.timeout_seconds, s.headers, s.key, queueworker.spec_hash(s.queue, s.task, s.payload)
