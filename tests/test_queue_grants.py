@@ -256,6 +256,8 @@ def test_grant_refuses_bad_input_in_one_line(installation):
     installation.install()
     with pytest.raises(ValueError, match="a queue pattern is 1 to 128"):
         grants.grant_queue(None, "producer", "billing/*")  # type: ignore[arg-type] - refused before any round trip
+    with pytest.raises(ValueError, match=r"a role name is 1 to 63 characters, not 'pro\\x00ducer'"):
+        grants.revoke_queue(None, "pro\x00ducer", "billing.*")  # type: ignore[arg-type] - no process takes a NUL
     for args, message in ((("grant", "nobody_at_all", "--queue", "x"), "there is no role nobody_at_all"),
                           (("grant", "queueworker_producer", "--queue", "a%b"), "a queue pattern is 1 to 128"),
                           (("grant", "queueworker_producer", "--queue", "x" * 129), "a queue pattern is 1 to 128"),
