@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -18,6 +19,7 @@ from queueworker import cli
 from queueworker.cli.local import cmd_dev_db
 from queueworker.dev.devdb import EXIT_NOT_RUNNING, STATE_FILE
 from queueworker.dev.localpg import PostgresNotFound, find_bin_dir
+from tests.support import scalar, wait_until
 
 
 # `queueworker dev-db ...` in a process of its own.
@@ -103,3 +105,51 @@ def test_as_root_a_directory_the_server_user_cannot_enter_is_refused(tmp_path: P
     private.mkdir(mode=0o700)
     code, _, err = dev_db(private / "dev-db", "start", capsys)
     assert code == 1 and "cannot enter" in err and "QUEUEWORKER_DEV_DB_DIR" in err
+
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def _by_hand_commands() -> list[str]:
+    """The commands of the README's "Try it by hand", as written (comments cut)."""
+    readme = README.read_text()
+    section = readme[readme.index("## Try it by hand"):]
+    start = section.index("```bash\n") + len("```bash\n")
+    block = section[start:section.index("\n```", start)]
+    return [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
+
+
+@pytest.mark.integration
+def test_the_readmes_by_hand_section_runs_as_written(dev_db_dir: Path) -> None:
+    """Every command of the section in a shell of its own, with the environment the section builds
+    up. The first line makes the environment these tests run in (the packaging tests install the
+    package); the worker runs until its tasks are done, then gets the Ctrl-C the section mentions."""
+    setup, *commands = _by_hand_commands()
+    assert setup.startswith("python3 -m venv .venv && .venv/bin/pip install -e '.[embedded]'"), setup
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "QUEUEWORKER_DEV_DB_DIR": str(dev_db_dir)}
+    env.pop("DATABASE_URL", None)
+    ran = []
+    for command in commands:
+        if command.startswith("export "):
+            name, value = command[len("export "):].split("=", 1)
+            env[name] = subprocess.run(["bash", "-c", f"printf %s {value}"], env=env, capture_output=True,
+                                       text=True, check=True, timeout=60).stdout
+        elif command.startswith("queueworker worker "):
+            worker = subprocess.Popen(["bash", "-c", f"exec {command}"], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True)
+            try:
+                wait_until(lambda: scalar(env["DATABASE_URL"], "SELECT count(*) FROM queueworker.tasks "
+                                                               "WHERE state = 'succeeded'") == 100,
+                           timeout=120, message="the 100 tasks the section enqueues")
+                worker.send_signal(signal.SIGINT)  # Ctrl-C drains
+                assert worker.wait(timeout=60) == 0, worker.stdout.read()
+            finally:
+                worker.kill()
+        else:
+            done = subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True, timeout=180)
+            assert done.returncode == 0, f"{command}: {done.stdout}{done.stderr}"
+            ran.append((command, done.stdout))
+    status = dict(ran)["queueworker status"]
+    assert "default" in status and "100" in status, status
+    assert [command for command, _ in ran][-1] == "queueworker dev-db stop"
