@@ -6,13 +6,21 @@ The tests share one release and run in file order; the last one uninstalls it.
 
 from __future__ import annotations
 
+import base64
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
 import pytest
+import yaml
 from kubernetes import client
 
-from .harness import NAMESPACE, RELEASE, Smoke, wait_for
+from .harness import DEMO_POSTGRES, NAMESPACE, RELEASE, WORKER_IMAGE, Smoke, wait_for
 
 pytestmark = [pytest.mark.smoke, pytest.mark.timeout(1800)]
 
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 FAST_SCALING = {"pollingIntervalSeconds": 2, "scaleDownStabilizationSeconds": 10, "cooldownSeconds": 10}
 
 
@@ -84,6 +92,49 @@ def test_deleted_busy_pod_hands_its_task_to_another_worker(smoke: Smoke):
     assert finisher not in ("", worker_id), f"another worker finished it: {events}"
     assert smoke.scalar(f"SELECT attempts FROM queueworker.tasks WHERE id = {task_id}") == 1
     smoke.delete_queueworker("kill")
+
+
+def test_the_examples_applied_with_kubectl_scale_a_backlog_up_and_back_to_zero(smoke: Smoke, tmp_path):
+    """What the README and examples/queueworker.yaml tell a user to type, with a real kubectl: apply
+    the Secret and the QueueWorker, `kubectl get qw`, enqueue a backlog, watch the workers come and
+    go, `kubectl delete`. The files change only where they say to: the Secret's URL (here the demo
+    Postgres's), the image (the one loaded on the node), and the scaling timers (seconds, not
+    minutes, so that the test waits less)."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.fail("kubectl is not installed") if os.environ.get("CI") else pytest.skip("kubectl is not installed")
+    demo_url = base64.b64decode(smoke.core.read_namespaced_secret(DEMO_POSTGRES, NAMESPACE).data["url"]).decode()
+    secret = yaml.safe_load((EXAMPLES / "database-secret.yaml").read_text())
+    secret["stringData"]["url"] = demo_url
+    queueworker = yaml.safe_load((EXAMPLES / "queueworker.yaml").read_text())
+    queueworker["spec"]["image"] = WORKER_IMAGE
+    queueworker["spec"]["scaling"].update(FAST_SCALING)
+    files = [tmp_path / "database-secret.yaml", tmp_path / "queueworker.yaml"]
+    for path, document in zip(files, (secret, queueworker), strict=True):
+        path.write_text(yaml.safe_dump(document))
+
+    def kubectl_run(*args: str) -> str:
+        done = subprocess.run([kubectl, "--kubeconfig", str(smoke.cluster.kubeconfig), "--namespace", NAMESPACE,
+                               *args], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stdout}{done.stderr}"
+        return done.stdout
+
+    applied = kubectl_run("apply", "-f", str(files[0]), "-f", str(files[1]))
+    assert "secret/emails-db created" in applied and "queueworker.queueworker.dev/emails created" in applied
+    wait_for(lambda: "Idle" in kubectl_run("get", "qw", "emails", "--output", "wide"), 120,
+             "`kubectl get qw emails -o wide` to show it idle")
+
+    smoke.enqueue_sleeps("emails", 40, seconds=1.0)
+    wait_for(lambda: smoke.worker_replicas("emails") >= 2, 120, "the backlog to scale the workers up")
+    wait_for(lambda: smoke.scalar("SELECT count(*) FROM queueworker.tasks WHERE queue = 'emails' "
+                                  "AND state = 'succeeded'") == 40, 300, "the 40 tasks to succeed")
+    wait_for(lambda: smoke.worker_replicas("emails") == 0, 180, "the workers to scale back to zero")
+
+    deleted = kubectl_run("delete", "-f", str(files[1]), "-f", str(files[0]), "--wait", "--timeout", "120s")
+    assert "queueworker.queueworker.dev \"emails\" deleted" in deleted and "secret \"emails-db\" deleted" in deleted
+    assert "No resources found" in subprocess.run(
+        [kubectl, "--kubeconfig", str(smoke.cluster.kubeconfig), "--namespace", NAMESPACE, "get", "qw"],
+        capture_output=True, text=True, timeout=60).stderr
 
 
 def test_uninstall_removes_the_release_and_keeps_the_crd(smoke: Smoke):
