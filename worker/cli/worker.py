@@ -38,6 +38,9 @@ def add_worker(sub: Any, common: argparse.ArgumentParser) -> None:
     wrk.add_argument("--handlers", action="append", default=[], help="module with @task handlers (repeatable)")
     wrk.add_argument("--command", action="append", default=[], dest="commands", metavar="NAME=COMMAND",
                      help="run COMMAND for tasks named NAME: payload on stdin, JSON result on stdout")
+    wrk.add_argument("--django", metavar="SETTINGS_MODULE", default=None,
+                     help="set Django up with this settings module and run its tasks (django.tasks with "
+                          "queueworker.django.QueueWorkerBackend: docs/django.md)")
     wrk.add_argument("--migrate", action="store_true", help="apply pending migrations before starting")
     wrk.add_argument("--processes", type=bounded_int(1, MAX_PROCESSES), default=None, metavar="N",
                      help="run N worker processes under one supervisor, for a pod with N CPUs; with "
@@ -111,6 +114,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     configure_logging(level, log_format == "json", secrets(args.dsn))
     _import_from_working_directory()
     try:
+        if args.django is not None:
+            _set_django_up(args.django, default_registry)
         default_registry.import_modules(args.handlers)
         register_commands(default_registry, args.commands, settings)
     except ValueError as exc:
@@ -125,6 +130,22 @@ def cmd_worker(args: argparse.Namespace) -> int:
                            f"{exc.strerror or exc}") from None
     # Threads of sync handlers that ignored cancellation are daemons: they cannot hold up the exit.
     return run_worker(args.dsn, settings, default_registry, auto_migrate=args.migrate, install_signal_handlers=True)
+
+
+def _set_django_up(settings_module: str, registry: Any) -> None:
+    """`--django SETTINGS_MODULE`: django.setup() with that module, and the handler of Django's tasks."""
+    os.environ["DJANGO_SETTINGS_MODULE"] = settings_module
+    try:
+        import django
+        from django.core.exceptions import ImproperlyConfigured
+    except ImportError:
+        raise CliError("--django needs Django: pip install 'queueworker[django]'") from None
+    try:
+        django.setup()
+        from ..django import register_django_tasks
+    except (ImportError, ImproperlyConfigured) as exc:
+        raise CliError(f"--django {settings_module}: {exc}") from None
+    register_django_tasks(registry)
 
 
 def _processes_from_environment() -> int:
