@@ -71,6 +71,25 @@ def test_a_big_backlog_delays_the_keys_after_it_by_about_one_round_with_real_wor
     assert max(last.values()) < 3 * one_round + in_flight, last
 
 
+def test_a_running_worker_hears_at_once_that_its_queue_became_keyed(dsn):
+    """The worker claims the queue with the plain claim, which steps aside once the queue is keyed:
+    the first keyed task tells it (channel queueworker_queues) to switch to the fair claim, well
+    before its 5-minute safety re-read."""
+    worker = WorkerProcess(dsn, "--queue", "late")
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            enqueue_many(conn, [TaskSpec(task="qw.noop", queue="late")] * 5)
+        wait_until(lambda: scalar(dsn, "SELECT count(*) FROM queueworker.tasks WHERE state = 'succeeded'") == 5,
+                   timeout=30, message="the plain tasks to succeed")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            enqueue_many(conn, [TaskSpec(task="qw.noop", queue="late", key=f"k{n % 3}") for n in range(30)])
+        wait_until(lambda: scalar(dsn, "SELECT count(*) FROM queueworker.tasks WHERE state = 'succeeded'") == 35,
+                   timeout=60, message="the keyed tasks to succeed")
+    finally:
+        worker.stop()
+    assert "fair share on late" in worker.log()
+
+
 def test_weights_give_a_key_that_many_claims_per_turn(dsn):
     with psycopg.connect(dsn, autocommit=True) as conn:
         operations.set_limits(conn, "weighted", key="gold", weight=3)
@@ -154,6 +173,15 @@ def test_every_path_that_makes_a_task_claimable_tags_it(dsn):
         assert line < back < last, "a retried task goes behind its key's waiting tasks, ahead of a longer line"
         drained = claim(conn, queue, 10_000)
     assert untagged(dsn, queue) == 0 and len(drained) == 20 + COPY_THRESHOLD + 1 + 3 - 6 + 2
+
+
+def test_a_task_left_without_a_tag_is_still_claimed_after_the_tagged_ones(dsn):
+    """The fair claim's safety net: a claimable task of a keyed queue without a tag (made claimable
+    by a transaction that had not seen the queue become keyed; here its tag is taken by hand)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        first, *others = enqueue_many(conn, [TaskSpec(task="t", queue="net", key="k")] * 4)
+        conn.execute("UPDATE queueworker.tasks_active SET fair_tag = NULL WHERE id = %s", (first,))
+        assert claim(conn, "net", 10) == [*others, first]
 
 
 def test_a_queue_without_keys_keeps_the_plain_claim(dsn):
