@@ -18,7 +18,9 @@ from queueworker.client import operations
 from queueworker.client.producer import COPY_THRESHOLD, TaskSpec
 from queueworker.db import statements
 from queueworker.db.duties import PROMOTE_DUE, RESCUE, PromoteDueParams, RescueParams
-from queueworker.db.lease import CLAIM, CLAIM_FAIR, CLAIM_LIMITED_FAIR, LOCK_QUEUE, ClaimParams, LockQueueParams
+from queueworker.db.lease import (
+    CLAIM, CLAIM_FAIR, CLAIM_LIMITED_FAIR, COMPLETE_CONTINUED, LOCK_QUEUE, RELEASE, ClaimParams, CompleteContinuedParams,
+    DeregisterWorkerParams, LockQueueParams)
 from tests.support import WorkerProcess, query, scalar, wait_until
 from tests.test_queue_grants import DENIED, tenants
 from tests.test_roles import installation  # noqa: F401 (a fixture: a login per role of docs/database-roles.sql)
@@ -142,9 +144,10 @@ def test_priority_first_and_tasks_without_a_key_are_one_key(dsn):
 
 def test_every_path_that_makes_a_task_claimable_tags_it(dsn):
     """Enqueue (arrays, COPY, enqueue_tasks), promote_due (a delayed task and a retry), rescue,
-    release and settlement of a dependent: afterwards no claimable task of the keyed queue lacks a
-    tag, and a task back in line goes behind its key's waiting tasks, not ahead of everyone."""
-    queue = "paths"
+    a continued task's next page, release, and settlement of a dependent: afterwards no claimable
+    task of the keyed queue lacks a tag, and a task back in line goes behind its key's waiting
+    tasks, not behind everyone."""
+    queue, me = "paths", uuid.uuid4()
     with psycopg.connect(dsn, autocommit=True) as conn:
         enqueue_many(conn, [TaskSpec(task="t", queue=queue, key="a")] * 20)
         enqueue_many(conn, [TaskSpec(task="t", queue=queue, key="b")] * (COPY_THRESHOLD + 1))  # the COPY path
@@ -152,27 +155,37 @@ def test_every_path_that_makes_a_task_claimable_tags_it(dsn):
         enqueue_many(conn, [TaskSpec(task="t", queue=queue, key="d", depends_on=[first])])  # blocked
         enqueue_many(conn, [TaskSpec(task="t", queue=queue, key="e", delay=0.01)])  # delayed
         assert untagged(dsn, queue) == 0
-        running = claim(conn, queue, 6)
+        claimed = statements.fetch(conn, CLAIM_FAIR, ClaimParams(queue=queue, limit=6, worker=me, lease_seconds=30,
+                                                                 timeout_seconds=60))
+        assert first in [row.id for row in claimed], "c's only task is in the first round"
+        of_a = sorted((row for row in claimed if keys_of(dsn, [row.id]) == ["a"]), key=lambda row: row.id)
+        retried, rescued, continued = of_a[:3]
         conn.execute("UPDATE queueworker.tasks SET state = 'retrying', run_after = now(), lease_owner = NULL, "
-                     "leased_until = NULL, deadline_at = NULL WHERE id = %s", (running[0],))
+                     "leased_until = NULL, deadline_at = NULL WHERE id = %s", (retried.id,))
         conn.execute("UPDATE queueworker.tasks SET leased_until = now() - interval '1 second' WHERE id = %s",
-                     (running[1],))
-        wait_until(lambda: scalar(dsn, "SELECT now() > max(run_after) FROM queueworker.tasks"), timeout=5,
-                   message="the delayed task to come due")
+                     (rescued.id,))
+        statements.fetch(conn, COMPLETE_CONTINUED, CompleteContinuedParams(
+            ids=[continued.id], tokens=[continued.lease_token], results=[None], next_payloads=["{}"],
+            next_delays=[0.0], next_headers=[None]))
+        wait_until(lambda: scalar(dsn, "SELECT now() > max(run_after) FROM queueworker.tasks WHERE key = 'e'"),
+                   timeout=5, message="the delayed task to come due")
         statements.fetch(conn, PROMOTE_DUE, PromoteDueParams(limit=100))
         statements.fetch(conn, RESCUE, RescueParams(limit=100, deadline_grace=60, worker_ttl=3600))
         conn.execute("UPDATE queueworker.tasks SET state = 'succeeded', finished_at = now(), lease_owner = NULL, "
                      "leased_until = NULL, deadline_at = NULL WHERE id = %s", (first,))
+        released = statements.fetch(conn, RELEASE, DeregisterWorkerParams(worker=me))
+        assert sorted(keys_of(dsn, [row.id for row in released])) == ["b", "b"]
         assert scalar(dsn, "SELECT count(*) FROM queueworker.tasks WHERE queue = %s AND key IN ('d', 'e') "
                            "AND state = 'pending' AND NOT delayed", (queue,)) == 2
         assert untagged(dsn, queue) == 0
-        back = scalar(dsn, "SELECT fair_tag FROM queueworker.tasks WHERE id = %s", (running[0],))
+        back = scalar(dsn, "SELECT fair_tag FROM queueworker.tasks WHERE id = %s", (retried.id,))
         line = scalar(dsn, "SELECT max(fair_tag) FROM queueworker.tasks_active WHERE key = 'a' AND id <> ALL(%s)",
-                      (running[:2],))
+                      ([retried.id, rescued.id],))
         last = scalar(dsn, "SELECT max(fair_tag) FROM queueworker.tasks_active")
         assert line < back < last, "a retried task goes behind its key's waiting tasks, ahead of a longer line"
         drained = claim(conn, queue, 10_000)
-    assert untagged(dsn, queue) == 0 and len(drained) == 20 + COPY_THRESHOLD + 1 + 3 - 6 + 2
+    # a: 20, all back or continued; b: all, two released; c: done; d: settled; e: promoted.
+    assert untagged(dsn, queue) == 0 and len(drained) == 20 + COPY_THRESHOLD + 1 + 2
 
 
 def test_a_task_left_without_a_tag_is_still_claimed_after_the_tagged_ones(dsn):
@@ -181,7 +194,8 @@ def test_a_task_left_without_a_tag_is_still_claimed_after_the_tagged_ones(dsn):
     with psycopg.connect(dsn, autocommit=True) as conn:
         first, *others = enqueue_many(conn, [TaskSpec(task="t", queue="net", key="k")] * 4)
         conn.execute("UPDATE queueworker.tasks_active SET fair_tag = NULL WHERE id = %s", (first,))
-        assert claim(conn, "net", 10) == [*others, first]
+        assert sorted(claim(conn, "net", 3)) == others, "the tagged ones first"
+        assert claim(conn, "net", 10) == [first]
 
 
 def test_a_queue_without_keys_keeps_the_plain_claim(dsn):
