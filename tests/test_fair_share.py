@@ -138,6 +138,13 @@ def test_priority_first_and_tasks_without_a_key_are_one_key(dsn):
         # Ties go to the older task, so a newcomer's tag is one round ahead and its turn comes at the end of it.
         assert late[0] in claim(conn, "mixed", 2 * 3 + 1), "a new key's first task: within about one round"
     assert taken[:3] == urgent, "a higher priority goes first, whatever its key's turn"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        raised, = enqueue_many(conn, [TaskSpec(task="t", queue="mixed", key="a", dedupe_key="moved")])
+        enqueue_many(conn, [TaskSpec(task="t", queue="mixed", key="b", priority=5)] * 3)
+        enqueue_many(conn, [TaskSpec(task="t", queue="mixed", key="a", dedupe_key="moved", priority=5,
+                                     on_conflict="replace")])
+        # Its tag is counted again at its new priority (b's three are at 1, 2, 3 there): not its old one.
+        assert raised in claim(conn, "mixed", 3), "a priority replaced: its key's turn in its new line"
     counts = Counter(keys_of(dsn, taken[3:]))
     assert all(9 <= counts[key] <= 11 for key in (None, "a", "b")), counts
 

@@ -112,8 +112,9 @@ END
 $$;
 
 -- After an update through the parent: the rows of keyed queues that became claimable (promoted
--- when due, retried, rescued, released, settled, a replaced schedule now due) take a tag at the
--- end of the line of their key, as a new task would. A statement on no keyed queue costs one
+-- when due, retried, rescued, released, settled, a replaced schedule now due), or moved to another
+-- priority while claimable (a replaced priority: tags are counted per priority), take a tag at
+-- the end of the line of their key, as a new task would. A statement on no keyed queue costs one
 -- probe of `queues_keyed`.
 CREATE OR REPLACE FUNCTION queueworker.fair_tag_updates() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -126,7 +127,8 @@ BEGIN
           FROM new_rows n
           JOIN old_rows o ON o.id = n.id
           JOIN queueworker.queues q ON q.name = n.queue AND q.keyed
-          WHERE n.state = 'pending' AND NOT n.delayed AND NOT (o.state = 'pending' AND NOT o.delayed)) AS c
+          WHERE n.state = 'pending' AND NOT n.delayed
+            AND (NOT (o.state = 'pending' AND NOT o.delayed) OR n.priority <> o.priority)) AS c
     WHERE c.ids IS NOT NULL;
     RETURN NULL;
 END
