@@ -1,4 +1,4 @@
--- Least-privilege database roles for queueworker, schema version 19. Why each grant exists, and
+-- Least-privilege database roles for queueworker, schema version 20. Why each grant exists, and
 -- what the roles still can do: docs/security.md.
 --
 -- Run it as a superuser, in the application's database:
@@ -92,7 +92,7 @@ ALTER DEFAULT PRIVILEGES FOR ROLE queueworker_migrator REVOKE EXECUTE ON FUNCTIO
 ALTER DEFAULT PRIVILEGES FOR ROLE queueworker_migrator IN SCHEMA queueworker
     GRANT SELECT ON TABLES TO queueworker_operator;
 
--- 5. The grants, for schema version 19.
+-- 5. The grants, for schema version 20.
 DO $$
 DECLARE
     applied_version integer;
@@ -100,14 +100,14 @@ BEGIN
     IF to_regclass('queueworker.schema_migrations') IS NOT NULL THEN
         SELECT max(m.version) INTO applied_version FROM queueworker.schema_migrations m;
     END IF;
-    IF coalesce(applied_version, 0) < 19 THEN
-        RAISE NOTICE 'queueworker is at schema version %, these grants are for version 19: run `queueworker '
+    IF coalesce(applied_version, 0) < 20 THEN
+        RAISE NOTICE 'queueworker is at schema version %, these grants are for version 20: run `queueworker '
                      'migrate` as a member of queueworker_migrator, then run this script again',
                      coalesce(applied_version, 0);
         RETURN;
     END IF;
-    IF applied_version > 19 THEN
-        RAISE EXCEPTION 'these grants are for queueworker schema version 19, the database is at version %: '
+    IF applied_version > 20 THEN
+        RAISE EXCEPTION 'these grants are for queueworker schema version 20, the database is at version %: '
                         'run the database-roles.sql of the queueworker release that migrated it', applied_version;
     END IF;
 
@@ -261,6 +261,14 @@ BEGIN
     GRANT EXECUTE ON FUNCTION queueworker.finalize_run(bigint) TO queueworker_operator;
     -- pause, resume, limit and breaker (PAUSE_QUEUE, RESUME_QUEUE, LIMIT_QUEUE, BREAKER_QUEUE).
     GRANT INSERT, UPDATE ON queueworker.queues TO queueworker_operator;
+    -- A key's weight (`limit Q --key K --weight W`, `--clear`: SET_KEY_WEIGHT, CLEAR_KEY_WEIGHT; schema
+    -- version 20). Tags (tasks.fair_tag) are written by the owner's triggers
+    -- (migrations/functions/75_fair_share.sql), which overwrite what a row came with: producers and
+    -- operators cannot write them (no column grant of theirs names them; the worker, trusted with
+    -- the claim, holds UPDATE on tasks and clears a claimed task's tag). queueworker.tag_fair, queueworker.fair_tag_inserts,
+    -- queueworker.fair_tag_updates and queueworker.audit_queue_key (which audits a weight's change
+    -- in queue_events) need no grant: only triggers call them.
+    GRANT INSERT, UPDATE, DELETE ON queueworker.queue_keys TO queueworker_operator;
     GRANT EXECUTE ON FUNCTION queueworker.wake_queue(text, timestamptz) TO queueworker_operator;
     GRANT UPDATE (state, delayed, run_after, max_attempts, lease_owner, leased_until, deadline_at, updated_at,
                   finished_at, error)

@@ -445,7 +445,8 @@ def test_definer_functions_pin_their_search_path_and_are_not_public(dsn):
                                      "replace_pending", "settle_dependents", "settle_new_dependent",
                                      "count_run_outcomes", "start_run", "finalize_run", "audit_run", "audit_queue",
                                      "unbound_by_grants", "queue_patterns", "grant_queue", "revoke_queue",
-                                     "mark_notify_on_finish", "existing_tasks")}
+                                     "mark_notify_on_finish", "existing_tasks", "fair_tag_inserts",
+                                     "fair_tag_updates", "audit_queue_key")}
     # Even without docs/database-roles.sql, only the owner may run the functions that change rows.
     for function in ("clean_finished(bigint, float8, integer)", "clean_finished(float8, integer)",
                      "clean_runs(float8, integer)", "clean_queue_events(float8, integer)",
@@ -459,7 +460,8 @@ def test_definer_functions_pin_their_search_path_and_are_not_public(dsn):
                      "existing_tasks(bigint[], text[], text[])",
                      "replace_pending(bigint[], jsonb[], integer[], timestamptz[])",
                      "settle_dependents(bigint[], bigint[])", "settle_dependents(bigint[])", "audit_run()",
-                     "audit_queue()"):
+                     "audit_queue()", "tag_fair(bigint[], bigint[])", "fair_tag_inserts()", "fair_tag_updates()",
+                     "audit_queue_key()"):
         assert scalar(dsn, "SELECT bool_or(grantee = 0) FROM pg_proc, aclexplode(proacl) "
                            f"WHERE oid = 'queueworker.{function}'::regprocedure") is False, function
 

@@ -20,6 +20,9 @@ BEGIN
         RETURN NULL;
     END IF;
     change := CASE
+        -- its first task with a key (75_fair_share.sql); the ON CONFLICT path changes nothing else
+        WHEN NEW.keyed AND ((TG_OP = 'INSERT' AND NOT NEW.limited) OR (TG_OP = 'UPDATE' AND NOT OLD.keyed))
+            THEN 'keyed'
         WHEN TG_OP = 'UPDATE' AND OLD.breaker_state IS DISTINCT FROM NEW.breaker_state
             THEN 'breaker_' || NEW.breaker_state
         WHEN TG_OP = 'UPDATE' AND OLD.paused_until IS NOT NULL AND NEW.paused_until IS NULL THEN 'resumed'
@@ -31,7 +34,7 @@ BEGIN
         'paused_until', NEW.paused_until, 'rate_per_second', NEW.rate_per_second, 'burst', NEW.burst,
         'max_running', NEW.max_running, 'breaker_failures', NEW.breaker_failures,
         'breaker_cooldown_seconds', NEW.breaker_cooldown_seconds, 'breaker_state', NEW.breaker_state,
-        'consecutive_failures', NEW.consecutive_failures)));
+        'consecutive_failures', NEW.consecutive_failures, 'keyed', NULLIF(NEW.keyed, false))));
     RETURN NULL;
 END
 $$;
@@ -46,7 +49,8 @@ CREATE TRIGGER queues_audit_update AFTER UPDATE ON queueworker.queues
            OLD.breaker_cooldown_seconds, OLD.breaker_state)
           IS DISTINCT FROM
           (NEW.paused_until, NEW.rate_per_second, NEW.burst, NEW.max_running, NEW.breaker_failures,
-           NEW.breaker_cooldown_seconds, NEW.breaker_state))
+           NEW.breaker_cooldown_seconds, NEW.breaker_state)
+          OR (NOT OLD.keyed AND NEW.keyed))
     EXECUTE FUNCTION queueworker.audit_queue();
 
 -- Append-only, like task_events (forbid_event_updates, 10_audit.sql).

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -52,7 +53,22 @@ def add_limit(sub: Any, common: argparse.ArgumentParser) -> None:
     limit.add_argument("--burst", type=bounded_int(1, 1_000_000), help="tokens the bucket holds (default: 1 s)")
     limit.add_argument("--concurrency", type=bounded_int(1, 1_000_000), metavar="N",
                        help="at most N of the queue's tasks running at once, across all workers")
-    limit.add_argument("--clear", action="store_true", help="remove the queue's rate and concurrency limits")
+    limit.add_argument("--key", metavar="K", help="a key of the queue: set its --weight (or --clear it)")
+    limit.add_argument("--weight", type=_weight, metavar="W",
+                       help="with --key: the key takes W claims per turn in the queue's fair share (default 1)")
+    limit.add_argument("--clear", action="store_true",
+                       help="remove the queue's rate and concurrency limits (with --key: the key's weight)")
+
+
+def _weight(text: str) -> float:
+    """--weight: a finite number (its bounds are operations.set_limits's, checked there)."""
+    try:
+        weight = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(weight):
+        raise argparse.ArgumentTypeError(f"not a finite number: {text!r}")
+    return weight
 
 
 def add_breaker(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -78,6 +94,8 @@ def cmd_flow(args: argparse.Namespace) -> int:
                 row = operations.pause(conn, args.queue, seconds=_given(operations.parse_duration, args.duration))
             elif args.subcommand == "resume":
                 row = operations.resume(conn, args.queue)
+            elif args.subcommand == "limit" and (args.key is not None or args.weight is not None):
+                return _key_weight(conn, args)
             elif args.subcommand == "limit":
                 if args.clear == (args.rate is not None or args.concurrency is not None or args.burst is not None):
                     raise CliError("give --rate and/or --concurrency, or --clear")
@@ -97,4 +115,26 @@ def cmd_flow(args: argparse.Namespace) -> int:
         print(f"queue {args.queue} has no flow control")
     else:
         print(f"queue {args.queue}: " + status.describe_flow(status.flow_control(row)))
+    return 0
+
+
+def _key_weight(conn: Any, args: argparse.Namespace) -> int:
+    """`limit Q --key K --weight W` or `--key K --clear`: a key's weight in the queue's fair share."""
+    if args.key is None:
+        raise CliError("--weight needs --key")
+    if args.rate is not None or args.concurrency is not None or args.burst is not None:
+        raise CliError("--key takes --weight or --clear only: rates and caps are the queue's")
+    if args.clear == (args.weight is not None):
+        raise CliError("give --key with --weight, or with --clear")
+    try:
+        row = operations.set_limits(conn, args.queue, key=args.key, weight=args.weight)
+    except ValidationError as exc:
+        raise CliError(one_line(exc, {"": "queue"})) from None
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    conn.commit()
+    if args.clear:
+        print(f"queue {args.queue}: key {args.key} takes 1 claim per turn" + ("" if row else " (it had no weight)"))
+    else:
+        print(f"queue {args.queue}: key {args.key} takes {row.weight:g} claims per turn")
     return 0

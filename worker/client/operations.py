@@ -12,22 +12,26 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import psycopg
-from pydantic import TypeAdapter
+from pydantic import TypeAdapter, ValidationError
 
 from .. import jsonvalue
 from ..db import statements
 from ..db.connection import met_moved_row
 from ..db.flow import (
-    BREAKER_QUEUE, LIMIT_QUEUE, PAUSE_QUEUE, QUEUE_SETTINGS, RESUME_QUEUE, BreakerQueueParams, LimitQueueParams,
-    PauseQueueParams, QueueRow, QueueSettingsParams, ResumeQueueParams)
+    BREAKER_QUEUE, CLEAR_KEY_WEIGHT, LIMIT_QUEUE, PAUSE_QUEUE, QUEUE_SETTINGS, RESUME_QUEUE, SET_KEY_WEIGHT,
+    BreakerQueueParams, KeyParams, KeyWeightRow, LimitQueueParams, PauseQueueParams, QueueRow, QueueSettingsParams,
+    ResumeQueueParams, SetKeyWeightParams)
 from ..db.notify import NOTIFY_QUEUE, NotifyQueueParams
 from ..db.statements import Params, Statement
 from ..db.tasks import (
     CANCEL_TASKS, DEDUPE_HOLDER, RETRY_TASK, CancelledRow, CancelTasksParams, RetriedTaskRow, TaskParams)
-from ..names import QueueName
+from ..names import QueueName, TaskKey
 from .inspect import task_states
 
 _QUEUE_NAME = TypeAdapter(QueueName)
+_TASK_KEY = TypeAdapter(TaskKey)
+# A key's weight in its queue's fair share: claims per turn (a fraction: one claim every few turns).
+MIN_KEY_WEIGHT, MAX_KEY_WEIGHT = 0.001, 1000.0
 
 CANCELLABLE = ("pending", "retrying", "running", "blocked")
 REASON_LIMIT = 500
@@ -166,9 +170,20 @@ def resume(conn: psycopg.Connection, queue: str) -> QueueRow | None:
 
 
 def set_limits(conn: psycopg.Connection, queue: str, *, rate_per_second: float | None = None,
-               burst: int | None = None, max_running: int | None = None) -> QueueRow:
+               burst: int | None = None, max_running: int | None = None, key: str | None = None,
+               weight: float | None = None) -> QueueRow | KeyWeightRow | None:
     """A rate limit (`burst` defaults to one second's worth, at least 1) and a cap on the queue's
-    running tasks across all workers. None removes a limit."""
+    running tasks across all workers. None removes a limit.
+
+    With `key`: that key's weight in the queue's fair share (docs/flow-control.md), `weight` claims
+    per turn (0.001 to 1000); weight=None gives it back the default of 1 (returns None if it had
+    none). The other limits are the queue's, not a key's: they cannot go with a key."""
+    if key is not None:
+        if (rate_per_second, burst, max_running) != (None, None, None):
+            raise ValueError("a key takes a weight only: rates and caps are the queue's")
+        return _set_key_weight(conn, queue, key, weight)
+    if weight is not None:
+        raise ValueError("a weight is a key's: give the key")
     if rate_per_second is not None and not 0 < rate_per_second <= MAX_RATE_PER_SECOND:
         raise ValueError(f"rate_per_second must be above 0 and at most {MAX_RATE_PER_SECOND:,.0f}")
     if burst is not None and (rate_per_second is None or not 1 <= burst <= 1_000_000):
@@ -179,6 +194,24 @@ def set_limits(conn: psycopg.Connection, queue: str, *, rate_per_second: float |
         burst = max(1, math.ceil(rate_per_second))
     return _change(conn, LIMIT_QUEUE, LimitQueueParams(queue=_queue_name(queue), rate=rate_per_second, burst=burst,
                                                        max_running=max_running, wake=True, wake_at=None))
+
+
+def _set_key_weight(conn: psycopg.Connection, queue: str, key: str, weight: float | None) -> KeyWeightRow | None:
+    if isinstance(weight, bool) or not (weight is None or isinstance(weight, (int, float))):
+        raise ValueError("the weight must be a number")
+    if weight is not None and not (math.isfinite(weight) and MIN_KEY_WEIGHT <= weight <= MAX_KEY_WEIGHT):
+        raise ValueError(f"the weight is {MIN_KEY_WEIGHT:g} to {MAX_KEY_WEIGHT:g} claims per turn")
+    queue = _queue_name(queue)
+    try:
+        key = _TASK_KEY.validate_python(key)
+    except ValidationError as exc:  # its message, never the key itself (it may hold control characters)
+        raise ValueError(f"the key: {exc.errors()[0]['msg']}") from None
+    with conn.transaction():
+        if weight is None:
+            rows = statements.fetch(conn, CLEAR_KEY_WEIGHT, KeyParams(queue=queue, key=key))
+        else:
+            rows = statements.fetch(conn, SET_KEY_WEIGHT, SetKeyWeightParams(queue=queue, key=key, weight=weight))
+    return rows[0] if rows else None
 
 
 def set_breaker(conn: psycopg.Connection, queue: str, *, failures: int | None,

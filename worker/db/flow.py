@@ -69,6 +69,8 @@ class LimitedQueueRow(NamedTuple):
     rate_per_second: float | None
     has_breaker: bool
     breaker_state: str
+    limited: bool  # flow control: claimed under the queue's row lock
+    keyed: bool  # fair share across its keys (migration 020)
 
 
 class RecordBreakerParams(Params):
@@ -82,6 +84,25 @@ class BreakerRow(NamedTuple):
     now_state: str
 
 
+class SetKeyWeightParams(Params):
+    queue: str
+    key: str
+    weight: float
+
+
+class KeyParams(Params):
+    queue: str
+    key: str
+
+
+class KeyWeightRow(NamedTuple):
+    """A key's weight in its queue's fair share: `weight` claims per turn."""
+
+    queue: str
+    key: str
+    weight: float
+
+
 PAUSE_QUEUE = _SQL.statement("pause_queue", PauseQueueParams, QueueRow)
 RESUME_QUEUE = _SQL.statement("resume_queue", ResumeQueueParams, QueueRow)
 LIMIT_QUEUE = _SQL.statement("limit_queue", LimitQueueParams, QueueRow)
@@ -89,5 +110,7 @@ BREAKER_QUEUE = _SQL.statement("breaker_queue", BreakerQueueParams, QueueRow)
 QUEUE_SETTINGS = _SQL.statement("queue_settings", QueueSettingsParams, QueueRow)
 LIMITED_QUEUES = _SQL.statement("limited_queues", LimitedQueuesParams, LimitedQueueRow)
 RECORD_BREAKER = _SQL.statement("record_breaker", RecordBreakerParams, BreakerRow)
+SET_KEY_WEIGHT = _SQL.statement("set_key_weight", SetKeyWeightParams, KeyWeightRow)
+CLEAR_KEY_WEIGHT = _SQL.statement("clear_key_weight", KeyParams, KeyWeightRow)
 
 _SQL.check_all_declared()

@@ -103,9 +103,10 @@ FROM queueworker.queues
 WHERE %(queue)s::text IS NULL OR name = %(queue)s ORDER BY name;
 
 -- name: limited_queues
--- What a worker needs to choose its claim statement, for its own queues.
-SELECT name, rate_per_second, breaker_failures IS NOT NULL AS has_breaker, breaker_state
-FROM queueworker.queues WHERE name = ANY(%(queues)s::text[]) AND limited;
+-- What a worker needs to choose its claim statement, for its own queues: those with flow control
+-- (`limited`) and the keyed ones (fair share, migration 020).
+SELECT name, rate_per_second, breaker_failures IS NOT NULL AS has_breaker, breaker_state, limited, keyed
+FROM queueworker.queues WHERE name = ANY(%(queues)s::text[]) AND (limited OR keyed);
 
 -- name: record_breaker
 -- A worker's outcomes for a queue with a breaker, since its last report: whether any succeeded,
@@ -131,3 +132,16 @@ SET consecutive_failures = d.streak, breaker_state = d.now_state,
     breaker_changed_at = CASE WHEN d.now_state <> d.was THEN now() ELSE q.breaker_changed_at END
 FROM decided d WHERE q.name = d.name
 RETURNING d.was, d.now_state;
+
+-- name: set_key_weight
+-- A key's weight in its queue's fair share (migration 020): W claims per turn. It applies to the
+-- tags given from now on (tasks of the key already in line keep theirs). Nothing to tell the
+-- workers: the triggers that give tags read it.
+INSERT INTO queueworker.queue_keys AS k (queue, key, weight) VALUES (%(queue)s, %(key)s, %(weight)s)
+ON CONFLICT (queue, key) DO UPDATE SET weight = EXCLUDED.weight, updated_at = now()
+RETURNING queue, key, weight;
+
+-- name: clear_key_weight
+-- `limit Q --key K --clear`: the key's weight is 1 again. No row: it had none.
+DELETE FROM queueworker.queue_keys WHERE queue = %(queue)s AND key = %(key)s
+RETURNING queue, key, weight;

@@ -13,7 +13,7 @@ _SQL = SqlFile("lease")
 
 
 class ClaimParams(Params):
-    """`claim` and `claim_limited`: up to `limit` tasks of `queue`, leased to `worker` for
+    """`claim`, `claim_limited` and their fair-share variants: up to `limit` tasks of `queue`, leased to `worker` for
     `lease_seconds`, with `timeout_seconds` as the deadline of tasks that set none."""
 
     queue: str
@@ -173,6 +173,8 @@ class HandBackParams(Params):
 CLAIM = _SQL.statement("claim", ClaimParams, ClaimedRow)
 LOCK_QUEUE = _SQL.statement("lock_queue", LockQueueParams)
 CLAIM_LIMITED = _SQL.statement("claim_limited", ClaimParams, ClaimedRow)
+CLAIM_FAIR = _SQL.statement("claim_fair", ClaimParams, ClaimedRow)
+CLAIM_LIMITED_FAIR = _SQL.statement("claim_limited_fair", ClaimParams, ClaimedRow)
 REGISTER_WORKER = _SQL.statement("register_worker", RegisterWorkerParams)
 HEARTBEAT = _SQL.statement("heartbeat", HeartbeatParams, HeldRow)
 SAVE_CHECKPOINT = _SQL.statement("save_checkpoint", SaveCheckpointParams, FencedRow)

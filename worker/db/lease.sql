@@ -12,13 +12,13 @@
 -- at the `tasks_active` partition (no routing through the parent), so it writes its own audit rows
 -- (`audited`), which costs less than the parent's transition-table trigger. A queue with flow
 -- control (a row in queueworker.queues that sets something: migration 009) is claimed by
--- `claim_limited` only: here the guard picks nothing from it, an index probe of a tiny table per
--- statement, run once (an InitPlan: the LIMIT stays a plain parameter, so the planner keeps the
--- index scan).
+-- `claim_limited` only, a keyed queue (migration 020) by `claim_fair` or `claim_limited_fair`: here
+-- the guard picks nothing from either, an index probe of a tiny table per statement, run once (an
+-- InitPlan: the LIMIT stays a plain parameter, so the planner keeps the index scan).
 WITH picked AS MATERIALIZED (
     SELECT id, priority, run_after FROM queueworker.tasks_active
     WHERE state = 'pending' AND NOT delayed AND queue = %(queue)s AND run_after <= now()
-      AND NOT EXISTS (SELECT FROM queueworker.queues l WHERE l.name = %(queue)s AND l.limited)
+      AND NOT EXISTS (SELECT FROM queueworker.queues l WHERE l.name = %(queue)s AND (l.limited OR l.keyed))
     ORDER BY priority DESC, run_after, id
     LIMIT %(limit)s
     FOR NO KEY UPDATE SKIP LOCKED
@@ -26,6 +26,57 @@ WITH picked AS MATERIALIZED (
     UPDATE queueworker.tasks_active t
     SET state = 'running', attempts = t.attempts + 1, lease_owner = %(worker)s,
         lease_token = t.lease_token + 1,
+        leased_until = now() + make_interval(secs => %(lease_seconds)s),
+        deadline_at = now() + make_interval(secs => coalesce(t.timeout_seconds, %(timeout_seconds)s)),
+        started_at = now(), updated_at = now()
+    FROM picked
+    WHERE t.id = picked.id AND t.state = 'pending'
+    RETURNING t.id, t.queue, t.task, t.payload::text AS payload_json, t.attempts, t.max_attempts, t.lease_token,
+              extract(epoch FROM t.deadline_at - now())::float8 AS seconds_to_deadline,
+              CASE WHEN t.run_id IS NOT NULL THEN (
+                  SELECT jsonb_build_object('id', r.id, 'name', r.name, 'partition', t.run_partition,
+                                            'watermark', r.watermark, 'watermark_before', r.watermark_before,
+                                            'forced', r.forced)::text
+                  FROM queueworker.runs r WHERE r.id = t.run_id) END AS run_json,
+              t.checkpoint::text AS checkpoint_json, t.headers::text AS headers_json
+), audited AS (
+    INSERT INTO queueworker.task_events (task_id, from_state, to_state, worker, lease_token, detail)
+    SELECT id, 'pending', 'running', %(worker)s, lease_token, jsonb_build_object('attempts', attempts)
+    FROM claimed
+)
+SELECT id, queue, task, payload_json, attempts, max_attempts, lease_token, seconds_to_deadline, run_json,
+       checkpoint_json, headers_json
+FROM claimed;
+
+-- name: claim_fair
+-- The claim of a keyed queue without flow control (migration 020, docs/flow-control.md): as
+-- `claim`, in fair-share order: highest priority first, then the smallest virtual start tag (the
+-- triggers of migrations/functions/75_fair_share.sql gave it), then the oldest: one scan of the
+-- `tasks_fair` index, whatever the number of keys. A claimed task's tag is cleared (it means nothing
+-- once the task is not claimable). `untagged` is a safety net that costs nothing while
+-- `fair` fills the claim (a LIMIT of 0 reads no row): a task of the queue without a tag (inserted
+-- by a transaction that had not seen the queue become keyed) is claimed once the tagged ones are
+-- all taken, never left behind. A queue with flow control is claimed by `claim_limited_fair`.
+WITH fair AS MATERIALIZED (
+    SELECT id, priority, fair_tag FROM queueworker.tasks_active
+    WHERE state = 'pending' AND NOT delayed AND fair_tag IS NOT NULL AND queue = %(queue)s AND run_after <= now()
+      AND NOT EXISTS (SELECT FROM queueworker.queues l WHERE l.name = %(queue)s AND l.limited)
+    ORDER BY priority DESC, fair_tag, id
+    LIMIT %(limit)s
+    FOR NO KEY UPDATE SKIP LOCKED
+), untagged AS MATERIALIZED (
+    SELECT id FROM queueworker.tasks_active
+    WHERE state = 'pending' AND NOT delayed AND queue = %(queue)s AND run_after <= now() AND fair_tag IS NULL
+      AND NOT EXISTS (SELECT FROM queueworker.queues l WHERE l.name = %(queue)s AND l.limited)
+    ORDER BY priority DESC, run_after, id
+    LIMIT %(limit)s - (SELECT count(*) FROM fair)
+    FOR NO KEY UPDATE SKIP LOCKED
+), picked AS (
+    SELECT id FROM fair UNION ALL SELECT id FROM untagged
+), claimed AS (
+    UPDATE queueworker.tasks_active t
+    SET state = 'running', attempts = t.attempts + 1, lease_owner = %(worker)s,
+        lease_token = t.lease_token + 1, fair_tag = NULL,
         leased_until = now() + make_interval(secs => %(lease_seconds)s),
         deadline_at = now() + make_interval(secs => coalesce(t.timeout_seconds, %(timeout_seconds)s)),
         started_at = now(), updated_at = now()
@@ -97,6 +148,82 @@ WITH settings AS MATERIALIZED (
     UPDATE queueworker.tasks_active t
     SET state = 'running', attempts = t.attempts + 1, lease_owner = %(worker)s,
         lease_token = t.lease_token + 1,
+        leased_until = now() + make_interval(secs => %(lease_seconds)s),
+        deadline_at = now() + make_interval(secs => coalesce(t.timeout_seconds, %(timeout_seconds)s)),
+        started_at = now(), updated_at = now()
+    FROM chosen
+    WHERE t.id = chosen.id AND t.state = 'pending'
+    RETURNING t.id, t.queue, t.task, t.payload::text AS payload_json, t.attempts, t.max_attempts, t.lease_token,
+              extract(epoch FROM t.deadline_at - now())::float8 AS seconds_to_deadline,
+              CASE WHEN t.run_id IS NOT NULL THEN (
+                  SELECT jsonb_build_object('id', r.id, 'name', r.name, 'partition', t.run_partition,
+                                            'watermark', r.watermark, 'watermark_before', r.watermark_before,
+                                            'forced', r.forced)::text
+                  FROM queueworker.runs r WHERE r.id = t.run_id) END AS run_json,
+              t.checkpoint::text AS checkpoint_json, t.headers::text AS headers_json
+), audited AS (
+    INSERT INTO queueworker.task_events (task_id, from_state, to_state, worker, lease_token, detail)
+    SELECT id, 'pending', 'running', %(worker)s, lease_token, jsonb_build_object('attempts', attempts)
+    FROM claimed
+), charged AS (
+    UPDATE queueworker.queues q
+    SET tokens = coalesce(a.level - (SELECT count(*) FROM claimed), q.tokens), tokens_at = now(),
+        breaker_state = CASE WHEN a.breaker_state <> 'closed' AND EXISTS (SELECT FROM claimed)
+                             THEN 'half_open' ELSE q.breaker_state END,
+        breaker_changed_at = CASE WHEN a.breaker_state <> 'closed' AND EXISTS (SELECT FROM claimed)
+                                  THEN now() ELSE q.breaker_changed_at END
+    FROM allowance a WHERE q.name = a.name
+)
+SELECT id, queue, task, payload_json, attempts, max_attempts, lease_token, seconds_to_deadline, run_json,
+       checkpoint_json, headers_json
+FROM claimed;
+
+-- name: claim_limited_fair
+-- The claim of a keyed queue with flow control (migration 020), after `lock_queue`: the limits of
+-- `claim_limited`, the order and the safety net of `claim_fair` (`chosen` keeps the tagged tasks'
+-- order, then the untagged ones').
+WITH settings AS MATERIALIZED (
+    SELECT q.*, CASE WHEN q.rate_per_second IS NOT NULL
+                     THEN least(q.burst, q.tokens + q.rate_per_second * extract(epoch FROM now() - q.tokens_at))
+                END AS level
+    FROM queueworker.queues q WHERE q.name = %(queue)s
+    FOR NO KEY UPDATE
+), allowance AS MATERIALIZED (
+    SELECT s.name, s.level, s.breaker_state,
+           CASE WHEN s.paused_until > now() THEN 0
+                WHEN s.breaker_state <> 'closed'
+                     AND now() < s.breaker_changed_at + make_interval(secs => s.breaker_cooldown_seconds) THEN 0
+                ELSE greatest(0, least(
+                    %(limit)s,
+                    CASE WHEN s.breaker_state <> 'closed' THEN 1 END,
+                    floor(s.level)::integer,
+                    s.max_running - (SELECT count(*) FROM queueworker.tasks_active r
+                                     WHERE r.queue = s.name AND r.state = 'running')::integer))
+           END AS n
+    FROM settings s
+), fair AS MATERIALIZED (
+    SELECT id, priority, fair_tag FROM queueworker.tasks_active
+    WHERE state = 'pending' AND NOT delayed AND fair_tag IS NOT NULL AND queue = %(queue)s AND run_after <= now()
+      AND coalesce((SELECT n FROM allowance), 1) > 0
+    ORDER BY priority DESC, fair_tag, id
+    LIMIT %(limit)s
+    FOR NO KEY UPDATE SKIP LOCKED
+), untagged AS MATERIALIZED (
+    SELECT id, priority, run_after FROM queueworker.tasks_active
+    WHERE state = 'pending' AND NOT delayed AND queue = %(queue)s AND run_after <= now() AND fair_tag IS NULL
+      AND coalesce((SELECT n FROM allowance), 1) > 0
+    ORDER BY priority DESC, run_after, id
+    LIMIT %(limit)s - (SELECT count(*) FROM fair)
+    FOR NO KEY UPDATE SKIP LOCKED
+), chosen AS (
+    SELECT id FROM (SELECT id, 1 AS pass, priority, fair_tag, NULL::timestamptz AS run_after FROM fair
+                    UNION ALL SELECT id, 2, priority, NULL, run_after FROM untagged) AS p
+    ORDER BY pass, priority DESC, fair_tag, run_after, id
+    LIMIT coalesce((SELECT n FROM allowance), %(limit)s)
+), claimed AS (
+    UPDATE queueworker.tasks_active t
+    SET state = 'running', attempts = t.attempts + 1, lease_owner = %(worker)s,
+        lease_token = t.lease_token + 1, fair_tag = NULL,
         leased_until = now() + make_interval(secs => %(lease_seconds)s),
         deadline_at = now() + make_interval(secs => coalesce(t.timeout_seconds, %(timeout_seconds)s)),
         started_at = now(), updated_at = now()

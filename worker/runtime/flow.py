@@ -7,7 +7,9 @@ so they hold however many workers claim. A worker only has to pick that statemen
 queue (the plain `claim` claims nothing from one, so a worker that has not heard of a new limit
 yet stays safe), come back when its bucket has a token again, and report outcomes to the breaker,
 claiming nothing more from a queue while a failure it saw there is not yet reported (that failure
-may be the one that opens the breaker).
+may be the one that opens the breaker). A keyed queue (fair share across its keys, migration 020) is
+claimed in fair-share order (`claim_fair`, or `claim_limited_fair` when it is limited too); the
+plain `claim` claims nothing from one either.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from collections.abc import Callable
 from .. import metrics
 from ..db.connection import DutyConnection
 from ..db.flow import LIMITED_QUEUES, RECORD_BREAKER, LimitedQueueRow, LimitedQueuesParams, RecordBreakerParams
-from ..db.lease import CLAIM, CLAIM_LIMITED, LOCK_QUEUE, ClaimedRow, ClaimParams, LockQueueParams
+from ..db.lease import (CLAIM, CLAIM_FAIR, CLAIM_LIMITED, CLAIM_LIMITED_FAIR, LOCK_QUEUE, ClaimedRow, ClaimParams,
+                        LockQueueParams)
 from ..db.statements import Bound, Statement
 
 log = logging.getLogger("queueworker.flow")
@@ -40,6 +43,7 @@ class FlowControl:
         self._conn = conn
         self._queues = list(queues)
         self.limited: dict[str, LimitedQueueRow] = {}
+        self.keyed: frozenset[str] = frozenset()
         self.breaker_queues: frozenset[str] = frozenset()
         # Per queue with a breaker, outcomes since the last report: (any succeeded, failures since).
         self._outcomes: dict[str, tuple[bool, int]] = {}
@@ -51,9 +55,10 @@ class FlowControl:
     def claim_statements(self, queue: str) -> tuple[Bound[LockQueueParams] | None,
                                                       Statement[ClaimParams, ClaimedRow]]:
         """The statement that locks the queue first (None when nothing is limited), and the claim."""
+        fair = queue in self.keyed
         if queue in self.limited:
-            return Bound(LOCK_QUEUE, LockQueueParams(queue=queue)), CLAIM_LIMITED
-        return None, CLAIM
+            return Bound(LOCK_QUEUE, LockQueueParams(queue=queue)), CLAIM_LIMITED_FAIR if fair else CLAIM_LIMITED
+        return None, CLAIM_FAIR if fair else CLAIM
 
     def token_interval(self, queue: str) -> float | None:
         """Seconds between tokens of a rate-limited queue: when a claim it limited is worth trying again."""
@@ -100,16 +105,18 @@ class FlowControl:
 
     async def refresh(self) -> None:
         rows = await self._conn.fetch(LIMITED_QUEUES, LimitedQueuesParams(queues=self._queues))
-        limited = {row.name: row for row in rows}
-        changed = {name: row.rate_per_second for name, row in limited.items()} != {
+        limited = {row.name: row for row in rows if row.limited}
+        keyed = frozenset(row.name for row in rows if row.keyed)
+        changed = keyed != self.keyed or {name: row.rate_per_second for name, row in limited.items()} != {
             name: row.rate_per_second for name, row in self.limited.items()}
-        self.limited = limited
+        self.limited, self.keyed = limited, keyed
         self.breaker_queues = frozenset(row.name for row in rows if row.has_breaker)
         for row in rows:
             if row.has_breaker:
                 metrics.BREAKER_STATE.labels(row.name).set(BREAKER_STATES[row.breaker_state])
         if changed:
-            log.info("flow control on %s", ", ".join(sorted(limited)) or "none of this worker's queues")
+            log.info("flow control on %s; fair share on %s", ", ".join(sorted(limited)) or "none of this worker's queues",
+                     ", ".join(sorted(keyed)) or "none")
             self._on_change()
 
     async def _report(self, queue: str, any_succeeded: bool, failures: int) -> None:

@@ -1,0 +1,149 @@
+"""Fair share across the keys of a queue (docs/flow-control.md; queueworker only).
+
+Two measures, on one throwaway server:
+
+- **burn-down**: `--burn` no-op tasks drained by 2 worker processes of 50 slots, alternately from a
+  queue without keys (the plain claim) and from one whose tasks are spread over `--burn-keys` keys
+  (the fair claim), `--rounds` times each: tasks per second from the first start to the last
+  finish (the database's clocks), and the fair claim's share of the plain one's;
+- **a whale and minnows**: one key with `--big` tasks enqueued first, then `--small-keys` keys with
+  `--per-small` tasks each, 4 worker processes of 25 slots started once all are in: when each
+  small key's first task starts, counted from the start of the drain (p50, p99, max), and how many
+  tasks started before it. Under FIFO every small key would wait for the whole big backlog.
+
+    python -m bench.fair_share [--burn 20000] [--burn-keys 100] [--rounds 3]
+                               [--big 1000000] [--small-keys 1000] [--per-small 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import psycopg
+
+from bench.queueworker_bench import UNFINISHED, Workers, percentile
+from queueworker.client.producer import TaskSpec, enqueue_many
+from queueworker.db.migrate import migrate
+from queueworker.dev.localpg import LocalPostgres
+
+BATCH = 10_000
+
+
+def _enqueue(dsn: str, specs: list[TaskSpec]) -> None:
+    with psycopg.connect(dsn) as conn:
+        for first in range(0, len(specs), BATCH):
+            enqueue_many(conn, specs[first:first + BATCH])
+            conn.commit()
+
+
+def _fresh(admin: str, name: str) -> str:
+    """A new migrated database for one measure (history is append-only: nothing is truncated)."""
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    dsn = psycopg.conninfo.make_conninfo(admin, dbname=name)
+    migrate(dsn)
+    return dsn
+
+
+def _drain(dsn: str, processes: int, concurrency: int, queue: str) -> None:
+    workers = Workers.start(dsn, processes, concurrency, "--queue", queue)
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            while conn.execute(UNFINISHED).fetchone()[0]:
+                time.sleep(0.25)
+    finally:
+        workers.stop()
+
+
+def burn_rate(admin: str, tasks: int, keys: int) -> float:
+    """Tasks/s draining `tasks` no-op tasks over `keys` keys (0: no key, a plain queue)."""
+    dsn = _fresh(admin, "fair_burn")
+    queue = "fair" if keys else "plain"
+    _enqueue(dsn, [TaskSpec(task="qw.noop", queue=queue, key=f"k{n % keys}" if keys else None)
+                   for n in range(tasks)])
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE queueworker.tasks")
+    _drain(dsn, 2, 50, queue)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        first, last, done = conn.execute("""
+            SELECT min(started_at), max(finished_at), count(*) FILTER (WHERE state = 'succeeded')
+            FROM queueworker.tasks""").fetchone()
+    if done != tasks:
+        raise RuntimeError(f"only {done} of {tasks} succeeded")
+    return tasks / (last - first).total_seconds()
+
+
+def whale_and_minnows(admin: str, big: int, small_keys: int, per_small: int) -> dict[str, float]:
+    dsn = _fresh(admin, "fair_whale")
+    _enqueue(dsn, [TaskSpec(task="qw.noop", queue="shared", key="whale")] * big)
+    _enqueue(dsn, [TaskSpec(task="qw.noop", queue="shared", key=f"minnow-{n}")
+                   for n in range(small_keys) for _ in range(per_small)])
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE queueworker.tasks")
+    workers = Workers.start(dsn, 4, 25, "--queue", "shared")
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            # Until every minnow has started (the whale's backlog is not waited for).
+            while conn.execute("""SELECT EXISTS (SELECT FROM queueworker.tasks_active
+                                  WHERE key LIKE 'minnow-%' AND state = 'pending')""").fetchone()[0]:
+                time.sleep(0.25)
+    finally:
+        workers.stop()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute("""
+            WITH starts AS (
+                SELECT t.key, e.id, e.at FROM queueworker.task_events e JOIN queueworker.tasks t ON t.id = e.task_id
+                WHERE e.to_state = 'running'
+            ), firsts AS (
+                SELECT key, min(id) AS id, min(at) AS at FROM starts WHERE key LIKE 'minnow-%' GROUP BY key
+            )
+            SELECT extract(epoch FROM f.at - (SELECT min(at) FROM starts))::float8,
+                   (SELECT count(*) FROM starts s WHERE s.id < f.id)
+            FROM firsts f""").fetchall()
+    seconds, before = [r[0] for r in rows], [r[1] for r in rows]
+    return {"keys": len(rows), "p50_s": statistics.median(seconds), "p99_s": percentile(seconds, 99),
+            "max_s": max(seconds), "p50_started_before": statistics.median(before),
+            "p99_started_before": percentile(before, 99), "max_started_before": max(before)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--burn", type=int, default=20_000)
+    parser.add_argument("--burn-keys", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--big", type=int, default=1_000_000)
+    parser.add_argument("--small-keys", type=int, default=1_000)
+    parser.add_argument("--per-small", type=int, default=10)
+    args = parser.parse_args()
+    server = LocalPostgres(durable=True)
+    admin = server.start()
+    try:
+        print(f"load before: {os.getloadavg()[0]:.2f}")
+        if args.rounds:
+            rates: dict[str, list[float]] = {"plain": [], "fair": []}
+            for _ in range(args.rounds):
+                rates["plain"].append(burn_rate(admin, args.burn, 0))
+                rates["fair"].append(burn_rate(admin, args.burn, args.burn_keys))
+            plain, fair = statistics.median(rates["plain"]), statistics.median(rates["fair"])
+            for name, values in rates.items():
+                print(f"burn-down {name:<5} median {statistics.median(values):>7,.0f} tasks/s  "
+                      f"({', '.join(f'{v:,.0f}' for v in values)})")
+            print(f"fair / plain: {fair / plain:.0%}")
+        if args.big:
+            result = whale_and_minnows(admin, args.big, args.small_keys, args.per_small)
+            print(f"one key with {args.big:,} tasks, {args.small_keys:,} keys with {args.per_small} each: "
+                  f"first start of each small key after {result['p50_s']:.2f} s (p50), {result['p99_s']:.2f} s "
+                  f"(p99), {result['max_s']:.2f} s (max) from the first start; tasks started before it: "
+                  f"{result['p50_started_before']:,.0f} (p50), {result['p99_started_before']:,.0f} (p99), "
+                  f"{result['max_started_before']:,.0f} (max)")
+        print(f"load after: {os.getloadavg()[0]:.2f}")
+    finally:
+        server.destroy()
+
+
+if __name__ == "__main__":
+    main()

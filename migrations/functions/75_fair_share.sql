@@ -1,0 +1,180 @@
+-- queueworker functions: fair share across the keys of a queue (migration 020, docs/flow-control.md).
+--
+-- Repeatable (worker/migrate.py): every file of migrations/functions/ is applied after the versioned
+-- migrations, in name order, in one transaction, whenever a versioned migration was applied or one of
+-- these files changed. So each holds the current definition of its functions (CREATE OR REPLACE) and
+-- re-creates their triggers (DROP TRIGGER IF EXISTS, then CREATE). A SQL-language body is checked
+-- when it is created: what it calls must come from an earlier file, or from earlier in the same
+-- one. PL/pgSQL bodies are resolved when they run.
+--
+-- Start-time fair queueing: each task of a keyed queue that becomes claimable gets a virtual start
+-- tag, and the claim takes the smallest tags first (within a priority). A key's tags continue from
+-- the larger of the queue's virtual time at the task's priority (the smallest tag waiting there)
+-- and the key's own last tag waiting there, 1/weight apart: so a key with a backlog of a million has tags far ahead, and a key
+-- that arrives now is served within about one round (one task of each key with tasks pending,
+-- `weight` of a weighted one). Every path that makes a task claimable goes through the parent's
+-- statement triggers or through `tasks_active`'s insert trigger, and these tag it there: enqueue
+-- (plain, COPY, enqueue_tasks, runs, cron, continued pages), promote_due (retries, delayed tasks),
+-- rescue, release, hand_back, settlement of dependents, retry. The tag is the database's alone: no
+-- role but the owner may write the column (docs/database-roles.sql), and the triggers overwrite
+-- whatever a row came with.
+
+-- Tags the tasks `ids` that are claimable (pending, not delayed), per (queue, key, priority) in id
+-- order: each priority is a fair queue of its own (strict priority comes first, in the claim's
+-- order). `stale`: those of them that carry a tag from before (a task claimed by a worker that did
+-- not know its queue was keyed yet, a forged one): cleared first, so the probes below do not count
+-- them. Weights come from queueworker.queue_keys (1 when not set; tasks without a key: always 1).
+CREATE OR REPLACE FUNCTION queueworker.tag_fair(ids bigint[], stale bigint[]) RETURNS void
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    UPDATE queueworker.tasks_active t SET fair_tag = NULL
+    FROM unnest(stale) AS s(id) WHERE t.id = s.id AND t.fair_tag IS NOT NULL;
+    -- No join between groups and rows (the planner cannot know how many of either there are): a
+    -- window numbers each group's rows, the first row of each group makes the group's probes (a
+    -- CASE evaluates its subqueries only where its branch is taken), and a window hands the
+    -- group's start and step to its other rows. Every row is found by its primary key. `probed`
+    -- is MATERIALIZED and sorted whole by the last window before the first row is updated: a probe
+    -- made while the update ran would walk past the index entries this very statement had just
+    -- added (invisible to it), and cost grew with the square of the batch.
+    WITH ranked AS MATERIALIZED (
+        SELECT t.id, t.queue, t.key, t.priority,
+               row_number() OVER (PARTITION BY t.queue, t.key, t.priority ORDER BY t.id) AS rank
+        FROM unnest(ids) AS u(id)
+        JOIN queueworker.tasks_active t ON t.id = u.id
+        WHERE t.state = 'pending' AND NOT t.delayed
+    ), probed AS MATERIALIZED (
+        SELECT r.id, r.queue, r.key, r.priority, r.rank,
+               CASE WHEN r.rank = 1 THEN greatest(
+                   (SELECT f.fair_tag FROM queueworker.tasks_active f
+                    WHERE f.queue = r.queue AND f.priority = r.priority
+                      AND f.state = 'pending' AND NOT f.delayed AND f.fair_tag IS NOT NULL
+                    ORDER BY f.priority DESC, f.fair_tag, f.id LIMIT 1),
+                   CASE WHEN r.key IS NULL
+                        THEN (SELECT max(f.fair_tag) FROM queueworker.tasks_active f
+                              WHERE f.queue = r.queue AND f.key IS NULL AND f.priority = r.priority
+                                AND f.state = 'pending' AND NOT f.delayed AND f.fair_tag IS NOT NULL)
+                        ELSE (SELECT max(f.fair_tag) FROM queueworker.tasks_active f
+                              WHERE f.queue = r.queue AND f.key = r.key AND f.priority = r.priority
+                                AND f.state = 'pending' AND NOT f.delayed AND f.fair_tag IS NOT NULL) END,
+                   0) END AS start,
+               CASE WHEN r.rank = 1 THEN 1.0 / coalesce(
+                   (SELECT w.weight FROM queueworker.queue_keys w WHERE w.queue = r.queue AND w.key = r.key),
+                   1.0) END AS step
+        FROM ranked r
+    ), tags AS (
+        SELECT p.id,
+               max(p.start) OVER g + p.rank * max(p.step) OVER g AS tag
+        FROM probed p
+        WINDOW g AS (PARTITION BY p.queue, p.key, p.priority)
+    )
+    UPDATE queueworker.tasks_active t
+    SET fair_tag = g.tag
+    FROM tags g
+    WHERE t.id = g.id AND t.state = 'pending' AND NOT t.delayed;
+$$;
+
+-- After an insert into the parent or aimed at `tasks_active`: a queue's first keyed task makes it
+-- keyed (its row of queueworker.queues, created if need be; the workers hear of it on channel
+-- queueworker_queues), and its backlog from before is tagged with it, as the key of tasks without a
+-- key; then the claimable rows inserted into queues keyed before are tagged. A statement that
+-- reaches no keyed queue costs one scan of its new rows for a key and one probe of `queues_keyed`.
+CREATE OR REPLACE FUNCTION queueworker.fair_tag_inserts() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    newly_keyed text[];
+BEGIN
+    IF EXISTS (SELECT FROM new_rows n WHERE n.key IS NOT NULL) THEN
+        SELECT array_agg(d.queue ORDER BY d.queue) INTO newly_keyed
+        FROM (SELECT DISTINCT n.queue FROM new_rows n WHERE n.key IS NOT NULL) AS d
+        WHERE NOT EXISTS (SELECT FROM queueworker.queues q WHERE q.name = d.queue AND q.keyed);
+        IF newly_keyed IS NOT NULL THEN
+            INSERT INTO queueworker.queues (name, keyed) SELECT unnest(newly_keyed), true
+            ON CONFLICT (name) DO UPDATE SET keyed = true, updated_at = now();
+            PERFORM pg_notify('queueworker_queues', q) FROM unnest(newly_keyed) AS q;
+            PERFORM queueworker.tag_fair(
+                ARRAY(SELECT t.id FROM queueworker.tasks_active t
+                      WHERE t.queue = ANY(newly_keyed) AND t.state = 'pending' AND NOT t.delayed),
+                ARRAY(SELECT t.id FROM queueworker.tasks_active t
+                      WHERE t.queue = ANY(newly_keyed) AND t.state = 'pending' AND NOT t.delayed
+                        AND t.fair_tag IS NOT NULL));
+        END IF;
+    END IF;
+    IF NOT EXISTS (SELECT FROM queueworker.queues q WHERE q.keyed) THEN
+        RETURN NULL;
+    END IF;
+    PERFORM queueworker.tag_fair(c.ids, c.stale)
+    FROM (SELECT array_agg(n.id) AS ids, array_agg(n.id) FILTER (WHERE n.fair_tag IS NOT NULL) AS stale
+          FROM new_rows n JOIN queueworker.queues q ON q.name = n.queue AND q.keyed
+          WHERE n.state = 'pending' AND NOT n.delayed
+            AND n.queue <> ALL(coalesce(newly_keyed, '{}'))) AS c
+    WHERE c.ids IS NOT NULL;
+    RETURN NULL;
+END
+$$;
+
+-- After an update through the parent: the rows of keyed queues that became claimable (promoted
+-- when due, retried, rescued, released, settled, a replaced schedule now due), or moved to another
+-- priority while claimable (a replaced priority: tags are counted per priority), take a tag at
+-- the end of the line of their key, as a new task would. A statement on no keyed queue costs one
+-- probe of `queues_keyed`.
+CREATE OR REPLACE FUNCTION queueworker.fair_tag_updates() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM queueworker.queues q WHERE q.keyed) THEN
+        RETURN NULL;
+    END IF;
+    PERFORM queueworker.tag_fair(c.ids, c.stale)
+    FROM (SELECT array_agg(n.id) AS ids, array_agg(n.id) FILTER (WHERE n.fair_tag IS NOT NULL) AS stale
+          FROM new_rows n
+          JOIN old_rows o ON o.id = n.id
+          JOIN queueworker.queues q ON q.name = n.queue AND q.keyed
+          WHERE n.state = 'pending' AND NOT n.delayed
+            AND (NOT (o.state = 'pending' AND NOT o.delayed) OR n.priority <> o.priority)) AS c
+    WHERE c.ids IS NOT NULL;
+    RETURN NULL;
+END
+$$;
+
+-- Named to fire after the audit triggers (triggers of one event fire in name order), so a
+-- producer's insert into a queue it may not use fails before anything is tagged.
+DROP TRIGGER IF EXISTS tasks_fair_tag_insert ON queueworker.tasks;
+CREATE TRIGGER tasks_fair_tag_insert AFTER INSERT ON queueworker.tasks
+    REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION queueworker.fair_tag_inserts();
+
+DROP TRIGGER IF EXISTS tasks_fair_tag_update ON queueworker.tasks;
+CREATE TRIGGER tasks_fair_tag_update AFTER UPDATE ON queueworker.tasks
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION queueworker.fair_tag_updates();
+
+-- Inserts aimed at the partition (queueworker.enqueue_tasks, for its ON CONFLICT) do not fire the
+-- parent's statement triggers.
+DROP TRIGGER IF EXISTS tasks_active_fair_tag_insert ON queueworker.tasks_active;
+CREATE TRIGGER tasks_active_fair_tag_insert AFTER INSERT ON queueworker.tasks_active
+    REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION queueworker.fair_tag_inserts();
+
+REVOKE EXECUTE ON FUNCTION queueworker.tag_fair(bigint[], bigint[]), queueworker.fair_tag_inserts(),
+                           queueworker.fair_tag_updates() FROM PUBLIC;
+
+-- A key's weight set, changed or cleared (`queueworker limit Q --key K --weight W | --clear`) is a
+-- row of queueworker.queue_events too, as every change of a queue's settings: change `key_weight`
+-- (detail: the key and its weight) or `key_cleared` (the key).
+CREATE OR REPLACE FUNCTION queueworker.audit_queue_key() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        INSERT INTO queueworker.queue_events (queue, change, detail)
+        VALUES (OLD.queue, 'key_cleared', jsonb_build_object('key', OLD.key));
+    ELSE
+        INSERT INTO queueworker.queue_events (queue, change, detail)
+        VALUES (NEW.queue, 'key_weight', jsonb_build_object('key', NEW.key, 'weight', NEW.weight));
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+DROP TRIGGER IF EXISTS queue_keys_audit ON queueworker.queue_keys;
+CREATE TRIGGER queue_keys_audit AFTER INSERT OR UPDATE OR DELETE ON queueworker.queue_keys
+    FOR EACH ROW EXECUTE FUNCTION queueworker.audit_queue_key();
+
+REVOKE EXECUTE ON FUNCTION queueworker.audit_queue_key() FROM PUBLIC;
