@@ -67,6 +67,9 @@ BEGIN
         RETURN NULL;
     END IF;
     change := CASE
+        -- its first task with a key (75_fair_share.sql); the ON CONFLICT path changes nothing else
+        WHEN NEW.keyed AND ((TG_OP = 'INSERT' AND NOT NEW.limited) OR (TG_OP = 'UPDATE' AND NOT OLD.keyed))
+            THEN 'keyed'
         WHEN TG_OP = 'UPDATE' AND OLD.breaker_state IS DISTINCT FROM NEW.breaker_state
             THEN 'breaker_' || NEW.breaker_state
         WHEN TG_OP = 'UPDATE' AND OLD.paused_until IS NOT NULL AND NEW.paused_until IS NULL THEN 'resumed'
@@ -78,7 +81,23 @@ BEGIN
         'paused_until', NEW.paused_until, 'rate_per_second', NEW.rate_per_second, 'burst', NEW.burst,
         'max_running', NEW.max_running, 'breaker_failures', NEW.breaker_failures,
         'breaker_cooldown_seconds', NEW.breaker_cooldown_seconds, 'breaker_state', NEW.breaker_state,
-        'consecutive_failures', NEW.consecutive_failures)));
+        'consecutive_failures', NEW.consecutive_failures, 'keyed', NULLIF(NEW.keyed, false))));
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION queueworker.audit_queue_key() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        INSERT INTO queueworker.queue_events (queue, change, detail)
+        VALUES (OLD.queue, 'key_cleared', jsonb_build_object('key', OLD.key));
+    ELSE
+        INSERT INTO queueworker.queue_events (queue, change, detail)
+        VALUES (NEW.queue, 'key_weight', jsonb_build_object('key', NEW.key, 'weight', NEW.weight));
+    END IF;
     RETURN NULL;
 END
 $$;
@@ -495,6 +514,62 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION queueworker.fair_tag_inserts() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    newly_keyed text[];
+BEGIN
+    IF EXISTS (SELECT FROM new_rows n WHERE n.key IS NOT NULL) THEN
+        SELECT array_agg(d.queue ORDER BY d.queue) INTO newly_keyed
+        FROM (SELECT DISTINCT n.queue FROM new_rows n WHERE n.key IS NOT NULL) AS d
+        WHERE NOT EXISTS (SELECT FROM queueworker.queues q WHERE q.name = d.queue AND q.keyed);
+        IF newly_keyed IS NOT NULL THEN
+            INSERT INTO queueworker.queues (name, keyed) SELECT unnest(newly_keyed), true
+            ON CONFLICT (name) DO UPDATE SET keyed = true, updated_at = now();
+            PERFORM pg_notify('queueworker_queues', q) FROM unnest(newly_keyed) AS q;
+            PERFORM queueworker.tag_fair(
+                ARRAY(SELECT t.id FROM queueworker.tasks_active t
+                      WHERE t.queue = ANY(newly_keyed) AND t.state = 'pending' AND NOT t.delayed),
+                ARRAY(SELECT t.id FROM queueworker.tasks_active t
+                      WHERE t.queue = ANY(newly_keyed) AND t.state = 'pending' AND NOT t.delayed
+                        AND t.fair_tag IS NOT NULL));
+        END IF;
+    END IF;
+    IF NOT EXISTS (SELECT FROM queueworker.queues q WHERE q.keyed) THEN
+        RETURN NULL;
+    END IF;
+    PERFORM queueworker.tag_fair(c.ids, c.stale)
+    FROM (SELECT array_agg(n.id) AS ids, array_agg(n.id) FILTER (WHERE n.fair_tag IS NOT NULL) AS stale
+          FROM new_rows n JOIN queueworker.queues q ON q.name = n.queue AND q.keyed
+          WHERE n.state = 'pending' AND NOT n.delayed
+            AND n.queue <> ALL(coalesce(newly_keyed, '{}'))) AS c
+    WHERE c.ids IS NOT NULL;
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION queueworker.fair_tag_updates() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM queueworker.queues q WHERE q.keyed) THEN
+        RETURN NULL;
+    END IF;
+    PERFORM queueworker.tag_fair(c.ids, c.stale)
+    FROM (SELECT array_agg(n.id) AS ids, array_agg(n.id) FILTER (WHERE n.fair_tag IS NOT NULL) AS stale
+          FROM new_rows n
+          JOIN old_rows o ON o.id = n.id
+          JOIN queueworker.queues q ON q.name = n.queue AND q.keyed
+          WHERE n.state = 'pending' AND NOT n.delayed
+            AND (NOT (o.state = 'pending' AND NOT o.delayed) OR n.priority <> o.priority)) AS c
+    WHERE c.ids IS NOT NULL;
+    RETURN NULL;
+END
+$$;
+
 CREATE FUNCTION queueworker.fill_spec_hash() RETURNS trigger
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -667,6 +742,7 @@ CREATE TABLE queueworker.tasks (
     prerequisites_waiting integer DEFAULT 0 NOT NULL,
     prerequisites_failed integer DEFAULT 0 NOT NULL,
     key text,
+    fair_tag double precision,
     CONSTRAINT dedupe_key_length CHECK (((length(dedupe_key) >= 1) AND (length(dedupe_key) <= 512))),
     CONSTRAINT run_after_readable CHECK (((run_after >= '0002-01-01 00:00:00+00'::timestamp with time zone) AND (run_after <= '9999-12-30 00:00:00+00'::timestamp with time zone))),
     CONSTRAINT running_has_lease CHECK (((state <> 'running'::queueworker.task_state) OR ((lease_owner IS NOT NULL) AND (leased_until IS NOT NULL) AND (deadline_at IS NOT NULL)))),
@@ -969,6 +1045,56 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION queueworker.tag_fair(ids bigint[], stale bigint[]) RETURNS void
+    LANGUAGE sql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    UPDATE queueworker.tasks_active t SET fair_tag = NULL
+    FROM unnest(stale) AS s(id) WHERE t.id = s.id AND t.fair_tag IS NOT NULL;
+    -- No join between groups and rows (the planner cannot know how many of either there are): a
+    -- window numbers each group's rows, the first row of each group makes the group's probes (a
+    -- CASE evaluates its subqueries only where its branch is taken), and a window hands the
+    -- group's start and step to its other rows. Every row is found by its primary key. `probed`
+    -- is MATERIALIZED and sorted whole by the last window before the first row is updated: a probe
+    -- made while the update ran would walk past the index entries this very statement had just
+    -- added (invisible to it), and cost grew with the square of the batch.
+    WITH ranked AS MATERIALIZED (
+        SELECT t.id, t.queue, t.key, t.priority,
+               row_number() OVER (PARTITION BY t.queue, t.key, t.priority ORDER BY t.id) AS rank
+        FROM unnest(ids) AS u(id)
+        JOIN queueworker.tasks_active t ON t.id = u.id
+        WHERE t.state = 'pending' AND NOT t.delayed
+    ), probed AS MATERIALIZED (
+        SELECT r.id, r.queue, r.key, r.priority, r.rank,
+               CASE WHEN r.rank = 1 THEN greatest(
+                   (SELECT f.fair_tag FROM queueworker.tasks_active f
+                    WHERE f.queue = r.queue AND f.priority = r.priority
+                      AND f.state = 'pending' AND NOT f.delayed AND f.fair_tag IS NOT NULL
+                    ORDER BY f.priority DESC, f.fair_tag, f.id LIMIT 1),
+                   CASE WHEN r.key IS NULL
+                        THEN (SELECT max(f.fair_tag) FROM queueworker.tasks_active f
+                              WHERE f.queue = r.queue AND f.key IS NULL AND f.priority = r.priority
+                                AND f.state = 'pending' AND NOT f.delayed AND f.fair_tag IS NOT NULL)
+                        ELSE (SELECT max(f.fair_tag) FROM queueworker.tasks_active f
+                              WHERE f.queue = r.queue AND f.key = r.key AND f.priority = r.priority
+                                AND f.state = 'pending' AND NOT f.delayed AND f.fair_tag IS NOT NULL) END,
+                   0) END AS start,
+               CASE WHEN r.rank = 1 THEN 1.0 / coalesce(
+                   (SELECT w.weight FROM queueworker.queue_keys w WHERE w.queue = r.queue AND w.key = r.key),
+                   1.0) END AS step
+        FROM ranked r
+    ), tags AS (
+        SELECT p.id,
+               max(p.start) OVER g + p.rank * max(p.step) OVER g AS tag
+        FROM probed p
+        WINDOW g AS (PARTITION BY p.queue, p.key, p.priority)
+    )
+    UPDATE queueworker.tasks_active t
+    SET fair_tag = g.tag
+    FROM tags g
+    WHERE t.id = g.id AND t.state = 'pending' AND NOT t.delayed;
+$$;
+
 CREATE FUNCTION queueworker.transition_detail(attempts integer, new_error jsonb, old_error jsonb) RETURNS jsonb
     LANGUAGE sql IMMUTABLE
     AS $$
@@ -1072,6 +1198,16 @@ CREATE TABLE queueworker.queue_grants (
     CONSTRAINT queue_grants_pattern_check CHECK ((pattern ~ '^[A-Za-z0-9_.:*?-]{1,128}$'::text))
 );
 
+CREATE TABLE queueworker.queue_keys (
+    queue text NOT NULL,
+    key text NOT NULL,
+    weight double precision NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT queue_keys_key_text CHECK ((((length(key) >= 1) AND (length(key) <= 256)) AND (key !~ '[\x01-\x1f\x7f-\x9f\u2028\u2029]'::text))),
+    CONSTRAINT queue_keys_queue_check CHECK (((length(queue) >= 1) AND (length(queue) <= 200))),
+    CONSTRAINT queue_keys_weight_check CHECK (((weight >= (0.001)::double precision) AND (weight <= (1000)::double precision)))
+);
+
 CREATE TABLE queueworker.queues (
     name text NOT NULL,
     paused_until timestamp with time zone,
@@ -1087,6 +1223,7 @@ CREATE TABLE queueworker.queues (
     breaker_changed_at timestamp with time zone,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     limited boolean GENERATED ALWAYS AS (((paused_until IS NOT NULL) OR (rate_per_second IS NOT NULL) OR (max_running IS NOT NULL) OR (breaker_failures IS NOT NULL))) STORED,
+    keyed boolean DEFAULT false NOT NULL,
     CONSTRAINT queues_breaker_cooldown_seconds_check CHECK (((breaker_cooldown_seconds > (0)::double precision) AND (breaker_cooldown_seconds <= (31536000)::double precision))),
     CONSTRAINT queues_breaker_failures_check CHECK (((breaker_failures >= 1) AND (breaker_failures <= 1000000))),
     CONSTRAINT queues_breaker_state_check CHECK ((breaker_state = ANY (ARRAY['closed'::text, 'open'::text, 'half_open'::text]))),
@@ -1233,6 +1370,7 @@ CREATE TABLE queueworker.tasks_active (
     prerequisites_waiting integer DEFAULT 0 NOT NULL,
     prerequisites_failed integer DEFAULT 0 NOT NULL,
     key text,
+    fair_tag double precision,
     CONSTRAINT dedupe_key_length CHECK (((length(dedupe_key) >= 1) AND (length(dedupe_key) <= 512))),
     CONSTRAINT run_after_readable CHECK (((run_after >= '0002-01-01 00:00:00+00'::timestamp with time zone) AND (run_after <= '9999-12-30 00:00:00+00'::timestamp with time zone))),
     CONSTRAINT running_has_lease CHECK (((state <> 'running'::queueworker.task_state) OR ((lease_owner IS NOT NULL) AND (leased_until IS NOT NULL) AND (deadline_at IS NOT NULL)))),
@@ -1279,6 +1417,7 @@ CREATE TABLE queueworker.tasks_finished (
     prerequisites_waiting integer DEFAULT 0 NOT NULL,
     prerequisites_failed integer DEFAULT 0 NOT NULL,
     key text,
+    fair_tag double precision,
     CONSTRAINT dedupe_key_length CHECK (((length(dedupe_key) >= 1) AND (length(dedupe_key) <= 512))),
     CONSTRAINT run_after_readable CHECK (((run_after >= '0002-01-01 00:00:00+00'::timestamp with time zone) AND (run_after <= '9999-12-30 00:00:00+00'::timestamp with time zone))),
     CONSTRAINT running_has_lease CHECK (((state <> 'running'::queueworker.task_state) OR ((lease_owner IS NOT NULL) AND (leased_until IS NOT NULL) AND (deadline_at IS NOT NULL)))),
@@ -1343,6 +1482,9 @@ ALTER TABLE queueworker.queue_events
 ALTER TABLE ONLY queueworker.queue_grants
     ADD CONSTRAINT queue_grants_pkey PRIMARY KEY (grantee, pattern);
 
+ALTER TABLE ONLY queueworker.queue_keys
+    ADD CONSTRAINT queue_keys_pkey PRIMARY KEY (queue, key);
+
 ALTER TABLE ONLY queueworker.queues
     ADD CONSTRAINT queues_pkey PRIMARY KEY (name);
 
@@ -1388,6 +1530,8 @@ CREATE INDEX queue_events_at ON queueworker.queue_events USING btree (at);
 
 CREATE INDEX queue_events_queue ON queueworker.queue_events USING btree (queue, id);
 
+CREATE INDEX queues_keyed ON queueworker.queues USING btree (name) WHERE keyed;
+
 CREATE INDEX run_events_at ON queueworker.run_events USING btree (at);
 
 CREATE INDEX run_events_run ON queueworker.run_events USING btree (run_id, id);
@@ -1418,6 +1562,10 @@ CREATE INDEX tasks_claim ON queueworker.tasks_active USING btree (queue, priorit
 
 CREATE UNIQUE INDEX tasks_dedupe ON queueworker.tasks_active USING btree (queue, dedupe_key) WHERE (dedupe_key IS NOT NULL);
 
+CREATE INDEX tasks_fair ON queueworker.tasks_active USING btree (queue, priority DESC, fair_tag, id) WHERE ((state = 'pending'::queueworker.task_state) AND (NOT delayed) AND (fair_tag IS NOT NULL));
+
+CREATE INDEX tasks_fair_key ON queueworker.tasks_active USING btree (queue, key, priority, fair_tag) WHERE ((state = 'pending'::queueworker.task_state) AND (NOT delayed) AND (fair_tag IS NOT NULL));
+
 CREATE INDEX tasks_finished_at ON queueworker.tasks_finished USING btree (finished_at);
 
 CREATE INDEX tasks_finished_run_id_run_partition_idx ON queueworker.tasks_finished USING btree (run_id, run_partition) WHERE (run_id IS NOT NULL);
@@ -1440,9 +1588,11 @@ CREATE TRIGGER queue_events_append_only BEFORE UPDATE ON queueworker.queue_event
 
 CREATE TRIGGER queue_events_no_truncate BEFORE TRUNCATE ON queueworker.queue_events FOR EACH STATEMENT EXECUTE FUNCTION queueworker.forbid_event_updates();
 
+CREATE TRIGGER queue_keys_audit AFTER INSERT OR DELETE OR UPDATE ON queueworker.queue_keys FOR EACH ROW EXECUTE FUNCTION queueworker.audit_queue_key();
+
 CREATE TRIGGER queues_audit_insert AFTER INSERT OR DELETE ON queueworker.queues FOR EACH ROW EXECUTE FUNCTION queueworker.audit_queue();
 
-CREATE TRIGGER queues_audit_update AFTER UPDATE ON queueworker.queues FOR EACH ROW WHEN ((((((((old.paused_until IS DISTINCT FROM new.paused_until) OR (old.rate_per_second IS DISTINCT FROM new.rate_per_second)) OR (old.burst IS DISTINCT FROM new.burst)) OR (old.max_running IS DISTINCT FROM new.max_running)) OR (old.breaker_failures IS DISTINCT FROM new.breaker_failures)) OR (old.breaker_cooldown_seconds IS DISTINCT FROM new.breaker_cooldown_seconds)) OR (old.breaker_state IS DISTINCT FROM new.breaker_state))) EXECUTE FUNCTION queueworker.audit_queue();
+CREATE TRIGGER queues_audit_update AFTER UPDATE ON queueworker.queues FOR EACH ROW WHEN (((((((((old.paused_until IS DISTINCT FROM new.paused_until) OR (old.rate_per_second IS DISTINCT FROM new.rate_per_second)) OR (old.burst IS DISTINCT FROM new.burst)) OR (old.max_running IS DISTINCT FROM new.max_running)) OR (old.breaker_failures IS DISTINCT FROM new.breaker_failures)) OR (old.breaker_cooldown_seconds IS DISTINCT FROM new.breaker_cooldown_seconds)) OR (old.breaker_state IS DISTINCT FROM new.breaker_state)) OR ((NOT old.keyed) AND new.keyed))) EXECUTE FUNCTION queueworker.audit_queue();
 
 CREATE TRIGGER run_events_append_only BEFORE UPDATE ON queueworker.run_events FOR EACH ROW EXECUTE FUNCTION queueworker.forbid_event_updates();
 
@@ -1458,6 +1608,8 @@ CREATE TRIGGER task_events_no_truncate BEFORE TRUNCATE ON queueworker.task_event
 
 CREATE TRIGGER tasks_active_audit_insert AFTER INSERT ON queueworker.tasks_active REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION queueworker.audit_task_inserts();
 
+CREATE TRIGGER tasks_active_fair_tag_insert AFTER INSERT ON queueworker.tasks_active REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION queueworker.fair_tag_inserts();
+
 CREATE CONSTRAINT TRIGGER tasks_active_settle_new_dependent AFTER INSERT ON queueworker.tasks_active DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN ((new.state = 'blocked'::queueworker.task_state)) EXECUTE FUNCTION queueworker.settle_new_dependent();
 
 CREATE TRIGGER tasks_active_spec_changed BEFORE UPDATE OF queue, task, payload ON queueworker.tasks_active FOR EACH ROW EXECUTE FUNCTION queueworker.fill_spec_hash();
@@ -1468,11 +1620,17 @@ CREATE TRIGGER tasks_audit_insert AFTER INSERT ON queueworker.tasks REFERENCING 
 
 CREATE TRIGGER tasks_audit_update AFTER UPDATE ON queueworker.tasks REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION queueworker.audit_task_updates();
 
+CREATE TRIGGER tasks_fair_tag_insert AFTER INSERT ON queueworker.tasks REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION queueworker.fair_tag_inserts();
+
+CREATE TRIGGER tasks_fair_tag_update AFTER UPDATE ON queueworker.tasks REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION queueworker.fair_tag_updates();
+
 CREATE TRIGGER tasks_finished_spec_hash BEFORE INSERT ON queueworker.tasks_finished FOR EACH ROW WHEN ((new.spec_hash IS NULL)) EXECUTE FUNCTION queueworker.fill_spec_hash();
 
 CREATE TRIGGER tasks_notify_finished AFTER UPDATE ON queueworker.tasks REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION queueworker.notify_finished();
 
 REVOKE ALL ON FUNCTION queueworker.audit_queue() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION queueworker.audit_queue_key() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION queueworker.audit_run() FROM PUBLIC;
 
@@ -1495,6 +1653,10 @@ REVOKE ALL ON FUNCTION queueworker.enqueue_tasks(queues text[], tasks text[], pa
 REVOKE ALL ON FUNCTION queueworker.enqueue_tasks(queues text[], tasks text[], payloads jsonb[], priorities integer[], run_afters timestamp with time zone[], max_attempts integer[], timeouts integer[], dedupe_keys text[], by_spec boolean[], cancel_on_failure boolean[], prerequisite_ords bigint[], prerequisite_ids bigint[], run_ids bigint[], run_partitions integer[], headers jsonb[], keys text[]) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION queueworker.existing_tasks(ords bigint[], queues text[], dedupe_keys text[]) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION queueworker.fair_tag_inserts() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION queueworker.fair_tag_updates() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION queueworker.finalize_run(run_id bigint) FROM PUBLIC;
 
@@ -1521,5 +1683,7 @@ REVOKE ALL ON FUNCTION queueworker.settle_dependents(prerequisites bigint[], suc
 REVOKE ALL ON FUNCTION queueworker.start_run(name text, expected integer, on_success jsonb, on_failure jsonb, watermark text) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION queueworker.start_run(name text, expected integer, on_success jsonb, on_failure jsonb, watermark text, queues text[]) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION queueworker.tag_fair(ids bigint[], stale bigint[]) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION queueworker.unbound_by_grants() FROM PUBLIC;
