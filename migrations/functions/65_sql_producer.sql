@@ -417,7 +417,7 @@ BEGIN
         RETURN to_jsonb(CASE WHEN value::text LIKE '-%' THEN -9223372036854775808 ELSE 9223372036854775807 END);
     END IF;
     IF kind = 'time' AND jsonb_typeof(value) = 'string'
-       AND value #>> '{}' ~ '^\d{4,}-\d\d-\d\d[Tt ]\d\d:\d\d(:\d\d(\.\d+)?)?([Zz]|[+-]\d\d(:?\d\d)?)$' THEN
+       AND value #>> '{}' ~ '^\d{4,}-\d\d-\d\d[Tt ]\d\d:\d\d(:\d\d(\.\d+)?)?([Zz]|[+-]\d\d(:?\d\d(:?\d\d)?)?)$' THEN
         BEGIN
             PERFORM (value #>> '{}')::timestamptz;
             RETURN value;
@@ -425,7 +425,7 @@ BEGIN
             NULL;  -- refused below, as any other value that is not a time
         END;
     END IF;
-    IF jsonb_typeof(value) = kind OR kind = 'any' THEN
+    IF jsonb_typeof(value) = kind THEN
         RETURN value;
     END IF;
     RAISE EXCEPTION 'queueworker.enqueue_many: spec %: % must be %', spec_position, field,
@@ -476,7 +476,7 @@ BEGIN
                       HINT = 'a spec''s fields are ' || array_to_string(fields, ', ');
         END IF;
         task := queueworker.spec_field(spec, spec_position, 'task', 'string', NULL) #>> '{}';
-        payload := queueworker.spec_field(spec, spec_position, 'payload', 'any', '{}');
+        payload := coalesce(spec -> 'payload', '{}');  -- JSON null is the payload null, as TaskSpec takes None
         queue := queueworker.spec_field(spec, spec_position, 'queue', 'string', '"default"') #>> '{}';
         priority := (queueworker.spec_field(spec, spec_position, 'priority', 'integer', '0') #>> '{}')::bigint;
         run_after := (queueworker.spec_field(spec, spec_position, 'run_after', 'time', NULL) #>> '{}')::timestamptz;

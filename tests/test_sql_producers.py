@@ -1,0 +1,244 @@
+"""The SQL producer API (migrations/functions/65_sql_producer.sql, docs/producers.md), for real:
+`queueworker.enqueue` and `queueworker.enqueue_many` accept and refuse exactly what TaskSpec does
+and store the same rows (a property test drives both with the same values); unique tasks,
+dependencies, keys, headers and finish notifications work through SQL as through Python, with
+the same wake-ups; queue grants bind real producer logins of docs/database-roles.sql; a listening
+worker process runs an SQL-enqueued task without polling; and the Node (`pg`) and Go (`pgx`)
+examples enqueue tasks that a real worker runs, and read their results back with
+`queueworker.task_status`."""
+
+from __future__ import annotations
+
+import json
+import math
+import select
+import unicodedata
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+from psycopg.types.json import Jsonb
+from pydantic import ValidationError
+
+from queueworker.client.producer import TaskSpec, enqueue, enqueue_many
+from queueworker.names import EARLIEST_RUN_AFTER, INT4_MAX, LATEST_RUN_AFTER, QUEUE_PATTERN
+from tests.producer_examples import run_go_example, run_node_example
+from tests.support import FAST_LEASES, WorkerProcess, query, scalar, wait_until
+from tests.test_queue_grants import as_operator, tenants, user
+from tests.test_roles import Installation, installation  # noqa: F401 (installation: a fixture)
+
+pytestmark = pytest.mark.integration
+
+# A refusal of the value itself: the function's check (22023), or the value not being of the
+# argument's type at all (a number out of bigint's range 22003, JSON Postgres does not take 22P02
+# and 22P05, a time out of range 22008).
+REFUSED_VALUE = {"22023", "22003", "22P02", "22P05", "22008"}
+# The SQL argument types of TaskSpec's fields, as a producer in another language passes them.
+SQL_TYPES = {"task": "text", "payload": "jsonb", "queue": "text", "priority": "bigint", "run_after": "timestamptz",
+             "delay": "float8", "max_attempts": "bigint", "timeout_seconds": "bigint", "dedupe_key": "text",
+             "dedupe": "text", "on_conflict": "text", "key": "text", "depends_on": "bigint[]",
+             "on_dependency_failure": "text", "headers": "jsonb", "notify_on_finish": "boolean"}
+# A task's row but its id and the times the database gives it; `due` is run_after when a spec sets
+# it, whether the task was due at its creation when it sets neither, and left out with a delay,
+# which counts from each side's clock (the producer's, the database's).
+ROW = """
+SELECT t.queue, t.task, t.state::text, t.priority, t.attempts, t.max_attempts, t.timeout_seconds, t.payload,
+       t.spec_hash, t.dedupe_key, t.notify_on_finish, t.headers, t.key, t.created_at = t.updated_at,
+       CASE WHEN %(delayed)s THEN NULL WHEN %(explicit)s THEN t.run_after::text
+            ELSE (t.run_after = t.created_at)::text END AS due,
+       CASE WHEN %(delayed)s THEN NULL ELSE t.delayed END AS delayed,
+       ARRAY(SELECT d.prerequisite_id || ':' || d.cancel_on_failure FROM queueworker.task_dependencies d
+             WHERE d.task_id = t.id ORDER BY d.prerequisite_id) AS edges,
+       ARRAY(SELECT e.to_state::text FROM queueworker.task_events e WHERE e.task_id = t.id ORDER BY e.id) AS events
+FROM queueworker.tasks t WHERE t.id = ANY(%(ids)s) ORDER BY t.id
+"""
+
+
+def _non_printable_ranges() -> list[tuple[int, int]]:
+    """The code points str.isprintable() refuses, as ranges (Postgres text holds neither NUL nor
+    surrogates, so neither is listed)."""
+    ranges: list[tuple[int, int]] = []
+    for point in range(1, 0x110000):
+        if 0xD800 <= point <= 0xDFFF or chr(point).isprintable():
+            continue
+        if ranges and ranges[-1][1] == point - 1 and not 0xD800 <= point - 1 <= 0xDFFF:
+            ranges[-1] = (ranges[-1][0], point)
+        else:
+            ranges.append((point, point))
+    return ranges
+
+
+def test_printable_text_is_str_isprintable_on_every_code_point(dsn):
+    refused = query(dsn, """
+        SELECT min(p), max(p) FROM (
+            SELECT p, p - row_number() OVER (ORDER BY p) AS island
+            FROM generate_series(1, 1114111) AS p
+            WHERE p NOT BETWEEN 55296 AND 57343 AND NOT queueworker.printable_text(chr(p))) AS points
+        GROUP BY island ORDER BY 1""")
+    expected = _non_printable_ranges()
+    assert [tuple(row) for row in refused] == expected, (
+        f"queueworker.printable_text disagrees with str.isprintable() of Unicode {unicodedata.unidata_version}: "
+        f"regenerate its class from these ranges: {[(hex(a), hex(b)) for a, b in set(expected) ^ set(refused)][:20]}")
+
+
+def _nested(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_the_payload_limits_are_those_a_worker_can_read(dsn):
+    """Nesting: 900 levels pass both ways; past that SQL refuses where TaskSpec's own limit is
+    Python's recursion limit (about 1,000 levels, less its caller's stack). Integers: up to 4,300
+    digits, as TaskSpec."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        TaskSpec(task="t", payload=_nested(900))
+        assert conn.execute("SELECT queueworker.enqueue('t', %s)", (json.dumps(_nested(900)),)).fetchone()[0] > 0
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match="nested more than 900 levels deep"):
+            conn.execute("SELECT queueworker.enqueue('t', %s)", (json.dumps(_nested(901)),))
+        TaskSpec(task="t", payload={"n": 10**4299})
+        assert conn.execute("SELECT queueworker.enqueue('t', %s)", (f'{{"n": {"9" * 4300}}}',)).fetchone()[0] > 0
+        with pytest.raises(ValidationError, match="4,300 digits"):
+            TaskSpec(task="t", payload={"n": 10**4300})
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match="integer of more than 4,300 digits"):
+            conn.execute("SELECT queueworker.enqueue('t', %s)", (f'{{"n": [-{"9" * 4301}]}}',))
+        assert conn.execute("SELECT queueworker.enqueue('t', %s)", (f'[{"9" * 4301}.5]',)).fetchone()[0] > 0
+
+
+# Values of each field's type, weighted to its bounds; values SQL cannot even carry (NUL, lone
+# surrogates) are refused on both sides too.
+_ODD_TEXT = st.sampled_from(["", " ", "  ", "a b", " a", "\u00a0", "\u200b", "é", "\U0001f600", "x\u2028", "tab\t",
+                             "\x7f", "\x85", "\U000e0001", "\ue000", "\U0010ffff", "a\x00", "\ud800"])
+_TEXT = st.text(max_size=12) | _ODD_TEXT
+
+
+def _headers_of_length(length: int, filler: str) -> dict[str, str]:
+    """Headers whose JSON, as Python writes it, takes `length` characters: eight of 1,000 characters
+    (8,080 with the braces), and one more of `filler`s and x's."""
+    headers = {f"h{n}": "x" * 1000 for n in range(8)}
+    rest = length - 8080 - 10  # `, "h8": ""`
+    unit = len(json.dumps(filler)) - 2
+    headers["h8"] = filler * (rest // unit) + "x" * (rest % unit)
+    assert len(json.dumps(headers)) == length
+    return headers
+
+
+_FIELDS: dict[str, st.SearchStrategy] = {
+    "payload": st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | _TEXT,
+                            lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_TEXT, inner, max_size=3),
+                            max_leaves=6),
+    "queue": st.from_regex(QUEUE_PATTERN, fullmatch=True) | _TEXT | st.none()
+    | st.sampled_from(["default", "q" * 128, "q" * 129, "-q", "a/b", "a\n", "billing.eu", "a..b"]),
+    "priority": st.integers(-(2**31) - 1, 2**31) | st.sampled_from([-(2**31), INT4_MAX, 2**63, -(2**64)]) | st.none(),
+    "run_after": st.none() | st.datetimes(timezones=st.just(timezone.utc) | st.timezones())
+    | st.sampled_from([EARLIEST_RUN_AFTER, LATEST_RUN_AFTER, EARLIEST_RUN_AFTER - timedelta(microseconds=1),
+                       LATEST_RUN_AFTER + timedelta(microseconds=1),
+                       datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=5))),
+                       datetime(9999, 12, 31, tzinfo=timezone(timedelta(hours=-5)))]),
+    "delay": st.none() | st.floats(-1.0, 2.0**31) | st.integers(-1, 2**31)
+    | st.sampled_from([0.0, -0.0, math.nan, math.inf, -math.inf, float(INT4_MAX), INT4_MAX + 0.5, 5e-324]),
+    "max_attempts": st.integers(-1, 1002) | st.sampled_from([1, 1000, 1001, 0]) | st.none(),
+    "timeout_seconds": st.none() | st.integers(-1, 2**31) | st.sampled_from([1, INT4_MAX, INT4_MAX + 1, 0]),
+    "dedupe_key": st.none() | _TEXT | st.sampled_from(["k" * 512, "k" * 513]),
+    "dedupe": st.none() | st.sampled_from(["spec", "SPEC", "", "hash"]),
+    "on_conflict": st.sampled_from(["ignore", "replace", "Replace", "", None]),
+    "key": st.none() | _TEXT | st.sampled_from(["k" * 256, "k" * 257]),
+    "depends_on": st.lists(st.sampled_from([1, 2, 3, 0, -1, 10**12, 2**63 - 1, 2**63]), max_size=3)
+    | st.none() | st.just(list(range(10**12, 10**12 + 1001))),
+    "on_dependency_failure": st.sampled_from(["cancel", "run", "Run", None]),
+    "headers": st.none() | st.dictionaries(_TEXT, _TEXT | st.integers(), max_size=3)
+    | st.sampled_from([{"h": "v" * 1024}, {"h": "v" * 1025}, {f"h{n}": "" for n in range(32)},
+                       {f"h{n}": "" for n in range(33)}, {"q" * 128: ""}, {"q" * 129: ""},
+                       *(_headers_of_length(length, filler) for length in (8192, 8193)
+                         for filler in ("x", "é", "\U0001f600", '"', "\\"))]),
+    "notify_on_finish": st.booleans() | st.none(),
+}
+# Values TaskSpec takes, so that many specs are stored (combinations can still be refused).
+_PRINTABLE = st.text(st.characters(whitelist_categories=("L", "M", "N", "P", "S")), min_size=1, max_size=12)
+_VALID: dict[str, st.SearchStrategy] = {
+    "payload": st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+                            | st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00")),
+                            lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_PRINTABLE, inner, max_size=3),
+                            max_leaves=6),
+    "queue": st.from_regex(QUEUE_PATTERN, fullmatch=True),
+    "priority": st.integers(-(2**31), INT4_MAX),
+    "run_after": st.datetimes(datetime(2, 1, 2), datetime(9999, 12, 29), timezones=st.just(timezone.utc) | st.timezones()),
+    "delay": st.floats(0, 1e6),
+    "max_attempts": st.integers(1, 1000),
+    "timeout_seconds": st.none() | st.integers(1, INT4_MAX),
+    "dedupe_key": st.none() | _PRINTABLE,
+    "dedupe": st.none() | st.just("spec"),
+    "key": st.none() | _PRINTABLE,
+    "depends_on": st.lists(st.sampled_from([1, 2, 3]), unique=True, max_size=3),
+    "on_dependency_failure": st.sampled_from(["cancel", "run"]),
+    "headers": st.none() | st.dictionaries(_PRINTABLE, _PRINTABLE | st.just(""), max_size=3),
+    "notify_on_finish": st.booleans(),
+}
+SPECS = (st.fixed_dictionaries({"task": _PRINTABLE}, optional=_VALID)
+         | st.fixed_dictionaries({"task": _TEXT | st.sampled_from(["t" * 200, "t" * 201, "send_email"])},
+                                 optional=_FIELDS))
+
+
+def _python_outcome(conn: psycopg.Connection, values: dict) -> tuple[str, Any]:
+    """What TaskSpec and the Python producer make of `values`: the row stored, or the refusal."""
+    try:
+        spec = TaskSpec(**values)
+    except (ValidationError, ValueError):
+        return "refused", "invalid value"
+    return _stored(conn, values, lambda: enqueue_many(conn, [spec]))
+
+
+def _sql_outcome(conn: psycopg.Connection, values: dict) -> tuple[str, Any]:
+    """What queueworker.enqueue makes of the same values, each passed as its named argument."""
+    arguments = ", ".join(f"{name} => %({name})s::{SQL_TYPES[name]}" for name in values)
+    # A payload of None is JSON null (as TaskSpec stores it); headers of None are SQL NULL, none.
+    params = {name: Jsonb(value) if name == "payload" or (name == "headers" and value is not None) else value
+              for name, value in values.items()}
+    return _stored(conn, values, lambda: [conn.execute(f"SELECT queueworker.enqueue({arguments})",
+                                                       params).fetchone()[0]])
+
+
+def _sql_many_outcome(conn: psycopg.Connection, values: dict) -> tuple[str, Any]:
+    """What queueworker.enqueue_many makes of them as a JSON object (a time as ISO 8601 text)."""
+    spec = {name: value.isoformat() if isinstance(value, datetime) else value for name, value in values.items()}
+    return _stored(conn, values, lambda: conn.execute("SELECT queueworker.enqueue_many(%s::jsonb)",
+                                                      (json.dumps([spec]),)).fetchone()[0])
+
+
+def _stored(conn: psycopg.Connection, values: dict, run) -> tuple[str, Any]:
+    """Runs an enqueue in a transaction that is rolled back (each side sees the same database), and
+    returns its row, or how it was refused."""
+    try:
+        with conn.transaction(force_rollback=True):
+            ids = run()
+            delayed = bool(values.get("delay")) and not math.isnan(values["delay"])
+            return "stored", conn.execute(ROW, {"ids": ids, "explicit": values.get("run_after") is not None,
+                                                "delayed": delayed}).fetchall()
+    except psycopg.Error as exc:
+        if exc.sqlstate in REFUSED_VALUE or exc.sqlstate is None:  # None: a value the client cannot send
+            return "refused", "invalid value"
+        return "refused", exc.sqlstate
+    except (ValueError, UnicodeEncodeError):  # text with NUL or a lone surrogate, JSON with a 4,301-digit number
+        return "refused", "invalid value"
+
+
+def test_sql_enqueue_accepts_and_refuses_as_taskspec_does_and_stores_the_same_rows(dsn):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert enqueue_many(conn, [{"task": "prerequisite"}] * 3) == [1, 2, 3]
+    seen: dict[str, int] = {}
+    with psycopg.connect(dsn) as conn:
+
+        @settings(max_examples=500, deadline=None, derandomize=True, database=None,
+                  suppress_health_check=list(HealthCheck))
+        @given(values=SPECS)
+        def alike(values):
+            python = _python_outcome(conn, values)
+            assert _sql_outcome(conn, values) == python, values
+            assert _sql_many_outcome(conn, values) == python, values
+            seen[python[0]] = seen.get(python[0], 0) + 1
+
+        alike()
+    assert seen["stored"] > 100 and seen["refused"] > 100, seen
