@@ -14,7 +14,9 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from urllib.parse import quote
 
+import psycopg
 import pytest
 
 from tests.cluster.binaries import cache_root
@@ -79,21 +81,28 @@ def node_modules() -> Path:
     return target / "node_modules"
 
 
-def run_node_example(database_url: str, *args: str) -> subprocess.CompletedProcess:
+def database_url(dsn: str) -> str:
+    """`dsn` (psycopg's key=value form, or a URL) as a postgresql:// URL, the form every client takes."""
+    parts = psycopg.conninfo.conninfo_to_dict(dsn)
+    auth = quote(parts["user"], safe="") + (f":{quote(parts['password'], safe='')}" if parts.get("password") else "")
+    return f"postgresql://{auth}@{parts.get('host', '127.0.0.1')}:{parts.get('port', 5432)}/{quote(parts['dbname'])}"
+
+
+def run_node_example(dsn: str, *args: str) -> subprocess.CompletedProcess:
     """`node enqueue.js ARGS` as a producer runs it, its `pg` from the cached install."""
     modules = node_modules()
     return subprocess.run(["node", str(NODE_EXAMPLE / "enqueue.js"), *args], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "DATABASE_URL": database_url, "NODE_PATH": str(modules)})
+                          timeout=120, env={**os.environ, "DATABASE_URL": database_url(dsn), "NODE_PATH": str(modules)})
 
 
-def run_go_example(database_url: str, *args: str) -> subprocess.CompletedProcess:
+def run_go_example(dsn: str, *args: str) -> subprocess.CompletedProcess:
     """`go run . ARGS` in examples/producers/go, with the module and build caches kept in the cache
     directory."""
     go = find_go()
     if go is None:
         unavailable("go is needed to run examples/producers/go (https://go.dev/dl/, or Debian's golang-go)")
     caches = cache_root() / "go"
-    env = {**os.environ, "DATABASE_URL": database_url, "GOTOOLCHAIN": "local", "GOWORK": "off", "CGO_ENABLED": "0",
+    env = {**os.environ, "DATABASE_URL": database_url(dsn), "GOTOOLCHAIN": "local", "GOWORK": "off", "CGO_ENABLED": "0",
            "GOFLAGS": "-mod=readonly", "GOMODCACHE": str(caches / "mod"), "GOCACHE": str(caches / "build")}
     done = subprocess.run([go, "run", ".", *args], cwd=GO_EXAMPLE, capture_output=True, text=True, timeout=600,
                           env=env)

@@ -242,3 +242,181 @@ def test_sql_enqueue_accepts_and_refuses_as_taskspec_does_and_stores_the_same_ro
 
         alike()
     assert seen["stored"] > 100 and seen["refused"] > 100, seen
+
+
+def _notices(conn: psycopg.Connection) -> list[str]:
+    """The `queueworker` notifications `conn` (listening, autocommit) has received so far."""
+    select.select([conn.fileno()], [], [], 0)
+    return sorted(notice.payload for notice in conn.notifies(timeout=0.5, stop_after=100))
+
+
+def test_unique_tasks_dependencies_and_notifications_work_through_sql_as_through_python(dsn):
+    """The same story told by the Python producer and by SQL, each in a transaction rolled back
+    afterwards: the rows (ids as positions), their edges, audit rows and wake-ups are the same."""
+    def python(conn: psycopg.Connection) -> list[int]:
+        first = enqueue(conn, "u", {"v": 1}, dedupe_key="k", delay=3600)
+        ids = [first, enqueue(conn, "u", {"v": 2}, dedupe_key="k", on_conflict="replace", priority=7),
+               enqueue(conn, "u", {"v": 3}, dedupe_key="k"),
+               enqueue(conn, "s", {"x": 1}, queue="later", dedupe="spec", delay=600),
+               enqueue(conn, "s", {"x": 1}, queue="later", dedupe="spec")]
+        ids.append(enqueue(conn, "d", depends_on=[ids[0], ids[3]], on_dependency_failure="run",
+                           notify_on_finish=True, key="tenant", headers={"h": "v"}))
+        return ids + enqueue_many(conn, [{"task": "m"}, {"task": "u", "dedupe_key": "k", "notify_on_finish": True},
+                                         {"task": "m2", "depends_on": [ids[5]], "queue": "later"}])
+
+    def sql(conn: psycopg.Connection) -> list[int]:
+        def one(statement: str, *params: Any) -> int:
+            return conn.execute(f"SELECT queueworker.enqueue({statement})", params).fetchone()[0]
+        first = one("""'u', '{"v": 1}', dedupe_key => 'k', delay => 3600""")
+        ids = [first, one("""'u', '{"v": 2}', dedupe_key => 'k', on_conflict => 'replace', priority => 7"""),
+               one("""'u', '{"v": 3}', dedupe_key => 'k'"""),
+               one("""'s', '{"x": 1}', queue => 'later', dedupe => 'spec', delay => 600"""),
+               one("""'s', '{"x": 1}', queue => 'later', dedupe => 'spec'""")]
+        ids.append(one("""'d', depends_on => ARRAY[%s, %s]::bigint[], on_dependency_failure => 'run',
+                          notify_on_finish => true, key => 'tenant', headers => '{"h": "v"}'""", ids[0], ids[3]))
+        return ids + conn.execute("SELECT queueworker.enqueue_many(%s::jsonb)", (json.dumps([
+            {"task": "m"}, {"task": "u", "dedupe_key": "k", "notify_on_finish": True},
+            {"task": "m2", "depends_on": [ids[5]], "queue": "later"}]),)).fetchone()[0]
+
+    def told(story) -> tuple[list, list, list[str]]:
+        with psycopg.connect(dsn, autocommit=True) as listener, psycopg.connect(dsn, autocommit=True) as conn:
+            listener.execute("LISTEN queueworker")
+            with conn.transaction():
+                ids = story(conn)
+                positions = {task_id: n for n, task_id in enumerate(dict.fromkeys(ids))}
+                rows = conn.execute(ROW.replace("t.created_at = t.updated_at", "t.id"),
+                                    {"ids": ids, "explicit": False, "delayed": True}).fetchall()
+                conn.execute("DELETE FROM queueworker.task_dependencies")
+                conn.execute("DELETE FROM queueworker.tasks")
+            # The due times the later queue announced are the producer's: only the shape is compared.
+            notices = [notice.split(" ")[0] + (" <due>" if " " in notice else "") for notice in _notices(listener)]
+        normalised = [(*row[:13], positions[row[13]], *row[14:16],
+                       [f"{positions[int(edge.split(':')[0])]}:{edge.split(':')[1]}" for edge in row[16]], row[17])
+                      for row in rows]
+        return [positions[i] for i in ids], normalised, notices
+
+    by_python, by_sql = told(python), told(sql)
+    assert by_sql == by_python
+    ids, rows, notices = by_sql
+    assert ids == [0, 0, 0, 1, 1, 2, 3, 0, 4]
+    assert [(row[7], row[3], row[10]) for row in rows[:1]] == [({"v": 2}, 7, True)], "replaced, then marked"
+    # One per queue and due time (Postgres sends a transaction's equal notifications once): the first
+    # task due in an hour, the replacement due now, the later queue's spec task due in ten minutes.
+    assert notices == ["default", "default <due>", "later <due>"]
+
+
+def test_sql_delays_count_from_the_transaction_start(dsn):
+    with psycopg.connect(dsn) as conn:
+        ids = [conn.execute("SELECT queueworker.enqueue('t', delay => 90.5)").fetchone()[0],
+               *conn.execute("""SELECT queueworker.enqueue_many('[{"task": "t", "delay": 2147483647}]')""").fetchone()[0]]
+        assert conn.execute("SELECT array_agg(extract(epoch FROM run_after - now()) ORDER BY id), bool_and(delayed) "
+                            "FROM queueworker.tasks WHERE id = ANY(%s)", (ids,)).fetchone() == ([90.5, 2147483647], True)
+
+
+@pytest.mark.parametrize("call, message", [
+    ("SELECT queueworker.enqueue('t', priority => 2147483648)", "priority must be an integer from -2147483648"),
+    ("SELECT queueworker.enqueue('t', run_after => now(), delay => 1)", "give run_after or delay, not both"),
+    ("SELECT queueworker.enqueue(E'a\\nb')", "task must be printable text of 1 to 200 characters"),
+    ("SELECT queueworker.enqueue('t', depends_on => ARRAY[1, 1])", "depends_on lists a task twice"),
+    ("""SELECT queueworker.enqueue_many('[{"task": "t"}, {"task": "t", "queue": "a b"}]')""",
+     "enqueue_many: spec 2: queue must be letters, digits and _.:-"),
+    ("""SELECT queueworker.enqueue_many('[{"task": "t", "prio": 1}]')""", "enqueue_many: spec 1: no field 'prio'"),
+    ("""SELECT queueworker.enqueue_many('[{"task": "t", "run_after": "2026-11-27 10:00"}]')""",
+     "spec 1: run_after must be a time with its offset"),
+    ("""SELECT queueworker.enqueue_many('[{"task": "t", "max_attempts": 2.5}]')""",
+     "spec 1: max_attempts must be a JSON integer"),
+    ("""SELECT queueworker.enqueue_many('{"task": "t"}')""", "specs must be a JSON array of objects"),
+])
+def test_each_refusal_is_one_line_with_a_code_a_client_recognises_and_leaves_nothing(dsn, call, message):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.InvalidParameterValue) as refused:
+            conn.execute(call)
+    assert message in refused.value.diag.message_primary and "\n" not in refused.value.diag.message_primary
+    assert scalar(dsn, "SELECT count(*) FROM queueworker.tasks") == 0
+
+
+def test_producer_logins_use_only_their_granted_queues_and_read_only_their_tasks(installation):
+    installation.install()
+    with tenants(installation, "billing", "shipping") as logins:
+        with psycopg.connect(logins["shipping"], autocommit=True) as conn:
+            theirs = conn.execute("SELECT queueworker.enqueue('qw.noop', queue => 'shipping.labels', "
+                                  "dedupe_key => 'label-1', delay => 3600)").fetchone()[0]
+            # Before the first grant a producer reads back any task, as it may use any queue.
+            assert conn.execute("SELECT state FROM queueworker.task_status(%s)", (theirs,)).fetchall() == [("pending",)]
+        as_operator(installation, "grant", user(logins["billing"]), "--queue", "billing.*")
+        as_operator(installation, "grant", user(logins["shipping"]), "--queue", "shipping.*")
+        with psycopg.connect(logins["billing"], autocommit=True) as conn:
+            mine = conn.execute("SELECT queueworker.enqueue('qw.noop', queue => 'billing.eu')").fetchone()[0]
+            mine_too = conn.execute("""SELECT queueworker.enqueue_many('[{"task": "qw.noop", "queue": "billing.eu",
+                                       "dedupe_key": "b-1", "depends_on": [%s]}]')""" % mine).fetchone()[0]
+            for attempt in ("SELECT queueworker.enqueue('qw.noop', queue => 'shipping.labels')",
+                            "SELECT queueworker.enqueue('qw.noop', queue => 'shipping.labels', dedupe_key => 'label-1', "
+                            "on_conflict => 'replace')",
+                            """SELECT queueworker.enqueue_many('[{"task": "qw.noop", "queue": "billing.eu"},
+                                                                {"task": "qw.noop", "queue": "shipping.labels"}]')"""):
+                with pytest.raises(psycopg.errors.InsufficientPrivilege) as refused:
+                    conn.execute(attempt)
+                assert refused.value.diag.message_primary == f"login {user(logins['billing'])} may not use queue " \
+                                                             "shipping.labels"
+            with pytest.raises(psycopg.errors.ForeignKeyViolation, match=f"there is no task {theirs} to depend on"):
+                conn.execute("SELECT queueworker.enqueue('qw.noop', queue => 'billing.eu', depends_on => ARRAY[%s])",
+                             (theirs,))
+            # Another tenant's task does not exist to this login; its own it reads.
+            assert conn.execute("SELECT * FROM queueworker.task_status(%s)", (theirs,)).fetchall() == []
+            assert conn.execute("SELECT queue, state, attempts, result, error FROM queueworker.task_status(%s)",
+                                (mine,)).fetchall() == [("billing.eu", "pending", 0, None, None)]
+            assert conn.execute("SELECT state FROM queueworker.task_status(%s)", (mine_too[0],)).fetchall() == [
+                ("blocked",)]
+    assert query(installation.admin, "SELECT id, payload, priority FROM queueworker.tasks WHERE queue = 'shipping.labels'"
+                 ) == [(theirs, {}, 0)], "theirs untouched, and nothing enqueued into their queue"
+    assert scalar(installation.admin, "SELECT count(*) FROM queueworker.tasks") == 3
+
+
+def test_a_listening_worker_runs_an_sql_enqueued_task_without_polling(installation):
+    """The worker polls every ten minutes at most: only the enqueue's NOTIFY can have it claim in time."""
+    installation.install()
+    worker = WorkerProcess(installation.logins["worker"], "--queue", "sql", "--poll-min-seconds", "600",
+                           "--poll-max-seconds", "600", "--scheduler-max-interval-seconds", "600", *FAST_LEASES)
+    try:
+        with psycopg.connect(installation.logins["producer"], autocommit=True) as conn:
+            def run(statement: str) -> None:
+                task_id = conn.execute(statement).fetchone()[0]
+                wait_until(lambda: conn.execute("SELECT state FROM queueworker.task_status(%s)",
+                                                (task_id,)).fetchone()[0] == "succeeded",
+                           timeout=60, message=f"task {task_id} to succeed")
+            run("SELECT queueworker.enqueue('qw.noop', queue => 'sql')")  # the worker is up, listening and idle
+            run("SELECT queueworker.enqueue('qw.noop', queue => 'sql')")
+            run("""SELECT (queueworker.enqueue_many('[{"task": "qw.noop", "queue": "sql"}]'))[1]""")
+    finally:
+        worker.stop()
+    assert "permission denied" not in worker.log(), worker.log()
+
+
+@pytest.mark.parametrize("run_example", [run_node_example, run_go_example], ids=["node", "go"])
+def test_the_examples_enqueue_tasks_a_worker_runs_and_read_their_results(installation, run_example):
+    installation.install()
+    worker = WorkerProcess(installation.logins["worker"], "--queue", "emails", "--handlers", "tests.producer_handlers",
+                           *FAST_LEASES)
+    try:
+        done = run_example(installation.logins["producer"], "--wait" if run_example is run_node_example else "-wait")
+    finally:
+        worker.stop()
+    assert done.returncode == 0, done.stderr + worker.log()[-3000:]
+    lines = done.stdout.splitlines()
+    ids = [int(word) for word in lines[0].removeprefix("enqueued ").split()]
+    finished = [(int(task_id), state, json.loads(result))
+                for task_id, state, result in (line.split(" ", 2) for line in lines[1:])]
+    assert len(ids) == 3 and finished == [(task_id, "succeeded", {"sent_to": user_id})
+                                          for task_id, user_id in zip(ids, (42, 43, 44))]
+    assert query(installation.admin, "SELECT id, task, key, dedupe_key, priority, max_attempts FROM queueworker.tasks "
+                                     "ORDER BY id") == [
+        (ids[0], "emails.send_welcome", "tenant-7", "welcome-42", 5, 10),
+        (ids[1], "emails.send_welcome", None, None, 0, 10), (ids[2], "emails.send_welcome", None, None, 0, 3)]
+    # A refusal reaches the program as one line with its SQLSTATE.
+    with psycopg.connect(installation.admin, autocommit=True) as conn:
+        conn.execute("SELECT queueworker.grant_queue('queueworker_operator', 'other')")
+    refused = run_example(installation.logins["producer"])
+    # (`go run` adds its own line, "exit status 1".)
+    assert refused.returncode == 1 and refused.stderr.splitlines()[0] == (
+        f"enqueue failed: login {user(installation.logins['producer'])} may not use queue emails (SQLSTATE 42501)"), \
+        refused.stderr
