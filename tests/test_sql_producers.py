@@ -110,9 +110,9 @@ def test_the_payload_limits_are_those_a_worker_can_read(dsn):
 
 # Values of each field's type, weighted to its bounds; values SQL cannot even carry (NUL, lone
 # surrogates) are refused on both sides too.
-_ODD_TEXT = st.sampled_from(["", " ", "  ", "a b", " a", "\u00a0", "\u200b", "é", "\U0001f600", "x\u2028", "tab\t",
-                             "\x7f", "\x85", "\U000e0001", "\ue000", "\U0010ffff", "a\x00", "\ud800"])
-_TEXT = st.text(max_size=12) | _ODD_TEXT
+_ODD = ["", " ", "  ", "a b", " a", "\u00a0", "\u200b", "é", "\U0001f600", "x\u2028", "tab\t", "\x7f", "\x85",
+        "\U000e0001", "\ue000", "\U0010ffff", "\U000e01ef", "\U000e01f0", "a\x00", "\ud800", "\u0378"]
+_TEXT = st.text(max_size=12) | st.sampled_from(_ODD)
 
 
 def _headers_of_length(length: int, filler: str) -> dict[str, str]:
@@ -126,36 +126,53 @@ def _headers_of_length(length: int, filler: str) -> dict[str, str]:
     return headers
 
 
+# Each field's values at and beyond its bounds (and the odd ones): each is checked alone below, and
+# drawn among others by the property test.
+_BOUNDS: dict[str, list] = {
+    "task": ["t" * 200, "t" * 201, "send_email", *_ODD],
+    "payload": [None, {"n": 10**4299}, [math.nan], {"a\x00": 1}, ["\ud800"], _nested(900), -0.0, 1e308, "é"],
+    "queue": ["default", "q" * 128, "q" * 129, "-q", "a/b", "a\n", "billing.eu", "a..b", "é", None],
+    "priority": [-(2**31), INT4_MAX, -(2**31) - 1, INT4_MAX + 1, 2**63, -(2**64), None],
+    "run_after": [EARLIEST_RUN_AFTER, LATEST_RUN_AFTER, EARLIEST_RUN_AFTER - timedelta(microseconds=1),
+                  LATEST_RUN_AFTER + timedelta(microseconds=1), datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=5))),
+                  datetime(9999, 12, 31, tzinfo=timezone(timedelta(hours=-5))), None],
+    "delay": [0.0, -0.0, -1e-9, math.nan, math.inf, -math.inf, float(INT4_MAX), INT4_MAX + 0.5, 5e-324, 1, None],
+    "max_attempts": [1, 1000, 1001, 0, None],
+    "timeout_seconds": [1, INT4_MAX, INT4_MAX + 1, 0, None],
+    "dedupe_key": ["k" * 512, "k" * 513, *_ODD],
+    "dedupe": ["spec", "SPEC", "", "hash"],
+    "on_conflict": ["ignore", "replace", "Replace", "", None],
+    "key": ["k" * 256, "k" * 257, *_ODD],
+    "depends_on": [[1, 2, 3], [0], [-1], [10**12], [2**63 - 1], [2**63], [1, 1], None,
+                   list(range(10**12, 10**12 + 1000)), list(range(10**12, 10**12 + 1001))],
+    "on_dependency_failure": ["cancel", "run", "Run", None],
+    "headers": [{"h": "v" * 1024}, {"h": "v" * 1025}, {f"h{n}": "" for n in range(32)},
+                {f"h{n}": "" for n in range(33)}, {"q" * 128: ""}, {"q" * 129: ""}, {"h": 1}, {"h": None}, {},
+                *({name: "v"} for name in _ODD), *({"h": value} for value in _ODD),
+                *(_headers_of_length(length, filler) for length in (8192, 8193)
+                  for filler in ("x", "é", "\U0001f600", '"', "\\"))],
+    "notify_on_finish": [True, False, None],
+}
 _FIELDS: dict[str, st.SearchStrategy] = {
     "payload": st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | _TEXT,
                             lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_TEXT, inner, max_size=3),
                             max_leaves=6),
-    "queue": st.from_regex(QUEUE_PATTERN, fullmatch=True) | _TEXT | st.none()
-    | st.sampled_from(["default", "q" * 128, "q" * 129, "-q", "a/b", "a\n", "billing.eu", "a..b"]),
-    "priority": st.integers(-(2**31) - 1, 2**31) | st.sampled_from([-(2**31), INT4_MAX, 2**63, -(2**64)]) | st.none(),
-    "run_after": st.none() | st.datetimes(timezones=st.just(timezone.utc) | st.timezones())
-    | st.sampled_from([EARLIEST_RUN_AFTER, LATEST_RUN_AFTER, EARLIEST_RUN_AFTER - timedelta(microseconds=1),
-                       LATEST_RUN_AFTER + timedelta(microseconds=1),
-                       datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=5))),
-                       datetime(9999, 12, 31, tzinfo=timezone(timedelta(hours=-5)))]),
-    "delay": st.none() | st.floats(-1.0, 2.0**31) | st.integers(-1, 2**31)
-    | st.sampled_from([0.0, -0.0, math.nan, math.inf, -math.inf, float(INT4_MAX), INT4_MAX + 0.5, 5e-324]),
-    "max_attempts": st.integers(-1, 1002) | st.sampled_from([1, 1000, 1001, 0]) | st.none(),
-    "timeout_seconds": st.none() | st.integers(-1, 2**31) | st.sampled_from([1, INT4_MAX, INT4_MAX + 1, 0]),
-    "dedupe_key": st.none() | _TEXT | st.sampled_from(["k" * 512, "k" * 513]),
-    "dedupe": st.none() | st.sampled_from(["spec", "SPEC", "", "hash"]),
-    "on_conflict": st.sampled_from(["ignore", "replace", "Replace", "", None]),
-    "key": st.none() | _TEXT | st.sampled_from(["k" * 256, "k" * 257]),
-    "depends_on": st.lists(st.sampled_from([1, 2, 3, 0, -1, 10**12, 2**63 - 1, 2**63]), max_size=3)
-    | st.none() | st.just(list(range(10**12, 10**12 + 1001))),
-    "on_dependency_failure": st.sampled_from(["cancel", "run", "Run", None]),
-    "headers": st.none() | st.dictionaries(_TEXT, _TEXT | st.integers(), max_size=3)
-    | st.sampled_from([{"h": "v" * 1024}, {"h": "v" * 1025}, {f"h{n}": "" for n in range(32)},
-                       {f"h{n}": "" for n in range(33)}, {"q" * 128: ""}, {"q" * 129: ""},
-                       *(_headers_of_length(length, filler) for length in (8192, 8193)
-                         for filler in ("x", "é", "\U0001f600", '"', "\\"))]),
-    "notify_on_finish": st.booleans() | st.none(),
+    "queue": st.from_regex(QUEUE_PATTERN, fullmatch=True) | _TEXT,
+    "priority": st.integers(-(2**31) - 1, 2**31),
+    "run_after": st.datetimes(timezones=st.just(timezone.utc) | st.timezones()),
+    "delay": st.floats(-1.0, 2.0**31) | st.integers(-1, 2**31),
+    "max_attempts": st.integers(-1, 1002),
+    "timeout_seconds": st.integers(-1, 2**31),
+    "dedupe_key": _TEXT,
+    "dedupe": st.none(),
+    "on_conflict": st.nothing(),
+    "key": _TEXT,
+    "depends_on": st.lists(st.sampled_from([1, 2, 3, 0, -1, 10**12, 2**63 - 1, 2**63]), max_size=3),
+    "on_dependency_failure": st.nothing(),
+    "headers": st.dictionaries(_TEXT, _TEXT | st.integers(), max_size=3),
+    "notify_on_finish": st.booleans(),
 }
+_FIELDS = {name: strategy | st.sampled_from(_BOUNDS[name]) for name, strategy in _FIELDS.items()}
 # Values TaskSpec takes, so that many specs are stored (combinations can still be refused).
 _PRINTABLE = st.text(st.characters(whitelist_categories=("L", "M", "N", "P", "S")), min_size=1, max_size=12)
 _VALID: dict[str, st.SearchStrategy] = {
@@ -177,9 +194,15 @@ _VALID: dict[str, st.SearchStrategy] = {
     "headers": st.none() | st.dictionaries(_PRINTABLE, _PRINTABLE | st.just(""), max_size=3),
     "notify_on_finish": st.booleans(),
 }
-SPECS = (st.fixed_dictionaries({"task": _PRINTABLE}, optional=_VALID)
-         | st.fixed_dictionaries({"task": _TEXT | st.sampled_from(["t" * 200, "t" * 201, "send_email"])},
-                                 optional=_FIELDS))
+_TASKS = _TEXT | st.sampled_from(_BOUNDS["task"])
+_VALID_SPECS = st.fixed_dictionaries({"task": _PRINTABLE}, optional=_VALID)
+# Specs TaskSpec takes; the same with one field drawn from all its values, so that each field's
+# bounds decide alone; and specs of any values at all.
+SPECS = (_VALID_SPECS
+         | st.tuples(_VALID_SPECS, st.sampled_from(sorted({"task", *_FIELDS})).flatmap(
+             lambda name: st.tuples(st.just(name), _TASKS if name == "task" else _FIELDS[name])))
+         .map(lambda drawn: {**drawn[0], drawn[1][0]: drawn[1][1]})
+         | st.fixed_dictionaries({"task": _TASKS}, optional=_FIELDS))
 
 
 def _python_outcome(conn: psycopg.Connection, values: dict) -> tuple[str, Any]:
@@ -225,20 +248,43 @@ def _stored(conn: psycopg.Connection, values: dict, run) -> tuple[str, Any]:
         return "refused", "invalid value"
 
 
+# The rules that join two fields, each side of them.
+_COMBINATIONS = [{"run_after": EARLIEST_RUN_AFTER, "delay": 0}, {"run_after": None, "delay": 1},
+                 {"dedupe_key": "k", "dedupe": "spec"}, {"dedupe_key": "k", "on_conflict": "replace"},
+                 {"dedupe": "spec", "on_conflict": "replace"}, {"dedupe_key": None, "on_conflict": "replace"},
+                 {"depends_on": [1, 2], "on_dependency_failure": "run", "notify_on_finish": True}]
+
+
+def _alike(conn: psycopg.Connection, values: dict) -> str:
+    """Asserts that TaskSpec with the Python producer, queueworker.enqueue and
+    queueworker.enqueue_many accept and refuse `values` alike, storing the same row; which it was."""
+    python = _python_outcome(conn, values)
+    assert _sql_outcome(conn, values) == python, values
+    assert _sql_many_outcome(conn, values) == python, values
+    return python[0]
+
+
+def test_each_bound_of_each_field_is_held_alike(dsn):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert enqueue_many(conn, [{"task": "prerequisite"}] * 3) == [1, 2, 3]
+    with psycopg.connect(dsn) as conn:
+        outcomes = [_alike(conn, {"task": "t", name: value}) for name, values in _BOUNDS.items() for value in values]
+        outcomes += [_alike(conn, {"task": "t", **values}) for values in _COMBINATIONS]
+    assert outcomes.count("stored") > 60 and outcomes.count("refused") > 60, outcomes
+
+
 def test_sql_enqueue_accepts_and_refuses_as_taskspec_does_and_stores_the_same_rows(dsn):
     with psycopg.connect(dsn, autocommit=True) as conn:
         assert enqueue_many(conn, [{"task": "prerequisite"}] * 3) == [1, 2, 3]
     seen: dict[str, int] = {}
     with psycopg.connect(dsn) as conn:
 
-        @settings(max_examples=500, deadline=None, derandomize=True, database=None,
+        @settings(max_examples=600, deadline=None, derandomize=True, database=None,
                   suppress_health_check=list(HealthCheck))
         @given(values=SPECS)
         def alike(values):
-            python = _python_outcome(conn, values)
-            assert _sql_outcome(conn, values) == python, values
-            assert _sql_many_outcome(conn, values) == python, values
-            seen[python[0]] = seen.get(python[0], 0) + 1
+            outcome = _alike(conn, values)
+            seen[outcome] = seen.get(outcome, 0) + 1
 
         alike()
     assert seen["stored"] > 100 and seen["refused"] > 100, seen

@@ -410,11 +410,9 @@ BEGIN
     IF jsonb_typeof(value) = 'null' THEN
         RETURN NULL;
     END IF;
-    IF kind = 'integer' AND jsonb_typeof(value) = 'number' AND value::text ~ '^-?[0-9]{1,18}$' THEN
+    IF kind = 'integer' AND jsonb_typeof(value) = 'number' AND value::text ~ '^-?[0-9]{1,19}$'
+       AND value::text::numeric BETWEEN -9223372036854775808 AND 9223372036854775807 THEN
         RETURN value;
-    END IF;
-    IF kind = 'integer' AND jsonb_typeof(value) = 'number' AND value::text ~ '^-?[0-9]+$' THEN
-        RETURN to_jsonb(CASE WHEN value::text LIKE '-%' THEN -9223372036854775808 ELSE 9223372036854775807 END);
     END IF;
     IF kind = 'time' AND jsonb_typeof(value) = 'string'
        AND value #>> '{}' ~ '^\d{4,}-\d\d-\d\d[Tt ]\d\d:\d\d(:\d\d(\.\d+)?)?([Zz]|[+-]\d\d(:?\d\d(:?\d\d)?)?)$' THEN
@@ -429,7 +427,7 @@ BEGIN
         RETURN value;
     END IF;
     RAISE EXCEPTION 'queueworker.enqueue_many: spec %: % must be %', spec_position, field,
-        CASE kind WHEN 'integer' THEN 'a JSON integer' WHEN 'time' THEN 'a time with its offset (2026-11-27T10:00:00Z)'
+        CASE kind WHEN 'integer' THEN 'a JSON integer (of 64 bits at most)' WHEN 'time' THEN 'a time with its offset (2026-11-27T10:00:00Z)'
                   ELSE 'a JSON ' || kind END
         USING ERRCODE = 'invalid_parameter_value';
 END
