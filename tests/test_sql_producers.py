@@ -466,3 +466,24 @@ def test_the_examples_enqueue_tasks_a_worker_runs_and_read_their_results(install
     assert refused.returncode == 1 and refused.stderr.splitlines()[0] == (
         f"enqueue failed: login {user(installation.logins['producer'])} may not use queue emails (SQLSTATE 42501)"), \
         refused.stderr
+
+
+def test_a_unique_spec_whose_holder_went_in_between_is_enqueued_again(dsn):
+    """The holder of a key finished and was cleaned up between the insert that found the key held
+    and the lookup of its holder (staged here by a lookup that deletes it first, as retention could):
+    the spec is inserted again, with its edges, as the Python producer's plan does."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        prerequisite, holder = enqueue(conn, "p"), enqueue(conn, "u", dedupe_key="k")
+        conn.execute("""
+            ALTER FUNCTION queueworker.existing_tasks(bigint[], text[], text[]) RENAME TO existing_tasks_as_shipped;
+            CREATE FUNCTION queueworker.existing_tasks(ords bigint[], queues text[], dedupe_keys text[])
+            RETURNS TABLE (ord bigint, id bigint, state text) LANGUAGE sql AS $$
+                WITH gone AS (DELETE FROM queueworker.tasks WHERE dedupe_key = 'k' RETURNING id)
+                SELECT NULL::bigint, NULL::bigint, NULL::text FROM gone WHERE false
+            $$""")
+        ids = conn.execute("""SELECT queueworker.enqueue_many(%s::jsonb)""", (json.dumps([
+            {"task": "plain"}, {"task": "u", "dedupe_key": "k", "depends_on": [prerequisite]}]),)).fetchone()[0]
+    assert holder not in ids and len(set(ids)) == 2
+    assert query(dsn, "SELECT t.task, t.state::text, d.prerequisite_id FROM queueworker.tasks t "
+                      "LEFT JOIN queueworker.task_dependencies d ON d.task_id = t.id WHERE t.id = ANY(%s) ORDER BY t.id",
+                 (ids,)) == [("plain", "pending", None), ("u", "blocked", prerequisite)]

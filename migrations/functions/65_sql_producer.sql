@@ -290,8 +290,24 @@ DECLARE
     spec_count integer := coalesce(cardinality(tasks), 0);
     ids bigint[] := array_fill(NULL::bigint, ARRAY[spec_count]);
     duplicate boolean[] := array_fill(false, ARRAY[spec_count]);
+    -- A round's specs: their positions in the arguments (`todo`), and their values (every spec's, in
+    -- the first round; later rounds are rare, and take only the specs left).
     todo bigint[] := ARRAY(SELECT generate_series(1, spec_count)::bigint);
-    missing bigint[];
+    round_queues text[] := queues;
+    round_tasks text[] := tasks;
+    round_payloads jsonb[] := payloads;
+    round_priorities integer[] := priorities;
+    round_run_afters timestamptz[] := run_afters;
+    round_attempts integer[] := max_attempts;
+    round_timeouts integer[] := timeouts;
+    round_dedupe_keys text[] := dedupe_keys;
+    round_by_spec boolean[] := by_spec;
+    round_cancel boolean[] := cancel_on_failure;
+    round_edge_ords bigint[] := prerequisite_ords;
+    round_edge_ids bigint[] := prerequisite_ids;
+    round_headers jsonb[] := headers;
+    round_keys text[] := keys;
+    missing bigint[];  -- positions in the round of the specs whose key another task held
     missing_queues text[];
     missing_keys text[];
     inserted record;
@@ -306,42 +322,51 @@ BEGIN
         missing_keys := '{}';
         FOR inserted IN
             SELECT e.ord, e.queue, e.dedupe_key, e.id FROM queueworker.enqueue_tasks(
-                ARRAY(SELECT queues[t.o] FROM unnest(todo) WITH ORDINALITY AS t(o, i) ORDER BY t.i),
-                ARRAY(SELECT tasks[t.o] FROM unnest(todo) WITH ORDINALITY AS t(o, i) ORDER BY t.i),
-                ARRAY(SELECT payloads[t.o] FROM unnest(todo) WITH ORDINALITY AS t(o, i) ORDER BY t.i),
-                ARRAY(SELECT priorities[t.o] FROM unnest(todo) WITH ORDINALITY AS t(o, i) ORDER BY t.i),
-                ARRAY(SELECT run_afters[t.o] FROM unnest(todo) WITH ORDINALITY AS t(o, i) ORDER BY t.i),
-                ARRAY(SELECT max_attempts[t.o] FROM unnest(todo) WITH ORDINALITY AS t(o, i) ORDER BY t.i),
-                ARRAY(SELECT timeouts[t.o] FROM unnest(todo) WITH ORDINALITY AS t(o, i) ORDER BY t.i),
-                ARRAY(SELECT dedupe_keys[t.o] FROM unnest(todo) WITH ORDINALITY AS t(o, i) ORDER BY t.i),
-                ARRAY(SELECT by_spec[t.o] FROM unnest(todo) WITH ORDINALITY AS t(o, i) ORDER BY t.i),
-                ARRAY(SELECT cancel_on_failure[t.o] FROM unnest(todo) WITH ORDINALITY AS t(o, i) ORDER BY t.i),
-                -- The edges of the specs in this round, by their position in it.
-                ARRAY(SELECT t.i FROM unnest(prerequisite_ords, prerequisite_ids) WITH ORDINALITY AS p(o, id, n)
-                      JOIN unnest(todo) WITH ORDINALITY AS t(o, i) ON t.o = p.o ORDER BY p.n),
-                ARRAY(SELECT p.id FROM unnest(prerequisite_ords, prerequisite_ids) WITH ORDINALITY AS p(o, id, n)
-                      JOIN unnest(todo) WITH ORDINALITY AS t(o, i) ON t.o = p.o ORDER BY p.n),
-                array_fill(NULL::bigint, ARRAY[cardinality(todo)]),
-                array_fill(NULL::integer, ARRAY[cardinality(todo)]),
-                ARRAY(SELECT headers[t.o] FROM unnest(todo) WITH ORDINALITY AS t(o, i) ORDER BY t.i),
-                ARRAY(SELECT keys[t.o] FROM unnest(todo) WITH ORDINALITY AS t(o, i) ORDER BY t.i)) AS e
+                round_queues, round_tasks, round_payloads, round_priorities, round_run_afters, round_attempts,
+                round_timeouts, round_dedupe_keys, round_by_spec, round_cancel, round_edge_ords, round_edge_ids,
+                array_fill(NULL::bigint, ARRAY[cardinality(todo)]), array_fill(NULL::integer, ARRAY[cardinality(todo)]),
+                round_headers, round_keys) AS e
             ORDER BY e.ord
         LOOP
             IF inserted.id IS NULL THEN
-                missing := missing || todo[inserted.ord];
+                missing := missing || inserted.ord;
                 missing_queues := missing_queues || inserted.queue;
                 missing_keys := missing_keys || inserted.dedupe_key;
             ELSE
                 ids[todo[inserted.ord]] := inserted.id;
             END IF;
         END LOOP;
-        todo := missing;
-        EXIT WHEN cardinality(missing) = 0;
-        FOR found_task IN SELECT x.ord, x.id FROM queueworker.existing_tasks(missing, missing_queues, missing_keys) AS x LOOP
+        IF cardinality(missing) = 0 THEN
+            todo := '{}';
+            EXIT;
+        END IF;
+        FOR found_task IN
+            SELECT x.ord, x.id
+            FROM queueworker.existing_tasks(ARRAY(SELECT todo[m.p] FROM unnest(missing) WITH ORDINALITY AS m(p, n)
+                                                  ORDER BY m.n),
+                                            missing_queues, missing_keys) AS x
+        LOOP
             ids[found_task.ord] := found_task.id;
             duplicate[found_task.ord] := true;
         END LOOP;
-        todo := ARRAY(SELECT m.o FROM unnest(missing) AS m(o) WHERE ids[m.o] IS NULL);
+        -- The next round: the specs whose key's holder finished and went in between.
+        missing := ARRAY(SELECT m.p FROM unnest(missing) WITH ORDINALITY AS m(p, n) WHERE ids[todo[m.p]] IS NULL
+                         ORDER BY m.n);
+        SELECT array_agg(round_queues[m.p] ORDER BY m.n), array_agg(round_tasks[m.p] ORDER BY m.n),
+               array_agg(round_payloads[m.p] ORDER BY m.n), array_agg(round_priorities[m.p] ORDER BY m.n),
+               array_agg(round_run_afters[m.p] ORDER BY m.n), array_agg(round_attempts[m.p] ORDER BY m.n),
+               array_agg(round_timeouts[m.p] ORDER BY m.n), array_agg(round_dedupe_keys[m.p] ORDER BY m.n),
+               array_agg(round_by_spec[m.p] ORDER BY m.n), array_agg(round_cancel[m.p] ORDER BY m.n),
+               array_agg(round_headers[m.p] ORDER BY m.n), array_agg(round_keys[m.p] ORDER BY m.n),
+               coalesce(array_agg(todo[m.p] ORDER BY m.n), '{}')
+        INTO round_queues, round_tasks, round_payloads, round_priorities, round_run_afters, round_attempts,
+             round_timeouts, round_dedupe_keys, round_by_spec, round_cancel, round_headers, round_keys, todo
+        FROM unnest(missing) WITH ORDINALITY AS m(p, n);
+        -- Their edges, by their positions in the next round.
+        SELECT coalesce(array_agg(m.n ORDER BY e.en), '{}'), coalesce(array_agg(e.prerequisite ORDER BY e.en), '{}')
+        INTO round_edge_ords, round_edge_ids
+        FROM unnest(round_edge_ords, round_edge_ids) WITH ORDINALITY AS e(o, prerequisite, en)
+        JOIN unnest(missing) WITH ORDINALITY AS m(p, n) ON m.p = e.o;
     END LOOP;
     IF cardinality(todo) > 0 THEN
         RAISE EXCEPTION 'could not enqueue % unique tasks: their keys kept changing hands', cardinality(todo)
