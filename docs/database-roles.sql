@@ -13,7 +13,8 @@
 --
 -- Five NOLOGIN group roles, one per duty; people and programs log in as members of one of them:
 --   queueworker_migrator    owns the schema; runs `queueworker migrate`
---   queueworker_producer    enqueues tasks (queueworker.enqueue / enqueue_many, `queueworker enqueue`)
+--   queueworker_producer    enqueues tasks (queueworker.enqueue / enqueue_many, `queueworker enqueue`, and
+--                           in SQL queueworker.enqueue / enqueue_many / task_status)
 --   queueworker_worker      runs `queueworker worker`: claims, completes, heartbeats, rescues,
 --                           schedules, cleans history past the retention
 --   queueworker_controller  the Kubernetes controller: reads queue depth and leases, LISTENs
@@ -187,6 +188,25 @@ BEGIN
         TO queueworker_producer;
     GRANT EXECUTE ON FUNCTION queueworker.spec_hash(text, text, jsonb)
         TO queueworker_producer, queueworker_worker, queueworker_operator;
+    -- The SQL producer API (migrations/functions/65_sql_producer.sql, docs/producers.md), for producers
+    -- in any language: queueworker.enqueue and queueworker.enqueue_many check a spec as TaskSpec does and
+    -- enqueue it through the definer functions above (so queue grants hold as for the library);
+    -- queueworker.task_status reads back the state, attempts, result and error of a task of the
+    -- login's queues. queueworker.printable_text, queueworker.python_json_length,
+    -- queueworker.task_spec_problem, queueworker.spec_field and queueworker.enqueue_checked_specs need
+    -- no grant: only those three call them. A database migrated by an earlier release at this version
+    -- has no such functions yet: their grants wait for `queueworker migrate`, and say so.
+    IF to_regprocedure('queueworker.enqueue_many(jsonb)') IS NULL THEN
+        RAISE NOTICE 'queueworker.enqueue, enqueue_many and task_status are missing: run `queueworker migrate` '
+                     'as a member of queueworker_migrator, then run this script again';
+    ELSE
+        GRANT EXECUTE ON FUNCTION
+                queueworker.enqueue(text, jsonb, text, bigint, timestamptz, double precision, bigint, bigint, text,
+                                    text, text, text, bigint[], text, jsonb, boolean),
+                queueworker.enqueue_many(jsonb),
+                queueworker.task_status(bigint)
+            TO queueworker_producer;
+    END IF;
 
     -- Worker. Through the parent: HEARTBEAT, COMPLETE_FAILED, RELEASE, RESCUE, PROMOTE_DUE.
     -- Aimed at the partitions: CLAIM (tasks_active), COMPLETE_SUCCEEDED (moves a row from

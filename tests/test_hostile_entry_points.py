@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import math
 from datetime import UTC, datetime
 from typing import Any
@@ -93,12 +94,14 @@ CALLS = st.one_of(
     # Text a client of another language can send: Postgres text holds no NUL, UTF-8 no lone surrogate.
     st.tuples(st.just("sql_enqueue"), st.tuples(*[TEXT.filter(lambda t: not {"\x00", "\ud800"} & set(t))] * 2,
                                                 NUMBER, WHEN)),
+    # The SQL producer API: specs as the JSON a client of another language sends (times as text).
+    st.tuples(st.just("sql_producer"), st.lists(SPEC, min_size=1, max_size=3)),
 )
 
 
 def call(logins: dict[str, str], name: str, args: Any) -> None:
     """One call, as the role that makes it; raises what the entry point raises."""
-    role = "producer" if name in ("enqueue", "enqueue_many", "start_run", "sql_enqueue") else "operator"
+    role = "producer" if name in ("enqueue", "enqueue_many", "start_run", "sql_enqueue", "sql_producer") else "operator"
     if name == "cli":
         stderr = io.StringIO()
         with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
@@ -116,6 +119,8 @@ def call(logins: dict[str, str], name: str, args: Any) -> None:
             enqueue(conn, **args)
         elif name == "enqueue_many":
             enqueue_many(conn, args)
+        elif name == "sql_producer":
+            conn.execute("SELECT queueworker.enqueue_many(%s::jsonb)", (json.dumps(args, default=str),))
         elif name == "start_run":
             run_name, partitions, watermark = args
             start_run(conn, run_name, partitions, watermark=watermark)
@@ -165,7 +170,7 @@ def test_hostile_values_through_every_entry_point_are_refused_cleanly_and_hurt_n
                 assert refused_cleanly(exc), f"{name}{args!r:.300}: {type(exc).__name__}: {exc!s:.500}"
 
     calls_are_refused_cleanly()
-    assert {"enqueue", "start_run", "cli", "sql_enqueue", "cron"} <= set(seen), "every kind of entry point drawn"
+    assert {"enqueue", "start_run", "cli", "sql_enqueue", "sql_producer", "cron"} <= set(seen), "every kind of entry point drawn"
 
     # Other work is unaffected: every reader and duty copes with whatever was accepted, and a trusted
     # producer's tasks run exactly once on a real worker.

@@ -308,6 +308,11 @@ REFUSED = [
         "DELETE FROM queueworker.workers",
         "SELECT count(*) FROM queueworker.run_events",
         "SELECT count(*) FROM queueworker.runs",
+        # The SQL producer API's helpers: only its definer functions call them, after their checks.
+        "SELECT queueworker.enqueue_checked_specs('{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', "
+        "'{}', '{}', '{}', '{}', '{}')",
+        "SELECT queueworker.task_spec_problem('t', '{}', 'q', 0, NULL, NULL, 1, NULL, NULL, NULL, 'ignore', NULL, '{}', "
+        "'cancel', NULL, false)",
     )),
     *(("controller", statement) for statement in (
         "SELECT payload FROM queueworker.tasks",
@@ -320,6 +325,8 @@ REFUSED = [
         "DELETE FROM queueworker.workers",
         "SELECT * FROM queueworker.clean_finished(1, 0, 100)",
         "TRUNCATE queueworker.tasks",
+        "SELECT queueworker.enqueue('x')",
+        "SELECT * FROM queueworker.task_status(1)",
     )),
     *(("worker", statement) for statement in (
         "UPDATE queueworker.task_events SET detail = NULL",
@@ -335,6 +342,8 @@ REFUSED = [
         "TRUNCATE queueworker.run_events",
         "UPDATE queueworker.runs SET state = 'succeeded'",
         "INSERT INTO queueworker.watermarks (name, value) VALUES ('w', '1')",
+        "SELECT queueworker.enqueue_many('[]')",
+        "SELECT * FROM queueworker.task_status(1)",
     )),
     *(("operator", statement) for statement in (
         "INSERT INTO queueworker.tasks (task) VALUES ('x')",
@@ -346,6 +355,7 @@ REFUSED = [
         "INSERT INTO queueworker.run_events (run_id, to_state, detail) VALUES (1, 'succeeded', '{}')",
         "DELETE FROM queueworker.run_events",
         "UPDATE queueworker.watermarks SET value = '1'",
+        "SELECT queueworker.enqueue('x')",
     )),
 ]
 
@@ -446,7 +456,8 @@ def test_definer_functions_pin_their_search_path_and_are_not_public(dsn):
                                      "count_run_outcomes", "start_run", "finalize_run", "audit_run", "audit_queue",
                                      "unbound_by_grants", "queue_patterns", "grant_queue", "revoke_queue",
                                      "mark_notify_on_finish", "existing_tasks", "fair_tag_inserts",
-                                     "fair_tag_updates", "audit_queue_key")}
+                                     "fair_tag_updates", "audit_queue_key", "enqueue", "enqueue_many",
+                                     "task_status")}
     # Even without docs/database-roles.sql, only the owner may run the functions that change rows.
     for function in ("clean_finished(bigint, float8, integer)", "clean_finished(float8, integer)",
                      "clean_runs(float8, integer)", "clean_queue_events(float8, integer)",
@@ -461,7 +472,9 @@ def test_definer_functions_pin_their_search_path_and_are_not_public(dsn):
                      "replace_pending(bigint[], jsonb[], integer[], timestamptz[])",
                      "settle_dependents(bigint[], bigint[])", "settle_dependents(bigint[])", "audit_run()",
                      "audit_queue()", "tag_fair(bigint[], bigint[])", "fair_tag_inserts()", "fair_tag_updates()",
-                     "audit_queue_key()"):
+                     "audit_queue_key()", "enqueue_many(jsonb)", "task_status(bigint)",
+                     "enqueue(text, jsonb, text, bigint, timestamptz, double precision, bigint, bigint, text, text, "
+                     "text, text, bigint[], text, jsonb, boolean)"):
         assert scalar(dsn, "SELECT bool_or(grantee = 0) FROM pg_proc, aclexplode(proacl) "
                            f"WHERE oid = 'queueworker.{function}'::regprocedure") is False, function
 
