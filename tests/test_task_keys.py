@@ -271,3 +271,25 @@ def test_the_console_shows_a_task_key_escaped_on_the_task_page_and_in_the_list(d
         assert 'id="key"' not in c.get(f"/tasks/{unkeyed}").text
         listing = c.get("/tasks").text
         assert "<th>Key</th>" in listing and "<td>&lt;b&gt;tenant&lt;/b&gt; &amp; co</td>" in listing
+
+
+@pytest.mark.integration
+def test_a_handler_is_told_its_tasks_key_in_a_plain_and_in_a_keyed_queue(dsn):
+    """ctx.key, through a real worker's claim (queueworker.testing.drain): the plain claim of a queue
+    no keyed task reached and the fair claim of one that is keyed."""
+    from queueworker import Registry
+    from queueworker.testing import drain
+
+    registry = Registry()
+
+    @registry.task(name="which")
+    def which(payload, ctx):
+        return {"key": ctx.key}
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        enqueue(conn, "which", queue="plain")
+        enqueue_many(conn, [{"task": "which", "queue": "keyed", "key": "tenant-7"},
+                            {"task": "which", "queue": "keyed"}])
+        ran = drain(conn, registry=registry)
+    assert sorted((task.queue, task.result["key"] or "") for task in ran) == [
+        ("keyed", ""), ("keyed", "tenant-7"), ("plain", "")]

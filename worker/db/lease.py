@@ -38,6 +38,7 @@ class ClaimedRow(NamedTuple):
     run_json: str | None  # the run a partition, consolidation or alert belongs to (RunInfo); else None
     checkpoint_json: str | None  # what an earlier attempt saved with ctx.save_checkpoint
     headers_json: str | None  # the producer's headers (trace context), read by queueworker.tracing
+    key: str | None  # TaskSpec.key (migration 018): TaskContext.key
 
 
 class LockQueueParams(Params):

@@ -38,14 +38,14 @@ WITH picked AS MATERIALIZED (
                                             'watermark', r.watermark, 'watermark_before', r.watermark_before,
                                             'forced', r.forced)::text
                   FROM queueworker.runs r WHERE r.id = t.run_id) END AS run_json,
-              t.checkpoint::text AS checkpoint_json, t.headers::text AS headers_json
+              t.checkpoint::text AS checkpoint_json, t.headers::text AS headers_json, t.key
 ), audited AS (
     INSERT INTO queueworker.task_events (task_id, from_state, to_state, worker, lease_token, detail)
     SELECT id, 'pending', 'running', %(worker)s, lease_token, jsonb_build_object('attempts', attempts)
     FROM claimed
 )
 SELECT id, queue, task, payload_json, attempts, max_attempts, lease_token, seconds_to_deadline, run_json,
-       checkpoint_json, headers_json
+       checkpoint_json, headers_json, key
 FROM claimed;
 
 -- name: claim_fair
@@ -89,14 +89,14 @@ WITH fair AS MATERIALIZED (
                                             'watermark', r.watermark, 'watermark_before', r.watermark_before,
                                             'forced', r.forced)::text
                   FROM queueworker.runs r WHERE r.id = t.run_id) END AS run_json,
-              t.checkpoint::text AS checkpoint_json, t.headers::text AS headers_json
+              t.checkpoint::text AS checkpoint_json, t.headers::text AS headers_json, t.key
 ), audited AS (
     INSERT INTO queueworker.task_events (task_id, from_state, to_state, worker, lease_token, detail)
     SELECT id, 'pending', 'running', %(worker)s, lease_token, jsonb_build_object('attempts', attempts)
     FROM claimed
 )
 SELECT id, queue, task, payload_json, attempts, max_attempts, lease_token, seconds_to_deadline, run_json,
-       checkpoint_json, headers_json
+       checkpoint_json, headers_json, key
 FROM claimed;
 
 -- name: lock_queue
@@ -160,7 +160,7 @@ WITH settings AS MATERIALIZED (
                                             'watermark', r.watermark, 'watermark_before', r.watermark_before,
                                             'forced', r.forced)::text
                   FROM queueworker.runs r WHERE r.id = t.run_id) END AS run_json,
-              t.checkpoint::text AS checkpoint_json, t.headers::text AS headers_json
+              t.checkpoint::text AS checkpoint_json, t.headers::text AS headers_json, t.key
 ), audited AS (
     INSERT INTO queueworker.task_events (task_id, from_state, to_state, worker, lease_token, detail)
     SELECT id, 'pending', 'running', %(worker)s, lease_token, jsonb_build_object('attempts', attempts)
@@ -175,7 +175,7 @@ WITH settings AS MATERIALIZED (
     FROM allowance a WHERE q.name = a.name
 )
 SELECT id, queue, task, payload_json, attempts, max_attempts, lease_token, seconds_to_deadline, run_json,
-       checkpoint_json, headers_json
+       checkpoint_json, headers_json, key
 FROM claimed;
 
 -- name: claim_limited_fair
@@ -236,7 +236,7 @@ WITH settings AS MATERIALIZED (
                                             'watermark', r.watermark, 'watermark_before', r.watermark_before,
                                             'forced', r.forced)::text
                   FROM queueworker.runs r WHERE r.id = t.run_id) END AS run_json,
-              t.checkpoint::text AS checkpoint_json, t.headers::text AS headers_json
+              t.checkpoint::text AS checkpoint_json, t.headers::text AS headers_json, t.key
 ), audited AS (
     INSERT INTO queueworker.task_events (task_id, from_state, to_state, worker, lease_token, detail)
     SELECT id, 'pending', 'running', %(worker)s, lease_token, jsonb_build_object('attempts', attempts)
@@ -251,7 +251,7 @@ WITH settings AS MATERIALIZED (
     FROM allowance a WHERE q.name = a.name
 )
 SELECT id, queue, task, payload_json, attempts, max_attempts, lease_token, seconds_to_deadline, run_json,
-       checkpoint_json, headers_json
+       checkpoint_json, headers_json, key
 FROM claimed;
 
 -- name: register_worker

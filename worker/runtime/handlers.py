@@ -149,7 +149,7 @@ class TaskContext:
     are also cancelled the asyncio way. `run` is set for the tasks of a partitioned run.
     `checkpoint` is what an earlier attempt saved (None at first): resume from there.
     `cancel_reason` says why the worker stopped the attempt (CANCELLED, LEASE_LOST, DEADLINE or
-    SHUTDOWN), None while it is not stopped.
+    SHUTDOWN), None while it is not stopped. `key` is the task's key (TaskSpec.key), None without one.
     """
 
     task_id: int
@@ -160,6 +160,7 @@ class TaskContext:
     logger: logging.Logger
     run: RunInfo | None = None
     checkpoint: Any = None
+    key: str | None = None
     cancel_reason: str | None = None
     _cancelled: threading.Event | None = field(default=None, repr=False)
     _progress_json: str | None = field(default=None, repr=False)

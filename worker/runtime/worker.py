@@ -423,7 +423,7 @@ class Worker:
             timeout_seconds=self.settings.task_timeout_seconds), lock=lock)
         now = loop.time()
         for row in rows:
-            ctx = TaskContext(row.id, row.task, row.queue, row.attempts, row.max_attempts, task_log)
+            ctx = TaskContext(row.id, row.task, row.queue, row.attempts, row.max_attempts, task_log, key=row.key)
             attempt = Attempt(row.id, row.lease_token, row.queue, row.task, row.payload_json, row.attempts,
                               row.max_attempts, now + row.seconds_to_deadline, ctx,
                               lease_expires=sent_at + self.settings.lease_seconds, run_json=row.run_json,
