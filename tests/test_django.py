@@ -47,7 +47,9 @@ def test_django_tasks_run_on_a_queueworker_worker_and_report_their_results(pytho
     assert major == ("5" if python == sys.executable else "6")
 
     ids = _site(python, dsn, "enqueue")
-    assert scalar(dsn, "SELECT count(*) FROM queueworker.tasks") == 3, "the rolled-back enqueue left nothing"
+    assert scalar(dsn, "SELECT count(*) FROM queueworker.tasks") == 4, "the rolled-back enqueue left nothing"
+    assert scalar(dsn, "SELECT round(extract(epoch FROM run_after - created_at) / 60) FROM queueworker.tasks "
+                       "WHERE id = %s AND state = 'pending' AND delayed", (int(ids["later"]),)) == 60, "run_after"
     assert query(dsn, "SELECT queue, priority, max_attempts, payload ->> 'task' FROM queueworker.tasks "
                       "WHERE id = %s", (int(ids["explode"]),)) == [("reports", 10, 1, "tests.django_site.tasks.explode")]
 

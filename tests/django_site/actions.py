@@ -4,12 +4,14 @@ that rolls back), `results ID...` prints what get_result says of each, as JSON l
 
 import json
 import sys
+from datetime import timedelta
 
 import django
 
 django.setup()
 
 from django.db import transaction  # noqa: E402 - after setup
+from django.utils import timezone  # noqa: E402
 
 from tests.django_site import tasks  # noqa: E402
 
@@ -19,7 +21,8 @@ class RolledBack(Exception):
 
 
 def enqueue() -> dict:
-    ids = {"add": tasks.add.enqueue(2, 3).id, "explode": tasks.explode.enqueue("boom").id}
+    ids = {"add": tasks.add.enqueue(2, 3).id, "explode": tasks.explode.enqueue("boom").id,
+           "later": tasks.add.using(run_after=timezone.now() + timedelta(hours=1)).enqueue(1, 1).id}
     with transaction.atomic():
         ids["describe"] = tasks.describe.enqueue(note="committed").id
     try:
