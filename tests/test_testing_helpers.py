@@ -44,6 +44,9 @@ def test_assertions_match_by_filter_and_payload_containment_and_say_what_is_ther
         with pytest.raises(AssertionError, match=r"1 task\(s\) waiting to run match queue='slow':\n  #\d+ mail.send"):
             refute_enqueued(conn, queue="slow")
         refute_enqueued(conn, task="mail.send", key="bob")
+        for hostile in ({"n": float("nan")}, {"to": "a\x00b"}):
+            with pytest.raises(ValueError, match="payload to match is not JSON a task can hold"):
+                assert_enqueued(conn, payload=hostile)
 
 
 def test_drain_runs_what_is_due_with_what_it_enqueues_and_leaves_later_work_waiting(dsn):

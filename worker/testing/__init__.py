@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -32,6 +33,10 @@ SHOWN = 20
 DRAIN_TIMEOUT_SECONDS = 60.0
 
 
+# JSON's escape of a NUL character (after an even number of backslashes: not an escaped backslash).
+_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
 class DrainTimeout(AssertionError):
     """drain's tasks were still due or running when its time ran out."""
 
@@ -41,8 +46,13 @@ def enqueued(conn: psycopg.Connection, task: str | None = None, payload: Any = N
     """The tasks waiting to run (pending, retrying or blocked) that match every filter given, oldest
     first, each as a dict (id, queue, task, state, payload, priority, key, run_after). `payload`
     matches by containment: the task's payload has those fields with those values (and maybe more)."""
-    params = EnqueuedParams(task=task, queue=queue, key=key, priority=priority,
-                            payload=None if payload is None else json.dumps(payload), limit=limit)
+    try:  # a payload no task can hold (NaN, a NUL character) matches none: said here, before any round trip
+        wanted = None if payload is None else json.dumps(payload, allow_nan=False)
+    except ValueError as exc:
+        raise ValueError(f"payload to match is not JSON a task can hold: {exc}") from None
+    if wanted is not None and _JSON_NUL.search(wanted):
+        raise ValueError("payload to match is not JSON a task can hold: it has a NUL character")
+    params = EnqueuedParams(task=task, queue=queue, key=key, priority=priority, payload=wanted, limit=limit)
     return [{**row._asdict(), "payload": decode(row.payload_json)}
             for row in statements.fetch(conn, ENQUEUED, params)]
 
