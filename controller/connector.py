@@ -285,6 +285,7 @@ class _Relay:
         self.exceeded = False
         self._local: socket.socket | None = None
         self._cancels: asyncio.Future[None] | None = None
+        self._loop = asyncio.get_running_loop()
         self._task = asyncio.ensure_future(self._run())
 
     @classmethod
@@ -373,8 +374,8 @@ class _Relay:
         except (OSError, TimeoutError):
             pass
         finally:
-            local.close()
-            upstream.close()
+            _discard(loop, local)
+            _discard(loop, upstream)
 
     def close(self) -> None:
         if self._cancels is not None:
@@ -385,9 +386,23 @@ class _Relay:
                     sock.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
-                sock.close()
+                _discard(self._loop, sock)
         if not self._task.done() and self._task is not asyncio.current_task():
             self._task.cancel()
+
+
+def _discard(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
+    """Closes a socket that a pump may still be waiting on. Its registration with the loop goes
+    first: the kernel forgets a closed descriptor, the loop's selector does not, and the next
+    socket given the same number would inherit the stale entry (its first wait then fails with
+    \"No such file or directory\", epoll's word for a descriptor it does not know). Removing the
+    reader cancels the pump's handle, so the pump's own clean-up, when its cancellation arrives,
+    leaves the new socket's registration alone."""
+    fd = sock.fileno()
+    if fd >= 0 and not loop.is_closed():
+        loop.remove_reader(fd)
+        loop.remove_writer(fd)
+    sock.close()
 
 
 def _keep_alive(sock: socket.socket) -> None:

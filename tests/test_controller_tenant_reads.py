@@ -280,3 +280,38 @@ def test_a_depth_read_of_many_queues_is_not_cut_for_its_size(dsn):
             databases.bind(queue, dsn, queue)
         return await asyncio.gather(*(databases.depth(dsn, queue, 1) for queue in queues))
     assert [depth.ready for depth in run(scenario)] == [0] * 8000
+
+
+def test_a_closed_relay_leaves_nothing_behind_that_the_next_socket_could_inherit():
+    """A relay closed while its pumps wait on their sockets (the attempt after a PgBouncer refused the
+    startup options does this) must not leave the loop's selector holding their descriptors: the next
+    socket given the same number would fail its first wait with "No such file or directory"."""
+    async def main() -> None:
+        async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while data := await reader.read(100):
+                writer.write(data)
+                await writer.drain()
+
+        server = await asyncio.start_server(echo, "127.0.0.1", 0)
+        address = server.sockets[0].getsockname()
+        loop = asyncio.get_running_loop()
+        try:
+            for _ in range(20):
+                relay = await connector._Relay.open("127.0.0.1", socket.AF_INET, address)
+                with socket.create_connection(("127.0.0.1", relay.port)) as client:
+                    client.setblocking(False)
+                    await loop.sock_sendall(client, b"x")
+                    assert await asyncio.wait_for(loop.sock_recv(client, 1), 10) == b"x"  # both pumps now wait
+                    relay.close()
+                    fresh = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(3)]
+                    try:
+                        for sock in fresh:  # the lowest free descriptors: the relay's
+                            sock.setblocking(False)
+                            await asyncio.wait_for(loop.sock_connect(sock, address), 10)
+                    finally:
+                        for sock in fresh:
+                            sock.close()
+                await asyncio.sleep(0)
+        finally:
+            server.close()
+    asyncio.run(main())
