@@ -8,7 +8,8 @@ logs and messages are scrubbed of the URL and its password.
 
 The commands only read their arguments and print: what they do is done by queueworker.client (and
 queueworker.dev, queueworker.console, queueworker.runtime), which the console and applications
-call too. One module per group of commands: `tasks`, `queues`, `runs`, `cron`, `grants`, `worker`, `local`.
+call too. One module per group of commands: `tasks`, `queues`, `keys`, `runs`, `cron`, `grants`, `worker`,
+`local`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pydantic import ValidationError
 
 from .. import __version__, dsn as dsns
 from ..settings import SettingsError, one_line
-from . import cron, grants, local, queues, runs, tasks, worker
+from . import cron, grants, keys, local, queues, runs, tasks, worker
 from .common import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE, ArgumentParser, CliError, database_url, secrets
 
 __all__ = ["EXIT_FAILURE", "EXIT_INTERRUPTED", "EXIT_USAGE", "build_parser", "main"]
@@ -48,6 +49,7 @@ COMMANDS: tuple[tuple[str, AddParser, Callable[[argparse.Namespace], int]], ...]
     ("resume", queues.add_resume, queues.cmd_flow),
     ("limit", queues.add_limit, queues.cmd_flow),
     ("breaker", queues.add_breaker, queues.cmd_flow),
+    ("keys", keys.add_keys, keys.cmd_keys),
     ("show", tasks.add_show, tasks.cmd_show),
     ("runs", runs.add_runs, runs.cmd_runs),
     ("run", runs.add_run, runs.cmd_run),

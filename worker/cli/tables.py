@@ -73,7 +73,7 @@ def render_status(report: dict[str, Any]) -> str:
     states = [state for state in STATES if state in USUAL_STATES or any(counts[state] for _, counts in queues)]
     lines = table([Column("QUEUE", flexible=True), *(Column(state.upper(), right=True) for state in states),
                    Column("OLDEST", right=True)],
-                  [[name, *(counts[state] for state in states), _age(counts.get("oldest_pending_age_seconds"))]
+                  [[name, *(counts[state] for state in states), age_text(counts.get("oldest_pending_age_seconds"))]
                    for name, counts in queues]) if queues else ["(no tasks)"]
     if report["flow_control"]:
         lines.append("")
@@ -84,7 +84,7 @@ def render_status(report: dict[str, Any]) -> str:
         lines += table([Column("WORKER"), Column("WHERE", flexible=True), Column("RUNNING", right=True),
                         Column("DRAINING"), Column("HEARTBEAT", right=True)],
                        [[w["id"][:8], worker_location(w), f"{w['running']}/{w['concurrency']}",
-                         "yes" if w["draining"] else "no", _age(w["heartbeat_age_seconds"])]
+                         "yes" if w["draining"] else "no", age_text(w["heartbeat_age_seconds"])]
                         for w in report["workers"]])
     else:
         lines.append("(no live workers)")
@@ -93,14 +93,14 @@ def render_status(report: dict[str, Any]) -> str:
         if report["stuck"]:
             lines += table([Column("STUCK TASK", right=True), Column("QUEUE"), Column("TASK", flexible=True),
                             Column("EXPIRED FOR", right=True), Column("WORKER")],
-                           [[task["id"], task["queue"], task["task"], _age(task["expired_for"]),
+                           [[task["id"], task["queue"], task["task"], age_text(task["expired_for"]),
                              str(task["lease_owner"])[:8]] for task in report["stuck"]])
         else:
             lines.append("(no running task has an expired lease)")
     return "\n".join(lines)
 
 
-def _age(seconds: float | None) -> str:
+def age_text(seconds: float | None) -> str:
     """1.5s, 4m05s, 3h20m, 2d04h: short enough for a column, exact enough to act on."""
     if seconds is None:
         return "-"

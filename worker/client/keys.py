@@ -1,0 +1,40 @@
+"""What `queueworker keys` and the console's keys page show: the keys of one queue (docs/flow-control.md),
+each with its tasks ready, due later, blocked and running, since when its oldest ready task has been
+due, and its weight; the keys with the most tasks ready first, and the totals over every key."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+import psycopg
+from pydantic import TypeAdapter
+
+from ..db import statements
+from ..db.keys import KEY_REPORT, KeyReportParams
+from ..names import QueueName
+
+# How many keys one report lists at most: a queue may have hundreds of thousands; the totals count them all.
+MAX_KEYS_LISTED = 10_000
+DEFAULT_KEYS_LISTED = 50
+_QUEUE_NAME = TypeAdapter(QueueName)
+
+
+def key_report(conn: psycopg.Connection, queue: str, limit: int = DEFAULT_KEYS_LISTED) -> dict[str, Any]:
+    """The keys of `queue` as JSON values: `keys` (at most `limit`, the most tasks ready first; `key`
+    None is the tasks without a key) and the totals over every key (`keys_total`, `ready_total`,
+    `running_total`). The queue name is checked as TaskSpec checks it (pydantic's ValidationError)."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_KEYS_LISTED:
+        raise ValueError(f"the limit is 1 to {MAX_KEYS_LISTED:,} keys")
+    queue = _QUEUE_NAME.validate_python(queue)
+    rows = statements.fetch(conn, KEY_REPORT, KeyReportParams(queue=queue, limit=limit))
+    now = datetime.now(timezone.utc)
+    keys = [{"key": row.key, "ready": row.ready, "later": row.later, "blocked": row.blocked, "running": row.running,
+             "oldest_ready_seconds": None if row.ready_since is None
+             else round(max(0.0, (now - row.ready_since).total_seconds()), 3),
+             "weight": row.weight} for row in rows]
+    first = rows[0] if rows else None
+    return {"queue": queue, "keys": keys,
+            "keys_total": first.keys_total if first else 0,
+            "ready_total": first.ready_total if first else 0,
+            "running_total": first.running_total if first else 0}
