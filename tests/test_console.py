@@ -128,7 +128,8 @@ def test_no_token_means_open_and_read_only(dsn, demo):
 
 def test_a_token_guards_every_page(dsn, demo):
     with client(dsn, token=TOKEN) as c:
-        for path in ("/queues", "/tasks", f"/tasks/{demo.keyed}", "/workers", "/runs", "/scaling", "/static/console.css"):
+        for path in ("/queues", "/tasks", f"/tasks/{demo.keyed}", "/workers", "/runs", "/keys", "/scaling",
+                     "/static/console.css"):
             refused = c.get(path)
             assert refused.status_code == 401 and refused.headers["www-authenticate"].startswith("Basic"), path
         wrong = base64.b64encode(b"admin:not-the-token-at-all").decode()

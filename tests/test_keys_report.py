@@ -4,6 +4,7 @@ with the totals over every key however few are listed."""
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime, timedelta, timezone
 
 import psycopg
@@ -93,3 +94,21 @@ def test_an_operator_reads_the_keys_and_a_producer_may_not(installation):
             keys.key_report(conn, "q")
     with psycopg.connect(installation.logins["operator"], autocommit=True) as conn:
         assert keys.key_report(conn, "q")["keys"][0]["ready"] == 2
+
+
+def test_the_console_lists_the_keys_of_a_queue_escaped(dsn):
+    from tests.test_console import client  # the console's extra: imported where it is used
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        fill(conn)
+        enqueue_many(conn, [TaskSpec(task="t", queue="q", key="<script>alert(1)</script>")])
+    with client(dsn) as c:
+        assert 'href="/keys?queue=q"' in c.get("/queues").text
+        page = c.get("/keys?queue=q")
+        assert page.status_code == 200
+        assert "6 keys, 11 tasks ready, 1 running." in page.text
+        rows = re.findall(r"<tr><td>(.*?)</td>\s*<td class=\"n\">(\d+)</td>", page.text)
+        assert rows[:3] == [("big", "5"), ('<span class="muted">(no key)</span>', "3"), ("small", "2")]
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page.text and "<script>alert" not in page.text
+        assert "Give a queue" in c.get("/keys").text
+        assert c.get("/keys?queue=not%20a%20queue").status_code == 400

@@ -190,6 +190,11 @@ class Console:
         return self.render(request, "run.html", run=run, tasks=tasks, events=events,
                            tasks_shown=data.RUN_TASKS_SHOWN, events_shown=data.RUN_EVENTS_SHOWN)
 
+    def keys(self, request: Request) -> Response:
+        queue = _queue(request.query_params.get("queue"))
+        report = None if queue is None else self.db.keys(queue)
+        return self.render(request, "keys.html", queue=queue or "", report=report, shown=data.KEYS_SHOWN)
+
     def scaling(self, request: Request) -> Response:
         return self.render(request, "scaling.html", view=self.cluster.scaling())
 
@@ -319,6 +324,7 @@ def create_app(config: ConsoleConfig) -> Starlette:
         Route("/runs", console.runs),
         Route("/runs/{run_id}", console.run),
         Route("/scaling", console.scaling),
+        Route("/keys", console.keys),
         Route("/{kind:str}/{target:str}/{verb:str}", console.action, methods=["POST"]),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]

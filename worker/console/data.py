@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 from psycopg_pool import ConnectionPool
 
 from .. import jsonvalue
 from ..client import runs as client_runs
+from ..client.keys import key_report
 from ..client.operations import queue_settings
 from ..client.status import STATES, describe_flow, describe_progress, flow_control, live_workers
 from ..db import statements
@@ -44,6 +46,7 @@ MAX_QUEUES = 500
 EVENTS_SHOWN = 1000
 RUN_TASKS_SHOWN = 1000
 RUNS_SHOWN = 100
+KEYS_SHOWN = 100  # the busiest keys of a queue; the page's totals count every key
 LEASES_SHOWN = 20
 JSON_SHOWN_CHARS = 64 * 1024    # each stored value (payload, result, error, ...), cut in Postgres
 PROGRESS_SHOWN_CHARS = 1000     # a task's progress in the task list
@@ -181,6 +184,10 @@ class ConsoleDatabase:
             leases = {row.worker: row for row in statements.fetch(conn, LEASES_BY_WORKER,
                                                                   LeasesByWorkerParams(shown=LEASES_SHOWN))}
         return workers, leases
+
+    def keys(self, queue: str) -> dict[str, Any]:
+        with self.pool.connection() as conn:
+            return key_report(conn, queue, KEYS_SHOWN)
 
     def runs(self, name: str | None) -> list[ListedRunRow]:
         with self.pool.connection() as conn:
