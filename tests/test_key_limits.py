@@ -29,7 +29,7 @@ from queueworker.db.flow import LIMITED_QUEUES, LimitedQueuesParams
 from queueworker.db.lease import (
     CLAIM_FAIR, CLAIM_KEYS, CLAIM_LIMITED, CLAIM_LIMITED_FAIR, LOCK_KEYS, LOCK_QUEUE, ClaimParams, LockQueueParams)
 from queueworker.db.statements import Bound, Statement
-from tests.support import FAST_LEASES, WorkerProcess, query, scalar, wait_until
+from tests.support import FAST_LEASES, WorkerProcess, query, scalar, wait_until, worker_id_of
 from tests.test_flow_control import most_beyond_the_rate, wait_for_lock_wait
 
 pytestmark = pytest.mark.integration
@@ -281,17 +281,20 @@ def test_a_worker_comes_back_when_the_fastest_keys_next_token_is_due(dsn):
 
 def most_running_per_key(lines: list[str], stopped_at: float) -> dict[str, int]:
     """The most handlers of each key that ran at once, from the handlers' log; a handler whose
-    worker was killed ran until the kill."""
+    worker was killed (a start without an end before its task started again, or at all) ran until
+    the kill."""
     edges: dict[str, list[tuple[float, int]]] = defaultdict(list)
-    open_runs: dict[str, tuple[float, str]] = {}
+    open_runs: dict[str, str] = {}  # task id -> key, of the handlers started and not ended
     for line in lines:
         at, step, task_id, key = line.split()
+        if int(step) == 1 and task_id in open_runs:
+            edges[key].append((stopped_at, -1))
         edges[key].append((float(at), int(step)))
         if int(step) == 1:
-            open_runs[task_id] = (float(at), key)
+            open_runs[task_id] = key
         else:
-            open_runs.pop(task_id, None)
-    for _, key in open_runs.values():
+            del open_runs[task_id]
+    for key in open_runs.values():
         edges[key].append((stopped_at, -1))
     most = {}
     for key, steps in edges.items():
@@ -326,6 +329,10 @@ def test_four_workers_never_exceed_a_keys_cap_or_bucket_through_a_kill_and_a_pos
         return scalar(dsn, "SELECT count(*) FROM queueworker.tasks WHERE queue = 'metered' AND state = 'succeeded'")
     try:
         wait_until(lambda: succeeded() >= 40, timeout=60, message="progress before the kill")
+        victim = worker_id_of(dsn, workers[0].pid)
+        wait_until(lambda: scalar(dsn, "SELECT count(*) FROM queueworker.tasks WHERE state = 'running' "
+                                       "AND lease_owner = %s", (victim,)) > 0,
+                   timeout=60, message="the worker to be killed to hold a task")
         workers[0].signal(signal.SIGKILL)
         workers[0].wait(10)
         killed_at = time.time()
@@ -335,6 +342,7 @@ def test_four_workers_never_exceed_a_keys_cap_or_bucket_through_a_kill_and_a_pos
     finally:
         for worker in workers:
             worker.stop()
+    assert scalar(dsn, "SELECT count(*) FROM queueworker.tasks WHERE rescues > 0") > 0, "the killed worker's, rescued"
     most = most_running_per_key(log.read_text().splitlines(), killed_at)
     print(f"most handlers running at once per key: {most}")
     assert most["solo"] <= 1 and all(peak <= 2 for peak in most.values()), most
