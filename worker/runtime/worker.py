@@ -439,7 +439,9 @@ class Worker:
             metrics.IN_FLIGHT.set(len(self._inflight))
         self.signals.claimed.emit(rows)
         token_interval = self.flow.token_interval(queue)
-        if token_interval is not None and len(rows) < limit:  # a bucket may be what stopped it
+        # A bucket may be what cut the claim short: claim again when it has a token. Not after a
+        # claim that took nothing (an empty queue would be polled at the rate).
+        if token_interval is not None and 0 < len(rows) < limit:
             self._token_timer.at(time.time() + token_interval)
         return len(rows)
 
