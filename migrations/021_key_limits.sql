@@ -1,6 +1,7 @@
 -- queueworker schema, version 21: per-key limits and per-key pause (docs/flow-control.md).
 --
--- Settings, the operator's (audited in queue_events by migrations/functions/76_key_limits.sql):
+-- Settings, the operator's (audited in queue_events by the triggers of migrations/functions/70_flow_control.sql
+-- and 75_fair_share.sql; the other triggers they need are in 76_key_limits.sql):
 -- - defaults for every key of a queue, on its row of `queueworker.queues`: `key_rate_per_second`
 --   with `key_burst` (a token bucket per key) and `key_max_running` (running tasks per key); the
 --   tasks without a key count as one key;
@@ -12,9 +13,9 @@
 -- of its own). It is keyed (its backlog tagged, fair order) from the moment it is key-limited, and
 -- claimed by CLAIM_KEYS only (worker/db/lease.sql), under the queue's row lock.
 --
--- State, the claim's: `queueworker.key_state` holds each key's bucket (tokens at tokens_at, and
--- `next_token_at`, when it has a whole token again, NULL while it has one), written by CLAIM_KEYS
--- for the keys it claimed from; a key without a row has a full bucket. The tasks without a key are
+-- State, the claim's: `queueworker.key_state` holds each key's bucket (tokens at tokens_at),
+-- written by CLAIM_KEYS for the keys it claimed from (and read by it, one probe per key it meets);
+-- a key without a row has a full bucket. The tasks without a key are
 -- the key '' there (no task key is empty: migration 018). Room is left for a per-key breaker and
 -- key health (columns of this table, later).
 --
@@ -33,7 +34,8 @@ ALTER TABLE queueworker.queue_keys
     ADD CONSTRAINT queue_keys_some_setting
         CHECK (weight IS NOT NULL OR rate_per_second IS NOT NULL OR max_running IS NOT NULL
                OR paused_until IS NOT NULL);
-CREATE INDEX queue_keys_paused ON queueworker.queue_keys (queue, key) WHERE paused_until IS NOT NULL;
+-- The pauses whose time has passed, which LOCK_KEYS ends (one probe per claim of the queue).
+CREATE INDEX queue_keys_paused ON queueworker.queue_keys (queue, paused_until) WHERE paused_until IS NOT NULL;
 
 ALTER TABLE queueworker.queues
     ADD COLUMN key_rate_per_second float8 CHECK (key_rate_per_second > 0 AND key_rate_per_second <= 1e6),
@@ -57,11 +59,8 @@ CREATE TABLE queueworker.key_state (
     key           text NOT NULL,  -- '' for the tasks without a key
     tokens        float8 NOT NULL,
     tokens_at     timestamptz NOT NULL,
-    next_token_at timestamptz,
     PRIMARY KEY (queue, key)
 );
--- The keys out of tokens, read by every claim of a key-limited queue.
-CREATE INDEX key_state_waiting ON queueworker.key_state (queue, next_token_at) WHERE next_token_at IS NOT NULL;
 
 -- Running tasks per key of keyed queues: what a claim of a key-limited queue counts (O(running)).
 -- Plain queues' tasks have no tag and are not in it.

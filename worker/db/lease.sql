@@ -265,25 +265,24 @@ SELECT id, queue, task, payload_json, attempts, max_attempts, lease_token, secon
 FROM claimed;
 
 -- name: claim_keys
--- The claim of a key-limited queue (migration 021, docs/flow-control.md), after `lock_queue`: the
+-- The claim of a key-limited queue (migration 021, docs/flow-control.md), after `lock_keys`: the
 -- queue's own limits as `claim_limited_fair`, and per key (the tasks without one are the key '')
 -- no more running than its cap, no more started than its token bucket holds, nothing while it is
 -- paused. A held key loses its turn: the claim passes over its tasks to the next key's. The lock
 -- serialises the queue's claimers and this statement's snapshot is taken after it, so every limit
 -- holds exactly, whatever the number of workers.
 --
--- The cost does not grow with the number of keys. `held` (the keys allowed nothing) comes from small
--- sets only: the paused keys (`queue_keys_paused`), the keys at their cap (the queue's running tasks
--- per key, from `tasks_running_keys`: O(running tasks)), the keys out of tokens (`key_state_waiting`).
--- Then `scanned` reads a bounded window of the line in fair order, 200 + 4 × `limit` tasks (the
--- untagged ones after the tagged, as `claim_fair`'s safety net), never more: a claim finds nothing
--- when all of them belong to held keys, though tasks of other keys wait behind (the worker comes
--- back at its next poll, or when a token is due). Each key met in the window is allowed the least of
--- its cap less its running tasks and its whole tokens (a key without a `key_state` row has a full
--- bucket); `ranked` keeps that many of its tasks, in line; `chosen` the first `limit` of those the
--- queue allows. `locked` skips a row someone else holds (a cancel). Claimed tasks keep their tag
--- negated (`claim_fair`). The buckets of the keys claimed from are charged in `charged_keys`
--- (`next_token_at`: when the key has a whole token again), the queue's in `charged`.
+-- The cost does not grow with the number of keys. `scanned` reads a bounded window of the line in
+-- fair order, 200 + 4 × `limit` tasks (the untagged ones after the tagged, as `claim_fair`'s safety
+-- net), never more: a claim finds nothing when all of them belong to held keys, though tasks of
+-- other keys wait behind (the worker comes back at its next poll, or when a token is due). Each key
+-- met in the window (`keys`: one probe each of queue_keys and key_state) is allowed nothing while
+-- paused, else the least of its cap less its running tasks (`running`: the queue's running tasks per
+-- key, from `tasks_running_keys`, O(running tasks)) and its whole tokens (a key without a
+-- `key_state` row has a full bucket); `ranked` keeps that many of its tasks, in line; `chosen` the
+-- first `limit` of those the queue allows. `locked` skips a row someone else holds (a cancel).
+-- Claimed tasks keep their tag negated (`claim_fair`). The buckets of the keys claimed from are
+-- charged in `charged_keys`, the queue's in `charged`.
 WITH settings AS MATERIALIZED (
     SELECT q.*, CASE WHEN q.rate_per_second IS NOT NULL
                      THEN least(q.burst, q.tokens + q.rate_per_second * extract(epoch FROM now() - q.tokens_at))
@@ -308,16 +307,6 @@ WITH settings AS MATERIALIZED (
     FROM queueworker.tasks_active r
     WHERE r.queue = %(queue)s AND r.state = 'running' AND r.fair_tag IS NOT NULL
     GROUP BY 1
-), held AS MATERIALIZED (
-    SELECT k.key FROM queueworker.queue_keys k
-    WHERE k.queue = %(queue)s AND k.paused_until IS NOT NULL AND k.paused_until > now()
-    UNION
-    SELECT r.key FROM running r, allowance a
-    WHERE r.n >= coalesce((SELECT k.max_running FROM queueworker.queue_keys k
-                           WHERE k.queue = %(queue)s AND k.key = r.key), a.key_max_running)
-    UNION
-    SELECT b.key FROM queueworker.key_state b
-    WHERE b.queue = %(queue)s AND b.next_token_at IS NOT NULL AND b.next_token_at > now()
 ), tagged AS MATERIALIZED (
     SELECT id, key, priority, fair_tag FROM queueworker.tasks_active
     WHERE state = 'pending' AND NOT delayed AND fair_tag IS NOT NULL AND queue = %(queue)s AND run_after <= now()
@@ -331,17 +320,16 @@ WITH settings AS MATERIALIZED (
     ORDER BY priority DESC, run_after, id
     LIMIT 200 + 4 * %(limit)s - (SELECT count(*) FROM tagged)
 ), scanned AS MATERIALIZED (
-    SELECT p.* FROM (SELECT id, coalesce(key, '') AS key, 1 AS pass, priority, fair_tag,
-                            NULL::timestamptz AS run_after FROM tagged
-                     UNION ALL SELECT id, coalesce(key, ''), 2, priority, NULL, run_after FROM untagged) AS p
-    WHERE p.key NOT IN (SELECT h.key FROM held h)
+    SELECT id, coalesce(key, '') AS key, 1 AS pass, priority, fair_tag, NULL::timestamptz AS run_after FROM tagged
+    UNION ALL SELECT id, coalesce(key, ''), 2, priority, NULL, run_after FROM untagged
 ), keys AS MATERIALIZED (
-    SELECT c.key, c.rate,
+    SELECT c.key, c.rate, c.paused,
            CASE WHEN c.rate IS NOT NULL
                 THEN least(c.burst, coalesce(b.tokens + c.rate * extract(epoch FROM now() - b.tokens_at), c.burst))
            END AS level,
            c.max_running - coalesce((SELECT r.n FROM running r WHERE r.key = c.key), 0) AS slots
-    FROM (SELECT d.key, coalesce(k.rate_per_second, a.key_rate_per_second) AS rate,
+    FROM (SELECT d.key, coalesce(k.paused_until > now(), false) AS paused,
+                 coalesce(k.rate_per_second, a.key_rate_per_second) AS rate,
                  CASE WHEN k.rate_per_second IS NOT NULL THEN k.burst ELSE a.key_burst END AS burst,
                  coalesce(k.max_running, a.key_max_running) AS max_running
           FROM (SELECT DISTINCT key FROM scanned) AS d
@@ -352,7 +340,7 @@ WITH settings AS MATERIALIZED (
     SELECT s.id, s.pass, s.priority, s.fair_tag, s.run_after,
            row_number() OVER (PARTITION BY s.key ORDER BY s.pass, s.priority DESC, s.fair_tag, s.run_after, s.id)
                AS rank,
-           least(k.slots, floor(k.level)::integer) AS allowed
+           CASE WHEN k.paused THEN 0 ELSE least(k.slots, floor(k.level)::integer) END AS allowed
     FROM scanned s JOIN keys k ON k.key = s.key
 ), chosen AS MATERIALIZED (
     SELECT id FROM ranked WHERE allowed IS NULL OR rank <= allowed
@@ -384,14 +372,12 @@ WITH settings AS MATERIALIZED (
     SELECT id, 'pending', 'running', %(worker)s, lease_token, jsonb_build_object('attempts', attempts)
     FROM claimed
 ), charged_keys AS (
-    INSERT INTO queueworker.key_state AS b (queue, key, tokens, tokens_at, next_token_at)
-    SELECT %(queue)s, k.key, k.level - c.n, now(),
-           CASE WHEN k.level - c.n < 1 THEN now() + make_interval(secs => (1 - (k.level - c.n)) / k.rate) END
+    INSERT INTO queueworker.key_state AS b (queue, key, tokens, tokens_at)
+    SELECT %(queue)s, k.key, k.level - c.n, now()
     FROM (SELECT coalesce(key, '') AS key, count(*) AS n FROM claimed GROUP BY 1) AS c
     JOIN keys k ON k.key = c.key
     WHERE k.rate IS NOT NULL
-    ON CONFLICT (queue, key) DO UPDATE
-    SET tokens = EXCLUDED.tokens, tokens_at = EXCLUDED.tokens_at, next_token_at = EXCLUDED.next_token_at
+    ON CONFLICT (queue, key) DO UPDATE SET tokens = EXCLUDED.tokens, tokens_at = EXCLUDED.tokens_at
 ), charged AS (
     UPDATE queueworker.queues q
     SET tokens = coalesce(a.level - (SELECT count(*) FROM claimed), q.tokens), tokens_at = now(),
