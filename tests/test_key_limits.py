@@ -12,6 +12,7 @@ import math
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections import Counter, defaultdict
@@ -225,6 +226,31 @@ def test_a_resumed_key_takes_its_place_in_line_anew(dsn):
         operations.resume(conn, "back", key="paused")
         order = claim_keys(conn, "back", 9)
     assert Counter(order) == {"paused": 3, "a": 3, "b": 3}, order
+
+
+def test_a_task_claimed_while_its_key_is_resumed_keeps_the_tag_its_cap_counts(dsn):
+    """The resume reads the key's waiting tasks, then clears their tags to give new ones; a task a
+    claim took in between (here the claim holds it, the resume waits for it) must keep its tag:
+    the running tasks of a key are counted by it, and a cleared one would let a key exceed its cap."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        operations.set_limits(conn, "resumed", per_key_max_running=1)
+        taken, *_ = enqueue_many(conn, keyed("resumed", {"k": 3}))
+        operations.pause(conn, "resumed", key="k")
+    with psycopg.connect(dsn) as claimer:
+        claimer.execute("UPDATE queueworker.tasks_active SET state = 'running', fair_tag = -fair_tag, "
+                        "lease_owner = gen_random_uuid(), leased_until = now() + interval '1 minute', "
+                        "deadline_at = now() + interval '1 minute', started_at = now() WHERE id = %s",
+                        (taken,))  # as a claim does, its transaction still open
+        resumer = threading.Thread(target=lambda: operations.resume(psycopg.connect(dsn, autocommit=True),
+                                                                    "resumed", key="k"))
+        resumer.start()
+        wait_until(lambda: scalar(dsn, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                       "AND datname = current_database()"), message="the resume to wait")
+        claimer.commit()
+        resumer.join(30)
+    assert scalar(dsn, "SELECT fair_tag < 0 FROM queueworker.tasks WHERE id = %s", (taken,)), "still counted"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert claim_keys(conn, "resumed") == [], "k is at its cap"
 
 
 def test_a_claim_that_waited_for_the_queue_counts_the_keys_claimed_before_it(dsn):

@@ -23,11 +23,14 @@
 -- order: each priority is a fair queue of its own (strict priority comes first, in the claim's
 -- order). `stale`: those of them that carry a tag from before (a task claimed by a worker that did
 -- not know its queue was keyed yet, a forged one): cleared first, so the probes below do not count
--- them. Weights come from queueworker.queue_keys (1 when not set; tasks without a key: always 1).
+-- them; only while they are claimable: a task a claim took meanwhile (the ids of a resumed key's
+-- waiting tasks are read before they are tagged) keeps its tag, by which its key's running tasks are
+-- counted. Weights come from queueworker.queue_keys (1 when not set; tasks without a key: always 1).
 CREATE OR REPLACE FUNCTION queueworker.tag_fair(ids bigint[], stale bigint[]) RETURNS void
 LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
     UPDATE queueworker.tasks_active t SET fair_tag = NULL
-    FROM unnest(stale) AS s(id) WHERE t.id = s.id AND t.fair_tag IS NOT NULL;
+    FROM unnest(stale) AS s(id)
+    WHERE t.id = s.id AND t.fair_tag IS NOT NULL AND t.state = 'pending' AND NOT t.delayed;
     -- No join between groups and rows (the planner cannot know how many of either there are): a
     -- window numbers each group's rows, the first row of each group makes the group's probes (a
     -- CASE evaluates its subqueries only where its branch is taken), and a window hands the
