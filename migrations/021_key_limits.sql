@@ -13,9 +13,9 @@
 -- of its own). It is keyed (its backlog tagged, fair order) from the moment it is key-limited, and
 -- claimed by CLAIM_KEYS only (worker/db/lease.sql), under the queue's row lock.
 --
--- State, the claim's: `queueworker.key_state` holds each key's bucket (tokens at tokens_at),
--- written by CLAIM_KEYS for the keys it claimed from (and read by it, one probe per key it meets);
--- a key without a row has a full bucket. The tasks without a key are
+-- State, the claim's: `queueworker.key_state` holds each key's bucket (tokens at tokens_at, and
+-- `next_token_at`, when it has a whole token again, NULL while it has one), written by CLAIM_KEYS
+-- for the keys it claimed from; a key without a row has a full bucket. The tasks without a key are
 -- the key '' there (no task key is empty: migration 018). Room is left for a per-key breaker and
 -- key health (columns of this table, later).
 --
@@ -59,8 +59,11 @@ CREATE TABLE queueworker.key_state (
     key           text NOT NULL,  -- '' for the tasks without a key
     tokens        float8 NOT NULL,
     tokens_at     timestamptz NOT NULL,
+    next_token_at timestamptz,
     PRIMARY KEY (queue, key)
 );
+-- The keys out of tokens, which a claim of a key-limited queue passes over.
+CREATE INDEX key_state_waiting ON queueworker.key_state (queue, next_token_at) WHERE next_token_at IS NOT NULL;
 
 -- Running tasks per key of keyed queues: what a claim of a key-limited queue counts (O(running)).
 -- Plain queues' tasks have no tag and are not in it.

@@ -8,6 +8,7 @@ of them killed and Postgres restarted under them, never exceed a key's cap or bu
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import signal
 import subprocess
@@ -301,6 +302,40 @@ def test_a_worker_comes_back_when_the_fastest_keys_next_token_is_due(dsn):
         operations.set_limits(conn, "tokens", key="fast", rate_per_second=8)
         row, = statements.fetch(conn, LIMITED_QUEUES, LimitedQueuesParams(queues=["tokens"]))
     assert (row.key_limited, row.fastest_key_rate) == (True, 8)
+
+
+def claim_keys_buffers(conn: psycopg.Connection, queue: str) -> int:
+    """Shared buffers (hit + read) a claim of 10 tasks of a key-limited queue touches, from EXPLAIN
+    (ANALYZE, BUFFERS), in a transaction rolled back so that each measure claims from the same rows."""
+    with conn.transaction(force_rollback=True):
+        statements.execute(conn, LOCK_KEYS, LockQueueParams(queue=queue))
+        plan, = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + CLAIM_KEYS.text,
+                             params(queue, 10).__dict__).fetchone()
+    top = (plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"]
+    return top["Shared Hit Blocks"] + top["Shared Read Blocks"]
+
+
+def test_the_key_limited_claim_costs_the_same_at_a_hundred_keys_and_at_ten_thousand(dsn):
+    """10,000 tasks in 100 keys of 100 or in 10,000 keys of 1, every key with a setting of its own
+    and a bucket charged before: the claim reads about the same buffers (the head of the line and
+    one probe per key met there), where one that read every key's settings or bucket would read
+    a hundred times more."""
+    measured = {}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for keys in (100, 10_000):
+            queue = f"keys-{keys}"
+            operations.set_limits(conn, queue, per_key_rate_per_second=1e6, per_key_burst=1_000_000,
+                                  per_key_max_running=1_000_000)
+            enqueue_many(conn, [TaskSpec(task="t", queue=queue, key=f"k{n % keys}") for n in range(10_000)])
+            conn.execute("INSERT INTO queueworker.queue_keys (queue, key, weight) "
+                         "SELECT %s, 'k' || n, 1 FROM generate_series(0, %s - 1) AS n", (queue, keys))
+            conn.execute("INSERT INTO queueworker.key_state (queue, key, tokens, tokens_at) "
+                         "SELECT %s, 'k' || n, 1000, now() FROM generate_series(0, %s - 1) AS n", (queue, keys))
+            conn.execute("VACUUM ANALYZE queueworker.tasks_active, queueworker.queue_keys, queueworker.key_state")
+            claim_keys_buffers(conn, queue)  # warm
+            measured[keys] = min(claim_keys_buffers(conn, queue) for _ in range(3))
+    print(f"buffers of the key-limited claim of 10 tasks: {measured}")
+    assert measured[10_000] <= 2 * measured[100] + 50, measured
 
 
 # -- real workers -----------------------------------------------------------------------------

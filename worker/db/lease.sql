@@ -272,17 +272,22 @@ FROM claimed;
 -- serialises the queue's claimers and this statement's snapshot is taken after it, so every limit
 -- holds exactly, whatever the number of workers.
 --
--- The cost does not grow with the number of keys. `scanned` reads a bounded window of the line in
--- fair order, 200 + 4 × `limit` tasks (the untagged ones after the tagged, as `claim_fair`'s safety
--- net), never more: a claim finds nothing when all of them belong to held keys, though tasks of
--- other keys wait behind (the worker comes back at its next poll, or when a token is due). Each key
--- met in the window (`keys`: one probe each of queue_keys and key_state) is allowed nothing while
--- paused, else the least of its cap less its running tasks (`running`: the queue's running tasks per
--- key, from `tasks_running_keys`, O(running tasks)) and its whole tokens (a key without a
--- `key_state` row has a full bucket); `ranked` keeps that many of its tasks, in line; `chosen` the
--- first `limit` of those the queue allows. `locked` skips a row someone else holds (a cancel).
--- Claimed tasks keep their tag negated (`claim_fair`). The buckets of the keys claimed from are
--- charged in `charged_keys`, the queue's in `charged`.
+-- The cost does not grow with the number of keys. `held`, the keys allowed nothing, comes from small
+-- sets: the keys paused (`queue_keys_paused`), those at their cap (the queue's running tasks per key,
+-- `running`, from `tasks_running_keys`: O(running tasks)), those out of tokens (`key_state_waiting`).
+-- `candidates` reads the line in fair order (the untagged tasks after the tagged ones, as
+-- `claim_fair`'s safety net), skips the held keys' tasks and keeps 2 × `limit` of the others: its
+-- inner LIMITs stop it after 200 + 4 × `limit` tasks read (each part), so a claim may find nothing
+-- when that many consecutive waiting tasks all belong to held keys, though others wait behind
+-- (the worker comes back at its next poll, or when a token is due). Nothing blocks between the scan
+-- and the outer LIMIT: only the rows needed are read. Each key met there is probed for its own
+-- settings and its bucket (`keys`: one probe of each primary key, the LIMITs keep the planner from
+-- reading all the queue's rows instead; a key without a `key_state` row has a full bucket) and allowed
+-- the least of its cap less its running tasks and its whole tokens; `ranked` keeps that many of its
+-- tasks, in line; `chosen` the first `limit` of those the queue allows. `locked` skips a row
+-- someone else holds (a cancel). Claimed tasks keep their tag negated (`claim_fair`). The buckets of
+-- the keys claimed from are charged in `charged_keys` (`next_token_at`: when the key has a whole
+-- token again, NULL while it has one), the queue's in `charged`.
 WITH settings AS MATERIALIZED (
     SELECT q.*, CASE WHEN q.rate_per_second IS NOT NULL
                      THEN least(q.burst, q.tokens + q.rate_per_second * extract(epoch FROM now() - q.tokens_at))
@@ -298,8 +303,9 @@ WITH settings AS MATERIALIZED (
                     %(limit)s,
                     CASE WHEN s.breaker_state <> 'closed' THEN 1 END,
                     floor(s.level)::integer,
-                    s.max_running - (SELECT count(*) FROM queueworker.tasks_active r
-                                     WHERE r.queue = s.name AND r.state = 'running')::integer))
+                    CASE WHEN s.max_running IS NOT NULL
+                         THEN s.max_running - (SELECT count(*) FROM queueworker.tasks_active r
+                                               WHERE r.queue = s.name AND r.state = 'running')::integer END))
            END AS n
     FROM settings s
 ), running AS MATERIALIZED (
@@ -307,41 +313,58 @@ WITH settings AS MATERIALIZED (
     FROM queueworker.tasks_active r
     WHERE r.queue = %(queue)s AND r.state = 'running' AND r.fair_tag IS NOT NULL
     GROUP BY 1
-), tagged AS MATERIALIZED (
-    SELECT id, key, priority, fair_tag FROM queueworker.tasks_active
-    WHERE state = 'pending' AND NOT delayed AND fair_tag IS NOT NULL AND queue = %(queue)s AND run_after <= now()
-      AND coalesce((SELECT n FROM allowance), 1) > 0
-    ORDER BY priority DESC, fair_tag, id
-    LIMIT 200 + 4 * %(limit)s
-), untagged AS MATERIALIZED (
-    SELECT id, key, priority, run_after FROM queueworker.tasks_active
-    WHERE state = 'pending' AND NOT delayed AND queue = %(queue)s AND run_after <= now() AND fair_tag IS NULL
-      AND coalesce((SELECT n FROM allowance), 1) > 0
-    ORDER BY priority DESC, run_after, id
-    LIMIT 200 + 4 * %(limit)s - (SELECT count(*) FROM tagged)
-), scanned AS MATERIALIZED (
-    SELECT id, coalesce(key, '') AS key, 1 AS pass, priority, fair_tag, NULL::timestamptz AS run_after FROM tagged
-    UNION ALL SELECT id, coalesce(key, ''), 2, priority, NULL, run_after FROM untagged
+), held AS MATERIALIZED (
+    SELECT k.key FROM queueworker.queue_keys k
+    WHERE k.queue = %(queue)s AND k.paused_until IS NOT NULL AND k.paused_until > now()
+    UNION
+    SELECT r.key FROM running r CROSS JOIN allowance a
+    WHERE r.n >= coalesce((SELECT k.max_running FROM queueworker.queue_keys k
+                           WHERE k.queue = %(queue)s AND k.key = r.key), a.key_max_running)
+    UNION
+    SELECT b.key FROM queueworker.key_state b
+    WHERE b.queue = %(queue)s AND b.next_token_at IS NOT NULL AND b.next_token_at > now()
+), candidates AS MATERIALIZED (
+    SELECT w.* FROM (
+        SELECT * FROM (
+            SELECT id, coalesce(key, '') AS key, 1 AS pass, priority, fair_tag, NULL::timestamptz AS run_after
+            FROM queueworker.tasks_active
+            WHERE state = 'pending' AND NOT delayed AND fair_tag IS NOT NULL AND queue = %(queue)s
+              AND run_after <= now() AND coalesce((SELECT n FROM allowance), 1) > 0
+            ORDER BY priority DESC, fair_tag, id
+            LIMIT 200 + 4 * %(limit)s) AS tagged
+        UNION ALL
+        SELECT * FROM (
+            SELECT id, coalesce(key, '') AS key, 2 AS pass, priority, NULL::float8 AS fair_tag, run_after
+            FROM queueworker.tasks_active
+            WHERE state = 'pending' AND NOT delayed AND fair_tag IS NULL AND queue = %(queue)s
+              AND run_after <= now() AND coalesce((SELECT n FROM allowance), 1) > 0
+            ORDER BY priority DESC, run_after, id
+            LIMIT 200 + 4 * %(limit)s) AS untagged
+    ) AS w
+    WHERE w.key NOT IN (SELECT h.key FROM held h)
+    LIMIT 2 * %(limit)s
 ), keys AS MATERIALIZED (
     SELECT c.key, c.rate, c.paused,
            CASE WHEN c.rate IS NOT NULL
-                THEN least(c.burst, coalesce(b.tokens + c.rate * extract(epoch FROM now() - b.tokens_at), c.burst))
+                THEN least(c.burst, coalesce(c.tokens + c.rate * extract(epoch FROM now() - c.tokens_at), c.burst))
            END AS level,
            c.max_running - coalesce((SELECT r.n FROM running r WHERE r.key = c.key), 0) AS slots
     FROM (SELECT d.key, coalesce(k.paused_until > now(), false) AS paused,
                  coalesce(k.rate_per_second, a.key_rate_per_second) AS rate,
                  CASE WHEN k.rate_per_second IS NOT NULL THEN k.burst ELSE a.key_burst END AS burst,
-                 coalesce(k.max_running, a.key_max_running) AS max_running
-          FROM (SELECT DISTINCT key FROM scanned) AS d
+                 coalesce(k.max_running, a.key_max_running) AS max_running, b.tokens, b.tokens_at
+          FROM (SELECT DISTINCT key FROM candidates) AS d
           CROSS JOIN allowance a
-          LEFT JOIN queueworker.queue_keys k ON k.queue = %(queue)s AND k.key = d.key) AS c
-    LEFT JOIN queueworker.key_state b ON b.queue = %(queue)s AND b.key = c.key
+          LEFT JOIN LATERAL (SELECT * FROM queueworker.queue_keys k
+                             WHERE k.queue = %(queue)s AND k.key = d.key LIMIT 1) AS k ON true
+          LEFT JOIN LATERAL (SELECT * FROM queueworker.key_state b
+                             WHERE b.queue = %(queue)s AND b.key = d.key LIMIT 1) AS b ON true) AS c
 ), ranked AS (
     SELECT s.id, s.pass, s.priority, s.fair_tag, s.run_after,
            row_number() OVER (PARTITION BY s.key ORDER BY s.pass, s.priority DESC, s.fair_tag, s.run_after, s.id)
                AS rank,
            CASE WHEN k.paused THEN 0 ELSE least(k.slots, floor(k.level)::integer) END AS allowed
-    FROM scanned s JOIN keys k ON k.key = s.key
+    FROM candidates s JOIN keys k ON k.key = s.key
 ), chosen AS MATERIALIZED (
     SELECT id FROM ranked WHERE allowed IS NULL OR rank <= allowed
     ORDER BY pass, priority DESC, fair_tag, run_after, id
@@ -372,12 +395,14 @@ WITH settings AS MATERIALIZED (
     SELECT id, 'pending', 'running', %(worker)s, lease_token, jsonb_build_object('attempts', attempts)
     FROM claimed
 ), charged_keys AS (
-    INSERT INTO queueworker.key_state AS b (queue, key, tokens, tokens_at)
-    SELECT %(queue)s, k.key, k.level - c.n, now()
+    INSERT INTO queueworker.key_state AS b (queue, key, tokens, tokens_at, next_token_at)
+    SELECT %(queue)s, k.key, k.level - c.n, now(),
+           CASE WHEN k.level - c.n < 1 THEN now() + make_interval(secs => (1 - (k.level - c.n)) / k.rate) END
     FROM (SELECT coalesce(key, '') AS key, count(*) AS n FROM claimed GROUP BY 1) AS c
     JOIN keys k ON k.key = c.key
     WHERE k.rate IS NOT NULL
-    ON CONFLICT (queue, key) DO UPDATE SET tokens = EXCLUDED.tokens, tokens_at = EXCLUDED.tokens_at
+    ON CONFLICT (queue, key) DO UPDATE
+    SET tokens = EXCLUDED.tokens, tokens_at = EXCLUDED.tokens_at, next_token_at = EXCLUDED.next_token_at
 ), charged AS (
     UPDATE queueworker.queues q
     SET tokens = coalesce(a.level - (SELECT count(*) FROM claimed), q.tokens), tokens_at = now(),
