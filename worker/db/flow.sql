@@ -6,7 +6,8 @@
 -- (pause_queue, resume_queue, limit_queue, breaker_queue) apply the change in a CTE `changed`, tell the
 -- workers to re-read the queue's settings (channel queueworker_queues, payload: the queue), and, when
 -- %(wake)s, wake them at %(wake_at)s: now when the change may let tasks through sooner, or when a timed
--- pause ends.
+-- pause ends. The changes of one key's settings (set_key_limits, clear_key_limits, pause_key,
+-- resume_key; migration 021) do the same, and return the key's settings as a KeyRow.
 
 -- name: pause_queue
 -- Paused until `until` ('infinity': until resumed). Running tasks finish; the workers wake when it ends.
@@ -52,9 +53,10 @@ FROM changed, (SELECT count(*) FROM told) AS t, (SELECT count(*) FROM woken) AS 
 
 -- name: limit_queue
 -- A rate limit (token bucket, full at first) and a global cap on running tasks, and the defaults of
--- every key of the queue (migration 021: a bucket and a cap per key); NULLs clear them. The keys'
--- buckets start full again when their default rate or burst changes (`reset`). A per-key default
--- makes the queue key-limited, and keyed (migrations/functions/76_key_limits.sql).
+-- every key of the queue (migration 021: a bucket and a cap per key); NULLs clear them. The buckets
+-- of the keys without a rate of their own start full again when the default rate or burst changes
+-- (`reset`). A per-key default makes the queue key-limited, and keyed
+-- (migrations/functions/76_key_limits.sql).
 WITH before AS (
     SELECT key_rate_per_second, key_burst FROM queueworker.queues WHERE name = %(queue)s
 ), changed AS (
@@ -80,6 +82,8 @@ WITH before AS (
     WHERE b.queue = %(queue)s
       AND NOT EXISTS (SELECT FROM before f WHERE (f.key_rate_per_second, f.key_burst)
                                                  IS NOT DISTINCT FROM (%(key_rate)s::float8, %(key_burst)s::integer))
+      AND NOT EXISTS (SELECT FROM queueworker.queue_keys k
+                      WHERE k.queue = b.queue AND k.key = b.key AND k.rate_per_second IS NOT NULL)
 ), told AS (
     SELECT pg_notify('queueworker_queues', name) FROM changed
 ), woken AS (
