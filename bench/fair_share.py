@@ -2,10 +2,13 @@
 
 Two measures, on one throwaway server:
 
-- **burn-down**: `--burn` no-op tasks drained by 2 worker processes of 50 slots, alternately from a
-  queue without keys (the plain claim) and from one whose tasks are spread over `--burn-keys` keys
-  (the fair claim), `--rounds` times each: tasks per second from the first start to the last
-  finish (the database's clocks), and the fair claim's share of the plain one's;
+- **burn-down**: `--burn` no-op tasks drained by 2 worker processes of 50 slots, in turn from a
+  queue without keys (the plain claim), from one whose tasks are spread over `--burn-keys` keys
+  (the fair claim), from such a queue with a cap on its running tasks set too high to bind
+  (`claim_limited_fair`, under the queue's row lock), and from one with per-key limits set too
+  high to bind (`claim_keys`, under the same lock: a bucket and a cap per key), `--rounds` times
+  each: tasks per second from the first start to the last finish (the database's clocks), and each
+  claim's share of the plain one's (the key-limited one's of the queue-limited one's too);
 - **a whale and minnows**: one key with `--big` tasks enqueued first, then `--small-keys` keys with
   `--per-small` tasks each, 4 worker processes of 25 slots started once all are in: when each
   small key's first task starts, counted from the start of the drain (p50, p99, max), and how many
@@ -25,6 +28,7 @@ import time
 import psycopg
 
 from bench.queueworker_bench import UNFINISHED, Workers, percentile
+from queueworker.client import operations
 from queueworker.client.producer import TaskSpec, enqueue_many
 from queueworker.db.migrate import migrate
 from queueworker.dev.localpg import LocalPostgres
@@ -59,10 +63,19 @@ def _drain(dsn: str, processes: int, concurrency: int, queue: str) -> None:
         workers.stop()
 
 
-def burn_rate(admin: str, tasks: int, keys: int) -> float:
-    """Tasks/s draining `tasks` no-op tasks over `keys` keys (0: no key, a plain queue)."""
+def burn_rate(admin: str, tasks: int, keys: int, limits: str = "") -> float:
+    """Tasks/s draining `tasks` no-op tasks over `keys` keys (0: no key, a plain queue); with
+    `limits`, under limits that never bind, so that what is measured is the cost of the claim that
+    enforces them: "queue", a cap of a million running tasks; "keys", per-key limits (every key
+    may start a million a second and run a million at once)."""
     dsn = _fresh(admin, "fair_burn")
     queue = "fair" if keys else "plain"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        if limits == "queue":
+            operations.set_limits(conn, queue, max_running=1_000_000)
+        elif limits == "keys":
+            operations.set_limits(conn, queue, per_key_rate_per_second=1e6, per_key_burst=1_000_000,
+                                  per_key_max_running=1_000_000)
     _enqueue(dsn, [TaskSpec(task="qw.noop", queue=queue, key=f"k{n % keys}" if keys else None)
                    for n in range(tasks)])
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -124,15 +137,18 @@ def main() -> None:
     try:
         print(f"load before: {os.getloadavg()[0]:.2f}")
         if args.rounds:
-            rates: dict[str, list[float]] = {"plain": [], "fair": []}
+            rates: dict[str, list[float]] = {"plain": [], "fair": [], "queue-limited": [], "key-limited": []}
             for _ in range(args.rounds):
                 rates["plain"].append(burn_rate(admin, args.burn, 0))
                 rates["fair"].append(burn_rate(admin, args.burn, args.burn_keys))
-            plain, fair = statistics.median(rates["plain"]), statistics.median(rates["fair"])
+                rates["queue-limited"].append(burn_rate(admin, args.burn, args.burn_keys, limits="queue"))
+                rates["key-limited"].append(burn_rate(admin, args.burn, args.burn_keys, limits="keys"))
+            medians = {name: statistics.median(values) for name, values in rates.items()}
             for name, values in rates.items():
-                print(f"burn-down {name:<5} median {statistics.median(values):>7,.0f} tasks/s  "
+                print(f"burn-down {name:<13} median {medians[name]:>7,.0f} tasks/s  "
                       f"({', '.join(f'{v:,.0f}' for v in values)})")
-            print(f"fair / plain: {fair / plain:.0%}")
+            print("; ".join(f"{name} / plain: {medians[name] / medians['plain']:.0%}" for name in rates if name != "plain")
+                  + f"; key-limited / queue-limited: {medians['key-limited'] / medians['queue-limited']:.0%}")
         if args.big:
             result = whale_and_minnows(admin, args.big, args.small_keys, args.per_small)
             print(f"one key with {args.big:,} tasks, {args.small_keys:,} keys with {args.per_small} each: "

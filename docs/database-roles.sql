@@ -1,4 +1,4 @@
--- Least-privilege database roles for queueworker, schema version 20. Why each grant exists, and
+-- Least-privilege database roles for queueworker, schema version 21. Why each grant exists, and
 -- what the roles still can do: docs/security.md.
 --
 -- Run it as a superuser, in the application's database:
@@ -93,7 +93,7 @@ ALTER DEFAULT PRIVILEGES FOR ROLE queueworker_migrator REVOKE EXECUTE ON FUNCTIO
 ALTER DEFAULT PRIVILEGES FOR ROLE queueworker_migrator IN SCHEMA queueworker
     GRANT SELECT ON TABLES TO queueworker_operator;
 
--- 5. The grants, for schema version 20.
+-- 5. The grants, for schema version 21.
 DO $$
 DECLARE
     applied_version integer;
@@ -101,14 +101,14 @@ BEGIN
     IF to_regclass('queueworker.schema_migrations') IS NOT NULL THEN
         SELECT max(m.version) INTO applied_version FROM queueworker.schema_migrations m;
     END IF;
-    IF coalesce(applied_version, 0) < 20 THEN
-        RAISE NOTICE 'queueworker is at schema version %, these grants are for version 20: run `queueworker '
+    IF coalesce(applied_version, 0) < 21 THEN
+        RAISE NOTICE 'queueworker is at schema version %, these grants are for version 21: run `queueworker '
                      'migrate` as a member of queueworker_migrator, then run this script again',
                      coalesce(applied_version, 0);
         RETURN;
     END IF;
-    IF applied_version > 20 THEN
-        RAISE EXCEPTION 'these grants are for queueworker schema version 20, the database is at version %: '
+    IF applied_version > 21 THEN
+        RAISE EXCEPTION 'these grants are for queueworker schema version 21, the database is at version %: '
                         'run the database-roles.sql of the queueworker release that migrated it', applied_version;
     END IF;
 
@@ -240,6 +240,16 @@ BEGIN
     -- queueworker.queue_events is written only by the trigger function queueworker.audit_queue.
     GRANT SELECT, UPDATE (tokens, tokens_at, breaker_state, consecutive_failures, breaker_changed_at)
         ON queueworker.queues TO queueworker_worker;
+    -- Per-key limits (schema version 21): CLAIM_KEYS reads the keys' own settings and charges the
+    -- buckets of the keys it claimed from (queueworker.key_state, the claim's state and nothing
+    -- else); LIMITED_QUEUES reads the keys' rates. LOCK_KEYS locks the queue's row and ends the key
+    -- pauses whose time has passed through the definer function queueworker.lock_key_limited_queue,
+    -- which ends nothing else (the worker cannot write queue_keys). The trigger functions
+    -- queueworker.note_key_limits, queueworker.key_limited_queue_keyed, queueworker.retag_resumed_key,
+    -- queueworker.refuse_claims_blind_to_key_limits and queueworker.make_keyed need no grant.
+    GRANT SELECT ON queueworker.queue_keys TO queueworker_worker;
+    GRANT SELECT, INSERT, UPDATE ON queueworker.key_state TO queueworker_worker;
+    GRANT EXECUTE ON FUNCTION queueworker.lock_key_limited_queue(text) TO queueworker_worker;
     -- CLAIM tells a run's tasks their run (ctx.run): these columns of queueworker.runs, nothing else.
     GRANT SELECT (id, name, watermark, watermark_before, forced) ON queueworker.runs TO queueworker_worker;
     GRANT EXECUTE ON FUNCTION queueworker.transition_detail(integer, jsonb, jsonb),
@@ -285,10 +295,15 @@ BEGIN
     -- version 20). Tags (tasks.fair_tag) are written by the owner's triggers
     -- (migrations/functions/75_fair_share.sql), which overwrite what a row came with: producers and
     -- operators cannot write them (no column grant of theirs names them; the worker, trusted with
-    -- the claim, holds UPDATE on tasks and clears a claimed task's tag). queueworker.tag_fair, queueworker.fair_tag_inserts,
+    -- the claim, holds UPDATE on tasks and negates a claimed task's tag). queueworker.tag_fair, queueworker.fair_tag_inserts,
     -- queueworker.fair_tag_updates and queueworker.audit_queue_key (which audits a weight's change
     -- in queue_events) need no grant: only triggers call them.
     GRANT INSERT, UPDATE, DELETE ON queueworker.queue_keys TO queueworker_operator;
+    -- Per-key limits and pauses (`limit Q --per-key-...`, `limit Q --key K --rate ...`, `pause Q
+    -- --key K`, `resume Q --key K`: LIMIT_QUEUE, SET_KEY_LIMITS, CLEAR_KEY_LIMITS, PAUSE_KEY,
+    -- RESUME_KEY; schema version 21) write queue_keys and queues (above), and start a key's bucket
+    -- full again when its rate changes: DELETE on queueworker.key_state, nothing more there.
+    GRANT DELETE ON queueworker.key_state TO queueworker_operator;
     GRANT EXECUTE ON FUNCTION queueworker.wake_queue(text, timestamptz) TO queueworker_operator;
     GRANT UPDATE (state, delayed, run_after, max_attempts, lease_owner, leased_until, deadline_at, updated_at,
                   finished_at, error)

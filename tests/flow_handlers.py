@@ -26,3 +26,15 @@ def hold(payload, ctx):
     time.sleep(payload["seconds"])
     with log.open("a") as out:
         out.write(f"{time.time()!r} -1\n")
+
+
+@task(name="flow.keyed_hold")
+def keyed_hold(payload, ctx):
+    """`flow.hold` for keyed tasks: each line also names the task and its key ('-' for none), so the
+    tests can count, per key, the handlers that ran at once."""
+    log = Path(payload["log"])
+    with log.open("a") as out:
+        out.write(f"{time.time()!r} 1 {ctx.task_id} {ctx.key or '-'}\n")
+    time.sleep(payload["seconds"])
+    with log.open("a") as out:
+        out.write(f"{time.time()!r} -1 {ctx.task_id} {ctx.key or '-'}\n")

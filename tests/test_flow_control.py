@@ -280,6 +280,22 @@ def test_a_rate_limit_holds_across_four_workers_never_beyond_its_bucket_and_keep
 
 
 @pytest.mark.integration
+def test_a_claim_the_bucket_cut_short_is_tried_again_when_the_next_token_is_due(dsn):
+    """A worker that never polls (an hour between idle polls) and hears of no new task: once its
+    first claims took the bucket's tokens, only its own timer (one token's time after a claim the
+    bucket cut short) brings it back, and every task runs at the rate."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        operations.set_limits(conn, "timed", rate_per_second=10, burst=1)
+        enqueue_many(conn, [{"task": "qw.noop", "queue": "timed"}] * 20)
+    worker = WorkerProcess(dsn, "--queue", "timed", "--poll-min-seconds", "3600", "--poll-max-seconds", "3600")
+    try:
+        wait_until(lambda: scalar(dsn, "SELECT count(*) FROM queueworker.tasks WHERE state = 'succeeded'") == 20,
+                   timeout=60, message="every task, each claimed when a token was due")
+    finally:
+        worker.stop()
+
+
+@pytest.mark.integration
 def test_a_global_concurrency_cap_is_never_exceeded(dsn, tmp_path):
     """Four workers with twenty slots each, and a cap of three. The handlers log when they start and
     end: a handler runs inside its task's time in `running` (after the claim commits, before the

@@ -18,9 +18,11 @@ from pathlib import Path
 import psycopg
 import pytest
 from psycopg import sql as pgsql
+from psycopg.conninfo import conninfo_to_dict
 from queueworker.scaling.policy import QueueDepth
 from queueworker_controller.queuedb import QueueDatabases
 
+from queueworker.client import operations
 from queueworker.db import statements
 from queueworker.db.enqueue import STAGING_STATE
 from queueworker.db.lease import CLAIM, ClaimParams
@@ -420,6 +422,54 @@ def test_task_keys_need_no_grant_beyond_their_column(installation):
                                            "WHERE dedupe_key LIKE 'cron:roles-keyed:%%'")} == {"tenant-c"}
 
 
+def test_per_key_limits_are_the_operators_and_the_worker_claims_within_them(installation):
+    """An operator login sets per-key defaults, a key's own limits, pauses and resumes a key; a worker
+    login claims the key-limited queue (CLAIM_KEYS, charging the keys' buckets) and ends a key's timed
+    pause once it is over (LOCK_KEYS), each with only the grants of docs/database-roles.sql; neither
+    a producer nor a worker login may change a key's settings or the queue's per-key defaults, nor a
+    producer touch the claim's state."""
+    installation.install()
+    login, admin = installation.logins, installation.admin
+    for args in (("limit", QUEUE, "--per-key-rate", "50/s", "--per-key-concurrency", "2"),
+                 ("limit", QUEUE, "--key", "gold", "--concurrency", "1", "--weight", "2"),
+                 ("pause", QUEUE, "--key", "held"), ("resume", QUEUE, "--key", "held"),
+                 ("pause", QUEUE, "--key", "later", "--for", "1s")):
+        done = qw(*args, "--dsn", login["operator"])
+        assert done.returncode == 0, (args, done.stderr)
+    with psycopg.connect(login["producer"]) as conn:
+        enqueue_many(conn, [{"task": "qw.noop", "queue": QUEUE, "key": key}
+                            for key in ("gold", "silver", "later", None) for _ in range(5)])
+    worker = WorkerProcess(login["worker"], "--queue", QUEUE)
+    try:
+        wait_until(lambda: scalar(admin, "SELECT count(*) FROM queueworker.tasks WHERE queue = %s "
+                                         "AND state = 'succeeded'", (QUEUE,)) == 20, message="every key's tasks")
+    finally:
+        worker.stop()
+    assert scalar(admin, "SELECT count(*) FROM queueworker.key_state WHERE queue = %s", (QUEUE,)) == 4, "charged"
+    assert scalar(admin, "SELECT by_user FROM queueworker.queue_events WHERE change = 'key_resumed' "
+                         "ORDER BY id DESC LIMIT 1") == conninfo_to_dict(login["worker"])["user"], \
+        "the timed pause, ended by the worker's claim"
+    for group in ("producer", "worker"):
+        with psycopg.connect(login[group], autocommit=True) as conn:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                operations.set_limits(conn, QUEUE, per_key_max_running=100)
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                operations.set_limits(conn, QUEUE, key="gold", max_running=100)
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                operations.pause(conn, QUEUE, key="silver")
+            for statement in ("UPDATE queueworker.queue_keys SET max_running = 100",
+                              "DELETE FROM queueworker.queue_keys",
+                              "UPDATE queueworker.queues SET key_max_running = 100, key_limits = false",
+                              "DELETE FROM queueworker.key_state"):
+                with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                    conn.execute(statement)
+    with psycopg.connect(login["producer"], autocommit=True) as conn:
+        for statement in ("UPDATE queueworker.key_state SET tokens = 1000",
+                          "SELECT queueworker.lock_key_limited_queue('roles')"):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(statement)
+
+
 def test_each_role_is_refused_what_it_does_not_need(installation):
     installation.install()
     with psycopg.connect(installation.admin, autocommit=True) as conn:
@@ -457,7 +507,9 @@ def test_definer_functions_pin_their_search_path_and_are_not_public(dsn):
                                      "unbound_by_grants", "queue_patterns", "grant_queue", "revoke_queue",
                                      "mark_notify_on_finish", "existing_tasks", "fair_tag_inserts",
                                      "fair_tag_updates", "audit_queue_key", "enqueue", "enqueue_many",
-                                     "task_status")}
+                                     "task_status", "note_key_limits", "key_limited_queue_keyed",
+                                     "retag_resumed_key", "lock_key_limited_queue",
+                                     "refuse_claims_blind_to_key_limits")}
     # Even without docs/database-roles.sql, only the owner may run the functions that change rows.
     for function in ("clean_finished(bigint, float8, integer)", "clean_finished(float8, integer)",
                      "clean_runs(float8, integer)", "clean_queue_events(float8, integer)",
@@ -472,7 +524,9 @@ def test_definer_functions_pin_their_search_path_and_are_not_public(dsn):
                      "replace_pending(bigint[], jsonb[], integer[], timestamptz[])",
                      "settle_dependents(bigint[], bigint[])", "settle_dependents(bigint[])", "audit_run()",
                      "audit_queue()", "tag_fair(bigint[], bigint[])", "fair_tag_inserts()", "fair_tag_updates()",
-                     "audit_queue_key()", "enqueue_many(jsonb)", "task_status(bigint)",
+                     "audit_queue_key()", "enqueue_many(jsonb)", "task_status(bigint)", "make_keyed(text[])",
+                     "note_key_limits()", "key_limited_queue_keyed()", "retag_resumed_key()",
+                     "lock_key_limited_queue(text)", "refuse_claims_blind_to_key_limits()",
                      "enqueue(text, jsonb, text, bigint, timestamptz, double precision, bigint, bigint, text, text, "
                      "text, text, bigint[], text, jsonb, boolean)"):
         assert scalar(dsn, "SELECT bool_or(grantee = 0) FROM pg_proc, aclexplode(proacl) "

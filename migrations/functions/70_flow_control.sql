@@ -19,6 +19,11 @@ BEGIN
         INSERT INTO queueworker.queue_events (queue, change, detail) VALUES (OLD.name, 'cleared', '{}');
         RETURN NULL;
     END IF;
+    IF TG_OP = 'INSERT' AND NOT NEW.keyed
+       AND num_nonnulls(NEW.paused_until, NEW.rate_per_second, NEW.max_running, NEW.breaker_failures,
+                        NEW.key_rate_per_second, NEW.key_max_running) = 0 THEN
+        RETURN NULL;  -- made for a key's own limit (76_key_limits.sql): queue_keys' audit has it
+    END IF;
     change := CASE
         -- its first task with a key (75_fair_share.sql); the ON CONFLICT path changes nothing else
         WHEN NEW.keyed AND ((TG_OP = 'INSERT' AND NOT NEW.limited) OR (TG_OP = 'UPDATE' AND NOT OLD.keyed))
@@ -34,7 +39,9 @@ BEGIN
         'paused_until', NEW.paused_until, 'rate_per_second', NEW.rate_per_second, 'burst', NEW.burst,
         'max_running', NEW.max_running, 'breaker_failures', NEW.breaker_failures,
         'breaker_cooldown_seconds', NEW.breaker_cooldown_seconds, 'breaker_state', NEW.breaker_state,
-        'consecutive_failures', NEW.consecutive_failures, 'keyed', NULLIF(NEW.keyed, false))));
+        'consecutive_failures', NEW.consecutive_failures, 'keyed', NULLIF(NEW.keyed, false),
+        'key_rate_per_second', NEW.key_rate_per_second, 'key_burst', NEW.key_burst,
+        'key_max_running', NEW.key_max_running)));
     RETURN NULL;
 END
 $$;
@@ -46,10 +53,12 @@ DROP TRIGGER IF EXISTS queues_audit_update ON queueworker.queues;
 CREATE TRIGGER queues_audit_update AFTER UPDATE ON queueworker.queues
     FOR EACH ROW
     WHEN ((OLD.paused_until, OLD.rate_per_second, OLD.burst, OLD.max_running, OLD.breaker_failures,
-           OLD.breaker_cooldown_seconds, OLD.breaker_state)
+           OLD.breaker_cooldown_seconds, OLD.breaker_state, OLD.key_rate_per_second, OLD.key_burst,
+           OLD.key_max_running)
           IS DISTINCT FROM
           (NEW.paused_until, NEW.rate_per_second, NEW.burst, NEW.max_running, NEW.breaker_failures,
-           NEW.breaker_cooldown_seconds, NEW.breaker_state)
+           NEW.breaker_cooldown_seconds, NEW.breaker_state, NEW.key_rate_per_second, NEW.key_burst,
+           NEW.key_max_running)
           OR (NOT OLD.keyed AND NEW.keyed))
     EXECUTE FUNCTION queueworker.audit_queue();
 

@@ -23,11 +23,14 @@
 -- order: each priority is a fair queue of its own (strict priority comes first, in the claim's
 -- order). `stale`: those of them that carry a tag from before (a task claimed by a worker that did
 -- not know its queue was keyed yet, a forged one): cleared first, so the probes below do not count
--- them. Weights come from queueworker.queue_keys (1 when not set; tasks without a key: always 1).
+-- them; only while they are claimable: a task a claim took meanwhile (the ids of a resumed key's
+-- waiting tasks are read before they are tagged) keeps its tag, by which its key's running tasks are
+-- counted. Weights come from queueworker.queue_keys (1 when not set; tasks without a key: always 1).
 CREATE OR REPLACE FUNCTION queueworker.tag_fair(ids bigint[], stale bigint[]) RETURNS void
 LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
     UPDATE queueworker.tasks_active t SET fair_tag = NULL
-    FROM unnest(stale) AS s(id) WHERE t.id = s.id AND t.fair_tag IS NOT NULL;
+    FROM unnest(stale) AS s(id)
+    WHERE t.id = s.id AND t.fair_tag IS NOT NULL AND t.state = 'pending' AND NOT t.delayed;
     -- No join between groups and rows (the planner cannot know how many of either there are): a
     -- window numbers each group's rows, the first row of each group makes the group's probes (a
     -- CASE evaluates its subqueries only where its branch is taken), and a window hands the
@@ -72,11 +75,29 @@ LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
     WHERE t.id = g.id AND t.state = 'pending' AND NOT t.delayed;
 $$;
 
+-- Makes `queues` keyed (their rows of queueworker.queues, created if need be; the workers hear of it
+-- on channel queueworker_queues) and tags their backlog, the tasks without a key as one key. Called
+-- by the insert trigger below for a queue's first keyed task, and by the trigger of
+-- 76_key_limits.sql for a queue's first per-key limit (a key-limited queue is claimed in fair order).
+CREATE OR REPLACE FUNCTION queueworker.make_keyed(queues text[]) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    INSERT INTO queueworker.queues (name, keyed) SELECT unnest(queues), true
+    ON CONFLICT (name) DO UPDATE SET keyed = true, updated_at = now();
+    PERFORM pg_notify('queueworker_queues', q) FROM unnest(queues) AS q;
+    PERFORM queueworker.tag_fair(
+        ARRAY(SELECT t.id FROM queueworker.tasks_active t
+              WHERE t.queue = ANY(queues) AND t.state = 'pending' AND NOT t.delayed),
+        ARRAY(SELECT t.id FROM queueworker.tasks_active t
+              WHERE t.queue = ANY(queues) AND t.state = 'pending' AND NOT t.delayed
+                AND t.fair_tag IS NOT NULL));
+END
+$$;
+
 -- After an insert into the parent or aimed at `tasks_active`: a queue's first keyed task makes it
--- keyed (its row of queueworker.queues, created if need be; the workers hear of it on channel
--- queueworker_queues), and its backlog from before is tagged with it, as the key of tasks without a
--- key; then the claimable rows inserted into queues keyed before are tagged. A statement that
--- reaches no keyed queue costs one scan of its new rows for a key and one probe of `queues_keyed`.
+-- keyed (make_keyed), and its backlog from before is tagged with it; then the claimable rows
+-- inserted into queues keyed before are tagged. A statement that reaches no keyed queue costs one
+-- scan of its new rows for a key and one probe of `queues_keyed`.
 CREATE OR REPLACE FUNCTION queueworker.fair_tag_inserts() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -87,15 +108,7 @@ BEGIN
         FROM (SELECT DISTINCT n.queue FROM new_rows n WHERE n.key IS NOT NULL) AS d
         WHERE NOT EXISTS (SELECT FROM queueworker.queues q WHERE q.name = d.queue AND q.keyed);
         IF newly_keyed IS NOT NULL THEN
-            INSERT INTO queueworker.queues (name, keyed) SELECT unnest(newly_keyed), true
-            ON CONFLICT (name) DO UPDATE SET keyed = true, updated_at = now();
-            PERFORM pg_notify('queueworker_queues', q) FROM unnest(newly_keyed) AS q;
-            PERFORM queueworker.tag_fair(
-                ARRAY(SELECT t.id FROM queueworker.tasks_active t
-                      WHERE t.queue = ANY(newly_keyed) AND t.state = 'pending' AND NOT t.delayed),
-                ARRAY(SELECT t.id FROM queueworker.tasks_active t
-                      WHERE t.queue = ANY(newly_keyed) AND t.state = 'pending' AND NOT t.delayed
-                        AND t.fair_tag IS NOT NULL));
+            PERFORM queueworker.make_keyed(newly_keyed);
         END IF;
     END IF;
     IF NOT EXISTS (SELECT FROM queueworker.queues q WHERE q.keyed) THEN
@@ -153,22 +166,41 @@ CREATE TRIGGER tasks_active_fair_tag_insert AFTER INSERT ON queueworker.tasks_ac
     REFERENCING NEW TABLE AS new_rows
     FOR EACH STATEMENT EXECUTE FUNCTION queueworker.fair_tag_inserts();
 
-REVOKE EXECUTE ON FUNCTION queueworker.tag_fair(bigint[], bigint[]), queueworker.fair_tag_inserts(),
-                           queueworker.fair_tag_updates() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION queueworker.tag_fair(bigint[], bigint[]), queueworker.make_keyed(text[]),
+                           queueworker.fair_tag_inserts(), queueworker.fair_tag_updates() FROM PUBLIC;
 
--- A key's weight set, changed or cleared (`queueworker limit Q --key K --weight W | --clear`) is a
--- row of queueworker.queue_events too, as every change of a queue's settings: change `key_weight`
--- (detail: the key and its weight) or `key_cleared` (the key).
+-- A key's settings set, changed or cleared (`queueworker limit Q --key K ...`, `pause Q --key K`,
+-- `resume Q --key K`) are rows of queueworker.queue_events too, as every change of a queue's
+-- settings: change `key_weight` (only its weight changed), `key_limits` (its rate, burst or cap),
+-- `key_paused`, `key_resumed`, or `key_cleared` (its row removed); the detail holds the key and its
+-- settings after the change (none for `key_cleared`). A row that held only a pause and goes away
+-- is a resume.
 CREATE OR REPLACE FUNCTION queueworker.audit_queue_key() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    change text;
 BEGIN
     IF TG_OP = 'DELETE' THEN
         INSERT INTO queueworker.queue_events (queue, change, detail)
-        VALUES (OLD.queue, 'key_cleared', jsonb_build_object('key', OLD.key));
-    ELSE
-        INSERT INTO queueworker.queue_events (queue, change, detail)
-        VALUES (NEW.queue, 'key_weight', jsonb_build_object('key', NEW.key, 'weight', NEW.weight));
+        VALUES (OLD.queue,
+                CASE WHEN num_nonnulls(OLD.weight, OLD.rate_per_second, OLD.max_running) = 0
+                     THEN 'key_resumed' ELSE 'key_cleared' END,
+                jsonb_build_object('key', OLD.key));
+        RETURN NULL;
     END IF;
+    change := CASE
+        WHEN TG_OP = 'UPDATE' AND OLD.paused_until IS NOT NULL AND NEW.paused_until IS NULL THEN 'key_resumed'
+        WHEN NEW.paused_until IS NOT NULL AND (TG_OP = 'INSERT' OR OLD.paused_until IS DISTINCT FROM NEW.paused_until)
+            THEN 'key_paused'
+        WHEN TG_OP = 'INSERT' AND num_nonnulls(NEW.rate_per_second, NEW.max_running) = 0 THEN 'key_weight'
+        WHEN TG_OP = 'UPDATE' AND (OLD.rate_per_second, OLD.burst, OLD.max_running)
+                                  IS NOT DISTINCT FROM (NEW.rate_per_second, NEW.burst, NEW.max_running)
+            THEN 'key_weight'
+        ELSE 'key_limits' END;
+    INSERT INTO queueworker.queue_events (queue, change, detail)
+    VALUES (NEW.queue, change, jsonb_strip_nulls(jsonb_build_object(
+        'key', NEW.key, 'weight', NEW.weight, 'rate_per_second', NEW.rate_per_second, 'burst', NEW.burst,
+        'max_running', NEW.max_running, 'paused_until', NEW.paused_until)));
     RETURN NULL;
 END
 $$;

@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..client import operations, status
+from ..db.flow import KeyRow
 from ..settings import one_line
 from .common import CliError, bounded_int, command, connect
 from .tables import render_status
@@ -35,29 +36,41 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def add_pause(sub: Any, common: argparse.ArgumentParser) -> None:
     pause = command(sub, "pause", parents=[common],
-                    help="stop claims of a queue (running tasks finish) until resumed, or --for a while")
+                    help="stop claims of a queue, or of one key of it (running tasks finish), until resumed, "
+                         "or --for a while")
     pause.add_argument("queue")
+    pause.add_argument("--key", metavar="K", help="only this key: claims pass over its tasks to the next key's")
     pause.add_argument("--for", dest="duration", metavar="DURATION", help="e.g. 90s, 10m, 2h, 1d")
 
 
 def add_resume(sub: Any, common: argparse.ArgumentParser) -> None:
-    resume = command(sub, "resume", parents=[common], help="end a queue's pause and wake its workers")
+    resume = command(sub, "resume", parents=[common], help="end a queue's (or a key's) pause and wake its workers")
     resume.add_argument("queue")
+    resume.add_argument("--key", metavar="K", help="end this key's pause")
 
 
 def add_limit(sub: Any, common: argparse.ArgumentParser) -> None:
     limit = command(sub, "limit", parents=[common],
-                    help="rate-limit a queue and/or cap its running tasks across all workers")
+                    help="set a queue's limits (rate, running tasks across all workers, and per key), or one "
+                         "key's; what is not given is removed")
     limit.add_argument("queue")
     limit.add_argument("--rate", metavar="N/s|N/m", help="tasks started per second (/s) or minute (/m)")
     limit.add_argument("--burst", type=bounded_int(1, 1_000_000), help="tokens the bucket holds (default: 1 s)")
     limit.add_argument("--concurrency", type=bounded_int(1, 1_000_000), metavar="N",
                        help="at most N of the queue's tasks running at once, across all workers")
-    limit.add_argument("--key", metavar="K", help="a key of the queue: set its --weight (or --clear it)")
+    limit.add_argument("--per-key-rate", metavar="N/s|N/m",
+                       help="default for every key of the queue: tasks of the key started per second or minute "
+                            "(the tasks without a key count as one key)")
+    limit.add_argument("--per-key-burst", type=bounded_int(1, 1_000_000), metavar="B",
+                       help="tokens each key's bucket holds (default: 1 s)")
+    limit.add_argument("--per-key-concurrency", type=bounded_int(1, 1_000_000), metavar="N",
+                       help="default for every key: at most N of the key's tasks running at once")
+    limit.add_argument("--key", metavar="K",
+                       help="one key of the queue: --rate, --burst, --concurrency and --weight are its own (or --clear)")
     limit.add_argument("--weight", type=_weight, metavar="W",
                        help="with --key: the key takes W claims per turn in the queue's fair share (default 1)")
     limit.add_argument("--clear", action="store_true",
-                       help="remove the queue's rate and concurrency limits (with --key: the key's weight)")
+                       help="remove the queue's limits (with --key: the key's own limits and weight)")
 
 
 def _weight(text: str) -> float:
@@ -87,20 +100,28 @@ def _given(parse: Callable[[str], float], text: str | None) -> float | None:
 
 
 def cmd_flow(args: argparse.Namespace) -> int:
-    """pause, resume, limit and breaker: change a queue's flow control, then print it."""
+    """pause, resume, limit and breaker: change a queue's (or one key's) flow control, then print it."""
     with connect(args.dsn) as conn:
         try:
-            if args.subcommand == "pause":
+            if args.subcommand in ("pause", "resume", "limit") and args.key is not None:
+                row = _key_change(conn, args)
+            elif args.subcommand == "pause":
                 row = operations.pause(conn, args.queue, seconds=_given(operations.parse_duration, args.duration))
             elif args.subcommand == "resume":
                 row = operations.resume(conn, args.queue)
-            elif args.subcommand == "limit" and (args.key is not None or args.weight is not None):
-                return _key_weight(conn, args)
             elif args.subcommand == "limit":
-                if args.clear == (args.rate is not None or args.concurrency is not None or args.burst is not None):
-                    raise CliError("give --rate and/or --concurrency, or --clear")
-                row = operations.set_limits(conn, args.queue, burst=args.burst, max_running=args.concurrency,
-                                            rate_per_second=_given(operations.parse_rate, args.rate))
+                if args.weight is not None:
+                    raise CliError("--weight needs --key")
+                given = (args.rate, args.concurrency, args.burst, args.per_key_rate, args.per_key_burst,
+                         args.per_key_concurrency)
+                if args.clear == any(value is not None for value in given):
+                    raise CliError("give --rate, --concurrency and/or --per-key-rate, --per-key-concurrency, "
+                                   "or --clear")
+                row = operations.set_limits(
+                    conn, args.queue, burst=args.burst, max_running=args.concurrency,
+                    rate_per_second=_given(operations.parse_rate, args.rate),
+                    per_key_rate_per_second=_given(operations.parse_rate, args.per_key_rate),
+                    per_key_burst=args.per_key_burst, per_key_max_running=args.per_key_concurrency)
             else:
                 if args.off == (args.failures is not None or args.cooldown is not None):
                     raise CliError("give --failures and --cooldown, or --off")
@@ -111,30 +132,32 @@ def cmd_flow(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise CliError(str(exc)) from None
         conn.commit()
-    if row is None:
+    if args.subcommand in ("pause", "resume", "limit") and args.key is not None:
+        # The key was checked (printable text) before anything was written.
+        if args.subcommand == "limit" and args.clear:
+            print(f"queue {args.queue}: key {args.key} takes 1 claim per turn and the queue's per-key defaults"
+                  + ("" if row else " (it had no settings of its own)"))
+        else:
+            print(f"queue {args.queue}: key {args.key}: "
+                  + ("no settings of its own" if row is None else status.describe_key(row)))
+    elif row is None:
         print(f"queue {args.queue} has no flow control")
     else:
         print(f"queue {args.queue}: " + status.describe_flow(status.flow_control(row)))
     return 0
 
 
-def _key_weight(conn: Any, args: argparse.Namespace) -> int:
-    """`limit Q --key K --weight W` or `--key K --clear`: a key's weight in the queue's fair share."""
-    if args.key is None:
-        raise CliError("--weight needs --key")
-    if args.rate is not None or args.concurrency is not None or args.burst is not None:
-        raise CliError("--key takes --weight or --clear only: rates and caps are the queue's")
-    if args.clear == (args.weight is not None):
-        raise CliError("give --key with --weight, or with --clear")
-    try:
-        row = operations.set_limits(conn, args.queue, key=args.key, weight=args.weight)
-    except ValidationError as exc:
-        raise CliError(one_line(exc, {"": "queue"})) from None
-    except ValueError as exc:
-        raise CliError(str(exc)) from None
-    conn.commit()
-    if args.clear:
-        print(f"queue {args.queue}: key {args.key} takes 1 claim per turn" + ("" if row else " (it had no weight)"))
-    else:
-        print(f"queue {args.queue}: key {args.key} takes {row.weight:g} claims per turn")
-    return 0
+def _key_change(conn: Any, args: argparse.Namespace) -> KeyRow | None:
+    """`limit Q --key K ...` (a key's own limits and weight, or --clear), `pause Q --key K [--for D]`,
+    `resume Q --key K`: the key's settings after the change, None when it has none left."""
+    if args.subcommand == "pause":
+        return operations.pause(conn, args.queue, key=args.key,
+                                seconds=_given(operations.parse_duration, args.duration))
+    if args.subcommand == "resume":
+        return operations.resume(conn, args.queue, key=args.key)
+    if args.per_key_rate is not None or args.per_key_burst is not None or args.per_key_concurrency is not None:
+        raise CliError("--per-key-... set the defaults of every key: give them without --key")
+    if args.clear == any(value is not None for value in (args.rate, args.burst, args.concurrency, args.weight)):
+        raise CliError("give --key with --rate, --concurrency and/or --weight, or with --clear")
+    return operations.set_limits(conn, args.queue, key=args.key, weight=args.weight, burst=args.burst,
+                                 max_running=args.concurrency, rate_per_second=_given(operations.parse_rate, args.rate))

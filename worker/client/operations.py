@@ -1,5 +1,5 @@
 """What operators and applications do to tasks and queues that exist: cancel and retry tasks;
-pause, resume, rate-limit, cap and guard queues with a circuit breaker.
+pause, resume, rate-limit, cap and guard queues with a circuit breaker, and the keys of a queue.
 
 Each call runs in the caller's transaction (inside a savepoint when one is open), like `enqueue`.
 """
@@ -18,9 +18,9 @@ from .. import jsonvalue
 from ..db import statements
 from ..db.connection import met_moved_row
 from ..db.flow import (
-    BREAKER_QUEUE, CLEAR_KEY_WEIGHT, LIMIT_QUEUE, PAUSE_QUEUE, QUEUE_SETTINGS, RESUME_QUEUE, SET_KEY_WEIGHT,
-    BreakerQueueParams, KeyParams, KeyWeightRow, LimitQueueParams, PauseQueueParams, QueueRow, QueueSettingsParams,
-    ResumeQueueParams, SetKeyWeightParams)
+    BREAKER_QUEUE, CLEAR_KEY_LIMITS, KEY_SETTINGS, LIMIT_QUEUE, PAUSE_KEY, PAUSE_QUEUE, QUEUE_SETTINGS, RESUME_KEY,
+    RESUME_QUEUE, SET_KEY_LIMITS, BreakerQueueParams, KeyParams, KeyRow, KeySettingsParams, LimitQueueParams,
+    PauseKeyParams, PauseQueueParams, QueueRow, QueueSettingsParams, ResumeQueueParams, SetKeyLimitsParams)
 from ..db.notify import NOTIFY_QUEUE, NotifyQueueParams
 from ..db.statements import Params, Statement
 from ..db.tasks import (
@@ -154,64 +154,106 @@ def parse_rate(text: str) -> float:
     return rate
 
 
-def pause(conn: psycopg.Connection, queue: str, *, seconds: float | None = None) -> QueueRow:
+def pause(conn: psycopg.Connection, queue: str, *, seconds: float | None = None,
+          key: str | None = None) -> QueueRow | KeyRow:
     """Claims skip the queue until resumed, or for `seconds`; running tasks finish. Workers wake
-    when a timed pause ends."""
-    if seconds is not None and not 0 < seconds <= MAX_DURATION_SECONDS:
+    when a timed pause ends. With `key`: claims pass over that key's tasks only (to the next key's)."""
+    if seconds is not None and not (_is_number(seconds) and 0 < seconds <= MAX_DURATION_SECONDS):
         raise ValueError(f"pause for 0 to {MAX_DURATION_SECONDS:,} seconds, not {seconds!r}")
     until = None if seconds is None else datetime.now(timezone.utc) + timedelta(seconds=seconds)
+    if key is not None:
+        with conn.transaction():
+            return statements.fetch_one(conn, PAUSE_KEY, PauseKeyParams(
+                queue=_queue_name(queue), key=_task_key(key), until="infinity" if until is None else until,
+                wake_at=until))
     return _change(conn, PAUSE_QUEUE, PauseQueueParams(
         queue=_queue_name(queue), until="infinity" if until is None else until, wake=until is not None, wake_at=until))
 
 
-def resume(conn: psycopg.Connection, queue: str) -> QueueRow | None:
-    """Ends a pause and wakes the queue's workers; None if the queue has no settings."""
+def resume(conn: psycopg.Connection, queue: str, *, key: str | None = None) -> QueueRow | KeyRow | None:
+    """Ends a pause and wakes the queue's workers; None if the queue has no settings. With `key`:
+    ends that key's pause (its waiting tasks take their place in line anew, behind the other keys'
+    current turn); None if it was not paused."""
+    if key is not None:
+        with conn.transaction():
+            return statements.fetch_one(conn, RESUME_KEY, KeyParams(queue=_queue_name(queue), key=_task_key(key)))
     return _change(conn, RESUME_QUEUE, ResumeQueueParams(queue=_queue_name(queue), wake=True, wake_at=None))
 
 
 def set_limits(conn: psycopg.Connection, queue: str, *, rate_per_second: float | None = None,
-               burst: int | None = None, max_running: int | None = None, key: str | None = None,
-               weight: float | None = None) -> QueueRow | KeyWeightRow | None:
-    """A rate limit (`burst` defaults to one second's worth, at least 1) and a cap on the queue's
-    running tasks across all workers. None removes a limit.
+               burst: int | None = None, max_running: int | None = None,
+               per_key_rate_per_second: float | None = None, per_key_burst: int | None = None,
+               per_key_max_running: int | None = None, key: str | None = None,
+               weight: float | None = None) -> QueueRow | KeyRow | None:
+    """A queue's limits, all at once (what is not given is removed): a rate limit (`burst` defaults
+    to one second's worth, at least 1), a cap on the queue's running tasks across all workers, and
+    the defaults of every key of the queue (docs/flow-control.md): a rate per key
+    (`per_key_burst` as `burst`) and a cap on each key's running tasks; the tasks without a key
+    count as one key.
 
-    With `key`: that key's weight in the queue's fair share (docs/flow-control.md), `weight` claims
-    per turn (0.001 to 1000); weight=None gives it back the default of 1 (returns None if it had
-    none). The other limits are the queue's, not a key's: they cannot go with a key."""
+    With `key`: that key's own settings, all at once (its pause is kept): its weight in the
+    queue's fair share (`weight` claims per turn, 0.001 to 1000; None: 1), and a rate, burst and
+    cap of its own in place of the queue's per-key defaults. With nothing but the key, its
+    settings are cleared: returns those it had (None if it had none)."""
     if key is not None:
-        if (rate_per_second, burst, max_running) != (None, None, None):
-            raise ValueError("a key takes a weight only: rates and caps are the queue's")
-        return _set_key_weight(conn, queue, key, weight)
+        if (per_key_rate_per_second, per_key_burst, per_key_max_running) != (None, None, None):
+            raise ValueError("per-key defaults are the queue's: give them without a key")
+        return _set_key_limits(conn, queue, key, weight, *_limits(rate_per_second, burst, max_running, ""))
     if weight is not None:
         raise ValueError("a weight is a key's: give the key")
-    if rate_per_second is not None and not 0 < rate_per_second <= MAX_RATE_PER_SECOND:
-        raise ValueError(f"rate_per_second must be above 0 and at most {MAX_RATE_PER_SECOND:,.0f}")
-    if burst is not None and (rate_per_second is None or not 1 <= burst <= 1_000_000):
-        raise ValueError("burst needs a rate, and is 1 to 1,000,000")
-    if max_running is not None and not 1 <= max_running <= 1_000_000:
-        raise ValueError("max_running is 1 to 1,000,000")
-    if rate_per_second is not None and burst is None:
-        burst = max(1, math.ceil(rate_per_second))
-    return _change(conn, LIMIT_QUEUE, LimitQueueParams(queue=_queue_name(queue), rate=rate_per_second, burst=burst,
-                                                       max_running=max_running, wake=True, wake_at=None))
+    rate, burst, max_running = _limits(rate_per_second, burst, max_running, "")
+    key_rate, key_burst, key_max_running = _limits(per_key_rate_per_second, per_key_burst, per_key_max_running,
+                                                   "per_key_")
+    return _change(conn, LIMIT_QUEUE, LimitQueueParams(
+        queue=_queue_name(queue), rate=rate, burst=burst, max_running=max_running, key_rate=key_rate,
+        key_burst=key_burst, key_max_running=key_max_running, wake=True, wake_at=None))
 
 
-def _set_key_weight(conn: psycopg.Connection, queue: str, key: str, weight: float | None) -> KeyWeightRow | None:
-    if isinstance(weight, bool) or not (weight is None or isinstance(weight, (int, float))):
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _limits(rate: float | None, burst: int | None, max_running: int | None,
+            prefix: str) -> tuple[float | None, int | None, int | None]:
+    """A bucket and a cap, checked (`prefix` names the arguments in the message); the burst
+    defaults to one second's worth of the rate, at least 1."""
+    if rate is not None and not (_is_number(rate) and 0 < rate <= MAX_RATE_PER_SECOND):  # NaN fails
+        raise ValueError(f"{prefix}rate_per_second must be above 0 and at most {MAX_RATE_PER_SECOND:,.0f}")
+    if burst is not None and (rate is None or not _is_whole(burst)):
+        raise ValueError(f"{prefix}burst needs a rate, and is 1 to 1,000,000")
+    if max_running is not None and not _is_whole(max_running):
+        raise ValueError(f"{prefix}max_running is 1 to 1,000,000")
+    if rate is not None and burst is None:
+        burst = max(1, math.ceil(rate))
+    return rate, burst, max_running
+
+
+def _is_whole(value: object) -> bool:
+    """A whole number from 1 to 1,000,000 (not a bool, not 2.5)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 1_000_000
+
+
+def _task_key(key: object) -> str:
+    """The key, checked as TaskSpec checks it; the message never holds the key itself (it may hold
+    control characters)."""
+    try:
+        return _TASK_KEY.validate_python(key)
+    except ValidationError as exc:
+        raise ValueError(f"the key: {exc.errors()[0]['msg']}") from None
+
+
+def _set_key_limits(conn: psycopg.Connection, queue: str, key: str, weight: float | None, rate: float | None,
+                    burst: int | None, max_running: int | None) -> KeyRow | None:
+    if weight is not None and not _is_number(weight):
         raise ValueError("the weight must be a number")
     if weight is not None and not (math.isfinite(weight) and MIN_KEY_WEIGHT <= weight <= MAX_KEY_WEIGHT):
         raise ValueError(f"the weight is {MIN_KEY_WEIGHT:g} to {MAX_KEY_WEIGHT:g} claims per turn")
-    queue = _queue_name(queue)
-    try:
-        key = _TASK_KEY.validate_python(key)
-    except ValidationError as exc:  # its message, never the key itself (it may hold control characters)
-        raise ValueError(f"the key: {exc.errors()[0]['msg']}") from None
+    params = KeyParams(queue=_queue_name(queue), key=_task_key(key))
     with conn.transaction():
-        if weight is None:
-            rows = statements.fetch(conn, CLEAR_KEY_WEIGHT, KeyParams(queue=queue, key=key))
-        else:
-            rows = statements.fetch(conn, SET_KEY_WEIGHT, SetKeyWeightParams(queue=queue, key=key, weight=weight))
-    return rows[0] if rows else None
+        if (weight, rate, max_running) == (None, None, None):
+            return statements.fetch_one(conn, CLEAR_KEY_LIMITS, params)
+        return statements.fetch_one(conn, SET_KEY_LIMITS, SetKeyLimitsParams(
+            queue=params.queue, key=params.key, weight=weight, rate=rate, burst=burst, max_running=max_running))
 
 
 def set_breaker(conn: psycopg.Connection, queue: str, *, failures: int | None,
@@ -231,6 +273,11 @@ def set_breaker(conn: psycopg.Connection, queue: str, *, failures: int | None,
 def queue_settings(conn: psycopg.Connection, queue: str | None = None) -> list[QueueRow]:
     """Every queue's flow control settings (those with a row), or one queue's."""
     return statements.fetch(conn, QUEUE_SETTINGS, QueueSettingsParams(queue=queue))
+
+
+def key_settings(conn: psycopg.Connection, queue: str, *, limit: int = 100) -> list[KeyRow]:
+    """The keys of `queue` with settings of their own (weight, limits, pause), at most `limit`, by key."""
+    return statements.fetch(conn, KEY_SETTINGS, KeySettingsParams(queue=_queue_name(queue), limit=limit))
 
 
 def _queue_name(queue: str) -> str:

@@ -11,7 +11,7 @@ import psycopg
 
 from .. import jsonvalue
 from ..db import statements
-from ..db.flow import QueueRow
+from ..db.flow import KeyRow, QueueRow
 from ..db.inspect import (
     LIVE_WORKERS, OLDEST_PENDING_AGE, STATUS_COUNTS, STUCK_TASKS, LiveWorkerRow, QueueFilterParams)
 from .operations import queue_settings
@@ -60,7 +60,11 @@ def flow_control(row: QueueRow) -> dict[str, Any]:
             "rate_per_second": row.rate_per_second, "burst": row.burst, "max_running": row.max_running,
             "breaker": None if row.breaker_failures is None else {
                 "state": row.breaker_state, "failures": row.breaker_failures,
-                "cooldown_seconds": row.breaker_cooldown_seconds, "consecutive_failures": row.consecutive_failures}}
+                "cooldown_seconds": row.breaker_cooldown_seconds, "consecutive_failures": row.consecutive_failures},
+            "per_key": None if row.key_rate_per_second is None and row.key_max_running is None else {
+                "rate_per_second": row.key_rate_per_second, "burst": row.key_burst,
+                "max_running": row.key_max_running},
+            "key_limited": row.key_limited}
 
 
 def describe_flow(flow: dict[str, Any]) -> str:
@@ -77,4 +81,30 @@ def describe_flow(flow: dict[str, Any]) -> str:
         breaker = flow["breaker"]
         parts.append(f"breaker {breaker['state']} ({breaker['consecutive_failures']}/{breaker['failures']} "
                      f"failures, cooldown {breaker['cooldown_seconds']:g}s)")
+    if flow.get("per_key"):
+        parts.append("per key: " + _describe_bucket_and_cap(flow["per_key"]["rate_per_second"],
+                                                            flow["per_key"]["burst"], flow["per_key"]["max_running"]))
+    elif flow.get("key_limited"):
+        parts.append("some keys limited or paused")
     return "; ".join(parts) or "no limits"
+
+
+def describe_key(row: KeyRow) -> str:
+    """A key's own settings in a few words (`paused; rate 2/s (burst 2); weight 3`)."""
+    parts = []
+    if row.paused:
+        parts.append(f"paused until {row.paused_until.isoformat()}" if row.paused_until else "paused")
+    if row.rate_per_second is not None or row.max_running is not None:
+        parts.append(_describe_bucket_and_cap(row.rate_per_second, row.burst, row.max_running))
+    if row.weight is not None:
+        parts.append(f"weight {row.weight:g} (claims per turn)")
+    return "; ".join(parts) or "the queue's per-key defaults"
+
+
+def _describe_bucket_and_cap(rate: float | None, burst: int | None, max_running: int | None) -> str:
+    parts = []
+    if rate is not None:
+        parts.append(f"rate {rate:g}/s (burst {burst})")
+    if max_running is not None:
+        parts.append(f"at most {max_running} running")
+    return ", ".join(parts)

@@ -1,4 +1,4 @@
-"""Flow control (migration 009): queue settings (queueworker.client.operations), the worker's view of
+"""Flow control (migration 009, per key: 021): queue settings (queueworker.client.operations), the worker's view of
 them and circuit breakers (queueworker.runtime.flow). The statements are in flow.sql."""
 
 from __future__ import annotations
@@ -31,6 +31,10 @@ class QueueRow(NamedTuple):
     consecutive_failures: int
     breaker_changed_at: datetime | None
     limited: bool
+    key_rate_per_second: float | None  # the defaults of every key of the queue (migration 021)
+    key_burst: int | None
+    key_max_running: int | None
+    key_limited: bool  # a per-key default or some key's own limit: claimed by CLAIM_KEYS
 
 
 class ResumeQueueParams(Params):
@@ -44,6 +48,9 @@ class LimitQueueParams(Params):
     rate: float | None
     burst: int | None
     max_running: int | None
+    key_rate: float | None
+    key_burst: int | None
+    key_max_running: int | None
     wake_at: datetime | None
     wake: bool
 
@@ -71,6 +78,8 @@ class LimitedQueueRow(NamedTuple):
     breaker_state: str
     limited: bool  # flow control: claimed under the queue's row lock
     keyed: bool  # fair share across its keys (migration 020)
+    key_limited: bool  # per-key limits (migration 021): claimed by CLAIM_KEYS
+    fastest_key_rate: float | None  # the fastest rate of a key's bucket, when key-limited
 
 
 class RecordBreakerParams(Params):
@@ -84,10 +93,13 @@ class BreakerRow(NamedTuple):
     now_state: str
 
 
-class SetKeyWeightParams(Params):
+class SetKeyLimitsParams(Params):
     queue: str
     key: str
-    weight: float
+    weight: float | None
+    rate: float | None
+    burst: int | None
+    max_running: int | None
 
 
 class KeyParams(Params):
@@ -95,12 +107,31 @@ class KeyParams(Params):
     key: str
 
 
-class KeyWeightRow(NamedTuple):
-    """A key's weight in its queue's fair share: `weight` claims per turn."""
+class PauseKeyParams(Params):
+    queue: str
+    key: str
+    until: datetime | str
+    wake_at: datetime | None
+
+
+class KeySettingsParams(Params):
+    queue: str
+    limit: int
+
+
+class KeyRow(NamedTuple):
+    """A key's own settings in its queue: its weight in the fair share (`weight` claims per turn;
+    None: 1), its bucket and cap (None: the queue's per-key defaults), its pause (`paused_until`
+    None while paused until resumed)."""
 
     queue: str
     key: str
-    weight: float
+    weight: float | None
+    rate_per_second: float | None
+    burst: int | None
+    max_running: int | None
+    paused_until: datetime | None
+    paused: bool
 
 
 PAUSE_QUEUE = _SQL.statement("pause_queue", PauseQueueParams, QueueRow)
@@ -110,7 +141,10 @@ BREAKER_QUEUE = _SQL.statement("breaker_queue", BreakerQueueParams, QueueRow)
 QUEUE_SETTINGS = _SQL.statement("queue_settings", QueueSettingsParams, QueueRow)
 LIMITED_QUEUES = _SQL.statement("limited_queues", LimitedQueuesParams, LimitedQueueRow)
 RECORD_BREAKER = _SQL.statement("record_breaker", RecordBreakerParams, BreakerRow)
-SET_KEY_WEIGHT = _SQL.statement("set_key_weight", SetKeyWeightParams, KeyWeightRow)
-CLEAR_KEY_WEIGHT = _SQL.statement("clear_key_weight", KeyParams, KeyWeightRow)
+SET_KEY_LIMITS = _SQL.statement("set_key_limits", SetKeyLimitsParams, KeyRow)
+CLEAR_KEY_LIMITS = _SQL.statement("clear_key_limits", KeyParams, KeyRow)
+PAUSE_KEY = _SQL.statement("pause_key", PauseKeyParams, KeyRow)
+RESUME_KEY = _SQL.statement("resume_key", KeyParams, KeyRow)
+KEY_SETTINGS = _SQL.statement("key_settings", KeySettingsParams, KeyRow)
 
 _SQL.check_all_declared()

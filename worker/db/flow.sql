@@ -6,7 +6,8 @@
 -- (pause_queue, resume_queue, limit_queue, breaker_queue) apply the change in a CTE `changed`, tell the
 -- workers to re-read the queue's settings (channel queueworker_queues, payload: the queue), and, when
 -- %(wake)s, wake them at %(wake_at)s: now when the change may let tasks through sooner, or when a timed
--- pause ends.
+-- pause ends. The changes of one key's settings (set_key_limits, clear_key_limits, pause_key,
+-- resume_key; migration 021) do the same, and return the key's settings as a KeyRow.
 
 -- name: pause_queue
 -- Paused until `until` ('infinity': until resumed). Running tasks finish; the workers wake when it ends.
@@ -15,7 +16,8 @@ WITH changed AS (
     ON CONFLICT (name) DO UPDATE SET paused_until = EXCLUDED.paused_until, updated_at = now()
     RETURNING name, coalesce(paused_until > now(), false) AS paused,
        CASE WHEN isfinite(paused_until) THEN paused_until END AS paused_until, rate_per_second, burst, max_running,
-       breaker_failures, breaker_cooldown_seconds, breaker_state, consecutive_failures, breaker_changed_at, limited
+       breaker_failures, breaker_cooldown_seconds, breaker_state, consecutive_failures, breaker_changed_at, limited,
+       key_rate_per_second, key_burst, key_max_running, key_limited
 ), told AS (
     SELECT pg_notify('queueworker_queues', name) FROM changed
 ), woken AS (
@@ -24,7 +26,8 @@ WITH changed AS (
 )
 SELECT name, coalesce(paused_until > now(), false) AS paused,
        CASE WHEN isfinite(paused_until) THEN paused_until END AS paused_until, rate_per_second, burst, max_running,
-       breaker_failures, breaker_cooldown_seconds, breaker_state, consecutive_failures, breaker_changed_at, limited
+       breaker_failures, breaker_cooldown_seconds, breaker_state, consecutive_failures, breaker_changed_at, limited,
+       key_rate_per_second, key_burst, key_max_running, key_limited
 FROM changed, (SELECT count(*) FROM told) AS t, (SELECT count(*) FROM woken) AS w;
 
 -- name: resume_queue
@@ -34,7 +37,8 @@ WITH changed AS (
     WHERE name = %(queue)s
     RETURNING name, coalesce(paused_until > now(), false) AS paused,
        CASE WHEN isfinite(paused_until) THEN paused_until END AS paused_until, rate_per_second, burst, max_running,
-       breaker_failures, breaker_cooldown_seconds, breaker_state, consecutive_failures, breaker_changed_at, limited
+       breaker_failures, breaker_cooldown_seconds, breaker_state, consecutive_failures, breaker_changed_at, limited,
+       key_rate_per_second, key_burst, key_max_running, key_limited
 ), told AS (
     SELECT pg_notify('queueworker_queues', name) FROM changed
 ), woken AS (
@@ -43,33 +47,52 @@ WITH changed AS (
 )
 SELECT name, coalesce(paused_until > now(), false) AS paused,
        CASE WHEN isfinite(paused_until) THEN paused_until END AS paused_until, rate_per_second, burst, max_running,
-       breaker_failures, breaker_cooldown_seconds, breaker_state, consecutive_failures, breaker_changed_at, limited
+       breaker_failures, breaker_cooldown_seconds, breaker_state, consecutive_failures, breaker_changed_at, limited,
+       key_rate_per_second, key_burst, key_max_running, key_limited
 FROM changed, (SELECT count(*) FROM told) AS t, (SELECT count(*) FROM woken) AS w;
 
 -- name: limit_queue
--- A rate limit (token bucket, full at first) and a global cap on running tasks; NULLs clear them.
-WITH changed AS (
-    INSERT INTO queueworker.queues AS q (name, rate_per_second, burst, tokens, max_running)
-    VALUES (%(queue)s, %(rate)s, %(burst)s, coalesce(%(burst)s, 0), %(max_running)s)
+-- A rate limit (token bucket, full at first) and a global cap on running tasks, and the defaults of
+-- every key of the queue (migration 021: a bucket and a cap per key); NULLs clear them. The buckets
+-- of the keys without a rate of their own start full again when the default rate or burst changes
+-- (`reset`). A per-key default makes the queue key-limited, and keyed
+-- (migrations/functions/76_key_limits.sql).
+WITH before AS (
+    SELECT key_rate_per_second, key_burst FROM queueworker.queues WHERE name = %(queue)s
+), changed AS (
+    INSERT INTO queueworker.queues AS q (name, rate_per_second, burst, tokens, max_running,
+                                         key_rate_per_second, key_burst, key_max_running)
+    VALUES (%(queue)s, %(rate)s, %(burst)s, coalesce(%(burst)s, 0), %(max_running)s,
+            %(key_rate)s, %(key_burst)s, %(key_max_running)s)
     ON CONFLICT (name) DO UPDATE
     SET rate_per_second = EXCLUDED.rate_per_second, burst = EXCLUDED.burst, max_running = EXCLUDED.max_running,
         tokens = CASE WHEN q.rate_per_second IS NOT DISTINCT FROM EXCLUDED.rate_per_second
                        AND q.burst IS NOT DISTINCT FROM EXCLUDED.burst THEN q.tokens ELSE EXCLUDED.tokens END,
         tokens_at = CASE WHEN q.rate_per_second IS NOT DISTINCT FROM EXCLUDED.rate_per_second
                           AND q.burst IS NOT DISTINCT FROM EXCLUDED.burst THEN q.tokens_at ELSE now() END,
+        key_rate_per_second = EXCLUDED.key_rate_per_second, key_burst = EXCLUDED.key_burst,
+        key_max_running = EXCLUDED.key_max_running,
         updated_at = now()
     RETURNING name, coalesce(paused_until > now(), false) AS paused,
        CASE WHEN isfinite(paused_until) THEN paused_until END AS paused_until, rate_per_second, burst, max_running,
-       breaker_failures, breaker_cooldown_seconds, breaker_state, consecutive_failures, breaker_changed_at, limited
+       breaker_failures, breaker_cooldown_seconds, breaker_state, consecutive_failures, breaker_changed_at, limited,
+       key_rate_per_second, key_burst, key_max_running, key_limited
+), reset AS (
+    DELETE FROM queueworker.key_state b
+    WHERE b.queue = %(queue)s
+      AND NOT EXISTS (SELECT FROM before f WHERE (f.key_rate_per_second, f.key_burst)
+                                                 IS NOT DISTINCT FROM (%(key_rate)s::float8, %(key_burst)s::integer))
+      AND NOT EXISTS (SELECT FROM queueworker.queue_keys k
+                      WHERE k.queue = b.queue AND k.key = b.key AND k.rate_per_second IS NOT NULL)
 ), told AS (
     SELECT pg_notify('queueworker_queues', name) FROM changed
 ), woken AS (
     SELECT queueworker.wake_queue(name, coalesce(%(wake_at)s::timestamptz, now())) FROM changed
     WHERE %(wake)s
 )
-SELECT name, coalesce(paused_until > now(), false) AS paused,
-       CASE WHEN isfinite(paused_until) THEN paused_until END AS paused_until, rate_per_second, burst, max_running,
-       breaker_failures, breaker_cooldown_seconds, breaker_state, consecutive_failures, breaker_changed_at, limited
+SELECT name, paused, paused_until, rate_per_second, burst, max_running, breaker_failures, breaker_cooldown_seconds,
+       breaker_state, consecutive_failures, breaker_changed_at, limited, key_rate_per_second, key_burst,
+       key_max_running, key_limited
 FROM changed, (SELECT count(*) FROM told) AS t, (SELECT count(*) FROM woken) AS w;
 
 -- name: breaker_queue
@@ -82,7 +105,8 @@ WITH changed AS (
         breaker_state = 'closed', consecutive_failures = 0, breaker_changed_at = NULL, updated_at = now()
     RETURNING name, coalesce(paused_until > now(), false) AS paused,
        CASE WHEN isfinite(paused_until) THEN paused_until END AS paused_until, rate_per_second, burst, max_running,
-       breaker_failures, breaker_cooldown_seconds, breaker_state, consecutive_failures, breaker_changed_at, limited
+       breaker_failures, breaker_cooldown_seconds, breaker_state, consecutive_failures, breaker_changed_at, limited,
+       key_rate_per_second, key_burst, key_max_running, key_limited
 ), told AS (
     SELECT pg_notify('queueworker_queues', name) FROM changed
 ), woken AS (
@@ -91,22 +115,30 @@ WITH changed AS (
 )
 SELECT name, coalesce(paused_until > now(), false) AS paused,
        CASE WHEN isfinite(paused_until) THEN paused_until END AS paused_until, rate_per_second, burst, max_running,
-       breaker_failures, breaker_cooldown_seconds, breaker_state, consecutive_failures, breaker_changed_at, limited
+       breaker_failures, breaker_cooldown_seconds, breaker_state, consecutive_failures, breaker_changed_at, limited,
+       key_rate_per_second, key_burst, key_max_running, key_limited
 FROM changed, (SELECT count(*) FROM told) AS t, (SELECT count(*) FROM woken) AS w;
 
 -- name: queue_settings
 -- Every queue's settings, or one queue's: `queueworker status` and the console.
 SELECT name, coalesce(paused_until > now(), false) AS paused,
        CASE WHEN isfinite(paused_until) THEN paused_until END AS paused_until, rate_per_second, burst, max_running,
-       breaker_failures, breaker_cooldown_seconds, breaker_state, consecutive_failures, breaker_changed_at, limited
+       breaker_failures, breaker_cooldown_seconds, breaker_state, consecutive_failures, breaker_changed_at, limited,
+       key_rate_per_second, key_burst, key_max_running, key_limited
 FROM queueworker.queues
 WHERE %(queue)s::text IS NULL OR name = %(queue)s ORDER BY name;
 
 -- name: limited_queues
 -- What a worker needs to choose its claim statement, for its own queues: those with flow control
--- (`limited`) and the keyed ones (fair share, migration 020).
-SELECT name, rate_per_second, breaker_failures IS NOT NULL AS has_breaker, breaker_state, limited, keyed
-FROM queueworker.queues WHERE name = ANY(%(queues)s::text[]) AND (limited OR keyed);
+-- (`limited`), the keyed ones (fair share, migration 020), the key-limited ones (migration 021),
+-- and the fastest rate of a key (the default's, or a key's own): how soon a claim cut short by a
+-- key's bucket is worth trying again. Read on every refresh, not per claim.
+SELECT name, rate_per_second, breaker_failures IS NOT NULL AS has_breaker, breaker_state, limited, keyed,
+       key_limited,
+       CASE WHEN key_limited THEN greatest(key_rate_per_second,
+                                           (SELECT max(k.rate_per_second) FROM queueworker.queue_keys k
+                                            WHERE k.queue = q.name)) END AS fastest_key_rate
+FROM queueworker.queues q WHERE name = ANY(%(queues)s::text[]) AND (limited OR keyed);
 
 -- name: record_breaker
 -- A worker's outcomes for a queue with a breaker, since its last report: whether any succeeded,
@@ -133,15 +165,116 @@ SET consecutive_failures = d.streak, breaker_state = d.now_state,
 FROM decided d WHERE q.name = d.name
 RETURNING d.was, d.now_state;
 
--- name: set_key_weight
--- A key's weight in its queue's fair share (migration 020): W claims per turn. It applies to the
--- tags given from now on (tasks of the key already in line keep theirs). Nothing to tell the
--- workers: the triggers that give tags read it.
-INSERT INTO queueworker.queue_keys AS k (queue, key, weight) VALUES (%(queue)s, %(key)s, %(weight)s)
-ON CONFLICT (queue, key) DO UPDATE SET weight = EXCLUDED.weight, updated_at = now()
-RETURNING queue, key, weight;
+-- name: set_key_limits
+-- A key's own settings (`limit Q --key K ...`): its weight in the queue's fair share (migration 020:
+-- W claims per turn, for the tags given from now on), its rate and burst and its cap (migration 021;
+-- NULL: the queue's per-key default), all at once, as `limit_queue` sets a queue's; a pause is kept.
+-- Its bucket starts full again when its rate or burst changes (`reset`). The workers re-read the
+-- queue's settings and wake: a key that was held may be let through.
+WITH before AS (
+    SELECT rate_per_second, burst FROM queueworker.queue_keys WHERE queue = %(queue)s AND key = %(key)s
+), changed AS (
+    INSERT INTO queueworker.queue_keys AS k (queue, key, weight, rate_per_second, burst, max_running)
+    VALUES (%(queue)s, %(key)s, %(weight)s, %(rate)s, %(burst)s, %(max_running)s)
+    ON CONFLICT (queue, key) DO UPDATE
+    SET weight = EXCLUDED.weight, rate_per_second = EXCLUDED.rate_per_second, burst = EXCLUDED.burst,
+        max_running = EXCLUDED.max_running, updated_at = now()
+    RETURNING queue, key, weight, rate_per_second, burst, max_running,
+              CASE WHEN isfinite(paused_until) THEN paused_until END AS paused_until,
+              coalesce(paused_until > now(), false) AS paused
+), reset AS (
+    DELETE FROM queueworker.key_state b
+    WHERE b.queue = %(queue)s AND b.key = %(key)s
+      AND NOT EXISTS (SELECT FROM before f WHERE (f.rate_per_second, f.burst)
+                                                 IS NOT DISTINCT FROM (%(rate)s::float8, %(burst)s::integer))
+), told AS (
+    SELECT pg_notify('queueworker_queues', queue) FROM changed
+), woken AS (
+    SELECT queueworker.wake_queue(queue, now()) FROM changed
+)
+SELECT queue, key, weight, rate_per_second, burst, max_running, paused_until, paused
+FROM changed, (SELECT count(*) FROM told) AS t, (SELECT count(*) FROM woken) AS w;
 
--- name: clear_key_weight
--- `limit Q --key K --clear`: the key's weight is 1 again. No row: it had none.
-DELETE FROM queueworker.queue_keys WHERE queue = %(queue)s AND key = %(key)s
-RETURNING queue, key, weight;
+-- name: clear_key_limits
+-- `limit Q --key K --clear`: the key's weight is 1 again and the queue's per-key defaults apply to
+-- it; a pause is kept. Its row goes when nothing else is left (`removed`), else loses those
+-- settings (`kept`): the two match different rows. Returns the settings it had; no row: it had
+-- none.
+WITH before AS (
+    SELECT queue, key, weight, rate_per_second, burst, max_running,
+           CASE WHEN isfinite(paused_until) THEN paused_until END AS paused_until,
+           coalesce(paused_until > now(), false) AS paused
+    FROM queueworker.queue_keys WHERE queue = %(queue)s AND key = %(key)s
+), removed AS (
+    DELETE FROM queueworker.queue_keys
+    WHERE queue = %(queue)s AND key = %(key)s AND paused_until IS NULL
+    RETURNING queue
+), kept AS (
+    UPDATE queueworker.queue_keys
+    SET weight = NULL, rate_per_second = NULL, burst = NULL, max_running = NULL, updated_at = now()
+    WHERE queue = %(queue)s AND key = %(key)s AND paused_until IS NOT NULL
+    RETURNING queue
+), changed AS (
+    SELECT queue FROM removed UNION ALL SELECT queue FROM kept
+), reset AS (
+    DELETE FROM queueworker.key_state b WHERE b.queue = %(queue)s AND b.key = %(key)s
+), told AS (
+    SELECT pg_notify('queueworker_queues', queue) FROM changed
+), woken AS (
+    SELECT queueworker.wake_queue(queue, now()) FROM changed
+)
+SELECT b.queue, b.key, b.weight, b.rate_per_second, b.burst, b.max_running, b.paused_until, b.paused
+FROM before b, (SELECT count(*) FROM told) AS t, (SELECT count(*) FROM woken) AS w;
+
+-- name: pause_key
+-- `pause Q --key K [--for D]`: claims pass over the key's tasks until `until` ('infinity': until
+-- resumed); its running tasks finish. Its other settings are kept. When a timed pause ends, the
+-- workers wake (`woken`), and the first claim of the queue after it ends the pause for good
+-- (queueworker.end_key_pauses).
+WITH changed AS (
+    INSERT INTO queueworker.queue_keys AS k (queue, key, paused_until) VALUES (%(queue)s, %(key)s, %(until)s)
+    ON CONFLICT (queue, key) DO UPDATE SET paused_until = EXCLUDED.paused_until, updated_at = now()
+    RETURNING queue, key, weight, rate_per_second, burst, max_running,
+              CASE WHEN isfinite(paused_until) THEN paused_until END AS paused_until,
+              coalesce(paused_until > now(), false) AS paused
+), told AS (
+    SELECT pg_notify('queueworker_queues', queue) FROM changed
+), woken AS (
+    SELECT queueworker.wake_queue(queue, %(wake_at)s::timestamptz) FROM changed WHERE %(wake_at)s::timestamptz IS NOT NULL
+)
+SELECT queue, key, weight, rate_per_second, burst, max_running, paused_until, paused
+FROM changed, (SELECT count(*) FROM told) AS t, (SELECT count(*) FROM woken) AS w;
+
+-- name: resume_key
+-- `resume Q --key K`: ends the key's pause and wakes the queue's workers. The key's waiting tasks
+-- take their place in line anew, behind the queue's current virtual time (the trigger of
+-- migrations/functions/76_key_limits.sql). Its row goes when the pause was all it held. No row:
+-- the key was not paused.
+WITH removed AS (
+    DELETE FROM queueworker.queue_keys
+    WHERE queue = %(queue)s AND key = %(key)s AND paused_until IS NOT NULL
+      AND num_nonnulls(weight, rate_per_second, max_running) = 0
+    RETURNING queue, key
+), kept AS (
+    UPDATE queueworker.queue_keys SET paused_until = NULL, updated_at = now()
+    WHERE queue = %(queue)s AND key = %(key)s AND paused_until IS NOT NULL
+      AND num_nonnulls(weight, rate_per_second, max_running) > 0
+    RETURNING queue, key, weight, rate_per_second, burst, max_running
+), told AS (
+    SELECT pg_notify('queueworker_queues', queue) FROM (SELECT queue FROM removed UNION ALL SELECT queue FROM kept) c
+), woken AS (
+    SELECT queueworker.wake_queue(queue, now())
+    FROM (SELECT queue FROM removed UNION ALL SELECT queue FROM kept) AS c
+)
+SELECT queue, key, NULL::float8 AS weight, NULL::float8 AS rate_per_second, NULL::integer AS burst,
+       NULL::integer AS max_running, NULL::timestamptz AS paused_until, false AS paused
+FROM removed, (SELECT count(*) FROM told) AS t, (SELECT count(*) FROM woken) AS w
+UNION ALL
+SELECT queue, key, weight, rate_per_second, burst, max_running, NULL, false FROM kept;
+
+-- name: key_settings
+-- The keys of a queue with settings of their own (`queueworker status --queue Q`), at most `limit`.
+SELECT queue, key, weight, rate_per_second, burst, max_running,
+       CASE WHEN isfinite(paused_until) THEN paused_until END AS paused_until,
+       coalesce(paused_until > now(), false) AS paused
+FROM queueworker.queue_keys WHERE queue = %(queue)s ORDER BY key LIMIT %(limit)s;

@@ -173,9 +173,11 @@ class HandBackParams(Params):
 
 CLAIM = _SQL.statement("claim", ClaimParams, ClaimedRow)
 LOCK_QUEUE = _SQL.statement("lock_queue", LockQueueParams)
+LOCK_KEYS = _SQL.statement("lock_keys", LockQueueParams)
 CLAIM_LIMITED = _SQL.statement("claim_limited", ClaimParams, ClaimedRow)
 CLAIM_FAIR = _SQL.statement("claim_fair", ClaimParams, ClaimedRow)
 CLAIM_LIMITED_FAIR = _SQL.statement("claim_limited_fair", ClaimParams, ClaimedRow)
+CLAIM_KEYS = _SQL.statement("claim_keys", ClaimParams, ClaimedRow)
 REGISTER_WORKER = _SQL.statement("register_worker", RegisterWorkerParams)
 HEARTBEAT = _SQL.statement("heartbeat", HeartbeatParams, HeldRow)
 SAVE_CHECKPOINT = _SQL.statement("save_checkpoint", SaveCheckpointParams, FencedRow)

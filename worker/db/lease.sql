@@ -52,8 +52,11 @@ FROM claimed;
 -- The claim of a keyed queue without flow control (migration 020, docs/flow-control.md): as
 -- `claim`, in fair-share order: highest priority first, then the smallest virtual start tag (the
 -- triggers of migrations/functions/75_fair_share.sql gave it), then the oldest: one scan of the
--- `tasks_fair` index, whatever the number of keys. A claimed task's tag is cleared (it means nothing
--- once the task is not claimable). `untagged` is a safety net that costs nothing while
+-- `tasks_fair` index, whatever the number of keys. A claimed task keeps its tag negated (a tag is
+-- positive; 1 for a task without one): `tasks_running_keys` counts the running tasks of keyed queues
+-- by it, and the trigger of migrations/functions/76_key_limits.sql tells this claim from an earlier
+-- version's, which cleared it (the tag means nothing else once the task is not claimable, and is
+-- given anew when it is claimable again). `untagged` is a safety net that costs nothing while
 -- `fair` fills the claim (a LIMIT of 0 reads no row): a task of the queue without a tag (inserted
 -- by a transaction that had not seen the queue become keyed) is claimed once the tagged ones are
 -- all taken, never left behind. A queue with flow control is claimed by `claim_limited_fair`.
@@ -76,7 +79,7 @@ WITH fair AS MATERIALIZED (
 ), claimed AS (
     UPDATE queueworker.tasks_active t
     SET state = 'running', attempts = t.attempts + 1, lease_owner = %(worker)s,
-        lease_token = t.lease_token + 1, fair_tag = NULL,
+        lease_token = t.lease_token + 1, fair_tag = -coalesce(t.fair_tag, 1),
         leased_until = now() + make_interval(secs => %(lease_seconds)s),
         deadline_at = now() + make_interval(secs => coalesce(t.timeout_seconds, %(timeout_seconds)s)),
         started_at = now(), updated_at = now()
@@ -105,6 +108,12 @@ FROM claimed;
 -- starts, so a claim that waited for the row inside its own statement would count the running tasks
 -- as they were before the claim it waited for (two claimers would each fill the whole cap).
 SELECT FROM queueworker.queues WHERE name = %(queue)s FOR NO KEY UPDATE;
+
+-- name: lock_keys
+-- `lock_queue` for a key-limited queue (migration 021), before `claim_keys`: locks the queue's row
+-- and ends the key pauses whose time has passed (queueworker.lock_key_limited_queue,
+-- migrations/functions/76_key_limits.sql).
+SELECT queueworker.lock_key_limited_queue(%(queue)s);
 
 -- name: claim_limited
 -- The claim of a queue with flow control, after `lock_queue` in the same transaction. Its row is
@@ -181,7 +190,8 @@ FROM claimed;
 -- name: claim_limited_fair
 -- The claim of a keyed queue with flow control (migration 020), after `lock_queue`: the limits of
 -- `claim_limited`, the order and the safety net of `claim_fair` (`chosen` keeps the tagged tasks'
--- order, then the untagged ones').
+-- order, then the untagged ones'). A key-limited queue (migration 021) is `claim_keys`'s: here it
+-- is allowed nothing (a worker that has not heard of its key limits yet).
 WITH settings AS MATERIALIZED (
     SELECT q.*, CASE WHEN q.rate_per_second IS NOT NULL
                      THEN least(q.burst, q.tokens + q.rate_per_second * extract(epoch FROM now() - q.tokens_at))
@@ -190,7 +200,7 @@ WITH settings AS MATERIALIZED (
     FOR NO KEY UPDATE
 ), allowance AS MATERIALIZED (
     SELECT s.name, s.level, s.breaker_state,
-           CASE WHEN s.paused_until > now() THEN 0
+           CASE WHEN s.paused_until > now() OR s.key_limited THEN 0
                 WHEN s.breaker_state <> 'closed'
                      AND now() < s.breaker_changed_at + make_interval(secs => s.breaker_cooldown_seconds) THEN 0
                 ELSE greatest(0, least(
@@ -223,7 +233,7 @@ WITH settings AS MATERIALIZED (
 ), claimed AS (
     UPDATE queueworker.tasks_active t
     SET state = 'running', attempts = t.attempts + 1, lease_owner = %(worker)s,
-        lease_token = t.lease_token + 1, fair_tag = NULL,
+        lease_token = t.lease_token + 1, fair_tag = -coalesce(t.fair_tag, 1),
         leased_until = now() + make_interval(secs => %(lease_seconds)s),
         deadline_at = now() + make_interval(secs => coalesce(t.timeout_seconds, %(timeout_seconds)s)),
         started_at = now(), updated_at = now()
@@ -241,6 +251,158 @@ WITH settings AS MATERIALIZED (
     INSERT INTO queueworker.task_events (task_id, from_state, to_state, worker, lease_token, detail)
     SELECT id, 'pending', 'running', %(worker)s, lease_token, jsonb_build_object('attempts', attempts)
     FROM claimed
+), charged AS (
+    UPDATE queueworker.queues q
+    SET tokens = coalesce(a.level - (SELECT count(*) FROM claimed), q.tokens), tokens_at = now(),
+        breaker_state = CASE WHEN a.breaker_state <> 'closed' AND EXISTS (SELECT FROM claimed)
+                             THEN 'half_open' ELSE q.breaker_state END,
+        breaker_changed_at = CASE WHEN a.breaker_state <> 'closed' AND EXISTS (SELECT FROM claimed)
+                                  THEN now() ELSE q.breaker_changed_at END
+    FROM allowance a WHERE q.name = a.name
+)
+SELECT id, queue, task, payload_json, attempts, max_attempts, lease_token, seconds_to_deadline, run_json,
+       checkpoint_json, headers_json, key
+FROM claimed;
+
+-- name: claim_keys
+-- The claim of a key-limited queue (migration 021, docs/flow-control.md), after `lock_keys`: the
+-- queue's own limits as `claim_limited_fair`, and per key (the tasks without one are the key '')
+-- no more running than its cap, no more started than its token bucket holds, nothing while it is
+-- paused. A held key loses its turn: the claim passes over its tasks to the next key's. The lock
+-- serialises the queue's claimers and this statement's snapshot is taken after it, so every limit
+-- holds exactly, whatever the number of workers.
+--
+-- The cost does not grow with the number of keys. `held`, the keys allowed nothing, comes from small
+-- sets: the keys paused (`queue_keys_paused`), those at their cap (the queue's running tasks per key,
+-- `running`, from `tasks_running_keys`: O(running tasks)), those out of tokens (`key_state_waiting`).
+-- `candidates` reads the line in fair order (the untagged tasks after the tagged ones, as
+-- `claim_fair`'s safety net), skips the held keys' tasks and keeps 2 × `limit` of the others: its
+-- inner LIMITs stop it after 200 + 4 × `limit` tasks read (each part), so a claim may find nothing
+-- when that many consecutive waiting tasks all belong to held keys, though others wait behind
+-- (the worker comes back at its next poll, or when a token is due). Nothing blocks between the scan
+-- and the outer LIMIT: only the rows needed are read. Each key met there is probed for its own
+-- settings and its bucket (`keys`: one probe of each primary key, the LIMITs keep the planner from
+-- reading all the queue's rows instead; a key without a `key_state` row has a full bucket) and allowed
+-- the least of its cap less its running tasks and its whole tokens; `ranked` keeps that many of its
+-- tasks, in line; `chosen` the first `limit` of those the queue allows. `locked` skips a row
+-- someone else holds (a cancel). Claimed tasks keep their tag negated (`claim_fair`). The buckets of
+-- the keys claimed from are charged in `charged_keys` (`next_token_at`: when the key has a whole
+-- token again, NULL while it has one), the queue's in `charged`.
+WITH settings AS MATERIALIZED (
+    SELECT q.*, CASE WHEN q.rate_per_second IS NOT NULL
+                     THEN least(q.burst, q.tokens + q.rate_per_second * extract(epoch FROM now() - q.tokens_at))
+                END AS level
+    FROM queueworker.queues q WHERE q.name = %(queue)s
+    FOR NO KEY UPDATE
+), allowance AS MATERIALIZED (
+    SELECT s.name, s.level, s.breaker_state, s.key_rate_per_second, s.key_burst, s.key_max_running,
+           CASE WHEN s.paused_until > now() THEN 0
+                WHEN s.breaker_state <> 'closed'
+                     AND now() < s.breaker_changed_at + make_interval(secs => s.breaker_cooldown_seconds) THEN 0
+                ELSE greatest(0, least(
+                    %(limit)s,
+                    CASE WHEN s.breaker_state <> 'closed' THEN 1 END,
+                    floor(s.level)::integer,
+                    CASE WHEN s.max_running IS NOT NULL
+                         THEN s.max_running - (SELECT count(*) FROM queueworker.tasks_active r
+                                               WHERE r.queue = s.name AND r.state = 'running')::integer END))
+           END AS n
+    FROM settings s
+), running AS MATERIALIZED (
+    SELECT coalesce(r.key, '') AS key, count(*)::integer AS n
+    FROM queueworker.tasks_active r
+    WHERE r.queue = %(queue)s AND r.state = 'running' AND r.fair_tag IS NOT NULL
+    GROUP BY 1
+), held AS MATERIALIZED (
+    SELECT k.key FROM queueworker.queue_keys k
+    WHERE k.queue = %(queue)s AND k.paused_until IS NOT NULL AND k.paused_until > now()
+    UNION
+    SELECT r.key FROM running r CROSS JOIN allowance a
+    WHERE r.n >= coalesce((SELECT k.max_running FROM queueworker.queue_keys k
+                           WHERE k.queue = %(queue)s AND k.key = r.key), a.key_max_running)
+    UNION
+    SELECT b.key FROM queueworker.key_state b
+    WHERE b.queue = %(queue)s AND b.next_token_at IS NOT NULL AND b.next_token_at > now()
+), candidates AS MATERIALIZED (
+    SELECT w.* FROM (
+        SELECT * FROM (
+            SELECT id, coalesce(key, '') AS key, 1 AS pass, priority, fair_tag, NULL::timestamptz AS run_after
+            FROM queueworker.tasks_active
+            WHERE state = 'pending' AND NOT delayed AND fair_tag IS NOT NULL AND queue = %(queue)s
+              AND run_after <= now() AND coalesce((SELECT n FROM allowance), 1) > 0
+            ORDER BY priority DESC, fair_tag, id
+            LIMIT 200 + 4 * %(limit)s) AS tagged
+        UNION ALL
+        SELECT * FROM (
+            SELECT id, coalesce(key, '') AS key, 2 AS pass, priority, NULL::float8 AS fair_tag, run_after
+            FROM queueworker.tasks_active
+            WHERE state = 'pending' AND NOT delayed AND fair_tag IS NULL AND queue = %(queue)s
+              AND run_after <= now() AND coalesce((SELECT n FROM allowance), 1) > 0
+            ORDER BY priority DESC, run_after, id
+            LIMIT 200 + 4 * %(limit)s) AS untagged
+    ) AS w
+    WHERE w.key NOT IN (SELECT h.key FROM held h)
+    LIMIT 2 * %(limit)s
+), keys AS MATERIALIZED (
+    SELECT c.key, c.rate, c.paused,
+           CASE WHEN c.rate IS NOT NULL
+                THEN least(c.burst, coalesce(c.tokens + c.rate * extract(epoch FROM now() - c.tokens_at), c.burst))
+           END AS level,
+           c.max_running - coalesce((SELECT r.n FROM running r WHERE r.key = c.key), 0) AS slots
+    FROM (SELECT d.key, coalesce(k.paused_until > now(), false) AS paused,
+                 coalesce(k.rate_per_second, a.key_rate_per_second) AS rate,
+                 CASE WHEN k.rate_per_second IS NOT NULL THEN k.burst ELSE a.key_burst END AS burst,
+                 coalesce(k.max_running, a.key_max_running) AS max_running, b.tokens, b.tokens_at
+          FROM (SELECT DISTINCT key FROM candidates) AS d
+          CROSS JOIN allowance a
+          LEFT JOIN LATERAL (SELECT * FROM queueworker.queue_keys k
+                             WHERE k.queue = %(queue)s AND k.key = d.key LIMIT 1) AS k ON true
+          LEFT JOIN LATERAL (SELECT * FROM queueworker.key_state b
+                             WHERE b.queue = %(queue)s AND b.key = d.key LIMIT 1) AS b ON true) AS c
+), ranked AS (
+    SELECT s.id, s.pass, s.priority, s.fair_tag, s.run_after,
+           row_number() OVER (PARTITION BY s.key ORDER BY s.pass, s.priority DESC, s.fair_tag, s.run_after, s.id)
+               AS rank,
+           CASE WHEN k.paused THEN 0 ELSE least(k.slots, floor(k.level)::integer) END AS allowed
+    FROM candidates s JOIN keys k ON k.key = s.key
+), chosen AS MATERIALIZED (
+    SELECT id FROM ranked WHERE allowed IS NULL OR rank <= allowed
+    ORDER BY pass, priority DESC, fair_tag, run_after, id
+    LIMIT coalesce((SELECT n FROM allowance), %(limit)s)
+), locked AS MATERIALIZED (
+    SELECT t.id FROM queueworker.tasks_active t
+    WHERE t.id IN (SELECT id FROM chosen) AND t.state = 'pending'
+    FOR NO KEY UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE queueworker.tasks_active t
+    SET state = 'running', attempts = t.attempts + 1, lease_owner = %(worker)s,
+        lease_token = t.lease_token + 1, fair_tag = -coalesce(t.fair_tag, 1),
+        leased_until = now() + make_interval(secs => %(lease_seconds)s),
+        deadline_at = now() + make_interval(secs => coalesce(t.timeout_seconds, %(timeout_seconds)s)),
+        started_at = now(), updated_at = now()
+    FROM locked
+    WHERE t.id = locked.id AND t.state = 'pending'
+    RETURNING t.id, t.queue, t.task, t.payload::text AS payload_json, t.attempts, t.max_attempts, t.lease_token,
+              extract(epoch FROM t.deadline_at - now())::float8 AS seconds_to_deadline,
+              CASE WHEN t.run_id IS NOT NULL THEN (
+                  SELECT jsonb_build_object('id', r.id, 'name', r.name, 'partition', t.run_partition,
+                                            'watermark', r.watermark, 'watermark_before', r.watermark_before,
+                                            'forced', r.forced)::text
+                  FROM queueworker.runs r WHERE r.id = t.run_id) END AS run_json,
+              t.checkpoint::text AS checkpoint_json, t.headers::text AS headers_json, t.key
+), audited AS (
+    INSERT INTO queueworker.task_events (task_id, from_state, to_state, worker, lease_token, detail)
+    SELECT id, 'pending', 'running', %(worker)s, lease_token, jsonb_build_object('attempts', attempts)
+    FROM claimed
+), charged_keys AS (
+    INSERT INTO queueworker.key_state AS b (queue, key, tokens, tokens_at, next_token_at)
+    SELECT %(queue)s, k.key, k.level - c.n, now(),
+           CASE WHEN k.level - c.n < 1 THEN now() + make_interval(secs => (1 - (k.level - c.n)) / k.rate) END
+    FROM (SELECT coalesce(key, '') AS key, count(*) AS n FROM claimed GROUP BY 1) AS c
+    JOIN keys k ON k.key = c.key
+    WHERE k.rate IS NOT NULL
+    ON CONFLICT (queue, key) DO UPDATE
+    SET tokens = EXCLUDED.tokens, tokens_at = EXCLUDED.tokens_at, next_token_at = EXCLUDED.next_token_at
 ), charged AS (
     UPDATE queueworker.queues q
     SET tokens = coalesce(a.level - (SELECT count(*) FROM claimed), q.tokens), tokens_at = now(),

@@ -9,7 +9,8 @@ yet stays safe), come back when its bucket has a token again, and report outcome
 claiming nothing more from a queue while a failure it saw there is not yet reported (that failure
 may be the one that opens the breaker). A keyed queue (fair share across its keys, migration 020) is
 claimed in fair-share order (`claim_fair`, or `claim_limited_fair` when it is limited too); the
-plain `claim` claims nothing from one either.
+plain `claim` claims nothing from one either. A key-limited queue (per-key limits and pauses,
+migration 021) is claimed by `claim_keys` after `lock_keys`; every other claim takes nothing from it.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from collections.abc import Callable
 from .. import metrics
 from ..db.connection import DutyConnection
 from ..db.flow import LIMITED_QUEUES, RECORD_BREAKER, LimitedQueueRow, LimitedQueuesParams, RecordBreakerParams
-from ..db.lease import (CLAIM, CLAIM_FAIR, CLAIM_LIMITED, CLAIM_LIMITED_FAIR, LOCK_QUEUE, ClaimedRow, ClaimParams,
-                        LockQueueParams)
+from ..db.lease import (CLAIM, CLAIM_FAIR, CLAIM_KEYS, CLAIM_LIMITED, CLAIM_LIMITED_FAIR, LOCK_KEYS, LOCK_QUEUE,
+                        ClaimedRow, ClaimParams, LockQueueParams)
 from ..db.statements import Bound, Statement
 
 log = logging.getLogger("queueworker.flow")
@@ -56,14 +57,20 @@ class FlowControl:
                                                       Statement[ClaimParams, ClaimedRow]]:
         """The statement that locks the queue first (None when nothing is limited), and the claim."""
         fair = queue in self.keyed
-        if queue in self.limited:
+        settings = self.limited.get(queue)
+        if settings is not None and settings.key_limited:
+            return Bound(LOCK_KEYS, LockQueueParams(queue=queue)), CLAIM_KEYS
+        if settings is not None:
             return Bound(LOCK_QUEUE, LockQueueParams(queue=queue)), CLAIM_LIMITED_FAIR if fair else CLAIM_LIMITED
         return None, CLAIM_FAIR if fair else CLAIM
 
     def token_interval(self, queue: str) -> float | None:
-        """Seconds between tokens of a rate-limited queue: when a claim it limited is worth trying again."""
+        """Seconds between tokens of a rate-limited queue, or of its fastest key's bucket: when a
+        claim such a bucket may have cut short is worth trying again."""
         settings = self.limited.get(queue)
-        return None if settings is None or settings.rate_per_second is None else 1.0 / settings.rate_per_second
+        rates = () if settings is None else [rate for rate in (settings.rate_per_second, settings.fastest_key_rate)
+                                             if rate is not None]
+        return 1.0 / max(rates) if rates else None
 
     def settings_changed(self) -> None:
         """A notification said a queue's settings changed: re-read them now."""
@@ -107,8 +114,8 @@ class FlowControl:
         rows = await self._conn.fetch(LIMITED_QUEUES, LimitedQueuesParams(queues=self._queues))
         limited = {row.name: row for row in rows if row.limited}
         keyed = frozenset(row.name for row in rows if row.keyed)
-        changed = keyed != self.keyed or {name: row.rate_per_second for name, row in limited.items()} != {
-            name: row.rate_per_second for name, row in self.limited.items()}
+        changed = keyed != self.keyed or {name: self._claimed_as(row) for name, row in limited.items()} != {
+            name: self._claimed_as(row) for name, row in self.limited.items()}
         self.limited, self.keyed = limited, keyed
         self.breaker_queues = frozenset(row.name for row in rows if row.has_breaker)
         for row in rows:
@@ -118,6 +125,11 @@ class FlowControl:
             log.info("flow control on %s; fair share on %s", ", ".join(sorted(limited)) or "none of this worker's queues",
                      ", ".join(sorted(keyed)) or "none")
             self._on_change()
+
+    @staticmethod
+    def _claimed_as(row: LimitedQueueRow) -> tuple[float | None, bool, float | None]:
+        """What decides how a limited queue is claimed and when a cut-short claim is tried again."""
+        return row.rate_per_second, row.key_limited, row.fastest_key_rate
 
     async def _report(self, queue: str, any_succeeded: bool, failures: int) -> None:
         for row in await self._conn.fetch(RECORD_BREAKER, RecordBreakerParams(

@@ -152,6 +152,7 @@ class Worker:
         self._finished: Counter[str] = Counter()  # outcomes written since the last summary line
         self.scheduler = Scheduler(self._duty_conn, settings.scheduler_max_interval_seconds)
         self._due_timer = DueTimer(self.scheduler.poke)  # a pass when tasks announced for later are due
+        self._token_timer = DueTimer(self._wakeup.set)  # a claim again when a bucket that cut one short refills
         self.flow = FlowControl(self._duty_conn, settings.queues, on_change=lambda: self._wake_at(0.0))
         self.completer = Completer(self._complete_conn, settings.flush_interval_seconds, settings.flush_max_batch,
                                    self._flushed, on_waiting=self.scheduler.poke,
@@ -230,6 +231,7 @@ class Worker:
         finally:
             watchdog.stop()
             self._due_timer.cancel()
+            self._token_timer.cancel()
             for duty in duties:
                 duty.cancel()
             await asyncio.gather(*duties, return_exceptions=True)
@@ -437,8 +439,10 @@ class Worker:
             metrics.IN_FLIGHT.set(len(self._inflight))
         self.signals.claimed.emit(rows)
         token_interval = self.flow.token_interval(queue)
-        if token_interval is not None and len(rows) < limit:  # the bucket may be what stopped it
-            self._wake_at(time.time() + token_interval)
+        # A bucket may be what cut the claim short: claim again when it has a token. Not after a
+        # claim that took nothing (an empty queue would be polled at the rate).
+        if token_interval is not None and 0 < len(rows) < limit:
+            self._token_timer.at(time.time() + token_interval)
         return len(rows)
 
     # -- attempts -------------------------------------------------------------------------
