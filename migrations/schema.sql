@@ -66,6 +66,11 @@ BEGIN
         INSERT INTO queueworker.queue_events (queue, change, detail) VALUES (OLD.name, 'cleared', '{}');
         RETURN NULL;
     END IF;
+    IF TG_OP = 'INSERT' AND NOT NEW.keyed
+       AND num_nonnulls(NEW.paused_until, NEW.rate_per_second, NEW.max_running, NEW.breaker_failures,
+                        NEW.key_rate_per_second, NEW.key_max_running) = 0 THEN
+        RETURN NULL;  -- made for a key's own limit (76_key_limits.sql): queue_keys' audit has it
+    END IF;
     change := CASE
         -- its first task with a key (75_fair_share.sql); the ON CONFLICT path changes nothing else
         WHEN NEW.keyed AND ((TG_OP = 'INSERT' AND NOT NEW.limited) OR (TG_OP = 'UPDATE' AND NOT OLD.keyed))
@@ -81,7 +86,9 @@ BEGIN
         'paused_until', NEW.paused_until, 'rate_per_second', NEW.rate_per_second, 'burst', NEW.burst,
         'max_running', NEW.max_running, 'breaker_failures', NEW.breaker_failures,
         'breaker_cooldown_seconds', NEW.breaker_cooldown_seconds, 'breaker_state', NEW.breaker_state,
-        'consecutive_failures', NEW.consecutive_failures, 'keyed', NULLIF(NEW.keyed, false))));
+        'consecutive_failures', NEW.consecutive_failures, 'keyed', NULLIF(NEW.keyed, false),
+        'key_rate_per_second', NEW.key_rate_per_second, 'key_burst', NEW.key_burst,
+        'key_max_running', NEW.key_max_running)));
     RETURN NULL;
 END
 $$;
@@ -90,14 +97,30 @@ CREATE FUNCTION queueworker.audit_queue_key() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
+DECLARE
+    change text;
 BEGIN
     IF TG_OP = 'DELETE' THEN
         INSERT INTO queueworker.queue_events (queue, change, detail)
-        VALUES (OLD.queue, 'key_cleared', jsonb_build_object('key', OLD.key));
-    ELSE
-        INSERT INTO queueworker.queue_events (queue, change, detail)
-        VALUES (NEW.queue, 'key_weight', jsonb_build_object('key', NEW.key, 'weight', NEW.weight));
+        VALUES (OLD.queue,
+                CASE WHEN num_nonnulls(OLD.weight, OLD.rate_per_second, OLD.max_running) = 0
+                     THEN 'key_resumed' ELSE 'key_cleared' END,
+                jsonb_build_object('key', OLD.key));
+        RETURN NULL;
     END IF;
+    change := CASE
+        WHEN TG_OP = 'UPDATE' AND OLD.paused_until IS NOT NULL AND NEW.paused_until IS NULL THEN 'key_resumed'
+        WHEN NEW.paused_until IS NOT NULL AND (TG_OP = 'INSERT' OR OLD.paused_until IS DISTINCT FROM NEW.paused_until)
+            THEN 'key_paused'
+        WHEN TG_OP = 'INSERT' AND num_nonnulls(NEW.rate_per_second, NEW.max_running) = 0 THEN 'key_weight'
+        WHEN TG_OP = 'UPDATE' AND (OLD.rate_per_second, OLD.burst, OLD.max_running)
+                                  IS NOT DISTINCT FROM (NEW.rate_per_second, NEW.burst, NEW.max_running)
+            THEN 'key_weight'
+        ELSE 'key_limits' END;
+    INSERT INTO queueworker.queue_events (queue, change, detail)
+    VALUES (NEW.queue, change, jsonb_strip_nulls(jsonb_build_object(
+        'key', NEW.key, 'weight', NEW.weight, 'rate_per_second', NEW.rate_per_second, 'burst', NEW.burst,
+        'max_running', NEW.max_running, 'paused_until', NEW.paused_until)));
     RETURN NULL;
 END
 $$;
@@ -747,15 +770,7 @@ BEGIN
         FROM (SELECT DISTINCT n.queue FROM new_rows n WHERE n.key IS NOT NULL) AS d
         WHERE NOT EXISTS (SELECT FROM queueworker.queues q WHERE q.name = d.queue AND q.keyed);
         IF newly_keyed IS NOT NULL THEN
-            INSERT INTO queueworker.queues (name, keyed) SELECT unnest(newly_keyed), true
-            ON CONFLICT (name) DO UPDATE SET keyed = true, updated_at = now();
-            PERFORM pg_notify('queueworker_queues', q) FROM unnest(newly_keyed) AS q;
-            PERFORM queueworker.tag_fair(
-                ARRAY(SELECT t.id FROM queueworker.tasks_active t
-                      WHERE t.queue = ANY(newly_keyed) AND t.state = 'pending' AND NOT t.delayed),
-                ARRAY(SELECT t.id FROM queueworker.tasks_active t
-                      WHERE t.queue = ANY(newly_keyed) AND t.state = 'pending' AND NOT t.delayed
-                        AND t.fair_tag IS NOT NULL));
+            PERFORM queueworker.make_keyed(newly_keyed);
         END IF;
     END IF;
     IF NOT EXISTS (SELECT FROM queueworker.queues q WHERE q.keyed) THEN
@@ -871,6 +886,50 @@ BEGIN
 END
 $_$;
 
+CREATE FUNCTION queueworker.key_limited_queue_keyed() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    PERFORM queueworker.make_keyed(ARRAY[NEW.name]);
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION queueworker.lock_key_limited_queue(queue_name text) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    PERFORM FROM queueworker.queues q WHERE q.name = queue_name FOR NO KEY UPDATE;
+    IF EXISTS (SELECT FROM queueworker.queue_keys k
+               WHERE k.queue = queue_name AND k.paused_until IS NOT NULL AND k.paused_until <= now()) THEN
+        DELETE FROM queueworker.queue_keys k
+        WHERE k.queue = queue_name AND k.paused_until IS NOT NULL AND k.paused_until <= now()
+          AND num_nonnulls(k.weight, k.rate_per_second, k.max_running) = 0;
+        UPDATE queueworker.queue_keys k SET paused_until = NULL, updated_at = now()
+        WHERE k.queue = queue_name AND k.paused_until IS NOT NULL AND k.paused_until <= now();
+    END IF;
+END
+$$;
+
+CREATE FUNCTION queueworker.make_keyed(queues text[]) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    INSERT INTO queueworker.queues (name, keyed) SELECT unnest(queues), true
+    ON CONFLICT (name) DO UPDATE SET keyed = true, updated_at = now();
+    PERFORM pg_notify('queueworker_queues', q) FROM unnest(queues) AS q;
+    PERFORM queueworker.tag_fair(
+        ARRAY(SELECT t.id FROM queueworker.tasks_active t
+              WHERE t.queue = ANY(queues) AND t.state = 'pending' AND NOT t.delayed),
+        ARRAY(SELECT t.id FROM queueworker.tasks_active t
+              WHERE t.queue = ANY(queues) AND t.state = 'pending' AND NOT t.delayed
+                AND t.fair_tag IS NOT NULL));
+END
+$$;
+
 CREATE FUNCTION queueworker.mark_notify_on_finish(ids bigint[]) RETURNS SETOF bigint
     LANGUAGE sql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -878,6 +937,28 @@ CREATE FUNCTION queueworker.mark_notify_on_finish(ids bigint[]) RETURNS SETOF bi
     UPDATE queueworker.tasks SET notify_on_finish = true
     WHERE id = ANY(ids) AND NOT notify_on_finish AND queue LIKE ANY ((SELECT queueworker.queue_patterns())::text[])
     RETURNING id
+$$;
+
+CREATE FUNCTION queueworker.note_key_limits() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    queue_name text := CASE WHEN TG_OP = 'DELETE' THEN OLD.queue ELSE NEW.queue END;
+    has_limits boolean;
+BEGIN
+    has_limits := EXISTS (SELECT FROM queueworker.queue_keys k
+                          WHERE k.queue = queue_name
+                            AND num_nonnulls(k.rate_per_second, k.max_running, k.paused_until) > 0);
+    IF has_limits THEN
+        INSERT INTO queueworker.queues AS q (name, key_limits) VALUES (queue_name, true)
+        ON CONFLICT (name) DO UPDATE SET key_limits = true, updated_at = now() WHERE NOT q.key_limits;
+    ELSE
+        UPDATE queueworker.queues SET key_limits = false, updated_at = now()
+        WHERE name = queue_name AND key_limits;
+    END IF;
+    RETURN NULL;
+END
 $$;
 
 CREATE FUNCTION queueworker.notify_finished() RETURNS trigger
@@ -1032,6 +1113,18 @@ CREATE FUNCTION queueworker.queue_patterns() RETURNS text[]
                            ORDER BY g.pattern) END
 $$;
 
+CREATE FUNCTION queueworker.refuse_claims_blind_to_key_limits() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    IF EXISTS (SELECT FROM queueworker.queues q WHERE q.name = NEW.queue AND q.key_limited) THEN
+        RETURN NULL;
+    END IF;
+    RETURN NEW;
+END
+$$;
+
 CREATE FUNCTION queueworker.replace_pending(ids bigint[], payloads jsonb[], priorities integer[], run_afters timestamp with time zone[]) RETURNS TABLE(id bigint, notified bigint)
     LANGUAGE sql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -1130,6 +1223,23 @@ BEGIN
             USING ERRCODE = 'insufficient_privilege',
                   HINT = 'queue grants decide which queues a producer may use: `queueworker grants` lists them';
     END IF;
+END
+$$;
+
+CREATE FUNCTION queueworker.retag_resumed_key() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    waiting bigint[];
+BEGIN
+    waiting := ARRAY(SELECT t.id FROM queueworker.tasks_active t
+                     WHERE t.queue = OLD.queue AND t.key = OLD.key AND t.state = 'pending' AND NOT t.delayed
+                     ORDER BY t.id);
+    IF cardinality(waiting) > 0 AND EXISTS (SELECT FROM queueworker.queues q WHERE q.name = OLD.queue AND q.keyed) THEN
+        PERFORM queueworker.tag_fair(waiting, waiting);
+    END IF;
+    RETURN NULL;
 END
 $$;
 
@@ -1435,7 +1545,8 @@ CREATE FUNCTION queueworker.tag_fair(ids bigint[], stale bigint[]) RETURNS void
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
     UPDATE queueworker.tasks_active t SET fair_tag = NULL
-    FROM unnest(stale) AS s(id) WHERE t.id = s.id AND t.fair_tag IS NOT NULL;
+    FROM unnest(stale) AS s(id)
+    WHERE t.id = s.id AND t.fair_tag IS NOT NULL AND t.state = 'pending' AND NOT t.delayed;
     -- No join between groups and rows (the planner cannot know how many of either there are): a
     -- window numbers each group's rows, the first row of each group makes the group's probes (a
     -- CASE evaluates its subqueries only where its branch is taken), and a window hands the
@@ -1657,6 +1768,14 @@ CREATE TABLE queueworker.duty_locks (
     duty text NOT NULL
 );
 
+CREATE TABLE queueworker.key_state (
+    queue text NOT NULL,
+    key text NOT NULL,
+    tokens double precision NOT NULL,
+    tokens_at timestamp with time zone NOT NULL,
+    next_token_at timestamp with time zone
+);
+
 CREATE VIEW queueworker.new_tasks AS
  SELECT tasks.id,
     tasks.queue,
@@ -1703,10 +1822,19 @@ CREATE TABLE queueworker.queue_grants (
 CREATE TABLE queueworker.queue_keys (
     queue text NOT NULL,
     key text NOT NULL,
-    weight double precision NOT NULL,
+    weight double precision,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    rate_per_second double precision,
+    burst integer,
+    max_running integer,
+    paused_until timestamp with time zone,
+    CONSTRAINT queue_keys_burst_check CHECK (((burst >= 1) AND (burst <= 1000000))),
+    CONSTRAINT queue_keys_burst_with_rate CHECK (((rate_per_second IS NULL) = (burst IS NULL))),
     CONSTRAINT queue_keys_key_text CHECK ((((length(key) >= 1) AND (length(key) <= 256)) AND (key !~ '[\x01-\x1f\x7f-\x9f\u2028\u2029]'::text))),
+    CONSTRAINT queue_keys_max_running_check CHECK (((max_running >= 1) AND (max_running <= 1000000))),
     CONSTRAINT queue_keys_queue_check CHECK (((length(queue) >= 1) AND (length(queue) <= 200))),
+    CONSTRAINT queue_keys_rate_per_second_check CHECK (((rate_per_second > (0)::double precision) AND (rate_per_second <= ('1000000'::numeric)::double precision))),
+    CONSTRAINT queue_keys_some_setting CHECK (((weight IS NOT NULL) OR (rate_per_second IS NOT NULL) OR (max_running IS NOT NULL) OR (paused_until IS NOT NULL))),
     CONSTRAINT queue_keys_weight_check CHECK (((weight >= (0.001)::double precision) AND (weight <= (1000)::double precision)))
 );
 
@@ -1724,14 +1852,23 @@ CREATE TABLE queueworker.queues (
     consecutive_failures integer DEFAULT 0 NOT NULL,
     breaker_changed_at timestamp with time zone,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
-    limited boolean GENERATED ALWAYS AS (((paused_until IS NOT NULL) OR (rate_per_second IS NOT NULL) OR (max_running IS NOT NULL) OR (breaker_failures IS NOT NULL))) STORED,
     keyed boolean DEFAULT false NOT NULL,
+    key_rate_per_second double precision,
+    key_burst integer,
+    key_max_running integer,
+    key_limits boolean DEFAULT false NOT NULL,
+    limited boolean GENERATED ALWAYS AS (((paused_until IS NOT NULL) OR (rate_per_second IS NOT NULL) OR (max_running IS NOT NULL) OR (breaker_failures IS NOT NULL) OR (key_rate_per_second IS NOT NULL) OR (key_max_running IS NOT NULL) OR key_limits)) STORED,
+    key_limited boolean GENERATED ALWAYS AS (((key_rate_per_second IS NOT NULL) OR (key_max_running IS NOT NULL) OR key_limits)) STORED,
     CONSTRAINT queues_breaker_cooldown_seconds_check CHECK (((breaker_cooldown_seconds > (0)::double precision) AND (breaker_cooldown_seconds <= (31536000)::double precision))),
     CONSTRAINT queues_breaker_failures_check CHECK (((breaker_failures >= 1) AND (breaker_failures <= 1000000))),
     CONSTRAINT queues_breaker_state_check CHECK ((breaker_state = ANY (ARRAY['closed'::text, 'open'::text, 'half_open'::text]))),
     CONSTRAINT queues_burst_check CHECK (((burst >= 1) AND (burst <= 1000000))),
     CONSTRAINT queues_check CHECK (((rate_per_second IS NULL) = (burst IS NULL))),
     CONSTRAINT queues_check1 CHECK (((breaker_failures IS NULL) = (breaker_cooldown_seconds IS NULL))),
+    CONSTRAINT queues_key_burst_check CHECK (((key_burst >= 1) AND (key_burst <= 1000000))),
+    CONSTRAINT queues_key_burst_with_rate CHECK (((key_rate_per_second IS NULL) = (key_burst IS NULL))),
+    CONSTRAINT queues_key_max_running_check CHECK (((key_max_running >= 1) AND (key_max_running <= 1000000))),
+    CONSTRAINT queues_key_rate_per_second_check CHECK (((key_rate_per_second > (0)::double precision) AND (key_rate_per_second <= ('1000000'::numeric)::double precision))),
     CONSTRAINT queues_max_running_check CHECK (((max_running >= 1) AND (max_running <= 1000000))),
     CONSTRAINT queues_name_check CHECK (((length(name) >= 1) AND (length(name) <= 200))),
     CONSTRAINT queues_name_pattern CHECK ((name ~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$'::text)),
@@ -1975,6 +2112,9 @@ ALTER TABLE ONLY queueworker.cron_jobs
 ALTER TABLE ONLY queueworker.duty_locks
     ADD CONSTRAINT duty_locks_pkey PRIMARY KEY (duty);
 
+ALTER TABLE ONLY queueworker.key_state
+    ADD CONSTRAINT key_state_pkey PRIMARY KEY (queue, key);
+
 ALTER TABLE ONLY queueworker.queue_events
     ADD CONSTRAINT queue_events_pkey PRIMARY KEY (id);
 
@@ -2028,9 +2168,13 @@ ALTER TABLE ONLY queueworker.workers
 
 CREATE INDEX cron_jobs_due ON queueworker.cron_jobs USING btree (next_slot) WHERE (NOT paused);
 
+CREATE INDEX key_state_waiting ON queueworker.key_state USING btree (queue, next_token_at) WHERE (next_token_at IS NOT NULL);
+
 CREATE INDEX queue_events_at ON queueworker.queue_events USING btree (at);
 
 CREATE INDEX queue_events_queue ON queueworker.queue_events USING btree (queue, id);
+
+CREATE INDEX queue_keys_paused ON queueworker.queue_keys USING btree (queue, paused_until) WHERE (paused_until IS NOT NULL);
 
 CREATE INDEX queues_keyed ON queueworker.queues USING btree (name) WHERE keyed;
 
@@ -2074,6 +2218,8 @@ CREATE INDEX tasks_finished_run_id_run_partition_idx ON queueworker.tasks_finish
 
 CREATE INDEX tasks_running ON queueworker.tasks_active USING btree (queue, lease_owner) WHERE (state = 'running'::queueworker.task_state);
 
+CREATE INDEX tasks_running_keys ON queueworker.tasks_active USING btree (queue, key) WHERE ((state = 'running'::queueworker.task_state) AND (fair_tag IS NOT NULL));
+
 CREATE INDEX tasks_spec_hash ON queueworker.tasks_finished USING btree (spec_hash);
 
 CREATE INDEX tasks_waiting ON queueworker.tasks_active USING btree (run_after) WHERE ((state = 'retrying'::queueworker.task_state) OR ((state = 'pending'::queueworker.task_state) AND delayed));
@@ -2092,9 +2238,17 @@ CREATE TRIGGER queue_events_no_truncate BEFORE TRUNCATE ON queueworker.queue_eve
 
 CREATE TRIGGER queue_keys_audit AFTER INSERT OR DELETE OR UPDATE ON queueworker.queue_keys FOR EACH ROW EXECUTE FUNCTION queueworker.audit_queue_key();
 
+CREATE TRIGGER queue_keys_note_limits AFTER INSERT OR DELETE OR UPDATE ON queueworker.queue_keys FOR EACH ROW EXECUTE FUNCTION queueworker.note_key_limits();
+
+CREATE TRIGGER queue_keys_removed_retag AFTER DELETE ON queueworker.queue_keys FOR EACH ROW WHEN ((old.paused_until IS NOT NULL)) EXECUTE FUNCTION queueworker.retag_resumed_key();
+
+CREATE TRIGGER queue_keys_resumed_retag AFTER UPDATE ON queueworker.queue_keys FOR EACH ROW WHEN (((old.paused_until IS NOT NULL) AND (new.paused_until IS NULL))) EXECUTE FUNCTION queueworker.retag_resumed_key();
+
 CREATE TRIGGER queues_audit_insert AFTER INSERT OR DELETE ON queueworker.queues FOR EACH ROW EXECUTE FUNCTION queueworker.audit_queue();
 
-CREATE TRIGGER queues_audit_update AFTER UPDATE ON queueworker.queues FOR EACH ROW WHEN (((((((((old.paused_until IS DISTINCT FROM new.paused_until) OR (old.rate_per_second IS DISTINCT FROM new.rate_per_second)) OR (old.burst IS DISTINCT FROM new.burst)) OR (old.max_running IS DISTINCT FROM new.max_running)) OR (old.breaker_failures IS DISTINCT FROM new.breaker_failures)) OR (old.breaker_cooldown_seconds IS DISTINCT FROM new.breaker_cooldown_seconds)) OR (old.breaker_state IS DISTINCT FROM new.breaker_state)) OR ((NOT old.keyed) AND new.keyed))) EXECUTE FUNCTION queueworker.audit_queue();
+CREATE TRIGGER queues_audit_update AFTER UPDATE ON queueworker.queues FOR EACH ROW WHEN ((((((((((((old.paused_until IS DISTINCT FROM new.paused_until) OR (old.rate_per_second IS DISTINCT FROM new.rate_per_second)) OR (old.burst IS DISTINCT FROM new.burst)) OR (old.max_running IS DISTINCT FROM new.max_running)) OR (old.breaker_failures IS DISTINCT FROM new.breaker_failures)) OR (old.breaker_cooldown_seconds IS DISTINCT FROM new.breaker_cooldown_seconds)) OR (old.breaker_state IS DISTINCT FROM new.breaker_state)) OR (old.key_rate_per_second IS DISTINCT FROM new.key_rate_per_second)) OR (old.key_burst IS DISTINCT FROM new.key_burst)) OR (old.key_max_running IS DISTINCT FROM new.key_max_running)) OR ((NOT old.keyed) AND new.keyed))) EXECUTE FUNCTION queueworker.audit_queue();
+
+CREATE TRIGGER queues_keyed_when_key_limited AFTER INSERT OR UPDATE ON queueworker.queues FOR EACH ROW WHEN ((new.key_limited AND (NOT new.keyed))) EXECUTE FUNCTION queueworker.key_limited_queue_keyed();
 
 CREATE TRIGGER run_events_append_only BEFORE UPDATE ON queueworker.run_events FOR EACH ROW EXECUTE FUNCTION queueworker.forbid_event_updates();
 
@@ -2109,6 +2263,8 @@ CREATE TRIGGER task_events_append_only BEFORE UPDATE ON queueworker.task_events 
 CREATE TRIGGER task_events_no_truncate BEFORE TRUNCATE ON queueworker.task_events FOR EACH STATEMENT EXECUTE FUNCTION queueworker.forbid_event_updates();
 
 CREATE TRIGGER tasks_active_audit_insert AFTER INSERT ON queueworker.tasks_active REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION queueworker.audit_task_inserts();
+
+CREATE TRIGGER tasks_active_claims_blind_to_key_limits BEFORE UPDATE ON queueworker.tasks_active FOR EACH ROW WHEN (((old.state = 'pending'::queueworker.task_state) AND (new.state = 'running'::queueworker.task_state) AND (old.fair_tag IS NOT NULL) AND ((new.fair_tag IS NULL) OR (new.fair_tag > (0)::double precision)))) EXECUTE FUNCTION queueworker.refuse_claims_blind_to_key_limits();
 
 CREATE TRIGGER tasks_active_fair_tag_insert AFTER INSERT ON queueworker.tasks_active REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION queueworker.fair_tag_inserts();
 
@@ -2170,7 +2326,15 @@ REVOKE ALL ON FUNCTION queueworker.finalize_run(run_id bigint) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION queueworker.grant_queue(grantee text, pattern text) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION queueworker.key_limited_queue_keyed() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION queueworker.lock_key_limited_queue(queue_name text) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION queueworker.make_keyed(queues text[]) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION queueworker.mark_notify_on_finish(ids bigint[]) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION queueworker.note_key_limits() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION queueworker.notify_finished() FROM PUBLIC;
 
@@ -2180,9 +2344,13 @@ REVOKE ALL ON FUNCTION queueworker.python_json_length(value text) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION queueworker.queue_patterns() FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION queueworker.refuse_claims_blind_to_key_limits() FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION queueworker.replace_pending(ids bigint[], payloads jsonb[], priorities integer[], run_afters timestamp with time zone[]) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION queueworker.require_queues(queues text[]) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION queueworker.retag_resumed_key() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION queueworker.retention_cutoff(retention_seconds double precision, batch integer) FROM PUBLIC;
 

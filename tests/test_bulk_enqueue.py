@@ -31,7 +31,10 @@ ROW = """
 SELECT queue, task, state::text, delayed, priority, attempts, max_attempts, rescues, timeout_seconds, payload,
        result, error, lease_owner, lease_token, leased_until, deadline_at, started_at, finished_at, spec_hash,
        dedupe_key, run_id, run_partition, progress, checkpoint, continued_from, notify_on_finish, headers, key,
-       round(extract(epoch FROM run_after - created_at) / 60) AS due_in_minutes, created_at = updated_at
+       -- a due time given as a date is compared as it is; one given as a delay, from the row's own
+       -- creation (the two enqueues compared run at different moments)
+       CASE WHEN abs(extract(epoch FROM run_after - created_at)) > 86400 THEN run_after::text
+            ELSE round(extract(epoch FROM run_after - created_at) / 60)::text END AS due, created_at = updated_at
 FROM queueworker.tasks WHERE id = ANY(%s) ORDER BY id
 """
 

@@ -126,15 +126,21 @@ def test_a_claim_that_waited_for_the_queue_sees_the_claim_it_waited_for(dsn):
         operations.set_limits(conn, "q", max_running=3)
         enqueue_many(conn, [{"task": "t", "queue": "q"}] * 20)
     params = ClaimParams(queue="q", limit=10, worker=uuid.uuid4(), lease_seconds=30, timeout_seconds=60)
-    lock = Bound(LOCK_QUEUE, LockQueueParams(queue="q"))
+    assert race_two_claims(dsn, Bound(LOCK_QUEUE, LockQueueParams(queue="q")), CLAIM_LIMITED, params) == (3, 0)
+    assert scalar(dsn, "SELECT count(*) FROM queueworker.tasks WHERE state = 'running'") == 3
 
+
+def race_two_claims(dsn: str, lock: Bound, claim: Statement, params: ClaimParams) -> tuple[int, int]:
+    """How many tasks each of two claims takes when the second waits for the first's lock: the first
+    locks and claims in an open transaction, the second waits for the lock (checked in pg_locks),
+    then the first commits."""
     async def race() -> tuple[int, int]:
         holder = await psycopg.AsyncConnection.connect(dsn)
         waiter = DutyConnection(dsn, "test-waiter")
         try:
             await statements.execute_async(holder, lock.statement, lock.params)
-            first = await statements.fetch_async(holder, CLAIM_LIMITED, params)
-            second = asyncio.create_task(waiter.fetch(CLAIM_LIMITED, params, lock=lock))
+            first = await statements.fetch_async(holder, claim, params)
+            second = asyncio.create_task(waiter.fetch(claim, params, lock=lock))
             await wait_for_lock_wait(dsn)
             await holder.commit()
             return len(first), len(await second)
@@ -142,8 +148,7 @@ def test_a_claim_that_waited_for_the_queue_sees_the_claim_it_waited_for(dsn):
             await holder.close()
             await waiter.close()
 
-    assert asyncio.run(race()) == (3, 0)
-    assert scalar(dsn, "SELECT count(*) FROM queueworker.tasks WHERE state = 'running'") == 3
+    return asyncio.run(race())
 
 
 async def wait_for_lock_wait(dsn: str) -> None:

@@ -7,7 +7,6 @@ of them killed and Postgres restarted under them, never exceed a key's cap or bu
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import signal
@@ -26,13 +25,12 @@ from queueworker import enqueue_many
 from queueworker.client import operations
 from queueworker.client.producer import TaskSpec
 from queueworker.db import statements
-from queueworker.db.connection import DutyConnection
 from queueworker.db.flow import LIMITED_QUEUES, LimitedQueuesParams
 from queueworker.db.lease import (
     CLAIM_FAIR, CLAIM_KEYS, CLAIM_LIMITED, CLAIM_LIMITED_FAIR, LOCK_KEYS, LOCK_QUEUE, ClaimParams, LockQueueParams)
 from queueworker.db.statements import Bound, Statement
 from tests.support import FAST_LEASES, WorkerProcess, query, scalar, wait_until, worker_id_of
-from tests.test_flow_control import most_beyond_the_rate, wait_for_lock_wait
+from tests.test_flow_control import most_beyond_the_rate, race_two_claims
 
 pytestmark = pytest.mark.integration
 
@@ -261,23 +259,7 @@ def test_a_claim_that_waited_for_the_queue_counts_the_keys_claimed_before_it(dsn
         operations.set_limits(conn, "race", per_key_max_running=2, per_key_rate_per_second=100, per_key_burst=3)
         enqueue_many(conn, keyed("race", {"a": 10, "b": 10}))
     claim = params("race", 10)
-    lock = Bound(LOCK_KEYS, LockQueueParams(queue="race"))
-
-    async def race() -> tuple[int, int]:
-        holder = await psycopg.AsyncConnection.connect(dsn)
-        waiter = DutyConnection(dsn, "test-waiter")
-        try:
-            await statements.execute_async(holder, lock.statement, lock.params)
-            first = await statements.fetch_async(holder, CLAIM_KEYS, claim)
-            second = asyncio.create_task(waiter.fetch(CLAIM_KEYS, claim, lock=lock))
-            await wait_for_lock_wait(dsn)
-            await holder.commit()
-            return len(first), len(await second)
-        finally:
-            await holder.close()
-            await waiter.close()
-
-    assert asyncio.run(race()) == (4, 0)
+    assert race_two_claims(dsn, Bound(LOCK_KEYS, LockQueueParams(queue="race")), CLAIM_KEYS, claim) == (4, 0)
 
 
 def test_a_worker_of_the_previous_version_claims_nothing_from_a_key_limited_queue(dsn):

@@ -56,7 +56,7 @@ def test_the_command_prints_a_table_or_json_and_escapes_what_a_terminal_would_ob
     assert result.returncode == 0, result
     lines = result.stdout.splitlines()
     assert lines[0] == "queue q: 6 keys, 11 tasks ready, 1 running (the 3 with the most ready below)"
-    assert lines[1].split() == ["KEY", "READY", "LATER", "BLOCKED", "RUNNING", "OLDEST", "WEIGHT"]
+    assert lines[1].split() == ["KEY", "READY", "LATER", "BLOCKED", "RUNNING", "OLDEST", "WEIGHT", "LIMITS"]
     assert lines[2].split()[:5] == ["big", "5", "0", "0", "1"] and lines[3].split()[:2] == ["(no", "key)"]
     assert len(lines) == 5 and all(len(line) <= 80 for line in lines)
     everything = qw_here(monkeypatch, "keys", "q", "--limit", "10", "--dsn", dsn).stdout
@@ -111,4 +111,26 @@ def test_the_console_lists_the_keys_of_a_queue_escaped(dsn):
         assert rows[:3] == [("big", "5"), ('<span class="muted">(no key)</span>', "3"), ("small", "2")]
         assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page.text and "<script>alert" not in page.text
         assert "Give a queue" in c.get("/keys").text
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            operations.set_limits(conn, "q", per_key_max_running=2)
+        assert "<td>cap 2</td>" in c.get("/keys?queue=q").text
         assert c.get("/keys?queue=not%20a%20queue").status_code == 400
+
+
+def test_each_key_shows_the_limits_that_hold_for_it_its_pause_and_its_tokens(dsn, monkeypatch):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        fill(conn)
+        operations.set_limits(conn, "q", per_key_rate_per_second=8, per_key_burst=8, per_key_max_running=2)
+        operations.set_limits(conn, "q", key="small", max_running=1, rate_per_second=0.001, burst=3)
+        operations.pause(conn, "q", key="later")
+        report = {row["key"]: row for row in keys.key_report(conn, "q")["keys"]}
+    big, small, later = report["big"], report["small"], report["later"]
+    assert (big["max_running"], big["rate_per_second"], big["burst"], big["tokens"], big["paused"]) == \
+        (2, 8, 8, 8, False), "the queue's defaults, and a bucket never charged is full"
+    assert (small["max_running"], small["rate_per_second"], small["burst"], small["tokens"]) == (1, 0.001, 3, 3)
+    assert later["paused"] and later["paused_until"] is None
+    assert report[None]["max_running"] == 2, "the tasks without a key are one key under the defaults"
+    assert keys.describe_limits(later) == "paused; cap 2; 8/s, 8 of 8 tokens"
+    assert keys.describe_limits(small) == "cap 1; 0.001/s, 3 of 3 tokens"
+    table = qw_here(monkeypatch, "keys", "q", "--dsn", dsn).stdout
+    assert table.splitlines()[1].split()[-1] == "LIMITS" and "cap 1; 0.001/s" in table

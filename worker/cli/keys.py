@@ -17,7 +17,8 @@ from .tables import Column, age_text, table, terminal_text
 
 def add_keys(sub: Any, common: argparse.ArgumentParser) -> None:
     parser = command(sub, "keys", parents=[common],
-                     help="the keys of a queue: tasks ready, due later, blocked and running per key, the busiest first")
+                     help="the keys of a queue: tasks ready, due later, blocked and running per key, the busiest "
+                          "first, with their limits")
     parser.add_argument("queue")
     parser.add_argument("--limit", type=bounded_int(1, keys.MAX_KEYS_LISTED), default=keys.DEFAULT_KEYS_LISTED,
                         metavar="N", help=f"list at most N keys (default {keys.DEFAULT_KEYS_LISTED}); "
@@ -45,9 +46,9 @@ def render_keys(report: dict[str, Any]) -> str:
         return summary
     rows = [("(no key)" if key["key"] is None else terminal_text(key["key"]), key["ready"], key["later"],
              key["blocked"], key["running"], age_text(key["oldest_ready_seconds"]),
-             "" if key["weight"] is None else f"{key['weight']:g}") for key in listed]
+             "" if key["weight"] is None else f"{key['weight']:g}", keys.describe_limits(key)) for key in listed]
     return "\n".join([summary, *table(
         [Column("KEY", flexible=True), Column("READY", right=True), Column("LATER", right=True),
          Column("BLOCKED", right=True), Column("RUNNING", right=True), Column("OLDEST", right=True),
-         Column("WEIGHT", right=True)], rows)])
+         Column("WEIGHT", right=True), Column("LIMITS", flexible=True)], rows)])
 

@@ -1,6 +1,7 @@
 """What `queueworker keys` and the console's keys page show: the keys of one queue (docs/flow-control.md),
 each with its tasks ready, due later, blocked and running, since when its oldest ready task has been
-due, and its weight; the keys with the most tasks ready first, and the totals over every key."""
+due, its weight, the limits that hold for it, its pause and its bucket's tokens; the keys with the
+most tasks ready first, and the totals over every key."""
 
 from __future__ import annotations
 
@@ -32,9 +33,24 @@ def key_report(conn: psycopg.Connection, queue: str, limit: int = DEFAULT_KEYS_L
     keys = [{"key": row.key, "ready": row.ready, "later": row.later, "blocked": row.blocked, "running": row.running,
              "oldest_ready_seconds": None if row.ready_since is None
              else round(max(0.0, (now - row.ready_since).total_seconds()), 3),
-             "weight": row.weight} for row in rows]
+             "weight": row.weight, "max_running": row.max_running, "rate_per_second": row.rate_per_second,
+             "burst": row.burst, "tokens": row.tokens, "paused": row.paused,
+             "paused_until": None if row.paused_until is None else row.paused_until.isoformat()} for row in rows]
     first = rows[0] if rows else None
     return {"queue": queue, "keys": keys,
             "keys_total": first.keys_total if first else 0,
             "ready_total": first.ready_total if first else 0,
             "running_total": first.running_total if first else 0}
+
+
+def describe_limits(key: dict[str, Any]) -> str:
+    """What holds a key of a report back, in a few words (`paused; cap 2; 8/s, 3 of 8 tokens`), as
+    `queueworker keys` and the console show it; empty when nothing does."""
+    parts = []
+    if key["paused"]:
+        parts.append(f"paused until {key['paused_until']}" if key["paused_until"] else "paused")
+    if key["max_running"] is not None:
+        parts.append(f"cap {key['max_running']}")
+    if key["rate_per_second"] is not None:
+        parts.append(f"{key['rate_per_second']:g}/s, {key['tokens']} of {key['burst']} tokens")
+    return "; ".join(parts)

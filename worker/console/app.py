@@ -27,6 +27,7 @@ from starlette.staticfiles import StaticFiles
 
 from .. import dsn as dsns
 from ..client import operations
+from ..client.keys import describe_limits
 from ..client.status import STATES
 from ..names import QUEUE_PATTERN
 from . import auth, data
@@ -116,7 +117,7 @@ def _segment(value: object) -> str:
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True,
                              undefined=jinja2.StrictUndefined)
-    env.filters.update(age=_age, seconds=_seconds, progress=data.progress, show_json=data.show_json,
+    env.filters.update(age=_age, seconds=_seconds, key_limits=describe_limits, progress=data.progress, show_json=data.show_json,
                        segment=_segment)
     env.globals.update(STATES=STATES, DEPTH_CAP=data.DEPTH_CAP)
     return env

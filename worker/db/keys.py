@@ -24,6 +24,12 @@ class KeyReportRow(NamedTuple):
     running: int
     ready_since: datetime | None
     weight: float | None  # None: the default of 1
+    max_running: int | None  # the key's own cap, else the queue's per-key default; None: no cap
+    rate_per_second: float | None  # likewise, with its burst
+    burst: int | None
+    paused: bool
+    paused_until: datetime | None  # None while paused: until resumed
+    tokens: int | None  # whole tokens in the key's bucket now; None without a rate
     keys_total: int
     ready_total: int
     running_total: int
