@@ -237,6 +237,16 @@ def test_the_readme_names_every_worker_setting():
     assert [option.flag for option in SETTING_OPTIONS if f"`{option.flag}" not in section] == []
 
 
+def test_the_readmes_command_table_names_every_command():
+    from queueworker.cli import COMMANDS
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    rows = [line for line in readme.splitlines() if line.startswith("| `queueworker ")]
+    missing = [name for name, _, _ in COMMANDS
+               if not any(f"`queueworker {name}" in row or f"/ `{name}" in row for row in rows)]
+    assert missing == []
+
+
 def test_metrics_are_served_on_the_configured_address_only():
     port = free_port()
     worker = WorkerProcess(UNUSED_DSN, "--metrics-port", str(port), "--metrics-address", "127.0.0.2")
