@@ -8,13 +8,13 @@
 
 -- The state a key's breaker moves to on a worker's report (RECORD_KEY_OUTCOMES, worker/db/flow.sql):
 -- from `state` with `streak` failures since the key's last success, the report says whether any of
--- its tasks succeeded and how many failed after the last success (`trailing`). The threshold is
+-- its tasks succeeded and how many failed after the last success (`failures`). The threshold is
 -- the queue's key_breaker_failures (none: the state stays). The rules of the queue's breaker
 -- (RECORD_BREAKER): a half-open breaker opens again on a failure after its probe was claimed and
 -- closes on a success; a closed one opens at the threshold of consecutive failures; an open one
 -- stays open (outcomes of tasks claimed before it opened) until its probe is claimed.
 CREATE OR REPLACE FUNCTION queueworker.key_breaker_next(queue_name text, state text, streak integer,
-                                                         any_succeeded boolean, trailing integer) RETURNS text
+                                                         any_succeeded boolean, failures integer) RETURNS text
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
     SELECT CASE WHEN threshold IS NULL THEN state
                 WHEN state = 'half_open' AND now_streak > 0 THEN 'open'
@@ -22,7 +22,7 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
                 WHEN state = 'closed' AND now_streak >= threshold THEN 'open'
                 ELSE state END
     FROM (SELECT (SELECT q.key_breaker_failures FROM queueworker.queues q WHERE q.name = queue_name) AS threshold,
-                 CASE WHEN any_succeeded THEN trailing ELSE streak + trailing END AS now_streak) AS d
+                 CASE WHEN any_succeeded THEN failures ELSE streak + failures END AS now_streak) AS d
 $$;
 
 -- Every change of a key breaker's state is audited in `queueworker.queue_events` as
