@@ -255,8 +255,10 @@ BEGIN
     -- failure streak, last success and failure, and moves its breaker (key_state, above) by
     -- queueworker.key_breaker_next, which reads the queue's threshold and decides nothing else.
     -- Transitions are audited by the trigger function queueworker.audit_key_breaker: no grant.
-    GRANT EXECUTE ON FUNCTION queueworker.key_breaker_next(text, text, integer, boolean, integer)
-        TO queueworker_worker;
+    -- LOCK_KEYS calls the two-argument queueworker.lock_key_limited_queue (the one-argument form is
+    -- the workers' of version 21, whose claims it marks blind to per-key breakers).
+    GRANT EXECUTE ON FUNCTION queueworker.key_breaker_next(text, text, integer, boolean, integer),
+                              queueworker.lock_key_limited_queue(text, boolean) TO queueworker_worker;
     -- CLAIM tells a run's tasks their run (ctx.run): these columns of queueworker.runs, nothing else.
     GRANT SELECT (id, name, watermark, watermark_before, forced) ON queueworker.runs TO queueworker_worker;
     GRANT EXECUTE ON FUNCTION queueworker.transition_detail(integer, jsonb, jsonb),

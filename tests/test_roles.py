@@ -509,7 +509,7 @@ def test_definer_functions_pin_their_search_path_and_are_not_public(dsn):
                                      "fair_tag_updates", "audit_queue_key", "enqueue", "enqueue_many",
                                      "task_status", "note_key_limits", "key_limited_queue_keyed",
                                      "retag_resumed_key", "lock_key_limited_queue",
-                                     "refuse_claims_blind_to_key_limits")}
+                                     "refuse_claims_blind_to_key_limits", "audit_key_breaker")}
     # Even without docs/database-roles.sql, only the owner may run the functions that change rows.
     for function in ("clean_finished(bigint, float8, integer)", "clean_finished(float8, integer)",
                      "clean_runs(float8, integer)", "clean_queue_events(float8, integer)",
@@ -527,6 +527,7 @@ def test_definer_functions_pin_their_search_path_and_are_not_public(dsn):
                      "audit_queue_key()", "enqueue_many(jsonb)", "task_status(bigint)", "make_keyed(text[])",
                      "note_key_limits()", "key_limited_queue_keyed()", "retag_resumed_key()",
                      "lock_key_limited_queue(text)", "refuse_claims_blind_to_key_limits()",
+                     "lock_key_limited_queue(text, boolean)", "audit_key_breaker()",
                      "enqueue(text, jsonb, text, bigint, timestamptz, double precision, bigint, bigint, text, text, "
                      "text, text, bigint[], text, jsonb, boolean)"):
         assert scalar(dsn, "SELECT bool_or(grantee = 0) FROM pg_proc, aclexplode(proacl) "

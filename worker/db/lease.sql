@@ -112,8 +112,8 @@ SELECT FROM queueworker.queues WHERE name = %(queue)s FOR NO KEY UPDATE;
 -- name: lock_keys
 -- `lock_queue` for a key-limited queue (migration 021), before `claim_keys`: locks the queue's row
 -- and ends the key pauses whose time has passed (queueworker.lock_key_limited_queue,
--- migrations/functions/76_key_limits.sql).
-SELECT queueworker.lock_key_limited_queue(%(queue)s);
+-- migrations/functions/76_key_limits.sql); `true`: this claim knows per-key breakers (migration 022).
+SELECT queueworker.lock_key_limited_queue(%(queue)s, true);
 
 -- name: claim_limited
 -- The claim of a queue with flow control, after `lock_queue` in the same transaction. Its row is
