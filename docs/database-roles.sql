@@ -314,7 +314,10 @@ BEGIN
     -- full again when its rate changes by emptying its columns of queueworker.key_state (schema
     -- version 22: the row keeps the key's breaker and health); `breaker Q --per-key`
     -- (KEY_BREAKER_QUEUE) closes the keys' breakers. UPDATE of those columns, nothing more there:
-    -- the keys' health is written by the workers' reports alone.
+    -- the keys' health is written by the workers' reports alone. DELETE stays for the CLI of
+    -- version 21, which starts a bucket full by deleting its row (the key's breaker closes with it,
+    -- as `breaker Q --per-key` would close it).
+    GRANT DELETE ON queueworker.key_state TO queueworker_operator;
     GRANT UPDATE (tokens, tokens_at, next_token_at, breaker_state, breaker_changed_at)
         ON queueworker.key_state TO queueworker_operator;
     GRANT EXECUTE ON FUNCTION queueworker.wake_queue(text, timestamptz) TO queueworker_operator;

@@ -8,12 +8,14 @@ another key's tasks keep running, probe it, close it, and get past a worker kill
 from __future__ import annotations
 
 import signal
+import urllib.request
 import uuid
 from collections import Counter
 from pathlib import Path
 
 import psycopg
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from queueworker import enqueue_many
 from queueworker.client import keys as key_reports
@@ -23,7 +25,8 @@ from queueworker.db import statements
 from queueworker.db.flow import RECORD_KEY_OUTCOMES, RecordKeyOutcomesParams
 from queueworker.db.lease import (CLAIM_FAIR, CLAIM_KEYS, CLAIM_LIMITED, CLAIM_LIMITED_FAIR, ClaimParams,
                                   KeyClaimParams, LockQueueParams)
-from queueworker.db.statements import Bound, Statement
+from queueworker.db.statements import Statement
+from queueworker.dev.localpg import free_port
 from tests.support import FAST_LEASES, WorkerProcess, query, scalar, wait_until
 from tests.test_cli import qw_here
 from tests.test_key_limits import CLAIM_LIMITED_FAIR_V20, claim_with, keyed
@@ -57,6 +60,13 @@ def key_changes(dsn: str, queue: str) -> list[tuple[str, str]]:
     return [(change, detail["key"]) for change, detail in query(
         dsn, "SELECT change, detail FROM queueworker.queue_events WHERE queue = %s AND change LIKE 'key_breaker%%' "
              "ORDER BY id", (queue,))]
+
+
+def metric(port: int, name: str, **labels: str) -> float:
+    """A sample of a worker's /metrics (0 when it has none yet)."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name == name and labels.items() <= sample.labels.items())
 
 
 def finish_running(dsn: str, queue: str) -> None:
@@ -189,7 +199,9 @@ def test_workers_open_a_failing_keys_breaker_while_another_key_keeps_running_pro
                                      payload={"down_marker": str(down)}) for _ in range(30)]
                      + [TaskSpec(task="flow.flaky_source", queue="scrape", key="up", max_attempts=1,
                                  payload={"down_marker": str(never)}) for _ in range(1000)])
-    worker = WorkerProcess(dsn, *HANDLERS, "--queue", "scrape", "--concurrency", "1", *FAST_LEASES)
+    port = free_port()
+    worker = WorkerProcess(dsn, *HANDLERS, "--queue", "scrape", "--concurrency", "1", *FAST_LEASES,
+                           "--metrics-port", str(port), "--metrics-address", "127.0.0.1")
 
     def failed() -> int:
         return scalar(dsn, "SELECT count(*) FROM queueworker.tasks WHERE key = 'down' AND state = 'failed'")
@@ -201,6 +213,8 @@ def test_workers_open_a_failing_keys_breaker_while_another_key_keeps_running_pro
             shown = {key["key"]: key for key in key_reports.key_report(conn, "scrape")["keys"]}
         assert shown["down"]["breaker_state"] in ("open", "half_open") and shown["down"]["failure_streak"] >= 3
         assert shown["up"]["breaker_state"] == "closed" and shown["up"]["last_success_at"] is not None
+        wait_until(lambda: metric(port, "queueworker_key_breakers_open", queue="scrape") == 1, timeout=20,
+                   message="the gauge of open key breakers")
         wait_until(lambda: key_changes(dsn, "scrape").count(("key_breaker_open", "down")) >= 2, timeout=30,
                    message="a failed probe to open it again")
         assert failed() == failed_while_open + 1
@@ -209,6 +223,10 @@ def test_workers_open_a_failing_keys_breaker_while_another_key_keeps_running_pro
                    message="a successful probe to close it")
         wait_until(lambda: scalar(dsn, "SELECT count(*) FROM queueworker.tasks WHERE state = 'succeeded'")
                    == 1030 - failed(), timeout=120, message="every other task to succeed")
+        assert metric(port, "queueworker_key_breaker_transitions_total", queue="scrape", to_state="open") >= 2
+        assert metric(port, "queueworker_key_breaker_transitions_total", queue="scrape", to_state="closed") == 1
+        wait_until(lambda: metric(port, "queueworker_key_breakers_open", queue="scrape") == 0, timeout=20,
+                   message="the gauge once the breaker closed")
     finally:
         worker.stop()
     # The third failure opens it, and the worker claimed nothing more of that key until the breaker

@@ -20,7 +20,8 @@ from ..db.connection import met_moved_row
 from ..db.flow import (
     BREAKER_QUEUE, CLEAR_KEY_LIMITS, KEY_BREAKER_QUEUE, KEY_SETTINGS, LIMIT_QUEUE, PAUSE_KEY, PAUSE_QUEUE,
     QUEUE_SETTINGS, RESUME_KEY, RESUME_QUEUE, SET_KEY_LIMITS, BreakerQueueParams, KeyBreakerQueueParams, KeyParams,
-    KeyRow, KeySettingsParams, LimitQueueParams, PauseKeyParams, PauseQueueParams, QueueRow, QueueSettingsParams, ResumeQueueParams, SetKeyLimitsParams)
+    KeyRow, KeySettingsParams, LimitQueueParams, PauseKeyParams, PauseQueueParams, QueueRow, QueueSettingsParams,
+    ResumeQueueParams, SetKeyLimitsParams)
 from ..db.notify import NOTIFY_QUEUE, NotifyQueueParams
 from ..db.statements import Params, Statement
 from ..db.tasks import (

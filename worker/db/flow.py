@@ -1,5 +1,6 @@
-"""Flow control (migration 009, per key: 021, per-key breakers: 022): queue settings (queueworker.client.operations), the worker's view of
-them and circuit breakers (queueworker.runtime.flow). The statements are in flow.sql."""
+"""Flow control (migration 009; per key: 021; per-key breakers and key health: 022): queue settings
+(queueworker.client.operations), the worker's view of them, circuit breakers and the keys' outcomes
+(queueworker.runtime.flow). The statements are in flow.sql."""
 
 from __future__ import annotations
 

@@ -31,8 +31,8 @@ from .. import metrics, tracing
 from ..backoff import backoff
 from ..client.cron import Schedule, default_schedule
 from ..db.connection import DutyConnection
-from ..db.lease import (DEREGISTER_WORKER, RELEASE, SAVE_CHECKPOINT, ClaimParams, DeregisterWorkerParams, KeyClaimParams,
-                        SaveCheckpointParams)
+from ..db.lease import (DEREGISTER_WORKER, RELEASE, SAVE_CHECKPOINT, ClaimParams, DeregisterWorkerParams,
+                        KeyClaimParams, SaveCheckpointParams)
 from ..db.migrate import latest_version, migrate
 from ..db.migration import SCHEMA_EXISTS, SCHEMA_VERSION
 from ..db.statements import NO_PARAMS, Statement
