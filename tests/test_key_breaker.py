@@ -217,7 +217,6 @@ def test_workers_open_a_failing_keys_breaker_while_another_key_keeps_running_pro
                    message="the gauge of open key breakers")
         wait_until(lambda: key_changes(dsn, "scrape").count(("key_breaker_open", "down")) >= 2, timeout=30,
                    message="a failed probe to open it again")
-        assert failed() == failed_while_open + 1
         down.unlink()
         wait_until(lambda: ("key_breaker_closed", "down") in key_changes(dsn, "scrape"), timeout=30,
                    message="a successful probe to close it")
@@ -230,12 +229,15 @@ def test_workers_open_a_failing_keys_breaker_while_another_key_keeps_running_pro
     finally:
         worker.stop()
     # The third failure opens it, and the worker claimed nothing more of that key until the breaker
-    # had counted that failure: nothing else of it ran.
+    # had counted that failure: nothing else of it ran. Then each probe but the last failed and
+    # opened it again, one task each, and the last closed it.
     assert failed_while_open == 3, failed_while_open
     changes = key_changes(dsn, "scrape")
-    assert changes[:5] == [("key_breaker_open", "down"), ("key_breaker_half_open", "down"),
-                           ("key_breaker_open", "down"), ("key_breaker_half_open", "down"),
-                           ("key_breaker_closed", "down")], changes
+    reopened = changes.count(("key_breaker_open", "down")) - 1
+    assert reopened >= 1 and failed() == 3 + reopened
+    assert changes == [("key_breaker_open", "down"),
+                       *[("key_breaker_half_open", "down"), ("key_breaker_open", "down")] * reopened,
+                       ("key_breaker_half_open", "down"), ("key_breaker_closed", "down")], changes
     # The other key was never held back: its tasks started while the failing key was open.
     opened, probed = [at for at, in query(dsn, "SELECT at FROM queueworker.queue_events WHERE queue = 'scrape' "
                                                "AND change LIKE 'key_breaker%%' ORDER BY id LIMIT 2")]

@@ -483,7 +483,7 @@ def test_per_key_breakers_are_the_operators_and_the_worker_keeps_them_and_the_ke
         enqueue_many(conn, [{"task": "qw.noop", "queue": QUEUE, "key": key} for key in ("ok", None) for _ in range(3)]
                      + [{"task": "qw.fail", "queue": QUEUE, "key": "bad", "payload": {"retryable": False}}
                         for _ in range(2)])
-    worker = WorkerProcess(login["worker"], "--queue", QUEUE)
+    worker = WorkerProcess(login["worker"], "--queue", QUEUE, "--concurrency", "1")
     try:
         wait_until(lambda: scalar(admin, "SELECT count(*) FROM queueworker.tasks WHERE queue = %s "
                                          "AND state IN ('succeeded', 'failed')", (QUEUE,)) == 8,

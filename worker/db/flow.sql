@@ -225,6 +225,7 @@ FROM unnest(%(keys)s::text[], %(any_succeeded)s::boolean[], %(trailing_failures)
      AS r(key, succeeded, failures)
 CROSS JOIN LATERAL (SELECT queueworker.key_breaker_next(%(queue)s, 'closed', 0, r.succeeded, r.failures)
                     AS now_state) AS d
+ORDER BY r.key  -- the order CLAIM_KEYS charges them in: no deadlock between the two
 ON CONFLICT (queue, key) DO UPDATE
 SET failure_streak = CASE WHEN EXCLUDED.last_success_at IS NOT NULL THEN EXCLUDED.failure_streak
                           ELSE b.failure_streak + EXCLUDED.failure_streak END,

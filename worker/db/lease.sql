@@ -418,6 +418,7 @@ WITH settings AS MATERIALIZED (
     FROM (SELECT coalesce(key, '') AS key, count(*) AS n FROM claimed GROUP BY 1) AS c
     JOIN keys k ON k.key = c.key
     WHERE k.rate IS NOT NULL OR k.probe
+    ORDER BY k.key  -- the order RECORD_KEY_OUTCOMES locks them in: no deadlock between the two
     ON CONFLICT (queue, key) DO UPDATE
     SET tokens = EXCLUDED.tokens, tokens_at = EXCLUDED.tokens_at, next_token_at = EXCLUDED.next_token_at,
         breaker_state = CASE WHEN EXCLUDED.breaker_changed_at IS NOT NULL THEN 'half_open' ELSE b.breaker_state END,
