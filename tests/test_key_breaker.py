@@ -283,3 +283,27 @@ def test_a_worker_killed_mid_probe_does_not_leave_the_key_stuck(dsn, tmp_path):
         second.stop()
     assert key_changes(dsn, "scrape")[-1] == ("key_breaker_closed", "k")
     assert scalar(dsn, "SELECT breaker_state FROM queueworker.key_state WHERE key = 'k'") == "closed"
+
+
+def test_workers_keep_the_health_of_every_key_of_a_key_limited_queue_without_a_breaker(dsn, tmp_path):
+    """Without a per-key breaker the reports (once a second per worker) keep each key's health, and
+    hold back no key: the failing key's tasks all run."""
+    down, never = tmp_path / "down", tmp_path / "never-down"
+    down.touch()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        operations.set_limits(conn, "scrape", per_key_max_running=5)
+        enqueue_many(conn, [TaskSpec(task="flow.flaky_source", queue="scrape", key=key, max_attempts=1,
+                                     payload={"down_marker": str(marker)})
+                            for key, marker in (("bad", down), ("good", never), (None, never)) for _ in range(10)])
+    worker = WorkerProcess(dsn, *HANDLERS, "--queue", "scrape", "--concurrency", "4")
+
+    def health() -> dict[str, tuple[int, bool, bool]]:
+        return {key: (streak, ok is not None, failed is not None) for key, streak, ok, failed in query(
+            dsn, "SELECT key, failure_streak, last_success_at, last_failure_at FROM queueworker.key_state")}
+    try:
+        wait_until(lambda: health() == {"bad": (10, False, True), "good": (0, True, False), "": (0, True, False)},
+                   timeout=30, message="every key's health reported")
+    finally:
+        worker.stop()
+    assert scalar(dsn, "SELECT count(*) FROM queueworker.tasks WHERE state = 'failed'") == 10
+    assert key_changes(dsn, "scrape") == []

@@ -41,6 +41,10 @@ REFRESH_SECONDS = 5.0
 # should a listener connection die without the worker noticing.
 SAFETY_REFRESH_SECONDS = 300.0
 BREAKER_STATES = {"closed": 0, "half_open": 1, "open": 2}
+# How often a worker reports the keys' health of a key-limited queue without a per-key breaker: the
+# times it keeps are this exact, and a busy queue pays one statement per interval, not one per
+# flush. A per-key breaker's outcomes are reported at once, as the queue breaker's.
+HEALTH_REPORT_SECONDS = 1.0
 
 
 class FlowControl:
@@ -58,6 +62,7 @@ class FlowControl:
         # Per key-limited queue, per key ('' for none), outcomes since the last report, as above.
         self._key_outcomes: dict[str, dict[str, tuple[bool, int]]] = {}
         self._reporting_keys: dict[str, frozenset[str]] = {}  # keys whose failures are being reported now
+        self._health_due = 0.0  # event-loop time the keys' health is next reported
         self._refresh_due = 0.0  # event-loop time; a notification makes it now
         self.wake = asyncio.Event()
         self._on_change = on_change  # limits changed, or failures were reported: claim again
@@ -93,11 +98,15 @@ class FlowControl:
         self.wake.set()
 
     def note_key(self, queue: str, key: str | None, succeeded: bool) -> None:
-        """An outcome of a task of a key-limited queue (the completer calls this once written)."""
+        """An outcome of a task of a key-limited queue (the completer calls this once written). A
+        per-key breaker's is reported at once; the first outcome of the keys' health to wait for its
+        report wakes the duty too, which then sleeps until that report is due."""
+        first = not self._key_outcomes
         outcomes = self._key_outcomes.setdefault(queue, {})
         any_succeeded, failures = outcomes.get(key or "", (False, 0))
         outcomes[key or ""] = (True, 0) if succeeded else (any_succeeded, failures + 1)
-        self.wake.set()
+        if first or queue in self.key_breaker_queues:
+            self.wake.set()
 
     def held_keys(self, queue: str) -> set[str]:
         """Keys of a queue with a per-key breaker whose failures written by this worker the breaker
@@ -113,10 +122,16 @@ class FlowControl:
         return (outcome is not None and outcome[1] > 0) or queue in self._reporting
 
     async def step(self) -> float:
-        """One pass of the flow duty: report breaker outcomes, re-read settings when told to or when
-        their refresh interval has passed. Reported failures wake the claims they held back."""
+        """One pass of the flow duty: report breaker outcomes (the keys' health once its report is
+        due), re-read settings when told to or when their refresh interval has passed. Reported
+        failures wake the claims they held back."""
+        loop = asyncio.get_running_loop()
         outcomes, self._outcomes = self._outcomes, {}
-        key_outcomes, self._key_outcomes = self._key_outcomes, {}
+        health_due = loop.time() >= self._health_due
+        key_outcomes = {queue: keys for queue, keys in self._key_outcomes.items()
+                        if health_due or queue in self.key_breaker_queues}
+        self._key_outcomes = {queue: keys for queue, keys in self._key_outcomes.items()
+                              if queue not in key_outcomes}
         self._reporting = frozenset(queue for queue, (_, failures) in outcomes.items() if failures)
         self._reporting_keys = {queue: frozenset(key for key, (_, failures) in keys.items() if failures)
                                 for queue, keys in key_outcomes.items()}
@@ -138,11 +153,13 @@ class FlowControl:
             self._reporting, self._reporting_keys = frozenset(), {}
         if held:
             self._on_change()
-        loop = asyncio.get_running_loop()
+        if health_due:
+            self._health_due = loop.time() + HEALTH_REPORT_SECONDS
         if loop.time() >= self._refresh_due:
             await self.refresh()
             self._refresh_due = loop.time() + (REFRESH_SECONDS if self.limited else SAFETY_REFRESH_SECONDS)
-        return max(0.0, self._refresh_due - loop.time())
+        due = min(self._refresh_due, self._health_due) if self._key_outcomes else self._refresh_due
+        return max(0.0, due - loop.time())
 
     async def refresh(self) -> None:
         rows = await self._conn.fetch(LIMITED_QUEUES, LimitedQueuesParams(queues=self._queues))
