@@ -307,3 +307,29 @@ def test_workers_keep_the_health_of_every_key_of_a_key_limited_queue_without_a_b
         worker.stop()
     assert scalar(dsn, "SELECT count(*) FROM queueworker.tasks WHERE state = 'failed'") == 10
     assert key_changes(dsn, "scrape") == []
+
+
+def test_a_worker_claims_nothing_more_of_a_key_while_a_failure_of_it_is_on_its_way_to_the_breaker(dsn, tmp_path):
+    """One key alone, one slot, outcomes written a second after their handler ends: without holding
+    the key back, the worker would claim the key's next tasks while the failure that opens its
+    breaker waits to be written and reported, and run them."""
+    down = tmp_path / "down"
+    down.touch()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        operations.set_breaker(conn, "scrape", failures=3, cooldown_seconds=600, per_key=True)
+        enqueue_many(conn, [TaskSpec(task="flow.flaky_source", queue="scrape", key="down", max_attempts=1,
+                                     payload={"down_marker": str(down)}) for _ in range(50)])
+    worker = WorkerProcess(dsn, *HANDLERS, "--queue", "scrape", "--concurrency", "1",
+                           "--flush-interval-seconds", "1")
+    try:
+        wait_until(lambda: ("key_breaker_open", "down") in key_changes(dsn, "scrape"), timeout=30,
+                   message="the key's breaker to open")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            enqueue_many(conn, [TaskSpec(task="flow.flaky_source", queue="scrape", key="other",
+                                         payload={"down_marker": str(down) + ".never"})])
+        wait_until(lambda: scalar(dsn, "SELECT count(*) FROM queueworker.tasks WHERE key = 'other' "
+                                       "AND state = 'succeeded'") == 1, timeout=30,
+                   message="a later claim of the worker, of another key")
+    finally:
+        worker.stop()
+    assert scalar(dsn, "SELECT count(*) FROM queueworker.tasks WHERE key = 'down' AND state = 'failed'") == 3
