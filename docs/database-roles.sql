@@ -1,4 +1,4 @@
--- Least-privilege database roles for queueworker, schema version 21. Why each grant exists, and
+-- Least-privilege database roles for queueworker, schema version 22. Why each grant exists, and
 -- what the roles still can do: docs/security.md.
 --
 -- Run it as a superuser, in the application's database:
@@ -93,7 +93,7 @@ ALTER DEFAULT PRIVILEGES FOR ROLE queueworker_migrator REVOKE EXECUTE ON FUNCTIO
 ALTER DEFAULT PRIVILEGES FOR ROLE queueworker_migrator IN SCHEMA queueworker
     GRANT SELECT ON TABLES TO queueworker_operator;
 
--- 5. The grants, for schema version 21.
+-- 5. The grants, for schema version 22.
 DO $$
 DECLARE
     applied_version integer;
@@ -101,14 +101,14 @@ BEGIN
     IF to_regclass('queueworker.schema_migrations') IS NOT NULL THEN
         SELECT max(m.version) INTO applied_version FROM queueworker.schema_migrations m;
     END IF;
-    IF coalesce(applied_version, 0) < 21 THEN
-        RAISE NOTICE 'queueworker is at schema version %, these grants are for version 21: run `queueworker '
+    IF coalesce(applied_version, 0) < 22 THEN
+        RAISE NOTICE 'queueworker is at schema version %, these grants are for version 22: run `queueworker '
                      'migrate` as a member of queueworker_migrator, then run this script again',
                      coalesce(applied_version, 0);
         RETURN;
     END IF;
-    IF applied_version > 21 THEN
-        RAISE EXCEPTION 'these grants are for queueworker schema version 21, the database is at version %: '
+    IF applied_version > 22 THEN
+        RAISE EXCEPTION 'these grants are for queueworker schema version 22, the database is at version %: '
                         'run the database-roles.sql of the queueworker release that migrated it', applied_version;
     END IF;
 
@@ -250,6 +250,15 @@ BEGIN
     GRANT SELECT ON queueworker.queue_keys TO queueworker_worker;
     GRANT SELECT, INSERT, UPDATE ON queueworker.key_state TO queueworker_worker;
     GRANT EXECUTE ON FUNCTION queueworker.lock_key_limited_queue(text) TO queueworker_worker;
+    -- Per-key breakers and key health (schema version 22): CLAIM_KEYS passes over the keys whose
+    -- breaker is open and moves a probed key's to half-open; RECORD_KEY_OUTCOMES writes each key's
+    -- failure streak, last success and failure, and moves its breaker (key_state, above) by
+    -- queueworker.key_breaker_next, which reads the queue's threshold and decides nothing else.
+    -- Transitions are audited by the trigger function queueworker.audit_key_breaker: no grant.
+    -- LOCK_KEYS calls the two-argument queueworker.lock_key_limited_queue (the one-argument form is
+    -- the workers' of version 21, whose claims it marks blind to per-key breakers).
+    GRANT EXECUTE ON FUNCTION queueworker.key_breaker_next(text, text, integer, boolean, integer),
+                              queueworker.lock_key_limited_queue(text, boolean) TO queueworker_worker;
     -- CLAIM tells a run's tasks their run (ctx.run): these columns of queueworker.runs, nothing else.
     GRANT SELECT (id, name, watermark, watermark_before, forced) ON queueworker.runs TO queueworker_worker;
     GRANT EXECUTE ON FUNCTION queueworker.transition_detail(integer, jsonb, jsonb),
@@ -302,8 +311,15 @@ BEGIN
     -- Per-key limits and pauses (`limit Q --per-key-...`, `limit Q --key K --rate ...`, `pause Q
     -- --key K`, `resume Q --key K`: LIMIT_QUEUE, SET_KEY_LIMITS, CLEAR_KEY_LIMITS, PAUSE_KEY,
     -- RESUME_KEY; schema version 21) write queue_keys and queues (above), and start a key's bucket
-    -- full again when its rate changes: DELETE on queueworker.key_state, nothing more there.
+    -- full again when its rate changes by emptying its columns of queueworker.key_state (schema
+    -- version 22: the row keeps the key's breaker and health); `breaker Q --per-key`
+    -- (KEY_BREAKER_QUEUE) closes the keys' breakers. UPDATE of those columns, nothing more there:
+    -- the keys' health is written by the workers' reports alone. DELETE stays for the CLI of
+    -- version 21, which starts a bucket full by deleting its row (the key's breaker closes with it,
+    -- as `breaker Q --per-key` would close it).
     GRANT DELETE ON queueworker.key_state TO queueworker_operator;
+    GRANT UPDATE (tokens, tokens_at, next_token_at, breaker_state, breaker_changed_at)
+        ON queueworker.key_state TO queueworker_operator;
     GRANT EXECUTE ON FUNCTION queueworker.wake_queue(text, timestamptz) TO queueworker_operator;
     GRANT UPDATE (state, delayed, run_after, max_attempts, lease_owner, leased_until, deadline_at, updated_at,
                   finished_at, error)

@@ -38,3 +38,15 @@ def keyed_hold(payload, ctx):
     time.sleep(payload["seconds"])
     with log.open("a") as out:
         out.write(f"{time.time()!r} -1 {ctx.task_id} {ctx.key or '-'}\n")
+
+
+@task(name="flow.flaky_source")
+def flaky_source(payload, ctx):
+    """A scrape source per key: hangs (a probe a worker is killed in) while its hang marker exists,
+    after saying so in a file; is down while its down marker exists."""
+    if payload.get("hang_marker") and Path(payload["hang_marker"]).exists():
+        Path(payload["hang_marker"] + ".started").touch()
+        time.sleep(600)
+    if Path(payload["down_marker"]).exists():
+        raise ConnectionError("source unreachable")
+    return {"ok": True}

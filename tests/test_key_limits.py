@@ -27,7 +27,8 @@ from queueworker.client.producer import TaskSpec
 from queueworker.db import statements
 from queueworker.db.flow import LIMITED_QUEUES, LimitedQueuesParams
 from queueworker.db.lease import (
-    CLAIM_FAIR, CLAIM_KEYS, CLAIM_LIMITED, CLAIM_LIMITED_FAIR, LOCK_KEYS, LOCK_QUEUE, ClaimParams, LockQueueParams)
+    CLAIM_FAIR, CLAIM_KEYS, CLAIM_LIMITED, CLAIM_LIMITED_FAIR, LOCK_KEYS, LOCK_QUEUE, ClaimParams, KeyClaimParams,
+    LockQueueParams)
 from queueworker.db.statements import Bound, Statement
 from tests.support import FAST_LEASES, WorkerProcess, query, scalar, wait_until, worker_id_of
 from tests.test_flow_control import most_beyond_the_rate, race_two_claims
@@ -43,12 +44,18 @@ def params(queue: str, limit: int) -> ClaimParams:
     return ClaimParams(queue=queue, limit=limit, worker=uuid.uuid4(), lease_seconds=30, timeout_seconds=60)
 
 
+def key_params(queue: str, limit: int) -> KeyClaimParams:
+    """CLAIM_KEYS's parameters, for a worker that holds back no key itself."""
+    return KeyClaimParams(queue=queue, limit=limit, worker=uuid.uuid4(), lease_seconds=30, timeout_seconds=60,
+                          held_keys=[])
+
+
 def claim_keys(conn: psycopg.Connection, queue: str, limit: int = 100) -> list[str]:
     """One claim of a key-limited queue as a worker makes it (LOCK_KEYS, then CLAIM_KEYS, in one
     transaction): the keys of the tasks claimed ('-' for none), in claim order."""
     with conn.transaction():
         statements.execute(conn, LOCK_KEYS, LockQueueParams(queue=queue))
-        return [row.key or "-" for row in statements.fetch(conn, CLAIM_KEYS, params(queue, limit))]
+        return [row.key or "-" for row in statements.fetch(conn, CLAIM_KEYS, key_params(queue, limit))]
 
 
 def claim_with(conn: psycopg.Connection, statement: Statement, queue: str, limit: int = 100) -> list[int]:
@@ -258,7 +265,7 @@ def test_a_claim_that_waited_for_the_queue_counts_the_keys_claimed_before_it(dsn
     with psycopg.connect(dsn, autocommit=True) as conn:
         operations.set_limits(conn, "race", per_key_max_running=2, per_key_rate_per_second=100, per_key_burst=3)
         enqueue_many(conn, keyed("race", {"a": 10, "b": 10}))
-    claim = params("race", 10)
+    claim = key_params("race", 10)
     assert race_two_claims(dsn, Bound(LOCK_KEYS, LockQueueParams(queue="race")), CLAIM_KEYS, claim) == (4, 0)
 
 
@@ -292,7 +299,7 @@ def claim_keys_buffers(conn: psycopg.Connection, queue: str) -> int:
     with conn.transaction(force_rollback=True):
         statements.execute(conn, LOCK_KEYS, LockQueueParams(queue=queue))
         plan, = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + CLAIM_KEYS.text,
-                             params(queue, 10).__dict__).fetchone()
+                             key_params(queue, 10).__dict__).fetchone()
     top = (plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"]
     return top["Shared Hit Blocks"] + top["Shared Read Blocks"]
 

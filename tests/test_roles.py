@@ -470,6 +470,50 @@ def test_per_key_limits_are_the_operators_and_the_worker_claims_within_them(inst
                 conn.execute(statement)
 
 
+def test_per_key_breakers_are_the_operators_and_the_worker_keeps_them_and_the_keys_health(installation):
+    """An operator login sets and removes a per-key breaker; a worker login claims the queue, reports
+    its keys' outcomes (health, a key's breaker opened by its failures) and probes the open key,
+    each with only the grants of docs/database-roles.sql; neither a producer nor a worker login may
+    set the breaker, nor a producer write the keys' state, nor an operator write the keys' health."""
+    installation.install()
+    login, admin = installation.logins, installation.admin
+    done = qw("breaker", QUEUE, "--per-key", "--failures", "1", "--cooldown", "1s", "--dsn", login["operator"])
+    assert done.returncode == 0, done.stderr
+    with psycopg.connect(login["producer"]) as conn:
+        enqueue_many(conn, [{"task": "qw.noop", "queue": QUEUE, "key": key} for key in ("ok", None) for _ in range(3)]
+                     + [{"task": "qw.fail", "queue": QUEUE, "key": "bad", "payload": {"retryable": False}}
+                        for _ in range(2)])
+    worker = WorkerProcess(login["worker"], "--queue", QUEUE, "--concurrency", "1")
+    try:
+        wait_until(lambda: scalar(admin, "SELECT count(*) FROM queueworker.tasks WHERE queue = %s "
+                                         "AND state IN ('succeeded', 'failed')", (QUEUE,)) == 8,
+                   message="every task, the failing key's second as its probe")
+    finally:
+        worker.stop()
+    assert [change for change, in query(admin, "SELECT change FROM queueworker.queue_events "
+                                               "WHERE change LIKE 'key_breaker%%' ORDER BY id")][:3] == [
+        "key_breaker_open", "key_breaker_half_open", "key_breaker_open"]
+    assert dict(query(admin, "SELECT key, failure_streak FROM queueworker.key_state WHERE queue = %s",
+                      (QUEUE,))) == {"ok": 0, "": 0, "bad": 2}
+    for group in ("producer", "worker"):
+        with psycopg.connect(login[group], autocommit=True) as conn:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                operations.set_breaker(conn, QUEUE, failures=100, cooldown_seconds=1, per_key=True)
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("UPDATE queueworker.queues SET key_breaker_failures = NULL, "
+                             "key_breaker_cooldown_seconds = NULL")
+    with psycopg.connect(login["producer"], autocommit=True) as conn:
+        for statement in ("UPDATE queueworker.key_state SET breaker_state = 'closed'",
+                          "SELECT queueworker.lock_key_limited_queue('roles', true)"):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(statement)
+    with psycopg.connect(login["operator"], autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("UPDATE queueworker.key_state SET failure_streak = 0")
+        operations.set_breaker(conn, QUEUE, failures=None, per_key=True)
+    assert scalar(admin, "SELECT count(*) FROM queueworker.key_state WHERE breaker_state <> 'closed'") == 0
+
+
 def test_each_role_is_refused_what_it_does_not_need(installation):
     installation.install()
     with psycopg.connect(installation.admin, autocommit=True) as conn:
@@ -509,7 +553,7 @@ def test_definer_functions_pin_their_search_path_and_are_not_public(dsn):
                                      "fair_tag_updates", "audit_queue_key", "enqueue", "enqueue_many",
                                      "task_status", "note_key_limits", "key_limited_queue_keyed",
                                      "retag_resumed_key", "lock_key_limited_queue",
-                                     "refuse_claims_blind_to_key_limits")}
+                                     "refuse_claims_blind_to_key_limits", "audit_key_breaker")}
     # Even without docs/database-roles.sql, only the owner may run the functions that change rows.
     for function in ("clean_finished(bigint, float8, integer)", "clean_finished(float8, integer)",
                      "clean_runs(float8, integer)", "clean_queue_events(float8, integer)",
@@ -527,6 +571,7 @@ def test_definer_functions_pin_their_search_path_and_are_not_public(dsn):
                      "audit_queue_key()", "enqueue_many(jsonb)", "task_status(bigint)", "make_keyed(text[])",
                      "note_key_limits()", "key_limited_queue_keyed()", "retag_resumed_key()",
                      "lock_key_limited_queue(text)", "refuse_claims_blind_to_key_limits()",
+                     "lock_key_limited_queue(text, boolean)", "audit_key_breaker()",
                      "enqueue(text, jsonb, text, bigint, timestamptz, double precision, bigint, bigint, text, text, "
                      "text, text, bigint[], text, jsonb, boolean)"):
         assert scalar(dsn, "SELECT bool_or(grantee = 0) FROM pg_proc, aclexplode(proacl) "

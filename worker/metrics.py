@@ -75,6 +75,12 @@ BREAKER_STATE = Gauge("queueworker_breaker_state",
 BREAKER_TRANSITIONS = Counter("queueworker_breaker_transitions_total",
                               "Circuit breaker state changes this worker's reports caused, by new state",
                               ["queue", "to_state"])
+KEY_BREAKER_TRANSITIONS = Counter("queueworker_key_breaker_transitions_total",
+                                  "State changes of per-key circuit breakers this worker's reports caused, by new "
+                                  "state (no key label: the keys are unbounded)", ["queue", "to_state"])
+KEY_BREAKERS_OPEN = Gauge("queueworker_key_breakers_open",
+                          "Keys of a queue whose circuit breaker is open or half-open, as this worker last saw it",
+                          ["queue"])
 CRON_SLOTS_ENQUEUED = Counter("queueworker_cron_slots_enqueued_total",
                               "Slots of periodic schedules this worker enqueued (each slot is enqueued by one worker)",
                               ["job"])

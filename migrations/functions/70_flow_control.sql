@@ -21,7 +21,7 @@ BEGIN
     END IF;
     IF TG_OP = 'INSERT' AND NOT NEW.keyed
        AND num_nonnulls(NEW.paused_until, NEW.rate_per_second, NEW.max_running, NEW.breaker_failures,
-                        NEW.key_rate_per_second, NEW.key_max_running) = 0 THEN
+                        NEW.key_rate_per_second, NEW.key_max_running, NEW.key_breaker_failures) = 0 THEN
         RETURN NULL;  -- made for a key's own limit (76_key_limits.sql): queue_keys' audit has it
     END IF;
     change := CASE
@@ -41,7 +41,8 @@ BEGIN
         'breaker_cooldown_seconds', NEW.breaker_cooldown_seconds, 'breaker_state', NEW.breaker_state,
         'consecutive_failures', NEW.consecutive_failures, 'keyed', NULLIF(NEW.keyed, false),
         'key_rate_per_second', NEW.key_rate_per_second, 'key_burst', NEW.key_burst,
-        'key_max_running', NEW.key_max_running)));
+        'key_max_running', NEW.key_max_running, 'key_breaker_failures', NEW.key_breaker_failures,
+        'key_breaker_cooldown_seconds', NEW.key_breaker_cooldown_seconds)));
     RETURN NULL;
 END
 $$;
@@ -54,11 +55,11 @@ CREATE TRIGGER queues_audit_update AFTER UPDATE ON queueworker.queues
     FOR EACH ROW
     WHEN ((OLD.paused_until, OLD.rate_per_second, OLD.burst, OLD.max_running, OLD.breaker_failures,
            OLD.breaker_cooldown_seconds, OLD.breaker_state, OLD.key_rate_per_second, OLD.key_burst,
-           OLD.key_max_running)
+           OLD.key_max_running, OLD.key_breaker_failures, OLD.key_breaker_cooldown_seconds)
           IS DISTINCT FROM
           (NEW.paused_until, NEW.rate_per_second, NEW.burst, NEW.max_running, NEW.breaker_failures,
            NEW.breaker_cooldown_seconds, NEW.breaker_state, NEW.key_rate_per_second, NEW.key_burst,
-           NEW.key_max_running)
+           NEW.key_max_running, NEW.key_breaker_failures, NEW.key_breaker_cooldown_seconds)
           OR (NOT OLD.keyed AND NEW.keyed))
     EXECUTE FUNCTION queueworker.audit_queue();
 

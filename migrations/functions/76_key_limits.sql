@@ -86,10 +86,23 @@ CREATE TRIGGER queue_keys_removed_retag AFTER DELETE ON queueworker.queue_keys
 -- taken after the lock), then ends the key pauses whose time has passed (`pause Q --key K --for D`),
 -- so that their tasks take their place in line anew (above) and the workers see them resumed. It
 -- ends only pauses already over, whoever calls it: the worker role may, and no other.
-CREATE OR REPLACE FUNCTION queueworker.lock_key_limited_queue(queue_name text) RETURNS void
+--
+-- `knows_key_breakers`: the claim that follows passes over the keys whose breaker is open (schema
+-- version 22). The workers of version 21 call the one-argument form, and their CLAIM_KEYS knows
+-- nothing of per-key breakers: for a queue that has them, the transaction is marked
+-- (`queueworker.blind_key_claim`, transaction-local), and the row trigger below skips every row its
+-- claim would take. A login that sets the mark itself only stops its own claims.
+CREATE OR REPLACE FUNCTION queueworker.lock_key_limited_queue(queue_name text, knows_key_breakers boolean)
+RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    has_key_breaker boolean;
 BEGIN
-    PERFORM FROM queueworker.queues q WHERE q.name = queue_name FOR NO KEY UPDATE;
+    SELECT q.key_breaker_failures IS NOT NULL INTO has_key_breaker
+    FROM queueworker.queues q WHERE q.name = queue_name FOR NO KEY UPDATE;
+    IF has_key_breaker AND NOT knows_key_breakers THEN
+        PERFORM set_config('queueworker.blind_key_claim', 'on', true);
+    END IF;
     IF EXISTS (SELECT FROM queueworker.queue_keys k
                WHERE k.queue = queue_name AND k.paused_until IS NOT NULL AND k.paused_until <= now()) THEN
         DELETE FROM queueworker.queue_keys k
@@ -101,6 +114,12 @@ BEGIN
 END
 $$;
 
+-- The form the workers of schema version 21 call.
+CREATE OR REPLACE FUNCTION queueworker.lock_key_limited_queue(queue_name text) RETURNS void
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT queueworker.lock_key_limited_queue(queue_name, false)
+$$;
+
 -- A worker of an earlier version claims a keyed queue with CLAIM_FAIR or CLAIM_LIMITED_FAIR, which
 -- clear a claimed task's tag, or, before it has heard the queue is keyed, with CLAIM_LIMITED, which
 -- keeps it as it was; the claims of this version negate it. Such a claim knows nothing of per-key
@@ -108,11 +127,14 @@ $$;
 -- nor audited), and a rolling upgrade cannot overshoot a key's limit. The WHEN is evaluated per row
 -- claimed, without a call: a plain queue's tasks have no tag, and pay nothing more. A task without a
 -- tag (made claimable by a transaction that had not seen its queue become keyed) cannot be told
--- apart: docs/flow-control.md says when that happens.
+-- apart: docs/flow-control.md says when that happens. A CLAIM_KEYS of schema version 21, blind to
+-- per-key breakers, negates the tag as this version's does: its transaction was marked by
+-- lock_key_limited_queue (above), and the WHEN reads the mark without a call.
 CREATE OR REPLACE FUNCTION queueworker.refuse_claims_blind_to_key_limits() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    IF EXISTS (SELECT FROM queueworker.queues q WHERE q.name = NEW.queue AND q.key_limited) THEN
+    IF current_setting('queueworker.blind_key_claim', true) = 'on'
+       OR EXISTS (SELECT FROM queueworker.queues q WHERE q.name = NEW.queue AND q.key_limited) THEN
         RETURN NULL;
     END IF;
     RETURN NEW;
@@ -123,9 +145,11 @@ DROP TRIGGER IF EXISTS tasks_active_claims_blind_to_key_limits ON queueworker.ta
 CREATE TRIGGER tasks_active_claims_blind_to_key_limits BEFORE UPDATE ON queueworker.tasks_active
     FOR EACH ROW
     WHEN (OLD.state = 'pending' AND NEW.state = 'running' AND OLD.fair_tag IS NOT NULL
-          AND (NEW.fair_tag IS NULL OR NEW.fair_tag > 0))
+          AND (NEW.fair_tag IS NULL OR NEW.fair_tag > 0
+               OR current_setting('queueworker.blind_key_claim', true) = 'on'))
     EXECUTE FUNCTION queueworker.refuse_claims_blind_to_key_limits();
 
 REVOKE EXECUTE ON FUNCTION queueworker.note_key_limits(), queueworker.key_limited_queue_keyed(),
                            queueworker.retag_resumed_key(), queueworker.lock_key_limited_queue(text),
+                           queueworker.lock_key_limited_queue(text, boolean),
                            queueworker.refuse_claims_blind_to_key_limits() FROM PUBLIC;

@@ -44,11 +44,19 @@ def render_keys(report: dict[str, Any]) -> str:
         summary += f" (the {len(listed):,} with the most ready below)"
     if not listed:
         return summary
+    # The health columns only for a queue whose keys have some (key-limited: migration 022), so the
+    # table keeps within 80 columns: the failure streak, and the age of the last success and failure.
+    health = keys.has_health(report)
     rows = [("(no key)" if key["key"] is None else terminal_text(key["key"]), key["ready"], key["later"],
              key["blocked"], key["running"], age_text(key["oldest_ready_seconds"]),
-             "" if key["weight"] is None else f"{key['weight']:g}", keys.describe_limits(key)) for key in listed]
+             "" if key["weight"] is None else f"{key['weight']:g}",
+             *((key["failure_streak"], f"{age_text(key['last_success_seconds'])}/"
+                                       f"{age_text(key['last_failure_seconds'])}") if health else ()),
+             keys.describe_limits(key)) for key in listed]
     return "\n".join([summary, *table(
         [Column("KEY", flexible=True), Column("READY", right=True), Column("LATER", right=True),
          Column("BLOCKED", right=True), Column("RUNNING", right=True), Column("OLDEST", right=True),
-         Column("WEIGHT", right=True), Column("LIMITS", flexible=True)], rows)])
+         Column("WEIGHT", right=True),
+         *((Column("FAILS", right=True), Column("LAST OK/FAIL", right=True)) if health else ()),
+         Column("LIMITS", flexible=True)], rows)])
 

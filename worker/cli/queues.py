@@ -92,6 +92,8 @@ def add_breaker(sub: Any, common: argparse.ArgumentParser) -> None:
     breaker.add_argument("--failures", type=bounded_int(1, 1_000_000), metavar="N")
     breaker.add_argument("--cooldown", metavar="DURATION", help="e.g. 30s, 5m")
     breaker.add_argument("--off", action="store_true", help="remove the breaker")
+    breaker.add_argument("--per-key", action="store_true",
+                         help="a breaker for each key of the queue: a failing key loses its turn, the others run")
 
 
 def _given(parse: Callable[[str], float], text: str | None) -> float | None:
@@ -125,7 +127,7 @@ def cmd_flow(args: argparse.Namespace) -> int:
             else:
                 if args.off == (args.failures is not None or args.cooldown is not None):
                     raise CliError("give --failures and --cooldown, or --off")
-                row = operations.set_breaker(conn, args.queue, failures=args.failures,
+                row = operations.set_breaker(conn, args.queue, failures=args.failures, per_key=args.per_key,
                                              cooldown_seconds=_given(operations.parse_duration, args.cooldown))
         except ValidationError as exc:
             raise CliError(one_line(exc, {"": "queue"})) from None

@@ -18,9 +18,10 @@ from .. import jsonvalue
 from ..db import statements
 from ..db.connection import met_moved_row
 from ..db.flow import (
-    BREAKER_QUEUE, CLEAR_KEY_LIMITS, KEY_SETTINGS, LIMIT_QUEUE, PAUSE_KEY, PAUSE_QUEUE, QUEUE_SETTINGS, RESUME_KEY,
-    RESUME_QUEUE, SET_KEY_LIMITS, BreakerQueueParams, KeyParams, KeyRow, KeySettingsParams, LimitQueueParams,
-    PauseKeyParams, PauseQueueParams, QueueRow, QueueSettingsParams, ResumeQueueParams, SetKeyLimitsParams)
+    BREAKER_QUEUE, CLEAR_KEY_LIMITS, KEY_BREAKER_QUEUE, KEY_SETTINGS, LIMIT_QUEUE, PAUSE_KEY, PAUSE_QUEUE,
+    QUEUE_SETTINGS, RESUME_KEY, RESUME_QUEUE, SET_KEY_LIMITS, BreakerQueueParams, KeyBreakerQueueParams, KeyParams,
+    KeyRow, KeySettingsParams, LimitQueueParams, PauseKeyParams, PauseQueueParams, QueueRow, QueueSettingsParams,
+    ResumeQueueParams, SetKeyLimitsParams)
 from ..db.notify import NOTIFY_QUEUE, NotifyQueueParams
 from ..db.statements import Params, Statement
 from ..db.tasks import (
@@ -257,14 +258,19 @@ def _set_key_limits(conn: psycopg.Connection, queue: str, key: str, weight: floa
 
 
 def set_breaker(conn: psycopg.Connection, queue: str, *, failures: int | None,
-                cooldown_seconds: float | None = None) -> QueueRow:
+                cooldown_seconds: float | None = None, per_key: bool = False) -> QueueRow:
     """A circuit breaker: `failures` consecutive failures open it (claims skip the queue); after
-    `cooldown_seconds` one probe task runs; its success closes it. failures=None removes it."""
+    `cooldown_seconds` one probe task runs; its success closes it. failures=None removes it.
+    per_key=True: a breaker for each key of the queue instead (migration 022), with the same rules
+    per key: an open key loses its turn, the others are claimed as before."""
     if failures is not None:
         if not 1 <= failures <= 1_000_000:
             raise ValueError("failures is 1 to 1,000,000")
         if cooldown_seconds is None or not 0 < cooldown_seconds <= MAX_DURATION_SECONDS:
             raise ValueError("a breaker needs a cooldown of up to a year")
+    if per_key:
+        return _change(conn, KEY_BREAKER_QUEUE, KeyBreakerQueueParams(
+            queue=_queue_name(queue), failures=failures, cooldown=None if failures is None else cooldown_seconds))
     return _change(conn, BREAKER_QUEUE, BreakerQueueParams(
         queue=_queue_name(queue), failures=failures, cooldown=None if failures is None else cooldown_seconds,
         wake=failures is None, wake_at=None))

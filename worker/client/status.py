@@ -64,6 +64,8 @@ def flow_control(row: QueueRow) -> dict[str, Any]:
             "per_key": None if row.key_rate_per_second is None and row.key_max_running is None else {
                 "rate_per_second": row.key_rate_per_second, "burst": row.key_burst,
                 "max_running": row.key_max_running},
+            "key_breaker": None if row.key_breaker_failures is None else {
+                "failures": row.key_breaker_failures, "cooldown_seconds": row.key_breaker_cooldown_seconds},
             "key_limited": row.key_limited}
 
 
@@ -84,8 +86,11 @@ def describe_flow(flow: dict[str, Any]) -> str:
     if flow.get("per_key"):
         parts.append("per key: " + _describe_bucket_and_cap(flow["per_key"]["rate_per_second"],
                                                             flow["per_key"]["burst"], flow["per_key"]["max_running"]))
-    elif flow.get("key_limited"):
+    elif flow.get("key_limited") and not flow.get("key_breaker"):
         parts.append("some keys limited or paused")
+    if flow.get("key_breaker"):
+        breaker = flow["key_breaker"]
+        parts.append(f"breaker per key ({breaker['failures']} failures, cooldown {breaker['cooldown_seconds']:g}s)")
     return "; ".join(parts) or "no limits"
 
 

@@ -1,5 +1,6 @@
-"""Flow control (migration 009, per key: 021): queue settings (queueworker.client.operations), the worker's view of
-them and circuit breakers (queueworker.runtime.flow). The statements are in flow.sql."""
+"""Flow control (migration 009; per key: 021; per-key breakers and key health: 022): queue settings
+(queueworker.client.operations), the worker's view of them, circuit breakers and the keys' outcomes
+(queueworker.runtime.flow). The statements are in flow.sql."""
 
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ class QueueRow(NamedTuple):
     key_burst: int | None
     key_max_running: int | None
     key_limited: bool  # a per-key default or some key's own limit: claimed by CLAIM_KEYS
+    key_breaker_failures: int | None  # a circuit breaker per key (migration 022)
+    key_breaker_cooldown_seconds: float | None
 
 
 class ResumeQueueParams(Params):
@@ -63,6 +66,12 @@ class BreakerQueueParams(Params):
     wake: bool
 
 
+class KeyBreakerQueueParams(Params):
+    queue: str
+    failures: int | None
+    cooldown: float | None
+
+
 class QueueSettingsParams(Params):
     queue: str | None
 
@@ -79,6 +88,8 @@ class LimitedQueueRow(NamedTuple):
     limited: bool  # flow control: claimed under the queue's row lock
     keyed: bool  # fair share across its keys (migration 020)
     key_limited: bool  # per-key limits (migration 021): claimed by CLAIM_KEYS
+    has_key_breaker: bool  # a circuit breaker per key (migration 022)
+    key_breakers_open: int | None  # keys whose breaker is open or half-open, with a per-key breaker
     fastest_key_rate: float | None  # the fastest rate of a key's bucket, when key-limited
 
 
@@ -91,6 +102,22 @@ class RecordBreakerParams(Params):
 class BreakerRow(NamedTuple):
     was: str
     now_state: str
+
+
+class RecordKeyOutcomesParams(Params):
+    """One report of a worker's outcomes for the keys of a key-limited queue: per key ('' for the
+    tasks without one), whether any succeeded and the failures after the last success."""
+
+    queue: str
+    keys: list[str]
+    any_succeeded: list[bool]
+    trailing_failures: list[int]
+
+
+class KeyBreakerRow(NamedTuple):
+    key: str
+    now_state: str
+    changed: bool  # this report moved the key's breaker to now_state
 
 
 class SetKeyLimitsParams(Params):
@@ -138,9 +165,11 @@ PAUSE_QUEUE = _SQL.statement("pause_queue", PauseQueueParams, QueueRow)
 RESUME_QUEUE = _SQL.statement("resume_queue", ResumeQueueParams, QueueRow)
 LIMIT_QUEUE = _SQL.statement("limit_queue", LimitQueueParams, QueueRow)
 BREAKER_QUEUE = _SQL.statement("breaker_queue", BreakerQueueParams, QueueRow)
+KEY_BREAKER_QUEUE = _SQL.statement("key_breaker_queue", KeyBreakerQueueParams, QueueRow)
 QUEUE_SETTINGS = _SQL.statement("queue_settings", QueueSettingsParams, QueueRow)
 LIMITED_QUEUES = _SQL.statement("limited_queues", LimitedQueuesParams, LimitedQueueRow)
 RECORD_BREAKER = _SQL.statement("record_breaker", RecordBreakerParams, BreakerRow)
+RECORD_KEY_OUTCOMES = _SQL.statement("record_key_outcomes", RecordKeyOutcomesParams, KeyBreakerRow)
 SET_KEY_LIMITS = _SQL.statement("set_key_limits", SetKeyLimitsParams, KeyRow)
 CLEAR_KEY_LIMITS = _SQL.statement("clear_key_limits", KeyParams, KeyRow)
 PAUSE_KEY = _SQL.statement("pause_key", PauseKeyParams, KeyRow)

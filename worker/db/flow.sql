@@ -7,7 +7,9 @@
 -- workers to re-read the queue's settings (channel queueworker_queues, payload: the queue), and, when
 -- %(wake)s, wake them at %(wake_at)s: now when the change may let tasks through sooner, or when a timed
 -- pause ends. The changes of one key's settings (set_key_limits, clear_key_limits, pause_key,
--- resume_key; migration 021) do the same, and return the key's settings as a KeyRow.
+-- resume_key; migration 021) do the same, and return the key's settings as a KeyRow. A key's bucket
+-- starts full again by emptying its columns of `queueworker.key_state` (NULL tokens: a full bucket),
+-- not by deleting its row, which holds the key's breaker and health too (migration 022).
 
 -- name: pause_queue
 -- Paused until `until` ('infinity': until resumed). Running tasks finish; the workers wake when it ends.
@@ -17,7 +19,8 @@ WITH changed AS (
     RETURNING name, coalesce(paused_until > now(), false) AS paused,
        CASE WHEN isfinite(paused_until) THEN paused_until END AS paused_until, rate_per_second, burst, max_running,
        breaker_failures, breaker_cooldown_seconds, breaker_state, consecutive_failures, breaker_changed_at, limited,
-       key_rate_per_second, key_burst, key_max_running, key_limited
+       key_rate_per_second, key_burst, key_max_running, key_limited,
+       key_breaker_failures, key_breaker_cooldown_seconds
 ), told AS (
     SELECT pg_notify('queueworker_queues', name) FROM changed
 ), woken AS (
@@ -27,7 +30,8 @@ WITH changed AS (
 SELECT name, coalesce(paused_until > now(), false) AS paused,
        CASE WHEN isfinite(paused_until) THEN paused_until END AS paused_until, rate_per_second, burst, max_running,
        breaker_failures, breaker_cooldown_seconds, breaker_state, consecutive_failures, breaker_changed_at, limited,
-       key_rate_per_second, key_burst, key_max_running, key_limited
+       key_rate_per_second, key_burst, key_max_running, key_limited,
+       key_breaker_failures, key_breaker_cooldown_seconds
 FROM changed, (SELECT count(*) FROM told) AS t, (SELECT count(*) FROM woken) AS w;
 
 -- name: resume_queue
@@ -38,7 +42,8 @@ WITH changed AS (
     RETURNING name, coalesce(paused_until > now(), false) AS paused,
        CASE WHEN isfinite(paused_until) THEN paused_until END AS paused_until, rate_per_second, burst, max_running,
        breaker_failures, breaker_cooldown_seconds, breaker_state, consecutive_failures, breaker_changed_at, limited,
-       key_rate_per_second, key_burst, key_max_running, key_limited
+       key_rate_per_second, key_burst, key_max_running, key_limited,
+       key_breaker_failures, key_breaker_cooldown_seconds
 ), told AS (
     SELECT pg_notify('queueworker_queues', name) FROM changed
 ), woken AS (
@@ -48,7 +53,8 @@ WITH changed AS (
 SELECT name, coalesce(paused_until > now(), false) AS paused,
        CASE WHEN isfinite(paused_until) THEN paused_until END AS paused_until, rate_per_second, burst, max_running,
        breaker_failures, breaker_cooldown_seconds, breaker_state, consecutive_failures, breaker_changed_at, limited,
-       key_rate_per_second, key_burst, key_max_running, key_limited
+       key_rate_per_second, key_burst, key_max_running, key_limited,
+       key_breaker_failures, key_breaker_cooldown_seconds
 FROM changed, (SELECT count(*) FROM told) AS t, (SELECT count(*) FROM woken) AS w;
 
 -- name: limit_queue
@@ -76,10 +82,11 @@ WITH before AS (
     RETURNING name, coalesce(paused_until > now(), false) AS paused,
        CASE WHEN isfinite(paused_until) THEN paused_until END AS paused_until, rate_per_second, burst, max_running,
        breaker_failures, breaker_cooldown_seconds, breaker_state, consecutive_failures, breaker_changed_at, limited,
-       key_rate_per_second, key_burst, key_max_running, key_limited
+       key_rate_per_second, key_burst, key_max_running, key_limited,
+       key_breaker_failures, key_breaker_cooldown_seconds
 ), reset AS (
-    DELETE FROM queueworker.key_state b
-    WHERE b.queue = %(queue)s
+    UPDATE queueworker.key_state b SET tokens = NULL, tokens_at = NULL, next_token_at = NULL
+    WHERE b.queue = %(queue)s AND b.tokens IS NOT NULL
       AND NOT EXISTS (SELECT FROM before f WHERE (f.key_rate_per_second, f.key_burst)
                                                  IS NOT DISTINCT FROM (%(key_rate)s::float8, %(key_burst)s::integer))
       AND NOT EXISTS (SELECT FROM queueworker.queue_keys k
@@ -92,7 +99,8 @@ WITH before AS (
 )
 SELECT name, paused, paused_until, rate_per_second, burst, max_running, breaker_failures, breaker_cooldown_seconds,
        breaker_state, consecutive_failures, breaker_changed_at, limited, key_rate_per_second, key_burst,
-       key_max_running, key_limited
+       key_max_running, key_limited,
+       key_breaker_failures, key_breaker_cooldown_seconds
 FROM changed, (SELECT count(*) FROM told) AS t, (SELECT count(*) FROM woken) AS w;
 
 -- name: breaker_queue
@@ -106,7 +114,8 @@ WITH changed AS (
     RETURNING name, coalesce(paused_until > now(), false) AS paused,
        CASE WHEN isfinite(paused_until) THEN paused_until END AS paused_until, rate_per_second, burst, max_running,
        breaker_failures, breaker_cooldown_seconds, breaker_state, consecutive_failures, breaker_changed_at, limited,
-       key_rate_per_second, key_burst, key_max_running, key_limited
+       key_rate_per_second, key_burst, key_max_running, key_limited,
+       key_breaker_failures, key_breaker_cooldown_seconds
 ), told AS (
     SELECT pg_notify('queueworker_queues', name) FROM changed
 ), woken AS (
@@ -116,7 +125,37 @@ WITH changed AS (
 SELECT name, coalesce(paused_until > now(), false) AS paused,
        CASE WHEN isfinite(paused_until) THEN paused_until END AS paused_until, rate_per_second, burst, max_running,
        breaker_failures, breaker_cooldown_seconds, breaker_state, consecutive_failures, breaker_changed_at, limited,
-       key_rate_per_second, key_burst, key_max_running, key_limited
+       key_rate_per_second, key_burst, key_max_running, key_limited,
+       key_breaker_failures, key_breaker_cooldown_seconds
+FROM changed, (SELECT count(*) FROM told) AS t, (SELECT count(*) FROM woken) AS w;
+
+-- name: key_breaker_queue
+-- A circuit breaker for each key of the queue (`breaker Q --per-key`; NULLs remove it, migration 022):
+-- it makes the queue key-limited. A new, changed or removed one starts every key's breaker closed
+-- (each such change audited as `key_breaker_closed`, with the key); the keys' failure streaks are
+-- their health and stay.
+WITH changed AS (
+    INSERT INTO queueworker.queues AS q (name, key_breaker_failures, key_breaker_cooldown_seconds)
+    VALUES (%(queue)s, %(failures)s, %(cooldown)s)
+    ON CONFLICT (name) DO UPDATE
+    SET key_breaker_failures = EXCLUDED.key_breaker_failures,
+        key_breaker_cooldown_seconds = EXCLUDED.key_breaker_cooldown_seconds, updated_at = now()
+    RETURNING name, coalesce(paused_until > now(), false) AS paused,
+       CASE WHEN isfinite(paused_until) THEN paused_until END AS paused_until, rate_per_second, burst, max_running,
+       breaker_failures, breaker_cooldown_seconds, breaker_state, consecutive_failures, breaker_changed_at, limited,
+       key_rate_per_second, key_burst, key_max_running, key_limited,
+       key_breaker_failures, key_breaker_cooldown_seconds
+), closed AS (
+    UPDATE queueworker.key_state b SET breaker_state = 'closed', breaker_changed_at = NULL
+    WHERE b.queue = %(queue)s AND b.breaker_state <> 'closed'
+), told AS (
+    SELECT pg_notify('queueworker_queues', name) FROM changed
+), woken AS (
+    SELECT queueworker.wake_queue(name, now()) FROM changed
+)
+SELECT name, paused, paused_until, rate_per_second, burst, max_running, breaker_failures, breaker_cooldown_seconds,
+       breaker_state, consecutive_failures, breaker_changed_at, limited, key_rate_per_second, key_burst,
+       key_max_running, key_limited, key_breaker_failures, key_breaker_cooldown_seconds
 FROM changed, (SELECT count(*) FROM told) AS t, (SELECT count(*) FROM woken) AS w;
 
 -- name: queue_settings
@@ -124,7 +163,8 @@ FROM changed, (SELECT count(*) FROM told) AS t, (SELECT count(*) FROM woken) AS 
 SELECT name, coalesce(paused_until > now(), false) AS paused,
        CASE WHEN isfinite(paused_until) THEN paused_until END AS paused_until, rate_per_second, burst, max_running,
        breaker_failures, breaker_cooldown_seconds, breaker_state, consecutive_failures, breaker_changed_at, limited,
-       key_rate_per_second, key_burst, key_max_running, key_limited
+       key_rate_per_second, key_burst, key_max_running, key_limited,
+       key_breaker_failures, key_breaker_cooldown_seconds
 FROM queueworker.queues
 WHERE %(queue)s::text IS NULL OR name = %(queue)s ORDER BY name;
 
@@ -132,9 +172,13 @@ WHERE %(queue)s::text IS NULL OR name = %(queue)s ORDER BY name;
 -- What a worker needs to choose its claim statement, for its own queues: those with flow control
 -- (`limited`), the keyed ones (fair share, migration 020), the key-limited ones (migration 021),
 -- and the fastest rate of a key (the default's, or a key's own): how soon a claim cut short by a
--- key's bucket is worth trying again. Read on every refresh, not per claim.
+-- key's bucket is worth trying again; with a per-key breaker (migration 022), how many keys' breakers
+-- are not closed (`key_state_breakers`). Read on every refresh, not per claim.
 SELECT name, rate_per_second, breaker_failures IS NOT NULL AS has_breaker, breaker_state, limited, keyed,
-       key_limited,
+       key_limited, key_breaker_failures IS NOT NULL AS has_key_breaker,
+       CASE WHEN key_breaker_failures IS NOT NULL
+            THEN (SELECT count(*) FROM queueworker.key_state b
+                  WHERE b.queue = q.name AND b.breaker_state <> 'closed')::integer END AS key_breakers_open,
        CASE WHEN key_limited THEN greatest(key_rate_per_second,
                                            (SELECT max(k.rate_per_second) FROM queueworker.queue_keys k
                                             WHERE k.queue = q.name)) END AS fastest_key_rate
@@ -165,6 +209,36 @@ SET consecutive_failures = d.streak, breaker_state = d.now_state,
 FROM decided d WHERE q.name = d.name
 RETURNING d.was, d.now_state;
 
+-- name: record_key_outcomes
+-- A worker's outcomes for the keys of a key-limited queue since its last report, one element per key
+-- ('' for the tasks without a key): whether any succeeded, and how many failed after the last
+-- success (or in all, when none did). Keeps each key's health (its failure streak, its last success
+-- and failure) and moves its breaker when the queue has one (queueworker.key_breaker_next,
+-- migrations/functions/77_key_breaker.sql). ON CONFLICT decides on the row as it is once locked,
+-- so reports of one key by several workers at once add up. Returns each key's breaker state, and
+-- whether this report changed it.
+INSERT INTO queueworker.key_state AS b (queue, key, breaker_state, breaker_changed_at, failure_streak,
+                                        last_success_at, last_failure_at)
+SELECT %(queue)s, r.key, d.now_state, CASE WHEN d.now_state <> 'closed' THEN now() END, r.failures,
+       CASE WHEN r.succeeded THEN now() END, CASE WHEN r.failures > 0 THEN now() END
+FROM unnest(%(keys)s::text[], %(any_succeeded)s::boolean[], %(trailing_failures)s::integer[])
+     AS r(key, succeeded, failures)
+CROSS JOIN LATERAL (SELECT queueworker.key_breaker_next(%(queue)s, 'closed', 0, r.succeeded, r.failures)
+                    AS now_state) AS d
+ORDER BY r.key  -- the order CLAIM_KEYS charges them in: no deadlock between the two
+ON CONFLICT (queue, key) DO UPDATE
+SET failure_streak = CASE WHEN EXCLUDED.last_success_at IS NOT NULL THEN EXCLUDED.failure_streak
+                          ELSE b.failure_streak + EXCLUDED.failure_streak END,
+    breaker_state = queueworker.key_breaker_next(b.queue, b.breaker_state, b.failure_streak,
+                                                 EXCLUDED.last_success_at IS NOT NULL, EXCLUDED.failure_streak),
+    breaker_changed_at = CASE WHEN queueworker.key_breaker_next(b.queue, b.breaker_state, b.failure_streak,
+                                                                EXCLUDED.last_success_at IS NOT NULL,
+                                                                EXCLUDED.failure_streak) <> b.breaker_state
+                              THEN now() ELSE b.breaker_changed_at END,
+    last_success_at = coalesce(EXCLUDED.last_success_at, b.last_success_at),
+    last_failure_at = coalesce(EXCLUDED.last_failure_at, b.last_failure_at)
+RETURNING b.key, b.breaker_state AS now_state, coalesce(b.breaker_changed_at = now(), false) AS changed;
+
 -- name: set_key_limits
 -- A key's own settings (`limit Q --key K ...`): its weight in the queue's fair share (migration 020:
 -- W claims per turn, for the tags given from now on), its rate and burst and its cap (migration 021;
@@ -183,8 +257,8 @@ WITH before AS (
               CASE WHEN isfinite(paused_until) THEN paused_until END AS paused_until,
               coalesce(paused_until > now(), false) AS paused
 ), reset AS (
-    DELETE FROM queueworker.key_state b
-    WHERE b.queue = %(queue)s AND b.key = %(key)s
+    UPDATE queueworker.key_state b SET tokens = NULL, tokens_at = NULL, next_token_at = NULL
+    WHERE b.queue = %(queue)s AND b.key = %(key)s AND b.tokens IS NOT NULL
       AND NOT EXISTS (SELECT FROM before f WHERE (f.rate_per_second, f.burst)
                                                  IS NOT DISTINCT FROM (%(rate)s::float8, %(burst)s::integer))
 ), told AS (
@@ -217,7 +291,8 @@ WITH before AS (
 ), changed AS (
     SELECT queue FROM removed UNION ALL SELECT queue FROM kept
 ), reset AS (
-    DELETE FROM queueworker.key_state b WHERE b.queue = %(queue)s AND b.key = %(key)s
+    UPDATE queueworker.key_state b SET tokens = NULL, tokens_at = NULL, next_token_at = NULL
+    WHERE b.queue = %(queue)s AND b.key = %(key)s AND b.tokens IS NOT NULL
 ), told AS (
     SELECT pg_notify('queueworker_queues', queue) FROM changed
 ), woken AS (

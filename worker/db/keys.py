@@ -30,6 +30,10 @@ class KeyReportRow(NamedTuple):
     paused: bool
     paused_until: datetime | None  # None while paused: until resumed
     tokens: int | None  # whole tokens in the key's bucket now; None without a rate
+    breaker_state: str | None  # closed, open, half_open; None: the queue has no breaker per key
+    failure_streak: int  # failures since the key's last success, as the workers reported them
+    last_success_at: datetime | None
+    last_failure_at: datetime | None
     keys_total: int
     ready_total: int
     running_total: int

@@ -7,7 +7,9 @@
 -- queue's fair share (NULL: the default of 1); the limits that hold for it (its own, else the
 -- queue's per-key defaults: migration 021), whether it is paused and until when (NULL: until
 -- resumed), and the whole tokens its bucket holds now (a key whose bucket was never charged has a
--- full one). The tasks without a key are one row (key NULL; their bucket is the key '' of
+-- full one); its breaker's state when the queue has a breaker per key (NULL otherwise) and its
+-- health (migration 022: failures since its last success, its last success and last failure, as the
+-- workers reported them; zero and NULL for a key no report reached). The tasks without a key are one row (key NULL; their bucket is the key '' of
 -- key_state); a key with a setting but no task is a row too. The keys with the most tasks ready
 -- come first, at most %(limit)s of them; every row also carries the totals over all keys, so a
 -- report cut to its first rows still says how many keys and tasks there are. Through
@@ -41,7 +43,8 @@ WITH per_key AS (
                AS rate_per_second,
            CASE WHEN o.rate_per_second IS NOT NULL THEN o.burst ELSE q.key_burst END AS burst,
            coalesce(o.paused_until > now(), false) AS paused,
-           CASE WHEN o.paused_until > now() AND isfinite(o.paused_until) THEN o.paused_until END AS paused_until
+           CASE WHEN o.paused_until > now() AND isfinite(o.paused_until) THEN o.paused_until END AS paused_until,
+           q.key_breaker_failures IS NOT NULL AS has_breaker
     FROM listed l
     LEFT JOIN queueworker.queue_keys o ON o.queue = %(queue)s AND o.key = l.key
     LEFT JOIN queueworker.queues q ON q.name = %(queue)s
@@ -51,6 +54,8 @@ SELECT m.key, m.ready, m.later, m.blocked, m.running, m.ready_since, m.weight, m
        CASE WHEN m.rate_per_second IS NOT NULL THEN floor(coalesce(
            least(m.burst, b.tokens + m.rate_per_second * extract(epoch FROM now() - b.tokens_at)), m.burst))::integer
        END AS tokens,
+       CASE WHEN m.has_breaker THEN coalesce(b.breaker_state, 'closed') END AS breaker_state,
+       coalesce(b.failure_streak, 0) AS failure_streak, b.last_success_at, b.last_failure_at,
        m.keys_total, m.ready_total, m.running_total
 FROM limits m
 LEFT JOIN queueworker.key_state b ON b.queue = %(queue)s AND b.key = coalesce(m.key, '')

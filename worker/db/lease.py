@@ -23,6 +23,14 @@ class ClaimParams(Params):
     timeout_seconds: int
 
 
+class KeyClaimParams(ClaimParams):
+    """`claim_keys`: a claim of a key-limited queue, passing over `held_keys` (keys a failure of which
+    this worker has not yet reported to their breaker; '' for the tasks without a key) besides the
+    keys the database holds."""
+
+    held_keys: list[str]
+
+
 class ClaimedRow(NamedTuple):
     """A task a claim just leased. The payload stays JSON text here: each attempt decodes its own,
     so a row Python cannot read (nested 2,000 deep, a 5,000-digit number) fails only that task."""
@@ -177,7 +185,7 @@ LOCK_KEYS = _SQL.statement("lock_keys", LockQueueParams)
 CLAIM_LIMITED = _SQL.statement("claim_limited", ClaimParams, ClaimedRow)
 CLAIM_FAIR = _SQL.statement("claim_fair", ClaimParams, ClaimedRow)
 CLAIM_LIMITED_FAIR = _SQL.statement("claim_limited_fair", ClaimParams, ClaimedRow)
-CLAIM_KEYS = _SQL.statement("claim_keys", ClaimParams, ClaimedRow)
+CLAIM_KEYS = _SQL.statement("claim_keys", KeyClaimParams, ClaimedRow)
 REGISTER_WORKER = _SQL.statement("register_worker", RegisterWorkerParams)
 HEARTBEAT = _SQL.statement("heartbeat", HeartbeatParams, HeldRow)
 SAVE_CHECKPOINT = _SQL.statement("save_checkpoint", SaveCheckpointParams, FencedRow)

@@ -112,8 +112,8 @@ SELECT FROM queueworker.queues WHERE name = %(queue)s FOR NO KEY UPDATE;
 -- name: lock_keys
 -- `lock_queue` for a key-limited queue (migration 021), before `claim_keys`: locks the queue's row
 -- and ends the key pauses whose time has passed (queueworker.lock_key_limited_queue,
--- migrations/functions/76_key_limits.sql).
-SELECT queueworker.lock_key_limited_queue(%(queue)s);
+-- migrations/functions/76_key_limits.sql); `true`: this claim knows per-key breakers (migration 022).
+SELECT queueworker.lock_key_limited_queue(%(queue)s, true);
 
 -- name: claim_limited
 -- The claim of a queue with flow control, after `lock_queue` in the same transaction. Its row is
@@ -288,6 +288,12 @@ FROM claimed;
 -- someone else holds (a cancel). Claimed tasks keep their tag negated (`claim_fair`). The buckets of
 -- the keys claimed from are charged in `charged_keys` (`next_token_at`: when the key has a whole
 -- token again, NULL while it has one), the queue's in `charged`.
+--
+-- With a per-key breaker (migration 022), a key whose breaker is not closed is held until its
+-- cooldown has passed since it opened (or since its probe was claimed: a probe lost without an
+-- outcome lets another one through after the cooldown); then it is allowed one task, its probe, and
+-- `charged_keys` moves it to half-open. `held_keys` are the keys this worker holds back itself: a
+-- failure of theirs is on its way to their breaker, and may be the one that opens it.
 WITH settings AS MATERIALIZED (
     SELECT q.*, CASE WHEN q.rate_per_second IS NOT NULL
                      THEN least(q.burst, q.tokens + q.rate_per_second * extract(epoch FROM now() - q.tokens_at))
@@ -296,6 +302,7 @@ WITH settings AS MATERIALIZED (
     FOR NO KEY UPDATE
 ), allowance AS MATERIALIZED (
     SELECT s.name, s.level, s.breaker_state, s.key_rate_per_second, s.key_burst, s.key_max_running,
+           s.key_breaker_failures, s.key_breaker_cooldown_seconds,
            CASE WHEN s.paused_until > now() THEN 0
                 WHEN s.breaker_state <> 'closed'
                      AND now() < s.breaker_changed_at + make_interval(secs => s.breaker_cooldown_seconds) THEN 0
@@ -323,6 +330,12 @@ WITH settings AS MATERIALIZED (
     UNION
     SELECT b.key FROM queueworker.key_state b
     WHERE b.queue = %(queue)s AND b.next_token_at IS NOT NULL AND b.next_token_at > now()
+    UNION
+    SELECT b.key FROM queueworker.key_state b CROSS JOIN allowance a
+    WHERE b.queue = %(queue)s AND b.breaker_state <> 'closed' AND a.key_breaker_failures IS NOT NULL
+      AND now() < b.breaker_changed_at + make_interval(secs => a.key_breaker_cooldown_seconds)
+    UNION
+    SELECT unnest(%(held_keys)s::text[])
 ), candidates AS MATERIALIZED (
     SELECT w.* FROM (
         SELECT * FROM (
@@ -344,7 +357,7 @@ WITH settings AS MATERIALIZED (
     WHERE w.key NOT IN (SELECT h.key FROM held h)
     LIMIT 2 * %(limit)s
 ), keys AS MATERIALIZED (
-    SELECT c.key, c.rate, c.paused,
+    SELECT c.key, c.rate, c.paused, c.probe,
            CASE WHEN c.rate IS NOT NULL
                 THEN least(c.burst, coalesce(c.tokens + c.rate * extract(epoch FROM now() - c.tokens_at), c.burst))
            END AS level,
@@ -352,7 +365,8 @@ WITH settings AS MATERIALIZED (
     FROM (SELECT d.key, coalesce(k.paused_until > now(), false) AS paused,
                  coalesce(k.rate_per_second, a.key_rate_per_second) AS rate,
                  CASE WHEN k.rate_per_second IS NOT NULL THEN k.burst ELSE a.key_burst END AS burst,
-                 coalesce(k.max_running, a.key_max_running) AS max_running, b.tokens, b.tokens_at
+                 coalesce(k.max_running, a.key_max_running) AS max_running, b.tokens, b.tokens_at,
+                 coalesce(a.key_breaker_failures IS NOT NULL AND b.breaker_state <> 'closed', false) AS probe
           FROM (SELECT DISTINCT key FROM candidates) AS d
           CROSS JOIN allowance a
           LEFT JOIN LATERAL (SELECT * FROM queueworker.queue_keys k
@@ -363,7 +377,8 @@ WITH settings AS MATERIALIZED (
     SELECT s.id, s.pass, s.priority, s.fair_tag, s.run_after,
            row_number() OVER (PARTITION BY s.key ORDER BY s.pass, s.priority DESC, s.fair_tag, s.run_after, s.id)
                AS rank,
-           CASE WHEN k.paused THEN 0 ELSE least(k.slots, floor(k.level)::integer) END AS allowed
+           CASE WHEN k.paused THEN 0
+                ELSE least(k.slots, floor(k.level)::integer, CASE WHEN k.probe THEN 1 END) END AS allowed
     FROM candidates s JOIN keys k ON k.key = s.key
 ), chosen AS MATERIALIZED (
     SELECT id FROM ranked WHERE allowed IS NULL OR rank <= allowed
@@ -395,14 +410,19 @@ WITH settings AS MATERIALIZED (
     SELECT id, 'pending', 'running', %(worker)s, lease_token, jsonb_build_object('attempts', attempts)
     FROM claimed
 ), charged_keys AS (
-    INSERT INTO queueworker.key_state AS b (queue, key, tokens, tokens_at, next_token_at)
-    SELECT %(queue)s, k.key, k.level - c.n, now(),
-           CASE WHEN k.level - c.n < 1 THEN now() + make_interval(secs => (1 - (k.level - c.n)) / k.rate) END
+    INSERT INTO queueworker.key_state AS b (queue, key, tokens, tokens_at, next_token_at, breaker_state,
+                                            breaker_changed_at)
+    SELECT %(queue)s, k.key, k.level - c.n, CASE WHEN k.rate IS NOT NULL THEN now() END,
+           CASE WHEN k.level - c.n < 1 THEN now() + make_interval(secs => (1 - (k.level - c.n)) / k.rate) END,
+           CASE WHEN k.probe THEN 'half_open' ELSE 'closed' END, CASE WHEN k.probe THEN now() END
     FROM (SELECT coalesce(key, '') AS key, count(*) AS n FROM claimed GROUP BY 1) AS c
     JOIN keys k ON k.key = c.key
-    WHERE k.rate IS NOT NULL
+    WHERE k.rate IS NOT NULL OR k.probe
+    ORDER BY k.key  -- the order RECORD_KEY_OUTCOMES locks them in: no deadlock between the two
     ON CONFLICT (queue, key) DO UPDATE
-    SET tokens = EXCLUDED.tokens, tokens_at = EXCLUDED.tokens_at, next_token_at = EXCLUDED.next_token_at
+    SET tokens = EXCLUDED.tokens, tokens_at = EXCLUDED.tokens_at, next_token_at = EXCLUDED.next_token_at,
+        breaker_state = CASE WHEN EXCLUDED.breaker_changed_at IS NOT NULL THEN 'half_open' ELSE b.breaker_state END,
+        breaker_changed_at = coalesce(EXCLUDED.breaker_changed_at, b.breaker_changed_at)
 ), charged AS (
     UPDATE queueworker.queues q
     SET tokens = coalesce(a.level - (SELECT count(*) FROM claimed), q.tokens), tokens_at = now(),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,7 +111,7 @@ class Completer:
         self._max_batch = max_batch
         self._on_flushed = on_flushed
         self._unknown_task_grace = unknown_task_grace_seconds
-        self._flow = flow  # told the outcomes of queues that have a circuit breaker
+        self._flow = flow  # told the outcomes of queues that have a circuit breaker, or key limits
         self._buffers: dict[type, list[Any]] = {Success: [], Continued: [], Failure: [], HandBack: []}
         self._writes: dict[type, Callable[[list[Any], float], Awaitable[list[Attempt]]]] = {
             Success: self._write_successes, Continued: self._write_continued, Failure: self._write_failures,
@@ -279,15 +279,19 @@ class Completer:
         stale_keys = {attempt.key for attempt in stale}
         for queue, count in Counter(a.queue for a in attempts if a.key not in stale_keys).items():
             metrics.TASKS_COMPLETED.labels(queue, outcome).inc(count)
-        self._note(a.queue for a in attempts if a.key not in stale_keys)
+        self._note([a for a in attempts if a.key not in stale_keys])
         return attempts
 
-    def _note(self, queues: Iterable[str], succeeded: bool = True) -> None:
-        """Outcomes written, for the circuit breakers of the queues that have one."""
-        if self._flow is not None and self._flow.breaker_queues:
-            for queue in queues:
-                if queue in self._flow.breaker_queues:
-                    self._flow.note(queue, succeeded)
+    def _note(self, attempts: list[Attempt], succeeded: bool = True) -> None:
+        """Outcomes written, for the circuit breakers of the queues that have one and for the keys
+        of key-limited queues (their health, their breakers)."""
+        flow = self._flow
+        if flow is not None and (flow.breaker_queues or flow.key_queues):
+            for attempt in attempts:
+                if attempt.queue in flow.breaker_queues:
+                    flow.note(attempt.queue, succeeded)
+                if attempt.queue in flow.key_queues:
+                    flow.note_key(attempt.queue, attempt.ctx.key, succeeded)
 
     async def _write_failures(self, batch: list[Failure], timeout: float) -> list[Attempt]:
         rows = await self._conn.fetch(COMPLETE_FAILED, CompleteFailedParams(
@@ -303,7 +307,7 @@ class Completer:
                 _stale(attempt, "failed")
                 continue
             metrics.TASKS_COMPLETED.labels(attempt.queue, "retried" if state == "retrying" else "failed").inc()
-            self._note([attempt.queue], succeeded=False)
+            self._note([attempt], succeeded=False)
             log.info("task %s attempt %s %s: %s", attempt.id, attempt.attempt,
                      "will retry" if state == "retrying" else "failed", failure.error.get("message"),
                      extra={"task_id": attempt.id, "task": attempt.task, "error_type": failure.error.get("type")})

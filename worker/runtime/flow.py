@@ -11,6 +11,9 @@ may be the one that opens the breaker). A keyed queue (fair share across its key
 claimed in fair-share order (`claim_fair`, or `claim_limited_fair` when it is limited too); the
 plain `claim` claims nothing from one either. A key-limited queue (per-key limits and pauses,
 migration 021) is claimed by `claim_keys` after `lock_keys`; every other claim takes nothing from it.
+Its outcomes are reported per key (the keys' health, and their breakers when it has a per-key breaker,
+migration 022), one statement per queue and report; while a failure of a key is not yet reported,
+this worker's claims pass over that key (`held_keys`), and over that key only.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from collections.abc import Callable
 
 from .. import metrics
 from ..db.connection import DutyConnection
-from ..db.flow import LIMITED_QUEUES, RECORD_BREAKER, LimitedQueueRow, LimitedQueuesParams, RecordBreakerParams
+from ..db.flow import (LIMITED_QUEUES, RECORD_BREAKER, RECORD_KEY_OUTCOMES, LimitedQueueRow, LimitedQueuesParams,
+                       RecordBreakerParams, RecordKeyOutcomesParams)
 from ..db.lease import (CLAIM, CLAIM_FAIR, CLAIM_KEYS, CLAIM_LIMITED, CLAIM_LIMITED_FAIR, LOCK_KEYS, LOCK_QUEUE,
                         ClaimedRow, ClaimParams, LockQueueParams)
 from ..db.statements import Bound, Statement
@@ -37,6 +41,10 @@ REFRESH_SECONDS = 5.0
 # should a listener connection die without the worker noticing.
 SAFETY_REFRESH_SECONDS = 300.0
 BREAKER_STATES = {"closed": 0, "half_open": 1, "open": 2}
+# How often a worker reports the keys' health of a key-limited queue without a per-key breaker: the
+# times it keeps are this exact, and a busy queue pays one statement per interval, not one per
+# flush. A per-key breaker's outcomes are reported at once, as the queue breaker's.
+HEALTH_REPORT_SECONDS = 1.0
 
 
 class FlowControl:
@@ -49,6 +57,12 @@ class FlowControl:
         # Per queue with a breaker, outcomes since the last report: (any succeeded, failures since).
         self._outcomes: dict[str, tuple[bool, int]] = {}
         self._reporting: frozenset[str] = frozenset()  # queues whose failures are being reported now
+        self.key_queues: frozenset[str] = frozenset()  # key-limited: outcomes reported per key
+        self.key_breaker_queues: frozenset[str] = frozenset()  # with a breaker per key
+        # Per key-limited queue, per key ('' for none), outcomes since the last report, as above.
+        self._key_outcomes: dict[str, dict[str, tuple[bool, int]]] = {}
+        self._reporting_keys: dict[str, frozenset[str]] = {}  # keys whose failures are being reported now
+        self._health_due = 0.0  # event-loop time the keys' health is next reported
         self._refresh_due = 0.0  # event-loop time; a notification makes it now
         self.wake = asyncio.Event()
         self._on_change = on_change  # limits changed, or failures were reported: claim again
@@ -83,32 +97,69 @@ class FlowControl:
         self._outcomes[queue] = (True, 0) if succeeded else (any_succeeded, failures + 1)
         self.wake.set()
 
+    def note_key(self, queue: str, key: str | None, succeeded: bool) -> None:
+        """An outcome of a task of a key-limited queue (the completer calls this once written). A
+        per-key breaker's is reported at once; the first outcome of the keys' health to wait for its
+        report wakes the duty too, which then sleeps until that report is due."""
+        first = not self._key_outcomes
+        outcomes = self._key_outcomes.setdefault(queue, {})
+        any_succeeded, failures = outcomes.get(key or "", (False, 0))
+        outcomes[key or ""] = (True, 0) if succeeded else (any_succeeded, failures + 1)
+        if first or queue in self.key_breaker_queues:
+            self.wake.set()
+
+    def held_keys(self, queue: str) -> set[str]:
+        """Keys of a queue with a per-key breaker whose failures written by this worker the breaker
+        has not counted yet: claims pass over them."""
+        if queue not in self.key_breaker_queues:
+            return set()
+        held = {key for key, (_, failures) in self._key_outcomes.get(queue, {}).items() if failures}
+        return held | self._reporting_keys.get(queue, frozenset())
+
     def failures_unreported(self, queue: str) -> bool:
         """Failures of the queue written by this worker that its breaker has not counted yet."""
         outcome = self._outcomes.get(queue)
         return (outcome is not None and outcome[1] > 0) or queue in self._reporting
 
     async def step(self) -> float:
-        """One pass of the flow duty: report breaker outcomes, re-read settings when told to or when
-        their refresh interval has passed. Reported failures wake the claims they held back."""
+        """One pass of the flow duty: report breaker outcomes (the keys' health once its report is
+        due), re-read settings when told to or when their refresh interval has passed. Reported
+        failures wake the claims they held back."""
+        loop = asyncio.get_running_loop()
         outcomes, self._outcomes = self._outcomes, {}
+        health_due = loop.time() >= self._health_due
+        key_outcomes = {queue: keys for queue, keys in self._key_outcomes.items()
+                        if health_due or queue in self.key_breaker_queues}
+        self._key_outcomes = {queue: keys for queue, keys in self._key_outcomes.items()
+                              if queue not in key_outcomes}
         self._reporting = frozenset(queue for queue, (_, failures) in outcomes.items() if failures)
+        self._reporting_keys = {queue: frozenset(key for key, (_, failures) in keys.items() if failures)
+                                for queue, keys in key_outcomes.items()}
         try:
             for queue, (any_succeeded, failures) in outcomes.items():
                 await self._report(queue, any_succeeded, failures)
+            for queue, keys in list(key_outcomes.items()):
+                await self._report_keys(queue, keys)
+                del key_outcomes[queue]
         except BaseException:
             for queue, outcome in outcomes.items():  # not reported: keep them for the next pass
                 self._outcomes.setdefault(queue, outcome)
+            for queue, keys in key_outcomes.items():
+                for key, outcome in keys.items():
+                    self._key_outcomes.setdefault(queue, {}).setdefault(key, outcome)
             raise
         finally:
-            held, self._reporting = self._reporting, frozenset()
+            held = bool(self._reporting) or any(self._reporting_keys.values())
+            self._reporting, self._reporting_keys = frozenset(), {}
         if held:
             self._on_change()
-        loop = asyncio.get_running_loop()
+        if health_due:
+            self._health_due = loop.time() + HEALTH_REPORT_SECONDS
         if loop.time() >= self._refresh_due:
             await self.refresh()
             self._refresh_due = loop.time() + (REFRESH_SECONDS if self.limited else SAFETY_REFRESH_SECONDS)
-        return max(0.0, self._refresh_due - loop.time())
+        due = min(self._refresh_due, self._health_due) if self._key_outcomes else self._refresh_due
+        return max(0.0, due - loop.time())
 
     async def refresh(self) -> None:
         rows = await self._conn.fetch(LIMITED_QUEUES, LimitedQueuesParams(queues=self._queues))
@@ -118,9 +169,13 @@ class FlowControl:
             name: self._claimed_as(row) for name, row in self.limited.items()}
         self.limited, self.keyed = limited, keyed
         self.breaker_queues = frozenset(row.name for row in rows if row.has_breaker)
+        self.key_queues = frozenset(row.name for row in rows if row.key_limited)
+        self.key_breaker_queues = frozenset(row.name for row in rows if row.has_key_breaker)
         for row in rows:
             if row.has_breaker:
                 metrics.BREAKER_STATE.labels(row.name).set(BREAKER_STATES[row.breaker_state])
+            if row.key_breakers_open is not None:
+                metrics.KEY_BREAKERS_OPEN.labels(row.name).set(row.key_breakers_open)
         if changed:
             log.info("flow control on %s; fair share on %s", ", ".join(sorted(limited)) or "none of this worker's queues",
                      ", ".join(sorted(keyed)) or "none")
@@ -138,4 +193,16 @@ class FlowControl:
             if row.now_state != row.was:
                 metrics.BREAKER_TRANSITIONS.labels(queue, row.now_state).inc()
                 log.warning("circuit breaker of queue %s: %s -> %s", queue, row.was, row.now_state,
+                            extra={"queue": queue, "breaker_state": row.now_state})
+
+    async def _report_keys(self, queue: str, outcomes: dict[str, tuple[bool, int]]) -> None:
+        """One statement for every key of the queue this report holds."""
+        keys = sorted(outcomes)
+        rows = await self._conn.fetch(RECORD_KEY_OUTCOMES, RecordKeyOutcomesParams(
+            queue=queue, keys=keys, any_succeeded=[outcomes[key][0] for key in keys],
+            trailing_failures=[outcomes[key][1] for key in keys]))
+        for row in rows:
+            if row.changed:
+                metrics.KEY_BREAKER_TRANSITIONS.labels(queue, row.now_state).inc()
+                log.warning("circuit breaker of key %r of queue %s: now %s", row.key, queue, row.now_state,
                             extra={"queue": queue, "breaker_state": row.now_state})

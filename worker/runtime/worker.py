@@ -31,10 +31,11 @@ from .. import metrics, tracing
 from ..backoff import backoff
 from ..client.cron import Schedule, default_schedule
 from ..db.connection import DutyConnection
-from ..db.lease import DEREGISTER_WORKER, RELEASE, SAVE_CHECKPOINT, ClaimParams, DeregisterWorkerParams, SaveCheckpointParams
+from ..db.lease import (DEREGISTER_WORKER, RELEASE, SAVE_CHECKPOINT, ClaimParams, DeregisterWorkerParams,
+                        KeyClaimParams, SaveCheckpointParams)
 from ..db.migrate import latest_version, migrate
 from ..db.migration import SCHEMA_EXISTS, SCHEMA_VERSION
-from ..db.statements import NO_PARAMS
+from ..db.statements import NO_PARAMS, Statement
 from ..events import DueTimer, wait_event
 from ..settings import WorkerSettings
 from .attempt import Attempt
@@ -412,6 +413,19 @@ class Worker:
         return queue in self.flow.breaker_queues and (self.flow.failures_unreported(queue) or any(
             attempt.failed and attempt.queue == queue for attempt in self._inflight.values()))
 
+    def _claim_params(self, queue: str, limit: int, claim: Statement) -> ClaimParams:
+        """The claim's parameters; a key-limited queue's claim passes over the keys a failure of
+        which is on its way to their breaker (written, or being reported), as `_breaker_pending`."""
+        common = dict(queue=queue, limit=limit, worker=self.identity.id, lease_seconds=self.settings.lease_seconds,
+                      timeout_seconds=self.settings.task_timeout_seconds)
+        if claim.params is not KeyClaimParams:
+            return ClaimParams(**common)
+        held = self.flow.held_keys(queue)
+        if queue in self.flow.key_breaker_queues:
+            held.update(attempt.ctx.key or "" for attempt in self._inflight.values()
+                        if attempt.failed and attempt.queue == queue)
+        return KeyClaimParams(**common, held_keys=sorted(held))
+
     async def _claim(self, queue: str, limit: int) -> int:
         if self._breaker_pending(queue):
             return 0
@@ -420,9 +434,7 @@ class Worker:
         lock, claim = self.flow.claim_statements(queue)
         self.signals.claiming.emit(queue)
         metrics.CLAIMS.labels(queue).inc()
-        rows = await self._claim_conn.fetch(claim, ClaimParams(
-            queue=queue, limit=limit, worker=self.identity.id, lease_seconds=self.settings.lease_seconds,
-            timeout_seconds=self.settings.task_timeout_seconds), lock=lock)
+        rows = await self._claim_conn.fetch(claim, self._claim_params(queue, limit, claim), lock=lock)
         now = loop.time()
         for row in rows:
             ctx = TaskContext(row.id, row.task, row.queue, row.attempts, row.max_attempts, task_log, key=row.key)
