@@ -55,6 +55,19 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION queueworker.audit_key_breaker() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    INSERT INTO queueworker.queue_events (queue, change, detail)
+    VALUES (NEW.queue, 'key_breaker_' || NEW.breaker_state,
+            jsonb_build_object('key', NEW.key, 'breaker_state', NEW.breaker_state,
+                               'failure_streak', NEW.failure_streak));
+    RETURN NULL;
+END
+$$;
+
 CREATE FUNCTION queueworker.audit_queue() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -68,7 +81,7 @@ BEGIN
     END IF;
     IF TG_OP = 'INSERT' AND NOT NEW.keyed
        AND num_nonnulls(NEW.paused_until, NEW.rate_per_second, NEW.max_running, NEW.breaker_failures,
-                        NEW.key_rate_per_second, NEW.key_max_running) = 0 THEN
+                        NEW.key_rate_per_second, NEW.key_max_running, NEW.key_breaker_failures) = 0 THEN
         RETURN NULL;  -- made for a key's own limit (76_key_limits.sql): queue_keys' audit has it
     END IF;
     change := CASE
@@ -88,7 +101,8 @@ BEGIN
         'breaker_cooldown_seconds', NEW.breaker_cooldown_seconds, 'breaker_state', NEW.breaker_state,
         'consecutive_failures', NEW.consecutive_failures, 'keyed', NULLIF(NEW.keyed, false),
         'key_rate_per_second', NEW.key_rate_per_second, 'key_burst', NEW.key_burst,
-        'key_max_running', NEW.key_max_running)));
+        'key_max_running', NEW.key_max_running, 'key_breaker_failures', NEW.key_breaker_failures,
+        'key_breaker_cooldown_seconds', NEW.key_breaker_cooldown_seconds)));
     RETURN NULL;
 END
 $$;
@@ -886,6 +900,19 @@ BEGIN
 END
 $_$;
 
+CREATE FUNCTION queueworker.key_breaker_next(queue_name text, state text, streak integer, any_succeeded boolean, failures integer) RETURNS text
+    LANGUAGE sql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT CASE WHEN threshold IS NULL THEN state
+                WHEN state = 'half_open' AND now_streak > 0 THEN 'open'
+                WHEN state = 'half_open' AND any_succeeded THEN 'closed'
+                WHEN state = 'closed' AND now_streak >= threshold THEN 'open'
+                ELSE state END
+    FROM (SELECT (SELECT q.key_breaker_failures FROM queueworker.queues q WHERE q.name = queue_name) AS threshold,
+                 CASE WHEN any_succeeded THEN failures ELSE streak + failures END AS now_streak) AS d
+$$;
+
 CREATE FUNCTION queueworker.key_limited_queue_keyed() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -897,11 +924,24 @@ END
 $$;
 
 CREATE FUNCTION queueworker.lock_key_limited_queue(queue_name text) RETURNS void
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT queueworker.lock_key_limited_queue(queue_name, false)
+$$;
+
+CREATE FUNCTION queueworker.lock_key_limited_queue(queue_name text, knows_key_breakers boolean) RETURNS void
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
+DECLARE
+    has_key_breaker boolean;
 BEGIN
-    PERFORM FROM queueworker.queues q WHERE q.name = queue_name FOR NO KEY UPDATE;
+    SELECT q.key_breaker_failures IS NOT NULL INTO has_key_breaker
+    FROM queueworker.queues q WHERE q.name = queue_name FOR NO KEY UPDATE;
+    IF has_key_breaker AND NOT knows_key_breakers THEN
+        PERFORM set_config('queueworker.blind_key_claim', 'on', true);
+    END IF;
     IF EXISTS (SELECT FROM queueworker.queue_keys k
                WHERE k.queue = queue_name AND k.paused_until IS NOT NULL AND k.paused_until <= now()) THEN
         DELETE FROM queueworker.queue_keys k
@@ -1118,7 +1158,8 @@ CREATE FUNCTION queueworker.refuse_claims_blind_to_key_limits() RETURNS trigger
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 BEGIN
-    IF EXISTS (SELECT FROM queueworker.queues q WHERE q.name = NEW.queue AND q.key_limited) THEN
+    IF current_setting('queueworker.blind_key_claim', true) = 'on'
+       OR EXISTS (SELECT FROM queueworker.queues q WHERE q.name = NEW.queue AND q.key_limited) THEN
         RETURN NULL;
     END IF;
     RETURN NEW;
@@ -1771,9 +1812,16 @@ CREATE TABLE queueworker.duty_locks (
 CREATE TABLE queueworker.key_state (
     queue text NOT NULL,
     key text NOT NULL,
-    tokens double precision NOT NULL,
-    tokens_at timestamp with time zone NOT NULL,
-    next_token_at timestamp with time zone
+    tokens double precision,
+    tokens_at timestamp with time zone,
+    next_token_at timestamp with time zone,
+    breaker_state text DEFAULT 'closed'::text NOT NULL,
+    breaker_changed_at timestamp with time zone,
+    failure_streak integer DEFAULT 0 NOT NULL,
+    last_success_at timestamp with time zone,
+    last_failure_at timestamp with time zone,
+    CONSTRAINT key_state_breaker_state_check CHECK ((breaker_state = ANY (ARRAY['closed'::text, 'open'::text, 'half_open'::text]))),
+    CONSTRAINT key_state_failure_streak_check CHECK ((failure_streak >= 0))
 );
 
 CREATE VIEW queueworker.new_tasks AS
@@ -1857,14 +1905,19 @@ CREATE TABLE queueworker.queues (
     key_burst integer,
     key_max_running integer,
     key_limits boolean DEFAULT false NOT NULL,
-    limited boolean GENERATED ALWAYS AS (((paused_until IS NOT NULL) OR (rate_per_second IS NOT NULL) OR (max_running IS NOT NULL) OR (breaker_failures IS NOT NULL) OR (key_rate_per_second IS NOT NULL) OR (key_max_running IS NOT NULL) OR key_limits)) STORED,
-    key_limited boolean GENERATED ALWAYS AS (((key_rate_per_second IS NOT NULL) OR (key_max_running IS NOT NULL) OR key_limits)) STORED,
+    key_breaker_failures integer,
+    key_breaker_cooldown_seconds double precision,
+    limited boolean GENERATED ALWAYS AS (((paused_until IS NOT NULL) OR (rate_per_second IS NOT NULL) OR (max_running IS NOT NULL) OR (breaker_failures IS NOT NULL) OR (key_rate_per_second IS NOT NULL) OR (key_max_running IS NOT NULL) OR key_limits OR (key_breaker_failures IS NOT NULL))) STORED,
+    key_limited boolean GENERATED ALWAYS AS (((key_rate_per_second IS NOT NULL) OR (key_max_running IS NOT NULL) OR key_limits OR (key_breaker_failures IS NOT NULL))) STORED,
     CONSTRAINT queues_breaker_cooldown_seconds_check CHECK (((breaker_cooldown_seconds > (0)::double precision) AND (breaker_cooldown_seconds <= (31536000)::double precision))),
     CONSTRAINT queues_breaker_failures_check CHECK (((breaker_failures >= 1) AND (breaker_failures <= 1000000))),
     CONSTRAINT queues_breaker_state_check CHECK ((breaker_state = ANY (ARRAY['closed'::text, 'open'::text, 'half_open'::text]))),
     CONSTRAINT queues_burst_check CHECK (((burst >= 1) AND (burst <= 1000000))),
     CONSTRAINT queues_check CHECK (((rate_per_second IS NULL) = (burst IS NULL))),
     CONSTRAINT queues_check1 CHECK (((breaker_failures IS NULL) = (breaker_cooldown_seconds IS NULL))),
+    CONSTRAINT queues_key_breaker_cooldown_seconds_check CHECK (((key_breaker_cooldown_seconds > (0)::double precision) AND (key_breaker_cooldown_seconds <= (31536000)::double precision))),
+    CONSTRAINT queues_key_breaker_failures_check CHECK (((key_breaker_failures >= 1) AND (key_breaker_failures <= 1000000))),
+    CONSTRAINT queues_key_breaker_with_cooldown CHECK (((key_breaker_failures IS NULL) = (key_breaker_cooldown_seconds IS NULL))),
     CONSTRAINT queues_key_burst_check CHECK (((key_burst >= 1) AND (key_burst <= 1000000))),
     CONSTRAINT queues_key_burst_with_rate CHECK (((key_rate_per_second IS NULL) = (key_burst IS NULL))),
     CONSTRAINT queues_key_max_running_check CHECK (((key_max_running >= 1) AND (key_max_running <= 1000000))),
@@ -2168,6 +2221,8 @@ ALTER TABLE ONLY queueworker.workers
 
 CREATE INDEX cron_jobs_due ON queueworker.cron_jobs USING btree (next_slot) WHERE (NOT paused);
 
+CREATE INDEX key_state_breakers ON queueworker.key_state USING btree (queue, key) WHERE (breaker_state <> 'closed'::text);
+
 CREATE INDEX key_state_waiting ON queueworker.key_state USING btree (queue, next_token_at) WHERE (next_token_at IS NOT NULL);
 
 CREATE INDEX queue_events_at ON queueworker.queue_events USING btree (at);
@@ -2232,6 +2287,10 @@ ALTER INDEX queueworker.tasks_pkey ATTACH PARTITION queueworker.tasks_finished_p
 
 ALTER INDEX queueworker.tasks_run ATTACH PARTITION queueworker.tasks_finished_run_id_run_partition_idx;
 
+CREATE TRIGGER key_state_audit_breaker_insert AFTER INSERT ON queueworker.key_state FOR EACH ROW WHEN ((new.breaker_state <> 'closed'::text)) EXECUTE FUNCTION queueworker.audit_key_breaker();
+
+CREATE TRIGGER key_state_audit_breaker_update AFTER UPDATE ON queueworker.key_state FOR EACH ROW WHEN ((old.breaker_state IS DISTINCT FROM new.breaker_state)) EXECUTE FUNCTION queueworker.audit_key_breaker();
+
 CREATE TRIGGER queue_events_append_only BEFORE UPDATE ON queueworker.queue_events FOR EACH ROW EXECUTE FUNCTION queueworker.forbid_event_updates();
 
 CREATE TRIGGER queue_events_no_truncate BEFORE TRUNCATE ON queueworker.queue_events FOR EACH STATEMENT EXECUTE FUNCTION queueworker.forbid_event_updates();
@@ -2246,7 +2305,7 @@ CREATE TRIGGER queue_keys_resumed_retag AFTER UPDATE ON queueworker.queue_keys F
 
 CREATE TRIGGER queues_audit_insert AFTER INSERT OR DELETE ON queueworker.queues FOR EACH ROW EXECUTE FUNCTION queueworker.audit_queue();
 
-CREATE TRIGGER queues_audit_update AFTER UPDATE ON queueworker.queues FOR EACH ROW WHEN ((((((((((((old.paused_until IS DISTINCT FROM new.paused_until) OR (old.rate_per_second IS DISTINCT FROM new.rate_per_second)) OR (old.burst IS DISTINCT FROM new.burst)) OR (old.max_running IS DISTINCT FROM new.max_running)) OR (old.breaker_failures IS DISTINCT FROM new.breaker_failures)) OR (old.breaker_cooldown_seconds IS DISTINCT FROM new.breaker_cooldown_seconds)) OR (old.breaker_state IS DISTINCT FROM new.breaker_state)) OR (old.key_rate_per_second IS DISTINCT FROM new.key_rate_per_second)) OR (old.key_burst IS DISTINCT FROM new.key_burst)) OR (old.key_max_running IS DISTINCT FROM new.key_max_running)) OR ((NOT old.keyed) AND new.keyed))) EXECUTE FUNCTION queueworker.audit_queue();
+CREATE TRIGGER queues_audit_update AFTER UPDATE ON queueworker.queues FOR EACH ROW WHEN ((((((((((((((old.paused_until IS DISTINCT FROM new.paused_until) OR (old.rate_per_second IS DISTINCT FROM new.rate_per_second)) OR (old.burst IS DISTINCT FROM new.burst)) OR (old.max_running IS DISTINCT FROM new.max_running)) OR (old.breaker_failures IS DISTINCT FROM new.breaker_failures)) OR (old.breaker_cooldown_seconds IS DISTINCT FROM new.breaker_cooldown_seconds)) OR (old.breaker_state IS DISTINCT FROM new.breaker_state)) OR (old.key_rate_per_second IS DISTINCT FROM new.key_rate_per_second)) OR (old.key_burst IS DISTINCT FROM new.key_burst)) OR (old.key_max_running IS DISTINCT FROM new.key_max_running)) OR (old.key_breaker_failures IS DISTINCT FROM new.key_breaker_failures)) OR (old.key_breaker_cooldown_seconds IS DISTINCT FROM new.key_breaker_cooldown_seconds)) OR ((NOT old.keyed) AND new.keyed))) EXECUTE FUNCTION queueworker.audit_queue();
 
 CREATE TRIGGER queues_keyed_when_key_limited AFTER INSERT OR UPDATE ON queueworker.queues FOR EACH ROW WHEN ((new.key_limited AND (NOT new.keyed))) EXECUTE FUNCTION queueworker.key_limited_queue_keyed();
 
@@ -2264,7 +2323,7 @@ CREATE TRIGGER task_events_no_truncate BEFORE TRUNCATE ON queueworker.task_event
 
 CREATE TRIGGER tasks_active_audit_insert AFTER INSERT ON queueworker.tasks_active REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION queueworker.audit_task_inserts();
 
-CREATE TRIGGER tasks_active_claims_blind_to_key_limits BEFORE UPDATE ON queueworker.tasks_active FOR EACH ROW WHEN (((old.state = 'pending'::queueworker.task_state) AND (new.state = 'running'::queueworker.task_state) AND (old.fair_tag IS NOT NULL) AND ((new.fair_tag IS NULL) OR (new.fair_tag > (0)::double precision)))) EXECUTE FUNCTION queueworker.refuse_claims_blind_to_key_limits();
+CREATE TRIGGER tasks_active_claims_blind_to_key_limits BEFORE UPDATE ON queueworker.tasks_active FOR EACH ROW WHEN (((old.state = 'pending'::queueworker.task_state) AND (new.state = 'running'::queueworker.task_state) AND (old.fair_tag IS NOT NULL) AND ((new.fair_tag IS NULL) OR (new.fair_tag > (0)::double precision) OR (current_setting('queueworker.blind_key_claim'::text, true) = 'on'::text)))) EXECUTE FUNCTION queueworker.refuse_claims_blind_to_key_limits();
 
 CREATE TRIGGER tasks_active_fair_tag_insert AFTER INSERT ON queueworker.tasks_active REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION queueworker.fair_tag_inserts();
 
@@ -2285,6 +2344,8 @@ CREATE TRIGGER tasks_fair_tag_update AFTER UPDATE ON queueworker.tasks REFERENCI
 CREATE TRIGGER tasks_finished_spec_hash BEFORE INSERT ON queueworker.tasks_finished FOR EACH ROW WHEN ((new.spec_hash IS NULL)) EXECUTE FUNCTION queueworker.fill_spec_hash();
 
 CREATE TRIGGER tasks_notify_finished AFTER UPDATE ON queueworker.tasks REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION queueworker.notify_finished();
+
+REVOKE ALL ON FUNCTION queueworker.audit_key_breaker() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION queueworker.audit_queue() FROM PUBLIC;
 
@@ -2329,6 +2390,8 @@ REVOKE ALL ON FUNCTION queueworker.grant_queue(grantee text, pattern text) FROM 
 REVOKE ALL ON FUNCTION queueworker.key_limited_queue_keyed() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION queueworker.lock_key_limited_queue(queue_name text) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION queueworker.lock_key_limited_queue(queue_name text, knows_key_breakers boolean) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION queueworker.make_keyed(queues text[]) FROM PUBLIC;
 
