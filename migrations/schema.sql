@@ -939,7 +939,7 @@ DECLARE
 BEGIN
     SELECT q.key_breaker_failures IS NOT NULL INTO has_key_breaker
     FROM queueworker.queues q WHERE q.name = queue_name FOR NO KEY UPDATE;
-    IF has_key_breaker AND NOT knows_key_breakers THEN
+    IF has_key_breaker AND knows_key_breakers IS NOT TRUE THEN  -- NULL is not knowing
         PERFORM set_config('queueworker.blind_key_claim', 'on', true);
     END IF;
     IF EXISTS (SELECT FROM queueworker.queue_keys k
