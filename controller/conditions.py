@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-TYPES = ("Ready", "ReplicaFailure", "Active", "Paused", "Fallback", "DrainSafe")
+TYPES = ("Ready", "ReplicaFailure", "Active", "Paused", "Fallback", "Limited", "DrainSafe")
 
 
 @dataclass(frozen=True)

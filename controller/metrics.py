@@ -11,6 +11,11 @@ desired_replicas = Gauge("queueworker_controller_desired_replicas", "Replicas th
 replicas = Gauge("queueworker_controller_replicas", "spec.replicas of the worker Deployment", OBJECT)
 queue_depth = Gauge("queueworker_controller_queue_depth", "Tasks by state as last read (ready and retrying capped)",
                     (*OBJECT, "state"))
+queue_keys = Gauge("queueworker_controller_queue_keys", "Per-key limits: keys with tasks ready, and those of them "
+                   "held (paused or behind an open breaker), as last read; one series per state, never per key",
+                   (*OBJECT, "state"))
+key_slots = Gauge("queueworker_controller_key_slots", "Per-key limits: the tasks the keys let run at once, as last "
+                  "read (absent while they bound nothing)", OBJECT)
 decisions = Counter("queueworker_controller_decisions_total", "Scaling decisions by reason", (*OBJECT, "reason"))
 scales = Counter("queueworker_controller_scale_total", "Replica changes applied", (*OBJECT, "direction"))
 errors = Counter("queueworker_controller_errors_total", "Ticks that could not read or act, by reason",
@@ -23,7 +28,8 @@ leader = Gauge("queueworker_controller_leader", "1 while this replica holds the 
 
 # Every metric labelled per QueueWorker, with the label names that follow (namespace, name).
 PER_OBJECT: tuple[tuple[MetricWrapperBase, tuple[str, ...]], ...] = (
-    (desired_replicas, ()), (replicas, ()), (queue_depth, ("state",)), (decisions, ("reason",)),
+    (desired_replicas, ()), (replicas, ()), (queue_depth, ("state",)), (queue_keys, ("state",)), (key_slots, ()),
+    (decisions, ("reason",)),
     (scales, ("direction",)), (errors, ("reason",)),
 )
 

@@ -179,6 +179,7 @@ class Database:
         self.listening = False
         self._batch: _DepthBatch | None = None
         self._query_lock = asyncio.Lock()  # one depth query at a time on this database
+        self._refused_reads: set[str] = set()
         self._listener = asyncio.ensure_future(self._listen())
 
     def watch(self, queue: str, owner: Hashable, notify: Notify) -> None:
@@ -206,7 +207,7 @@ class Database:
     async def depth(self, queue: str, cap: int, lookahead_seconds: float | None, throughput: bool) -> QueueDepth:
         batch = self._batch
         if batch is None or batch.started:
-            batch = self._batch = _DepthBatch(self.fetch, self._query_lock)
+            batch = self._batch = _DepthBatch(self.fetch, self._query_lock, self._refused_reads)
             asyncio.get_running_loop().call_later(COALESCE_SECONDS, batch.start)
         return await batch.add(queue, cap, lookahead_seconds, throughput)
 
@@ -322,9 +323,10 @@ class _DepthBatch:
 
     def __init__(self, fetch: Callable[[Statement[QueueDepthParams, QueueDepthRow], QueueDepthParams],
                                        Awaitable[list[QueueDepthRow]]],
-                 lock: asyncio.Lock):
+                 lock: asyncio.Lock, refused: set[str]):
         self._fetch = fetch
         self._lock = lock
+        self._refused = refused  # the database's: statements already reported refused for lack of a grant
         # (queue, lookahead seconds or None) -> the reads waiting for that row
         self._waiters: dict[tuple[str, float | None], list[asyncio.Future[QueueDepth]]] = {}
         self._cap = 1
@@ -352,7 +354,19 @@ class _DepthBatch:
             try:
                 return await self._fetch(statement, params)
             except (psycopg.errors.UndefinedTable,  # no queueworker.queues there yet
+                    psycopg.errors.UndefinedColumn,  # no per-key limits there yet
+                    psycopg.errors.UndefinedFunction,  # no queueworker.key_capacity there yet
                     psycopg.errors.InvalidTextRepresentation):  # 'blocked' is not a task state there yet
+                continue
+            except psycopg.errors.InsufficientPrivilege as exc:
+                # Migrated, but docs/database-roles.sql not run again since: an older read may be
+                # allowed (without what the newer one adds). Said once per database; if no read is
+                # allowed, the oldest one's refusal is the error.
+                if statement.name not in self._refused:
+                    self._refused.add(statement.name)
+                    log.warning("the depth read %s was refused (%s): reading without what it adds; run "
+                                "docs/database-roles.sql of this release", statement.name,
+                                exc.diag.message_primary or type(exc).__name__)
                 continue
         return await self._fetch(oldest, params)
 

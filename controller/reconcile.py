@@ -11,6 +11,7 @@ through `queueworker.dsn`, so no Secret value reaches a status field, an Event o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import functools
 import logging
@@ -671,6 +672,20 @@ def _export(obj: QueueWorkerObject, decision: Decision, desired: int, replicas: 
     if depth is not None:
         for state in ("ready", "running", "retrying", "blocked"):
             metrics.queue_depth.labels(*labels, state).set(getattr(depth, state))
+        _export_keys(labels, depth)
+
+
+def _export_keys(labels: tuple[str, str], depth: QueueDepth) -> None:
+    """The keys' gauges of a queue with per-key limits; none for others (removed when the limits go)."""
+    keyed = depth.key_limited
+    for gauge, extra, value in ((metrics.queue_keys, ("ready",), depth.keys_ready if keyed else None),
+                                (metrics.queue_keys, ("held",), depth.keys_held if keyed else None),
+                                (metrics.key_slots, (), depth.key_slots)):
+        if value is None:
+            with contextlib.suppress(KeyError):
+                gauge.remove(*labels, *extra)
+        else:
+            gauge.labels(*labels, *extra).set(value)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -70,7 +70,8 @@ def tick_conditions(spec: QueueWorkerSpec, decision: Decision, error_reason: str
 
 
 def depth_status(depth: QueueDepth) -> dict[str, Any]:
-    """`status.queueDepth`; the throughput floor's inputs only when they were read."""
+    """`status.queueDepth`; the throughput floor's inputs only when they were read, the keys' counts
+    only for a queue with per-key limits."""
     shown: dict[str, Any] = {QueueDepthField.READY: depth.ready, QueueDepthField.RUNNING: depth.running,
                              QueueDepthField.RETRYING: depth.retrying, QueueDepthField.BLOCKED: depth.blocked,
                              QueueDepthField.DUE_SOON: depth.due_soon,
@@ -78,6 +79,10 @@ def depth_status(depth: QueueDepth) -> dict[str, Any]:
     if depth.finish_rate is not None and depth.recent_task_seconds is not None:
         shown |= {QueueDepthField.FINISH_RATE: round(depth.finish_rate, 2),
                   QueueDepthField.RECENT_TASK_SECONDS: round(depth.recent_task_seconds, 3)}
+    if depth.key_slots is not None:
+        shown[QueueDepthField.KEY_SLOTS] = depth.key_slots
+    if depth.key_limited:
+        shown |= {QueueDepthField.KEYS_READY: depth.keys_ready, QueueDepthField.KEYS_HELD: depth.keys_held}
     return shown
 
 
@@ -161,8 +166,20 @@ def _other_conditions(spec: QueueWorkerSpec, decision: Decision, error_reason: s
                   "replicas follow the queue" + (" (dryRun: not applied)" if spec.scaling.dry_run else "")),
         Condition("Fallback", status_of(decision.fallback), "FallbackActive" if decision.fallback else "NoFallback",
                   decision.message if decision.fallback else "the queue depth is being read"),
+        _limited(decision),
         _drain_safety(spec, grace, drain),
     ]
+
+
+def _limited(decision: Decision) -> Condition:
+    """Whether the queue's flow control bounds the replicas: a cap (LimitedByConcurrency,
+    LimitedByRate, LimitedByKeys) or a hold (Paused, BreakerOpen, KeysHeld); Unknown while the depth
+    cannot be read."""
+    if decision.active is None:
+        return Condition("Limited", "Unknown", "Unknown", "queue depth unknown")
+    if decision.limit is None:
+        return Condition("Limited", "False", "NotLimited", "the queue's limits allow what its tasks need")
+    return Condition("Limited", "True", decision.limit.reason, decision.limit.why)
 
 
 def _drain_safety(spec: QueueWorkerSpec, grace: int | None, drain: int | None) -> Condition:

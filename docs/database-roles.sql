@@ -291,6 +291,9 @@ BEGIN
     GRANT SELECT (id, pod_name, pod_namespace, queues, running, draining)
         ON queueworker.workers TO queueworker_controller;
     GRANT SELECT ON queueworker.queues TO queueworker_controller;
+    -- What a key-limited queue's keys let run (QUEUE_DEPTH's LimitedByKeys): counts from the definer
+    -- function queueworker.key_capacity, so the controller never reads the keys themselves.
+    GRANT EXECUTE ON FUNCTION queueworker.key_capacity(text, integer, float8) TO queueworker_controller;
 
     -- Operator (STATUS_COUNTS, OLDEST_PENDING_AGE, LIVE_WORKERS, TASK_STATES, RETRY_TASK, RUNS,
     -- RUN, RUN_TASKS, RUN_EVENTS, RETRY_RUN, FINALIZE_RUN (through queueworker.finalize_run),

@@ -913,6 +913,86 @@ CREATE FUNCTION queueworker.key_breaker_next(queue_name text, state text, streak
                  CASE WHEN any_succeeded THEN failures ELSE streak + failures END AS now_streak) AS d
 $$;
 
+CREATE FUNCTION queueworker.key_capacity(queue_name text, sample integer, task_seconds double precision) RETURNS TABLE(key_slots bigint, keys_ready integer, keys_held integer)
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    size integer;
+BEGIN
+    IF queue_name IS NULL OR sample IS NULL OR sample < 1
+       OR task_seconds IS NOT NULL AND NOT (task_seconds >= 0 AND task_seconds < 'Infinity'::float8) THEN
+        RAISE EXCEPTION 'key_capacity: a queue name, a sample of at least 1 and a finite task duration of 0 '
+                        'or more are needed' USING ERRCODE = '22023';
+    END IF;
+    size := least(sample, 100000);
+    RETURN QUERY
+    WITH settings AS MATERIALIZED (
+        SELECT q.name, q.key_rate_per_second, q.key_max_running, q.key_breaker_failures,
+               q.key_breaker_cooldown_seconds
+        FROM queueworker.queues q WHERE q.name = queue_name AND q.key_limited
+    ), sampled AS MATERIALIZED (
+        SELECT w.key FROM (
+            SELECT * FROM (
+                SELECT coalesce(t.key, '') AS key, 1 AS pass
+                FROM queueworker.tasks_active t
+                WHERE t.state = 'pending' AND NOT t.delayed AND t.fair_tag IS NOT NULL AND t.queue = queue_name
+                  AND t.run_after <= now() AND EXISTS (SELECT FROM settings)
+                ORDER BY t.priority DESC, t.fair_tag, t.id
+                LIMIT size) AS tagged
+            UNION ALL
+            SELECT * FROM (
+                SELECT coalesce(t.key, '') AS key, 2 AS pass
+                FROM queueworker.tasks_active t
+                WHERE t.state = 'pending' AND NOT t.delayed AND t.fair_tag IS NULL AND t.queue = queue_name
+                  AND t.run_after <= now() AND EXISTS (SELECT FROM settings)
+                ORDER BY t.priority DESC, t.run_after, t.id
+                LIMIT size) AS untagged
+            ORDER BY pass
+            LIMIT size) AS w
+    ), per_key AS (
+        SELECT coalesce(r.key, u.key) AS key, coalesce(r.n, 0) AS ready, coalesce(u.n, 0) AS running
+        FROM (SELECT s.key, count(*) AS n FROM sampled s GROUP BY s.key) AS r
+        FULL JOIN (SELECT coalesce(t.key, '') AS key, count(*) AS n
+                   FROM queueworker.tasks_active t
+                   WHERE t.queue = queue_name AND t.state = 'running' AND t.fair_tag IS NOT NULL
+                     AND EXISTS (SELECT FROM settings)
+                   GROUP BY 1) AS u ON u.key = r.key
+    ), limited AS (
+        SELECT p.ready, p.running,
+               coalesce(k.paused_until > now(), false)
+               OR coalesce(s.key_breaker_failures IS NOT NULL AND b.breaker_state <> 'closed'
+                           AND now() < b.breaker_changed_at + make_interval(secs => s.key_breaker_cooldown_seconds),
+                           false) AS held,
+               coalesce(s.key_breaker_failures IS NOT NULL AND b.breaker_state <> 'closed', false) AS probe,
+               coalesce(k.max_running, s.key_max_running) AS cap,
+               coalesce(k.rate_per_second, s.key_rate_per_second) AS rate
+        FROM per_key p CROSS JOIN settings s
+        LEFT JOIN LATERAL (SELECT * FROM queueworker.queue_keys k
+                           WHERE k.queue = queue_name AND k.key = p.key LIMIT 1) AS k ON true
+        LEFT JOIN LATERAL (SELECT * FROM queueworker.key_state b
+                           WHERE b.queue = queue_name AND b.key = p.key LIMIT 1) AS b ON true
+    ), slots AS (
+        SELECT l.ready, l.held, l.ready + l.running AS wanted,
+               CASE WHEN l.held THEN l.running
+                    WHEN l.probe THEN l.running + least(l.ready, 1)
+                    ELSE greatest(l.running, least(
+                        l.ready + l.running, l.cap,
+                        CASE WHEN l.rate IS NULL THEN NULL
+                             WHEN task_seconds IS NULL THEN 1
+                             ELSE greatest(1, ceil(least(l.rate * task_seconds, 1e9)))::bigint END))
+               END AS n
+        FROM limited l
+    )
+    SELECT CASE WHEN (SELECT count(*) FROM sampled) >= size AND NOT bool_or(s.n < s.wanted) THEN NULL
+                ELSE coalesce(sum(s.n), 0)::bigint END,
+           (count(*) FILTER (WHERE s.ready > 0))::integer,
+           (count(*) FILTER (WHERE s.ready > 0 AND s.held))::integer
+    FROM slots s
+    HAVING EXISTS (SELECT FROM settings);
+END
+$$;
+
 CREATE FUNCTION queueworker.key_limited_queue_keyed() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -2386,6 +2466,8 @@ REVOKE ALL ON FUNCTION queueworker.fair_tag_updates() FROM PUBLIC;
 REVOKE ALL ON FUNCTION queueworker.finalize_run(run_id bigint) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION queueworker.grant_queue(grantee text, pattern text) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION queueworker.key_capacity(queue_name text, sample integer, task_seconds double precision) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION queueworker.key_limited_queue_keyed() FROM PUBLIC;
 

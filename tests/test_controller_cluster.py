@@ -29,6 +29,15 @@ from tests.controller_cluster import Cluster, DB_SECRET, create_queueworker, SYS
 pytestmark = [pytest.mark.cluster, pytest.mark.integration]
 
 
+def replicas_seen(cluster: Cluster, name: str, polls: int) -> set[int]:
+    """The Deployment's replicas now and after each of the next `polls` polls."""
+    seen = {cluster.replicas(name)}
+    for _ in range(polls):
+        cluster.wait_for_ticks(1, name)
+        seen.add(cluster.replicas(name))
+    return seen
+
+
 # --- tests ---------------------------------------------------------------------------------------------
 
 def test_minimal_queueworker_gets_an_owned_deployment_and_a_filled_status(cluster: Cluster):
@@ -54,7 +63,7 @@ def test_minimal_queueworker_gets_an_owned_deployment_and_a_filled_status(cluste
     assert status["queueDepth"]["ready"] == 0 and status["observedGeneration"] == qw["metadata"]["generation"]
     conditions = {c["type"]: c["status"] for c in status["conditions"]}
     assert conditions == {"Ready": "True", "ReplicaFailure": "False", "Active": "False", "Paused": "False",
-                          "Fallback": "False", "DrainSafe": "True"}
+                          "Fallback": "False", "Limited": "False", "DrainSafe": "True"}
 
     response = cluster.custom.list_namespaced_custom_object(
         GROUP, VERSION, cluster.namespace, PLURAL, _preload_content=False,
@@ -125,12 +134,40 @@ def test_a_paused_queue_holds_its_deployment_and_a_rate_limited_one_scales_to_th
         operations.set_limits(conn, "jobs", rate_per_second=2)  # 2/s x 0.2 s per task: under one pod's 5 slots
     cluster.wait_for(lambda: cluster.queueworker("metered").get("status", {}).get("reason") == "LimitedByRate",
                      timeout=30, message="the LimitedByRate decision")
-    seen = {cluster.replicas("metered")}
-    for _ in range(3):  # each of the next polls
-        cluster.wait_for_ticks(1, "metered")
-        seen.add(cluster.replicas("metered"))
+    seen = replicas_seen(cluster, "metered", polls=3)
     assert seen == {1}, f"one pod is all a 2/s limit keeps busy, not the 4 the backlog asks for: {seen}"
     cluster.wait_for(lambda: cluster.events("LimitedByRate"), timeout=10, message="the LimitedByRate Event")
+
+
+def test_held_keys_add_no_pods_and_per_key_caps_bound_the_replicas(cluster: Cluster, dsn: str):
+    """A backlog whose keys are all paused cannot start (KeysHeld); once they are resumed, what the
+    keys may run at once bounds the replicas (LimitedByKeys), not the backlog's size."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        operations.set_limits(conn, "jobs", per_key_max_running=2)  # 2 keys x 2: under one pod's 5 slots
+        for key in ("tenant-a", "tenant-b"):
+            operations.pause(conn, "jobs", key=key)
+        enqueue_many(conn, [{"task": "qw.sleep", "payload": {"seconds": 1}, "queue": "jobs", "key": key}
+                            for key in ("tenant-a", "tenant-b") for _ in range(50)])
+    cluster.apply("tenants", {**worker_spec(maxReplicas=4), "concurrency": 5})
+    cluster.wait_for(lambda: cluster.queueworker("tenants").get("status", {}).get("reason") == "KeysHeld",
+                     timeout=30, message="the KeysHeld decision")
+    cluster.wait_for_ticks(2, "tenants")
+    status = cluster.queueworker("tenants")["status"]
+    assert cluster.replicas("tenants") == 0, "a backlog whose keys are all paused adds no pods"
+    assert (status["queueDepth"]["keysReady"], status["queueDepth"]["keysHeld"]) == (2, 2)
+    assert {c["type"]: c["reason"] for c in status["conditions"]}["Limited"] == "KeysHeld"
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for key in ("tenant-a", "tenant-b"):
+            operations.resume(conn, "jobs", key=key)
+    cluster.wait_for(lambda: cluster.queueworker("tenants").get("status", {}).get("reason") == "LimitedByKeys",
+                     timeout=30, message="the LimitedByKeys decision")
+    seen = replicas_seen(cluster, "tenants", polls=2)
+    assert seen == {1}, f"one pod is all two keys of 2 running each keep busy, not the 4 of the backlog: {seen}"
+    (event,) = cluster.wait_for(lambda: cluster.events("LimitedByKeys"), timeout=10, message="the LimitedByKeys Event")
+    assert "its keys can run 4 tasks at once" in event.message
+    conditions = {c["type"]: (c["status"], c["reason"]) for c in cluster.queueworker("tenants")["status"]["conditions"]}
+    assert conditions["Limited"] == ("True", "LimitedByKeys")
 
 
 def test_lookahead_starts_the_pods_of_a_scheduled_burst_before_it_is_due(cluster: Cluster, dsn: str):

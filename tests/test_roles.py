@@ -552,7 +552,7 @@ def test_definer_functions_pin_their_search_path_and_are_not_public(dsn):
                                      "mark_notify_on_finish", "existing_tasks", "fair_tag_inserts",
                                      "fair_tag_updates", "audit_queue_key", "enqueue", "enqueue_many",
                                      "task_status", "note_key_limits", "key_limited_queue_keyed",
-                                     "retag_resumed_key", "lock_key_limited_queue",
+                                     "retag_resumed_key", "lock_key_limited_queue", "key_capacity",
                                      "refuse_claims_blind_to_key_limits", "audit_key_breaker")}
     # Even without docs/database-roles.sql, only the owner may run the functions that change rows.
     for function in ("clean_finished(bigint, float8, integer)", "clean_finished(float8, integer)",
@@ -572,6 +572,7 @@ def test_definer_functions_pin_their_search_path_and_are_not_public(dsn):
                      "note_key_limits()", "key_limited_queue_keyed()", "retag_resumed_key()",
                      "lock_key_limited_queue(text)", "refuse_claims_blind_to_key_limits()",
                      "lock_key_limited_queue(text, boolean)", "audit_key_breaker()",
+                     "key_capacity(text, integer, float8)",
                      "enqueue(text, jsonb, text, bigint, timestamptz, double precision, bigint, bigint, text, text, "
                      "text, text, bigint[], text, jsonb, boolean)"):
         assert scalar(dsn, "SELECT bool_or(grantee = 0) FROM pg_proc, aclexplode(proacl) "

@@ -34,6 +34,10 @@ class QueueDepthRow(NamedTuple):
     rate_per_second: float | None
     max_running: int | None
     mean_task_seconds: float | None
+    key_limited: bool  # the queue has per-key limits (a default, or a key's own)
+    key_slots: int | None  # what the keys let run at once: None without per-key limits, or not bounding
+    keys_ready: int  # keys with tasks ready (in the sample key_capacity reads)
+    keys_held: int  # of those, the paused ones and those behind a breaker in its cooldown
 
 
 class WorkerLeasesParams(Params):
@@ -49,10 +53,11 @@ class WorkerLeaseRow(NamedTuple):
 
 
 QUEUE_DEPTH = _SQL.statement("queue_depth", QueueDepthParams, QueueDepthRow)
+QUEUE_DEPTH_WITHOUT_KEYS = _SQL.statement("queue_depth_without_keys", QueueDepthParams, QueueDepthRow)
 QUEUE_DEPTH_WITHOUT_FLOW = _SQL.statement("queue_depth_without_flow", QueueDepthParams, QueueDepthRow)
 QUEUE_DEPTH_WITHOUT_BLOCKED = _SQL.statement("queue_depth_without_blocked", QueueDepthParams, QueueDepthRow)
 # Newest schema first: a database refuses the newer ones until it is migrated.
-QUEUE_DEPTHS_BY_AGE = (QUEUE_DEPTH, QUEUE_DEPTH_WITHOUT_FLOW, QUEUE_DEPTH_WITHOUT_BLOCKED)
+QUEUE_DEPTHS_BY_AGE = (QUEUE_DEPTH, QUEUE_DEPTH_WITHOUT_KEYS, QUEUE_DEPTH_WITHOUT_FLOW, QUEUE_DEPTH_WITHOUT_BLOCKED)
 WORKER_LEASES = _SQL.statement("worker_leases", WorkerLeasesParams, WorkerLeaseRow)
 
 _SQL.check_all_declared()

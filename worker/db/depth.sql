@@ -21,7 +21,9 @@
 -- cap. Flow control (migration 009): a paused queue or an open breaker starts nothing whatever its
 -- backlog; a cap on running tasks or a rate limit bounds the replicas worth running, and for a
 -- rate, the mean duration of the queue's last 100 successes gives the slots it keeps busy
--- (Little's law).
+-- (Little's law). Per-key limits (schema version 22): what the keys let run at once, and how many
+-- keys with tasks ready are held, from queueworker.key_capacity (migrations/functions/78_key_capacity.sql),
+-- for key-limited queues only; it is given the same mean task duration for the keys' rates.
 WITH recent AS MATERIALIZED (
     SELECT queue, started_at, finished_at FROM queueworker.tasks
     WHERE %(throughput)s AND state IN ('succeeded', 'failed') AND started_at IS NOT NULL
@@ -53,7 +55,63 @@ SELECT q.queue, q.lookahead,
                               LIMIT %(cap)s) AS s) AS due_soon,
        t.finish_rate, t.recent_task_seconds,
        coalesce(f.paused, false) AS paused, coalesce(f.breaker_open, false) AS breaker_open,
-       f.rate_per_second, f.max_running, f.mean_task_seconds
+       f.rate_per_second, f.max_running, f.mean_task_seconds,
+       coalesce(f.key_limited, false) AS key_limited, k.key_slots, coalesce(k.keys_ready, 0) AS keys_ready,
+       coalesce(k.keys_held, 0) AS keys_held
+FROM unnest(%(queues)s::text[], %(lookaheads)s::float8[]) AS q(queue, lookahead)
+LEFT JOIN LATERAL (
+    SELECT count(*) / (SELECT seconds FROM sampled) AS finish_rate,
+           avg(extract(epoch FROM r.finished_at - r.started_at))::float8 AS recent_task_seconds
+    FROM recent r WHERE %(throughput)s AND r.queue = q.queue HAVING count(*) > 0) AS t ON true
+LEFT JOIN LATERAL (
+    SELECT l.paused_until > now() AS paused, l.breaker_state <> 'closed' AS breaker_open, l.rate_per_second,
+           l.max_running, l.key_limited,
+           CASE WHEN l.rate_per_second IS NOT NULL OR l.key_limited THEN (
+               SELECT avg(extract(epoch FROM d.finished_at - d.started_at))::float8
+               FROM (SELECT finished_at, started_at FROM queueworker.tasks
+                     WHERE state = 'succeeded' AND queue = l.name ORDER BY finished_at DESC LIMIT 100) AS d)
+           END AS mean_task_seconds
+    FROM queueworker.queues l WHERE l.name = q.queue AND l.limited) AS f ON true
+LEFT JOIN LATERAL (
+    SELECT * FROM queueworker.key_capacity(q.queue, least(%(cap)s, 100000)::integer, f.mean_task_seconds)
+    WHERE f.key_limited) AS k ON true;
+
+-- name: queue_depth_without_keys
+-- queue_depth against a schema of versions 9 to 21 (flow control, but no per-key breaker: the
+-- key capacity reads it): the queue's own limits, no per-key ones. Tried when queue_depth fails so.
+WITH recent AS MATERIALIZED (
+    SELECT queue, started_at, finished_at FROM queueworker.tasks
+    WHERE %(throughput)s AND state IN ('succeeded', 'failed') AND started_at IS NOT NULL
+      AND finished_at > now() - make_interval(secs => 60)
+    ORDER BY finished_at DESC LIMIT 5000
+), sampled AS (  -- the seconds the sample covers: the whole window, unless the sample filled first
+    SELECT CASE WHEN count(*) < 5000 THEN 60::float8
+                ELSE greatest(extract(epoch FROM now() - min(finished_at))::float8, 0.001) END AS seconds
+    FROM recent
+)
+SELECT q.queue, q.lookahead,
+       (SELECT count(*) FROM (SELECT 1 FROM queueworker.tasks
+                              WHERE state = 'pending' AND NOT delayed AND queue = q.queue
+                                AND run_after <= now()
+                              LIMIT %(cap)s) AS r) AS ready,
+       (SELECT count(*) FROM queueworker.tasks WHERE state = 'running' AND queue = q.queue) AS running,
+       (SELECT count(*) FROM (SELECT 1 FROM queueworker.tasks
+                              WHERE state = 'retrying' AND queue = q.queue
+                              LIMIT %(cap)s) AS b) AS retrying,
+       (SELECT extract(epoch FROM now() - run_after)::float8 FROM queueworker.tasks
+        WHERE state = 'pending' AND NOT delayed AND queue = q.queue AND run_after <= now()
+        ORDER BY priority DESC, run_after, id LIMIT 1) AS oldest_ready_age,
+       (SELECT count(*) FROM (SELECT 1 FROM queueworker.tasks
+                              WHERE state = 'blocked' AND queue = q.queue
+                              LIMIT %(cap)s) AS w) AS blocked,
+       (SELECT count(*) FROM (SELECT 1 FROM queueworker.tasks
+                              WHERE (state = 'retrying' OR (state = 'pending' AND delayed)) AND queue = q.queue
+                                AND run_after <= now() + make_interval(secs => coalesce(q.lookahead, 0))
+                              LIMIT %(cap)s) AS s) AS due_soon,
+       t.finish_rate, t.recent_task_seconds,
+       coalesce(f.paused, false) AS paused, coalesce(f.breaker_open, false) AS breaker_open,
+       f.rate_per_second, f.max_running, f.mean_task_seconds,
+       false AS key_limited, NULL::bigint AS key_slots, 0 AS keys_ready, 0 AS keys_held
 FROM unnest(%(queues)s::text[], %(lookaheads)s::float8[]) AS q(queue, lookahead)
 LEFT JOIN LATERAL (
     SELECT count(*) / (SELECT seconds FROM sampled) AS finish_rate,
@@ -103,7 +161,8 @@ SELECT q.queue, q.lookahead,
                               LIMIT %(cap)s) AS s) AS due_soon,
        t.finish_rate, t.recent_task_seconds,
        false AS paused, false AS breaker_open, NULL::float8 AS rate_per_second,
-       NULL::integer AS max_running, NULL::float8 AS mean_task_seconds
+       NULL::integer AS max_running, NULL::float8 AS mean_task_seconds,
+       false AS key_limited, NULL::bigint AS key_slots, 0 AS keys_ready, 0 AS keys_held
 FROM unnest(%(queues)s::text[], %(lookaheads)s::float8[]) AS q(queue, lookahead)
 LEFT JOIN LATERAL (
     SELECT count(*) / (SELECT seconds FROM sampled) AS finish_rate,
@@ -141,7 +200,8 @@ SELECT q.queue, q.lookahead,
                               LIMIT %(cap)s) AS s) AS due_soon,
        t.finish_rate, t.recent_task_seconds,
        false AS paused, false AS breaker_open, NULL::float8 AS rate_per_second,
-       NULL::integer AS max_running, NULL::float8 AS mean_task_seconds
+       NULL::integer AS max_running, NULL::float8 AS mean_task_seconds,
+       false AS key_limited, NULL::bigint AS key_slots, 0 AS keys_ready, 0 AS keys_held
 FROM unnest(%(queues)s::text[], %(lookaheads)s::float8[]) AS q(queue, lookahead)
 LEFT JOIN LATERAL (
     SELECT count(*) / (SELECT seconds FROM sampled) AS finish_rate,

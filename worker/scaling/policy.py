@@ -56,6 +56,15 @@ class QueueDepth:
     rate_per_second: float | None = None
     max_running: int | None = None
     mean_task_seconds: float | None = None  # of recent successes: what a rate limit keeps busy
+    # Per-key limits (queueworker.key_capacity): the tasks the keys let run at once, over the keys the
+    # least of their ready and running tasks, their cap and what their rate keeps busy, a held key
+    # (paused, or behind a breaker in its cooldown) counting only its running tasks; None for a queue
+    # without per-key limits, or when they bound nothing the read could see. `keys_ready`: the keys
+    # with tasks ready; `keys_held`: those of them held. `key_limited`: the queue has per-key limits.
+    key_limited: bool = False
+    key_slots: int | None = None
+    keys_ready: int = 0
+    keys_held: int = 0
     # Waiting tasks (delayed, or retrying) due now or within the QueueWorker's lookaheadSeconds that
     # no worker's scheduler has admitted yet (none runs at zero replicas): counted as ready.
     due_soon: int = 0
@@ -70,13 +79,20 @@ class QueueDepth:
                    oldest_ready_age_seconds=row.oldest_ready_age, blocked=int(row.blocked), paused=row.paused,
                    breaker_open=row.breaker_open, rate_per_second=row.rate_per_second, max_running=row.max_running,
                    mean_task_seconds=row.mean_task_seconds, due_soon=int(row.due_soon),
-                   finish_rate=row.finish_rate, recent_task_seconds=row.recent_task_seconds)
+                   finish_rate=row.finish_rate, recent_task_seconds=row.recent_task_seconds,
+                   key_limited=row.key_limited, key_slots=None if row.key_slots is None else int(row.key_slots),
+                   keys_ready=int(row.keys_ready), keys_held=int(row.keys_held))
 
     @property
     def demand(self) -> int:
         """Tasks that need a worker slot now or within the lookahead: waiting ones, those due soon,
         plus leased ones (so busy pods are kept)."""
         return self.ready + self.due_soon + self.running
+
+    @property
+    def every_ready_key_held(self) -> bool:
+        """Tasks are ready, and every key they belong to is held: the backlog cannot start."""
+        return self.ready > 0 and self.keys_ready > 0 and self.keys_held == self.keys_ready
 
 
 @dataclass(frozen=True)
@@ -105,6 +121,9 @@ class Decision:
     active: bool | None = None  # None when unknown (queue unreadable)
     last_active_time: float | None = None
     fallback: bool = False
+    # What of the queue's flow control bounded this decision (a cap, or a hold), if anything: the
+    # QueueWorker's `Limited` condition.
+    limit: FlowLimit | None = None
 
 
 def decide(inputs: PolicyInputs) -> Decision:
@@ -126,13 +145,17 @@ def decide(inputs: PolicyInputs) -> Decision:
         if capped is not None and reason in ("Activated", "ScaledUp", "Steady", "WithinTolerance", *RAISED_BY):
             reason, message = capped.reason, f"{message}; capped by {capped.why}"
         recorded = _remember(history, Recommendation(inputs.now, desired), floor)
-        return Decision(desired, reason, message, recorded, active, last_active)
+        return Decision(desired, reason, message, recorded, active, last_active, limit=capped)
 
-    if depth.paused or depth.breaker_open:
+    if depth.paused or depth.breaker_open or depth.every_ready_key_held:
         held = p.clamp(current)
-        what = "paused" if depth.paused else "behind an open circuit breaker"
-        return decision(held, "Paused" if depth.paused else "BreakerOpen",
-                        f"queue {what}: {depth.ready} ready tasks cannot start; holding {held} replicas")
+        reason, what = (("Paused", "paused") if depth.paused
+                        else ("BreakerOpen", "behind an open circuit breaker") if depth.breaker_open
+                        else ("KeysHeld", f"held key by key (its {depth.keys_held} keys with tasks ready are "
+                                          "paused or behind an open breaker)"))
+        message = f"queue {what}: {depth.ready} ready tasks cannot start; holding {held} replicas"
+        capped = FlowLimit(held, reason, message)
+        return decision(held, reason, message)
 
     if current == 0 and not active:
         if p.min_replicas == 0:
@@ -180,9 +203,10 @@ def decide(inputs: PolicyInputs) -> Decision:
     if stabilized < current:
         return Decision(stabilized, "ScaledDown", f"{counts}, {per}: {current} -> {stabilized} replicas "
                         f"(highest in the last {p.scale_down_stabilization_seconds:g}s)",
-                        recorded, active, last_active)
+                        recorded, active, last_active, limit=capped)
     return Decision(current, "Stabilizing", f"{counts} needs {target} replicas; holding {current} for the "
-                    f"{p.scale_down_stabilization_seconds:g}s scale-down window", recorded, active, last_active)
+                    f"{p.scale_down_stabilization_seconds:g}s scale-down window", recorded, active, last_active,
+                    limit=capped)
 
 
 # Reasons of a target raised above what the count alone asks for (see _raise_target).
@@ -235,7 +259,7 @@ def throughput_slots(depth: QueueDepth) -> int | None:
 @dataclass(frozen=True)
 class FlowLimit:
     replicas: int
-    reason: str  # LimitedByConcurrency or LimitedByRate
+    reason: str  # LimitedByConcurrency, LimitedByRate or LimitedByKeys; for a hold Paused, BreakerOpen, KeysHeld
     why: str
 
 
@@ -243,8 +267,11 @@ def flow_limit(depth: QueueDepth, tasks_per_replica: int) -> FlowLimit | None:
     """The most replicas the queue's limits can keep busy: a global cap of N running tasks needs
     N / tasks_per_replica of them; a rate of R tasks/s whose tasks take D seconds keeps R x D slots
     busy (Little's law). Before any task of a rate-limited queue has finished, D is unknown: one
-    replica, until it is. The lower of the two wins."""
+    replica, until it is. Per-key limits: the slots the keys can fill, key by key. The lowest wins."""
     limits = []
+    if depth.key_slots is not None:
+        limits.append(FlowLimit(math.ceil(depth.key_slots / tasks_per_replica), "LimitedByKeys",
+                                f"its keys can run {depth.key_slots} tasks at once"))
     if depth.max_running is not None:
         limits.append(FlowLimit(math.ceil(depth.max_running / tasks_per_replica), "LimitedByConcurrency",
                                 f"at most {depth.max_running} running across all workers"))

@@ -51,4 +51,7 @@ class QueueDepthField:
     OLDEST_READY_AGE_SECONDS = "oldestReadyAgeSeconds"
     FINISH_RATE = "finishRate"  # with throughputFloor only
     RECENT_TASK_SECONDS = "recentTaskSeconds"  # with throughputFloor only
+    KEY_SLOTS = "keySlots"  # with per-key limits only, when they bound what the keys may run
+    KEYS_READY = "keysReady"  # with per-key limits only
+    KEYS_HELD = "keysHeld"  # with per-key limits only
 
