@@ -34,7 +34,8 @@ def age_keys(conn: psycopg.Connection, queue: str, ago: str, keys: list[str] | N
     """Moves every time of the keys' rows (all of the queue's by default) `ago` back."""
     conn.execute(
         "UPDATE queueworker.key_state SET tokens_at = tokens_at - %(ago)s::interval, "
-        "next_token_at = next_token_at - %(ago)s::interval, breaker_changed_at = breaker_changed_at - %(ago)s::interval, "
+        "next_token_at = next_token_at - %(ago)s::interval, "
+        "breaker_changed_at = breaker_changed_at - %(ago)s::interval, "
         "last_success_at = last_success_at - %(ago)s::interval, last_failure_at = last_failure_at - %(ago)s::interval "
         "WHERE queue = %(queue)s AND (%(keys)s::text[] IS NULL OR key = ANY(%(keys)s::text[]))",
         {"ago": ago, "queue": queue, "keys": keys})
