@@ -1,4 +1,4 @@
--- Least-privilege database roles for queueworker, schema version 22. Why each grant exists, and
+-- Least-privilege database roles for queueworker, schema version 23. Why each grant exists, and
 -- what the roles still can do: docs/security.md.
 --
 -- Run it as a superuser, in the application's database:
@@ -93,7 +93,7 @@ ALTER DEFAULT PRIVILEGES FOR ROLE queueworker_migrator REVOKE EXECUTE ON FUNCTIO
 ALTER DEFAULT PRIVILEGES FOR ROLE queueworker_migrator IN SCHEMA queueworker
     GRANT SELECT ON TABLES TO queueworker_operator;
 
--- 5. The grants, for schema version 22.
+-- 5. The grants, for schema version 23.
 DO $$
 DECLARE
     applied_version integer;
@@ -101,14 +101,14 @@ BEGIN
     IF to_regclass('queueworker.schema_migrations') IS NOT NULL THEN
         SELECT max(m.version) INTO applied_version FROM queueworker.schema_migrations m;
     END IF;
-    IF coalesce(applied_version, 0) < 22 THEN
-        RAISE NOTICE 'queueworker is at schema version %, these grants are for version 22: run `queueworker '
+    IF coalesce(applied_version, 0) < 23 THEN
+        RAISE NOTICE 'queueworker is at schema version %, these grants are for version 23: run `queueworker '
                      'migrate` as a member of queueworker_migrator, then run this script again',
                      coalesce(applied_version, 0);
         RETURN;
     END IF;
-    IF applied_version > 22 THEN
-        RAISE EXCEPTION 'these grants are for queueworker schema version 22, the database is at version %: '
+    IF applied_version > 23 THEN
+        RAISE EXCEPTION 'these grants are for queueworker schema version 23, the database is at version %: '
                         'run the database-roles.sql of the queueworker release that migrated it', applied_version;
     END IF;
 
@@ -213,9 +213,10 @@ BEGIN
     -- tasks_active to tasks_finished). Those two write their own audit rows, hence INSERT on
     -- task_events (and nothing else there); COMPLETE_SUCCEEDED settles the tasks waiting on those it
     -- finished through queueworker.settle_dependents. Retention (CLEAN_FINISHED, CLEAN_RUNS,
-    -- CLEAN_QUEUE_EVENTS, CLEAN_WATERMARKS) goes through the definer functions
-    -- queueworker.clean_finished, queueworker.clean_runs, queueworker.clean_queue_events and
-    -- queueworker.clean_watermarks: the worker deletes no history, run, event or watermark itself.
+    -- CLEAN_QUEUE_EVENTS, CLEAN_WATERMARKS, CLEAN_KEY_STATE) goes through the definer functions
+    -- queueworker.clean_finished, queueworker.clean_runs, queueworker.clean_queue_events,
+    -- queueworker.clean_watermarks and queueworker.clean_key_state: the worker deletes no history,
+    -- run, event, watermark or key state itself.
     -- queueworker.retention_cutoff, which checks their arguments, needs no grant: only they call it.
     -- RESCUE and PROMOTE_DUE lock their duty's row of queueworker.duty_locks (one worker at a time
     -- does each duty): UPDATE on that table is what lets a role lock its rows, and no other role
@@ -267,6 +268,7 @@ BEGIN
                               queueworker.clean_runs(float8, integer),
                               queueworker.clean_queue_events(float8, integer),
                               queueworker.clean_watermarks(float8, integer),
+                              queueworker.clean_key_state(float8, integer),
                               queueworker.settle_dependents(bigint[]),
                               queueworker.settle_dependents(bigint[], bigint[]),
                               queueworker.count_run_outcomes(bigint[], bigint[], integer[], text[], text[])

@@ -301,6 +301,26 @@ def test_a_claim_the_bucket_cut_short_is_tried_again_when_the_next_token_is_due(
 
 
 @pytest.mark.integration
+def test_a_worker_whose_claim_found_the_bucket_empty_comes_back_when_a_token_is_due(dsn):
+    """Two workers that never poll (an hour between idle polls), one slot each, and hear of no new
+    task: a claim that filled a worker's slot sets no timer (the bucket did not cut it short), and
+    the claims that follow find the bucket empty, the token taken by the other worker or not due
+    yet. Each of those must bring its worker back when a token is due, or both sleep for the hour
+    with tasks waiting."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        operations.set_limits(conn, "contended", rate_per_second=4, burst=1)
+        enqueue_many(conn, [{"task": "qw.noop", "queue": "contended"}] * 10)
+    workers = [WorkerProcess(dsn, "--queue", "contended", "--concurrency", "1", "--poll-min-seconds", "3600",
+                             "--poll-max-seconds", "3600") for _ in range(2)]
+    try:
+        wait_until(lambda: scalar(dsn, "SELECT count(*) FROM queueworker.tasks WHERE state = 'succeeded'") == 10,
+                   timeout=90, message="every task, each claimed when a token was due")
+    finally:
+        for worker in workers:
+            worker.stop()
+
+
+@pytest.mark.integration
 def test_a_global_concurrency_cap_is_never_exceeded(dsn, tmp_path):
     """Four workers with twenty slots each, and a cap of three. The handlers log when they start and
     end: a handler runs inside its task's time in `running` (after the claim commits, before the

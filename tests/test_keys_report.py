@@ -134,3 +134,23 @@ def test_each_key_shows_the_limits_that_hold_for_it_its_pause_and_its_tokens(dsn
     assert keys.describe_limits(small) == "cap 1; 0.001/s, 3 of 3 tokens"
     table = qw_here(monkeypatch, "keys", "q", "--dsn", dsn).stdout
     assert table.splitlines()[1].split()[-1] == "LIMITS" and "cap 1; 0.001/s" in table
+
+
+def test_a_key_whose_breaker_is_open_is_listed_without_a_task_or_a_setting(dsn, monkeypatch):
+    """A source that failed until its breaker opened and has no task left is what an operator
+    looks for: it is listed, once, as is the key of the tasks without a key when its breaker opened."""
+    from tests.test_key_breaker import report
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        fill(conn)
+        operations.set_breaker(conn, "q", failures=1, cooldown_seconds=600, per_key=True)
+        assert report(conn, "q", {"": (False, 1), "gone": (False, 1), "fine": (True, 0)}) == {
+            "": "open", "gone": "open", "fine": "closed"}
+        listed = {row["key"]: row for row in keys.key_report(conn, "q")["keys"]}
+    assert set(listed) == {"big", None, "small", "later", "idle", "gone"}, "a closed breaker alone lists nothing"
+    gone = listed["gone"]
+    assert (gone["ready"], gone["running"], gone["breaker_state"], gone["failure_streak"]) == (0, 0, "open", 1)
+    assert (listed[None]["ready"], listed[None]["breaker_state"]) == (3, "open"), "one row for the tasks without a key"
+    assert keys.describe_limits(gone) == "breaker open"
+    printed = json.loads(qw_here(monkeypatch, "keys", "q", "--json", "--dsn", dsn).stdout)
+    assert {row["key"]: row["breaker_state"] for row in printed["keys"]}["gone"] == "open"

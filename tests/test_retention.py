@@ -15,7 +15,7 @@ from queueworker.client.producer import enqueue, start_run
 from queueworker.db import statements
 from queueworker.db.connection import DutyConnection
 from queueworker.db.duties import (
-    CLEAN_FINISHED, CLEAN_QUEUE_EVENTS, CLEAN_RUNS, CLEAN_WATERMARKS, RetentionParams,
+    CLEAN_FINISHED, CLEAN_KEY_STATE, CLEAN_QUEUE_EVENTS, CLEAN_RUNS, CLEAN_WATERMARKS, RetentionParams,
 )
 from queueworker.runtime import cleaner as cleaner_module
 from queueworker.runtime.cleaner import Cleaned, Cleaner
@@ -27,8 +27,8 @@ pytestmark = pytest.mark.integration
 HOUR = 3600
 DAY = 24 * HOUR
 PARTITION = {"task": "p", "queue": "retention"}
-FUNCTIONS = ("clean_finished", "clean_runs", "clean_queue_events", "clean_watermarks")
-CLEANER_STATEMENTS = (CLEAN_FINISHED, CLEAN_RUNS, CLEAN_QUEUE_EVENTS, CLEAN_WATERMARKS)
+FUNCTIONS = ("clean_finished", "clean_runs", "clean_queue_events", "clean_watermarks", "clean_key_state")
+CLEANER_STATEMENTS = (CLEAN_FINISHED, CLEAN_RUNS, CLEAN_QUEUE_EVENTS, CLEAN_WATERMARKS, CLEAN_KEY_STATE)
 
 
 def end_run_tasks(conn: psycopg.Connection, run_id: int, state: str, ago: str) -> None:

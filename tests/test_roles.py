@@ -545,7 +545,7 @@ def test_definer_functions_pin_their_search_path_and_are_not_public(dsn):
                                "WHERE pronamespace = 'queueworker'::regnamespace AND prosecdef"))
     assert definers == {name: ["search_path=pg_catalog, pg_temp"]
                         for name in ("audit_task_inserts", "audit_task_updates", "clean_finished", "clean_runs",
-                                     "clean_queue_events", "clean_watermarks", "enqueue_tasks",
+                                     "clean_queue_events", "clean_watermarks", "clean_key_state", "enqueue_tasks",
                                      "replace_pending", "settle_dependents", "settle_new_dependent",
                                      "count_run_outcomes", "start_run", "finalize_run", "audit_run", "audit_queue",
                                      "unbound_by_grants", "queue_patterns", "grant_queue", "revoke_queue",
@@ -557,7 +557,8 @@ def test_definer_functions_pin_their_search_path_and_are_not_public(dsn):
     # Even without docs/database-roles.sql, only the owner may run the functions that change rows.
     for function in ("clean_finished(bigint, float8, integer)", "clean_finished(float8, integer)",
                      "clean_runs(float8, integer)", "clean_queue_events(float8, integer)",
-                     "clean_watermarks(float8, integer)", "retention_cutoff(float8, integer)",
+                     "clean_watermarks(float8, integer)", "clean_key_state(float8, integer)",
+                     "retention_cutoff(float8, integer)",
                      "enqueue_tasks(text[], text[], jsonb[], integer[], timestamptz[], integer[], integer[], text[], "
                      "boolean[], boolean[], bigint[], bigint[], bigint[], integer[])",
                      "count_run_outcomes(bigint[], bigint[], integer[], text[], text[])",

@@ -86,8 +86,9 @@ CRON_SLOTS_ENQUEUED = Counter("queueworker_cron_slots_enqueued_total",
                               ["job"])
 TASKS_DELETED = Counter("queueworker_tasks_deleted_total", "Finished tasks deleted after the retention period")
 HISTORY_DELETED = Counter("queueworker_history_deleted_total",
-                          "Finished runs (with their events) and queue events deleted after the retention period, "
-                          "and watermarks after the watermark retention, by kind: runs, queue_events, watermarks",
+                          "Finished runs (with their events), queue events and idle keys' state deleted after the "
+                          "retention period, and watermarks after the watermark retention, by kind: runs, "
+                          "queue_events, key_states, watermarks",
                           ["kind"])
 
 

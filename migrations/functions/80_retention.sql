@@ -1,5 +1,5 @@
 -- queueworker functions: retention of history (finished tasks, finished runs, queue events, stale
--- watermarks).
+-- watermarks) and of the state of idle keys.
 --
 -- Repeatable (worker/migrate.py): every file of migrations/functions/ is applied after the versioned
 -- migrations, in name order, in one transaction, whenever a versioned migration was applied or one of
@@ -169,10 +169,69 @@ BEGIN
 END
 $$;
 
+-- Deletes the state of keys idle for the retention (queueworker.key_state, migration 023: a key's
+-- bucket, breaker and health); returns the queue of each row deleted. A key is idle when it has no
+-- unfinished task (tasks_active) and its row has not changed for the retention (its tokens charged,
+-- its breaker moved, a success or a failure reported: the latest of those times, the index
+-- key_state_last_active). Deleting a row makes the key a new one: a full bucket, a closed breaker,
+-- no health. So a row goes only when that changes nothing a claim would decide:
+-- - its bucket is full again (a key with no rate now has none to keep): a key whose rate refills
+--   it slower than the retention keeps its row until it has, and a claim never starts more than
+--   its bucket allows;
+-- - its breaker is closed, or its cooldown is over: an open breaker would let its probe through by
+--   now anyway, and one whose key has had no task for the retention has nothing left to protect; a
+--   breaker with a cooldown longer than the retention stays open for the whole of it.
+-- A claim or a report that writes the row as it goes changes its times: the row lock makes the
+-- deletion wait for it, and a row it changed is no longer idle (the lock re-reads the row), or skip
+-- it. A claim that read the row before its deletion charges the bucket it read, a claim after it a
+-- full one: the same, since only full buckets go. A task enqueued at that moment, unseen by the
+-- deletion, finds its key new. The row of the tasks without a key (the key '') stays: one per queue.
+-- The operator's settings of a key (queue_keys) are not touched. Called by `clean_key_state`.
+CREATE OR REPLACE FUNCTION queueworker.clean_key_state(retention_seconds float8, batch integer)
+RETURNS SETOF text
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    cutoff timestamptz := queueworker.retention_cutoff(retention_seconds, batch);
+BEGIN
+    PERFORM FROM queueworker.duty_locks WHERE duty = 'clean_key_state' FOR NO KEY UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH idle AS (
+        SELECT b.queue, b.key FROM queueworker.key_state b
+        WHERE coalesce(greatest(b.tokens_at, b.breaker_changed_at, b.last_success_at, b.last_failure_at),
+                       '-infinity'::timestamptz) < cutoff
+          AND b.key <> ''
+          AND NOT EXISTS (SELECT FROM queueworker.tasks_active t WHERE t.queue = b.queue AND t.key = b.key)
+          AND (b.tokens IS NULL OR NOT EXISTS (
+                  SELECT FROM queueworker.queues q
+                  LEFT JOIN queueworker.queue_keys k ON k.queue = q.name AND k.key = b.key
+                  WHERE q.name = b.queue
+                    AND coalesce(k.rate_per_second, q.key_rate_per_second) IS NOT NULL
+                    AND b.tokens + coalesce(k.rate_per_second, q.key_rate_per_second)
+                                   * extract(epoch FROM now() - b.tokens_at)
+                        < CASE WHEN k.rate_per_second IS NOT NULL THEN k.burst ELSE q.key_burst END))
+          AND (b.breaker_state = 'closed' OR NOT EXISTS (
+                  SELECT FROM queueworker.queues q
+                  WHERE q.name = b.queue AND q.key_breaker_cooldown_seconds IS NOT NULL
+                    AND now() < b.breaker_changed_at + make_interval(secs => q.key_breaker_cooldown_seconds)))
+        ORDER BY coalesce(greatest(b.tokens_at, b.breaker_changed_at, b.last_success_at, b.last_failure_at),
+                          '-infinity'::timestamptz)
+        LIMIT batch
+        FOR UPDATE OF b SKIP LOCKED
+    )
+    DELETE FROM queueworker.key_state b USING idle
+    WHERE b.queue = idle.queue AND b.key = idle.key
+    RETURNING b.queue;
+END
+$$;
+
 -- Functions are executable by PUBLIC unless revoked; these delete history.
 REVOKE EXECUTE ON FUNCTION queueworker.retention_cutoff(float8, integer),
                            queueworker.clean_finished(float8, integer),
                            queueworker.clean_finished(bigint, float8, integer),
                            queueworker.clean_runs(float8, integer),
                            queueworker.clean_queue_events(float8, integer),
-                           queueworker.clean_watermarks(float8, integer) FROM PUBLIC;
+                           queueworker.clean_watermarks(float8, integer),
+                           queueworker.clean_key_state(float8, integer) FROM PUBLIC;

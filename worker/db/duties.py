@@ -76,11 +76,18 @@ class CleanedWatermarkRow(NamedTuple):
     name: str
 
 
+class CleanedKeyStateRow(NamedTuple):
+    """The state of an idle key deleted (its bucket, breaker and health): the key is new again."""
+
+    queue: str
+
+
 RESCUE = _SQL.statement("rescue", RescueParams, RescueRow)
 PROMOTE_DUE = _SQL.statement("promote_due", PromoteDueParams, PromotedRow)
 CLEAN_FINISHED = _SQL.statement("clean_finished", RetentionParams, CleanedRow)
 CLEAN_RUNS = _SQL.statement("clean_runs", RetentionParams, CleanedRunRow)
 CLEAN_QUEUE_EVENTS = _SQL.statement("clean_queue_events", RetentionParams, CleanedQueueEventRow)
 CLEAN_WATERMARKS = _SQL.statement("clean_watermarks", RetentionParams, CleanedWatermarkRow)
+CLEAN_KEY_STATE = _SQL.statement("clean_key_state", RetentionParams, CleanedKeyStateRow)
 
 _SQL.check_all_declared()

@@ -102,3 +102,11 @@ SELECT id FROM queueworker.clean_queue_events(%(retention_seconds)s::float8, %(l
 -- that no running run will advance; returns their names for the log.
 SELECT name FROM queueworker.clean_watermarks(%(retention_seconds)s::float8, %(limit)s::integer)
     AS deleted(name);
+
+-- name: clean_key_state
+-- Cleaner: deletes the state of keys idle for the retention (their bucket, breaker and health in
+-- queueworker.key_state: no unfinished task, no change for that long), when deleting it changes
+-- nothing a claim decides (a full bucket; a closed breaker, or one whose cooldown is over); returns
+-- the queue of each. The keys' settings (queue_keys) stay.
+SELECT queue FROM queueworker.clean_key_state(%(retention_seconds)s::float8, %(limit)s::integer)
+    AS deleted(queue);

@@ -10,7 +10,9 @@
 -- full one); its breaker's state when the queue has a breaker per key (NULL otherwise) and its
 -- health (migration 022: failures since its last success, its last success and last failure, as the
 -- workers reported them; zero and NULL for a key no report reached). The tasks without a key are one row (key NULL; their bucket is the key '' of
--- key_state); a key with a setting but no task is a row too. The keys with the most tasks ready
+-- key_state); a key with a setting but no task is a row too, and so is a key whose breaker is not
+-- closed (`key_state_breakers`: a source that failed until its breaker opened, and has no task
+-- left, is what an operator looks for). The keys with the most tasks ready
 -- come first, at most %(limit)s of them; every row also carries the totals over all keys, so a
 -- report cut to its first rows still says how many keys and tasks there are. Through
 -- queueworker.tasks, for the operator's grants: the state list prunes it to tasks_active, which it
@@ -27,10 +29,13 @@ WITH per_key AS (
     WHERE queue = %(queue)s AND state IN ('pending', 'running', 'retrying', 'blocked')
     GROUP BY key
 ), keys AS (
-    SELECT coalesce(p.key, s.key) AS key, coalesce(p.ready, 0) AS ready, coalesce(p.later, 0) AS later,
+    SELECT coalesce(p.key, nullif(s.key, '')) AS key, coalesce(p.ready, 0) AS ready, coalesce(p.later, 0) AS later,
            coalesce(p.blocked, 0) AS blocked, coalesce(p.running, 0) AS running, p.ready_since
     FROM per_key p
-    FULL JOIN (SELECT key FROM queueworker.queue_keys WHERE queue = %(queue)s) s ON s.key = p.key
+    FULL JOIN (SELECT key FROM queueworker.queue_keys WHERE queue = %(queue)s
+               UNION
+               SELECT key FROM queueworker.key_state WHERE queue = %(queue)s AND breaker_state <> 'closed') s
+        ON s.key = coalesce(p.key, '')
 ), listed AS (
     SELECT k.*, count(*) OVER () AS keys_total, sum(k.ready) OVER ()::bigint AS ready_total,
            sum(k.running) OVER ()::bigint AS running_total

@@ -1,7 +1,8 @@
 """Cleaner: keeps every history table bounded. Deletes finished tasks (with their audit rows),
 finished runs (with their events) once none of their tasks remain, and queue events, once older
-than the retention; and watermarks not advanced for the watermark retention, a longer one of their
-own, since a watermark that goes makes its job's next run start from nothing.
+than the retention, and the state of keys idle for as long (their buckets, breakers and health:
+one row per key ever seen otherwise); and watermarks not advanced for the watermark retention, a
+longer one of their own, since a watermark that goes makes its job's next run start from nothing.
 
 History does not slow claims (the claim index holds only pending rows), but it costs disk,
 vacuum time and backups; the retention keeps it bounded. Every worker runs the cleaner; a row lock
@@ -18,7 +19,7 @@ from typing import Any
 from .. import metrics
 from ..db.connection import DutyConnection
 from ..db.duties import (
-    CLEAN_FINISHED, CLEAN_QUEUE_EVENTS, CLEAN_RUNS, CLEAN_WATERMARKS, RetentionParams,
+    CLEAN_FINISHED, CLEAN_KEY_STATE, CLEAN_QUEUE_EVENTS, CLEAN_RUNS, CLEAN_WATERMARKS, RetentionParams,
 )
 from ..db.statements import Statement
 
@@ -37,11 +38,12 @@ class Cleaned:
     runs: int = 0
     queue_events: int = 0
     watermarks: tuple[str, ...] = ()
+    key_states: int = 0
 
 
 class Cleaner:
-    """`retention_seconds` bounds tasks, runs and queue events, `watermark_retention_seconds` the
-    watermarks; 0 keeps those rows forever."""
+    """`retention_seconds` bounds tasks, runs, queue events and idle keys' state,
+    `watermark_retention_seconds` the watermarks; 0 keeps those rows forever."""
 
     def __init__(self, conn: DutyConnection, retention_seconds: float, watermark_retention_seconds: float,
                  interval: float):
@@ -54,7 +56,7 @@ class Cleaner:
         """Deletes expired history in batches until none is left. Tasks go first, so the runs they
         belonged to can go in the same pass; watermarks before runs, so can the run that last
         advanced a deleted watermark."""
-        tasks = runs = queue_events = 0
+        tasks = runs = queue_events = key_states = 0
         watermarks: list[str] = []
         if self._retention_seconds:
             tasks = await self._count(CLEAN_FINISHED, self._retention_seconds)
@@ -64,7 +66,8 @@ class Cleaner:
         if self._retention_seconds:
             runs = await self._count(CLEAN_RUNS, self._retention_seconds)
             queue_events = await self._count(CLEAN_QUEUE_EVENTS, self._retention_seconds)
-        cleaned = Cleaned(tasks, runs, queue_events, tuple(watermarks))
+            key_states = await self._count(CLEAN_KEY_STATE, self._retention_seconds)
+        cleaned = Cleaned(tasks, runs, queue_events, tuple(watermarks), key_states)
         self._report(cleaned)
         return cleaned
 
@@ -87,12 +90,13 @@ class Cleaner:
         if cleaned.tasks:
             metrics.TASKS_DELETED.inc(cleaned.tasks)
         for kind, count in (("runs", cleaned.runs), ("queue_events", cleaned.queue_events),
-                            ("watermarks", len(cleaned.watermarks))):
+                            ("watermarks", len(cleaned.watermarks)), ("key_states", cleaned.key_states)):
             if count:
                 metrics.HISTORY_DELETED.labels(kind).inc(count)
-        if cleaned.tasks or cleaned.runs or cleaned.queue_events:
-            log.info("deleted %d finished tasks, %d finished runs and %d queue events older than the retention",
-                     cleaned.tasks, cleaned.runs, cleaned.queue_events)
+        if cleaned.tasks or cleaned.runs or cleaned.queue_events or cleaned.key_states:
+            log.info("deleted %d finished tasks, %d finished runs and %d queue events older than the retention, "
+                     "and the state of %d keys idle for as long", cleaned.tasks, cleaned.runs, cleaned.queue_events,
+                     cleaned.key_states)
         if cleaned.watermarks:
             shown = ", ".join(repr(name[:NAME_CHARS]) for name in cleaned.watermarks[:NAMES_LOGGED])
             more = len(cleaned.watermarks) - NAMES_LOGGED

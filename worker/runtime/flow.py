@@ -64,6 +64,7 @@ class FlowControl:
         self._reporting_keys: dict[str, frozenset[str]] = {}  # keys whose failures are being reported now
         self._health_due = 0.0  # event-loop time the keys' health is next reported
         self._refresh_due = 0.0  # event-loop time; a notification makes it now
+        self._token_waits: dict[str, float] = {}  # per rate-limited queue: the wait after a claim that takes nothing
         self.wake = asyncio.Event()
         self._on_change = on_change  # limits changed, or failures were reported: claim again
 
@@ -85,6 +86,27 @@ class FlowControl:
         rates = () if settings is None else [rate for rate in (settings.rate_per_second, settings.fastest_key_rate)
                                              if rate is not None]
         return 1.0 / max(rates) if rates else None
+
+    def next_claim_in(self, queue: str, claimed: int, limit: int, longest_wait: float) -> float | None:
+        """Seconds until a claim of `queue` that took `claimed` of `limit` tasks is worth trying again
+        for the tokens of a rate-limited queue (None: not for them). A bucket may have cut it short: it
+        comes back when the next token is due. A claim that took nothing may have found the bucket
+        empty too (another worker took the token this one's timer was set for, or this one's slots
+        were full when the token came): it comes back as well, after a wait that doubles with each
+        claim that takes nothing, up to `longest_wait` (the longest idle poll), so an empty queue is
+        not polled at its rate; a claim that takes something starts again from one token's time."""
+        interval = self.token_interval(queue)
+        if interval is None:
+            self._token_waits.pop(queue, None)
+            return None
+        if claimed:
+            self._token_waits[queue] = interval
+            return interval if claimed < limit else None
+        wait = self._token_waits.get(queue, interval)
+        if wait > max(interval, longest_wait):
+            return None
+        self._token_waits[queue] = 2 * wait
+        return wait
 
     def settings_changed(self) -> None:
         """A notification said a queue's settings changed: re-read them now."""

@@ -450,11 +450,10 @@ class Worker:
             metrics.TASKS_CLAIMED.labels(queue).inc(len(rows))
             metrics.IN_FLIGHT.set(len(self._inflight))
         self.signals.claimed.emit(rows)
-        token_interval = self.flow.token_interval(queue)
-        # A bucket may be what cut the claim short: claim again when it has a token. Not after a
-        # claim that took nothing (an empty queue would be polled at the rate).
-        if token_interval is not None and 0 < len(rows) < limit:
-            self._token_timer.at(time.time() + token_interval)
+        # A bucket may be what cut the claim short, or left it nothing: claim again when it has a token.
+        retry_in = self.flow.next_claim_in(queue, len(rows), limit, self.settings.poll_max_seconds)
+        if retry_in is not None:
+            self._token_timer.at(time.time() + retry_in)
         return len(rows)
 
     # -- attempts -------------------------------------------------------------------------
