@@ -264,6 +264,47 @@ CREATE FUNCTION queueworker.clean_finished(lock_key bigint, retention_seconds do
     SELECT queueworker.clean_finished(retention_seconds, batch)
 $$;
 
+CREATE FUNCTION queueworker.clean_key_state(retention_seconds double precision, batch integer) RETURNS SETOF text
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    cutoff timestamptz := queueworker.retention_cutoff(retention_seconds, batch);
+BEGIN
+    PERFORM FROM queueworker.duty_locks WHERE duty = 'clean_key_state' FOR NO KEY UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH idle AS (
+        SELECT b.queue, b.key FROM queueworker.key_state b
+        WHERE coalesce(greatest(b.tokens_at, b.breaker_changed_at, b.last_success_at, b.last_failure_at),
+                       '-infinity'::timestamptz) < cutoff
+          AND b.key <> ''
+          AND NOT EXISTS (SELECT FROM queueworker.tasks_active t WHERE t.queue = b.queue AND t.key = b.key)
+          AND (b.tokens IS NULL OR NOT EXISTS (
+                  SELECT FROM queueworker.queues q
+                  LEFT JOIN queueworker.queue_keys k ON k.queue = q.name AND k.key = b.key
+                  WHERE q.name = b.queue
+                    AND coalesce(k.rate_per_second, q.key_rate_per_second) IS NOT NULL
+                    AND b.tokens + coalesce(k.rate_per_second, q.key_rate_per_second)
+                                   * extract(epoch FROM now() - b.tokens_at)
+                        < CASE WHEN k.rate_per_second IS NOT NULL THEN k.burst ELSE q.key_burst END))
+          AND (b.breaker_state = 'closed' OR NOT EXISTS (
+                  SELECT FROM queueworker.queues q
+                  WHERE q.name = b.queue AND q.key_breaker_cooldown_seconds IS NOT NULL
+                    AND now() < b.breaker_changed_at + make_interval(secs => q.key_breaker_cooldown_seconds)))
+        ORDER BY coalesce(greatest(b.tokens_at, b.breaker_changed_at, b.last_success_at, b.last_failure_at),
+                          '-infinity'::timestamptz)
+        LIMIT batch
+        FOR UPDATE OF b SKIP LOCKED
+    )
+    DELETE FROM queueworker.key_state b USING idle
+    WHERE b.queue = idle.queue AND b.key = idle.key
+    RETURNING b.queue;
+END
+$$;
+
 CREATE FUNCTION queueworker.clean_queue_events(retention_seconds double precision, batch integer) RETURNS SETOF bigint
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -2303,6 +2344,8 @@ CREATE INDEX cron_jobs_due ON queueworker.cron_jobs USING btree (next_slot) WHER
 
 CREATE INDEX key_state_breakers ON queueworker.key_state USING btree (queue, key) WHERE (breaker_state <> 'closed'::text);
 
+CREATE INDEX key_state_last_active ON queueworker.key_state USING btree (COALESCE(GREATEST(tokens_at, breaker_changed_at, last_success_at, last_failure_at), '-infinity'::timestamp with time zone));
+
 CREATE INDEX key_state_waiting ON queueworker.key_state USING btree (queue, next_token_at) WHERE (next_token_at IS NOT NULL);
 
 CREATE INDEX queue_events_at ON queueworker.queue_events USING btree (at);
@@ -2332,6 +2375,8 @@ CREATE INDEX task_dependencies_task ON queueworker.task_dependencies USING btree
 CREATE INDEX task_dependencies_uncounted ON queueworker.task_dependencies USING btree (task_id) WHERE (counted IS NULL);
 
 CREATE INDEX task_events_task ON queueworker.task_events USING btree (task_id, id);
+
+CREATE INDEX tasks_active_keys ON queueworker.tasks_active USING btree (queue, key) WHERE (key IS NOT NULL);
 
 CREATE INDEX tasks_run ON ONLY queueworker.tasks USING btree (run_id, run_partition) WHERE (run_id IS NOT NULL);
 
@@ -2436,6 +2481,8 @@ REVOKE ALL ON FUNCTION queueworker.audit_run() FROM PUBLIC;
 REVOKE ALL ON FUNCTION queueworker.clean_finished(retention_seconds double precision, batch integer) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION queueworker.clean_finished(lock_key bigint, retention_seconds double precision, batch integer) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION queueworker.clean_key_state(retention_seconds double precision, batch integer) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION queueworker.clean_queue_events(retention_seconds double precision, batch integer) FROM PUBLIC;
 
