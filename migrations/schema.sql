@@ -954,12 +954,13 @@ CREATE FUNCTION queueworker.key_breaker_next(queue_name text, state text, streak
                  CASE WHEN any_succeeded THEN failures ELSE streak + failures END AS now_streak) AS d
 $$;
 
-CREATE FUNCTION queueworker.key_capacity(queue_name text, sample integer, task_seconds double precision) RETURNS TABLE(key_slots bigint, keys_ready integer, keys_held integer)
+CREATE FUNCTION queueworker.key_capacity(queue_name text, sample integer, task_seconds double precision) RETURNS jsonb
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
     size integer;
+    capacity jsonb;
 BEGIN
     IF queue_name IS NULL OR sample IS NULL OR sample < 1
        OR task_seconds IS NOT NULL AND NOT (task_seconds >= 0 AND task_seconds < 'Infinity'::float8) THEN
@@ -967,7 +968,6 @@ BEGIN
                         'or more are needed' USING ERRCODE = '22023';
     END IF;
     size := least(sample, 100000);
-    RETURN QUERY
     WITH settings AS MATERIALIZED (
         SELECT q.name, q.key_rate_per_second, q.key_max_running, q.key_breaker_failures,
                q.key_breaker_cooldown_seconds
@@ -1025,12 +1025,15 @@ BEGIN
                END AS n
         FROM limited l
     )
-    SELECT CASE WHEN (SELECT count(*) FROM sampled) >= size AND NOT bool_or(s.n < s.wanted) THEN NULL
-                ELSE coalesce(sum(s.n), 0)::bigint END,
-           (count(*) FILTER (WHERE s.ready > 0))::integer,
-           (count(*) FILTER (WHERE s.ready > 0 AND s.held))::integer
+    SELECT jsonb_build_object(
+               'key_slots', CASE WHEN (SELECT count(*) FROM sampled) >= size AND NOT bool_or(s.n < s.wanted) THEN NULL
+                                 ELSE coalesce(sum(s.n), 0) END,
+               'keys_ready', count(*) FILTER (WHERE s.ready > 0),
+               'keys_held', count(*) FILTER (WHERE s.ready > 0 AND s.held))
+    INTO capacity
     FROM slots s
     HAVING EXISTS (SELECT FROM settings);
+    RETURN capacity;
 END
 $$;
 

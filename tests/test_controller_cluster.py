@@ -195,11 +195,13 @@ def test_a_retry_due_after_the_fleet_went_to_zero_brings_it_back(cluster: Cluste
     with psycopg.connect(dsn, autocommit=True) as conn:
         (task_id,) = conn.execute(
             "INSERT INTO queueworker.tasks (queue, task, payload, state, delayed, attempts, max_attempts, run_after) "
-            "VALUES ('jobs', 'qw.noop', '{}', 'retrying', false, 1, 3, now() + interval '8 s') RETURNING id").fetchone()
+            "VALUES ('jobs', 'qw.noop', '{}', 'retrying', false, 1, 3, now() + interval '1 hour') RETURNING id").fetchone()
     cluster.apply("comeback", worker_spec(maxReplicas=2))
-    cluster.wait_for(lambda: cluster.queueworker("comeback").get("status", {}).get("reason") == "Idle",
-                     timeout=30, message="idle at zero while the retry waits")
-    assert cluster.queueworker("comeback")["status"]["queueDepth"]["retrying"] == 1
+    status = cluster.wait_for(lambda: (status := cluster.queueworker("comeback").get("status", {})).get("reason")
+                              == "Idle" and status, timeout=30, message="idle at zero while the retry waits")
+    assert status["queueDepth"]["retrying"] == 1
+    with psycopg.connect(dsn, autocommit=True) as conn:  # its backoff ends (an update sends no NOTIFY)
+        conn.execute("UPDATE queueworker.tasks SET run_after = now() WHERE id = %s", (task_id,))
     cluster.wait_for(lambda: cluster.replicas("comeback") == 1, timeout=30, message="the due retry to activate")
     cluster.wait_for(lambda: task_report(dsn)["states"] == {"succeeded": 1}, timeout=60,
                      message=f"task {task_id} to run on the new pod")

@@ -332,14 +332,15 @@ def test_throughput_reads_a_bounded_sample_of_a_busy_database(dsn):
 
 def test_the_depth_statements_share_one_throughput_sample():
     """The sample of recent finishes is written out in the depth statement for each schema age: the
-    same text in all three, its size and window each stated twice (the LIMIT and the test of whether
+    same text in all of them, its size and window each stated twice (the LIMIT and the test of whether
     the sample filled; the window and the span of a sample that did not), and smaller than the
     flood test_throughput_reads_a_bounded_sample_of_a_busy_database writes."""
     import re
 
     from queueworker.db.depth import QUEUE_DEPTHS_BY_AGE
 
-    samples = {statement.text.partition("\nSELECT q.queue")[0] for statement in QUEUE_DEPTHS_BY_AGE}
+    end = "FROM recent\n)"  # the end of `sampled`, which `recent` leads up to
+    samples = {statement.text[:statement.text.index(end) + len(end)] for statement in QUEUE_DEPTHS_BY_AGE}
     assert len(samples) == 1, "the depth statements sample recent finishes differently"
     (sample,) = samples
     sizes = re.findall(r"LIMIT (\d+)|count\(\*\) < (\d+)", sample)

@@ -160,7 +160,7 @@ def test_every_path_that_makes_a_task_claimable_tags_it(dsn):
         enqueue_many(conn, [TaskSpec(task="t", queue=queue, key="b")] * (COPY_THRESHOLD + 1))  # the COPY path
         first, = enqueue_many(conn, [TaskSpec(task="t", queue=queue, key="c", dedupe_key="once")])  # enqueue_tasks
         enqueue_many(conn, [TaskSpec(task="t", queue=queue, key="d", depends_on=[first])])  # blocked
-        enqueue_many(conn, [TaskSpec(task="t", queue=queue, key="e", delay=0.01)])  # delayed
+        enqueue_many(conn, [TaskSpec(task="t", queue=queue, key="e", delay=1.0)])  # delayed
         assert untagged(dsn, queue) == 0
         claimed = statements.fetch(conn, CLAIM_FAIR, ClaimParams(queue=queue, limit=6, worker=me, lease_seconds=30,
                                                                  timeout_seconds=60))

@@ -25,14 +25,16 @@
 -- (`tasks_running_keys`) and one probe of each primary key per key met; not the number of keys.
 --
 -- SECURITY DEFINER, so the controller reads counts without the grants to read keys: it returns no
--- key, no payload, only the three counts. Granted to the controller and the operator
--- (docs/database-roles.sql), who may read every queue's depth; a queue that is not key-limited, or
--- unknown, gives no row. Arguments out of bounds are refused in one line (22023).
+-- key, no payload, only the three counts, as {"key_slots", "keys_ready", "keys_held"} (a scalar, so
+-- QUEUE_DEPTH calls it only for key-limited queues, in a CASE). Granted to the controller
+-- (docs/database-roles.sql), which may read every queue's depth; a queue that is not key-limited, or
+-- unknown, gives NULL. Arguments out of bounds are refused in one line (22023).
 CREATE OR REPLACE FUNCTION queueworker.key_capacity(queue_name text, sample integer, task_seconds float8)
-    RETURNS TABLE (key_slots bigint, keys_ready integer, keys_held integer)
+    RETURNS jsonb
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     size integer;
+    capacity jsonb;
 BEGIN
     IF queue_name IS NULL OR sample IS NULL OR sample < 1
        OR task_seconds IS NOT NULL AND NOT (task_seconds >= 0 AND task_seconds < 'Infinity'::float8) THEN
@@ -40,7 +42,6 @@ BEGIN
                         'or more are needed' USING ERRCODE = '22023';
     END IF;
     size := least(sample, 100000);
-    RETURN QUERY
     WITH settings AS MATERIALIZED (
         SELECT q.name, q.key_rate_per_second, q.key_max_running, q.key_breaker_failures,
                q.key_breaker_cooldown_seconds
@@ -98,12 +99,15 @@ BEGIN
                END AS n
         FROM limited l
     )
-    SELECT CASE WHEN (SELECT count(*) FROM sampled) >= size AND NOT bool_or(s.n < s.wanted) THEN NULL
-                ELSE coalesce(sum(s.n), 0)::bigint END,
-           (count(*) FILTER (WHERE s.ready > 0))::integer,
-           (count(*) FILTER (WHERE s.ready > 0 AND s.held))::integer
+    SELECT jsonb_build_object(
+               'key_slots', CASE WHEN (SELECT count(*) FROM sampled) >= size AND NOT bool_or(s.n < s.wanted) THEN NULL
+                                 ELSE coalesce(sum(s.n), 0) END,
+               'keys_ready', count(*) FILTER (WHERE s.ready > 0),
+               'keys_held', count(*) FILTER (WHERE s.ready > 0 AND s.held))
+    INTO capacity
     FROM slots s
     HAVING EXISTS (SELECT FROM settings);
+    RETURN capacity;
 END
 $$;
 REVOKE EXECUTE ON FUNCTION queueworker.key_capacity(text, integer, float8) FROM PUBLIC;

@@ -23,7 +23,7 @@
 -- rate, the mean duration of the queue's last 100 successes gives the slots it keeps busy
 -- (Little's law). Per-key limits (schema version 22): what the keys let run at once, and how many
 -- keys with tasks ready are held, from queueworker.key_capacity (migrations/functions/78_key_capacity.sql),
--- for key-limited queues only; it is given the same mean task duration for the keys' rates.
+-- called for key-limited queues only (in a CASE), with the same mean task duration for the keys' rates.
 WITH recent AS MATERIALIZED (
     SELECT queue, started_at, finished_at FROM queueworker.tasks
     WHERE %(throughput)s AND state IN ('succeeded', 'failed') AND started_at IS NOT NULL
@@ -56,25 +56,26 @@ SELECT q.queue, q.lookahead,
        t.finish_rate, t.recent_task_seconds,
        coalesce(f.paused, false) AS paused, coalesce(f.breaker_open, false) AS breaker_open,
        f.rate_per_second, f.max_running, f.mean_task_seconds,
-       coalesce(f.key_limited, false) AS key_limited, k.key_slots, coalesce(k.keys_ready, 0) AS keys_ready,
-       coalesce(k.keys_held, 0) AS keys_held
+       coalesce(f.key_limited, false) AS key_limited, (f.key_capacity ->> 'key_slots')::bigint AS key_slots,
+       coalesce((f.key_capacity ->> 'keys_ready')::integer, 0) AS keys_ready,
+       coalesce((f.key_capacity ->> 'keys_held')::integer, 0) AS keys_held
 FROM unnest(%(queues)s::text[], %(lookaheads)s::float8[]) AS q(queue, lookahead)
 LEFT JOIN LATERAL (
     SELECT count(*) / (SELECT seconds FROM sampled) AS finish_rate,
            avg(extract(epoch FROM r.finished_at - r.started_at))::float8 AS recent_task_seconds
     FROM recent r WHERE %(throughput)s AND r.queue = q.queue HAVING count(*) > 0) AS t ON true
 LEFT JOIN LATERAL (
-    SELECT l.paused_until > now() AS paused, l.breaker_state <> 'closed' AS breaker_open, l.rate_per_second,
-           l.max_running, l.key_limited,
-           CASE WHEN l.rate_per_second IS NOT NULL OR l.key_limited THEN (
-               SELECT avg(extract(epoch FROM d.finished_at - d.started_at))::float8
-               FROM (SELECT finished_at, started_at FROM queueworker.tasks
-                     WHERE state = 'succeeded' AND queue = l.name ORDER BY finished_at DESC LIMIT 100) AS d)
-           END AS mean_task_seconds
-    FROM queueworker.queues l WHERE l.name = q.queue AND l.limited) AS f ON true
-LEFT JOIN LATERAL (
-    SELECT * FROM queueworker.key_capacity(q.queue, least(%(cap)s, 100000)::integer, f.mean_task_seconds)
-    WHERE f.key_limited) AS k ON true;
+    SELECT m.*, CASE WHEN m.key_limited THEN queueworker.key_capacity(
+                    m.name, least(%(cap)s, 100000)::integer, m.mean_task_seconds) END AS key_capacity
+    FROM (SELECT l.name, l.paused_until > now() AS paused, l.breaker_state <> 'closed' AS breaker_open,
+                 l.rate_per_second, l.max_running, l.key_limited,
+                 CASE WHEN l.rate_per_second IS NOT NULL OR l.key_limited THEN (
+                     SELECT avg(extract(epoch FROM d.finished_at - d.started_at))::float8
+                     FROM (SELECT finished_at, started_at FROM queueworker.tasks
+                           WHERE state = 'succeeded' AND queue = l.name ORDER BY finished_at DESC LIMIT 100) AS d)
+                 END AS mean_task_seconds
+          FROM queueworker.queues l WHERE l.name = q.queue AND l.limited
+          OFFSET 0) AS m) AS f ON true;  -- OFFSET 0: the mean is computed once, not again for the call
 
 -- name: queue_depth_without_keys
 -- queue_depth against a schema of versions 9 to 21 (flow control, but no per-key breaker: the
