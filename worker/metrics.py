@@ -78,6 +78,9 @@ BREAKER_TRANSITIONS = Counter("queueworker_breaker_transitions_total",
 KEY_BREAKER_TRANSITIONS = Counter("queueworker_key_breaker_transitions_total",
                                   "State changes of per-key circuit breakers this worker's reports caused, by new "
                                   "state (no key label: the keys are unbounded)", ["queue", "to_state"])
+KEY_TASKS = Gauge("queueworker_key_tasks", "With --key-metrics N: tasks ready and running of the N keys of each keyed "
+                  "queue with the most tasks ready, as last read (key \"\": the tasks without a key)",
+                  ["queue", "key", "state"])
 KEY_BREAKERS_OPEN = Gauge("queueworker_key_breakers_open",
                           "Keys of a queue whose circuit breaker is open or half-open, as this worker last saw it",
                           ["queue"])

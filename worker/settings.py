@@ -114,6 +114,10 @@ class WorkerSettings(BaseModel):
     metrics_port: int | None = Field(default=None, ge=0, le=65535,
                                      description="serve Prometheus metrics on this port; unset: no metrics")
     metrics_address: BindAddress = Field(default="0.0.0.0", description="address the metrics server binds")
+    key_metrics: int = Field(
+        default=0, ge=0, le=100, description="export the N keys with the most tasks ready of each keyed queue this "
+                                             "worker serves (queueworker_key_tasks{queue,key,state}), read every "
+                                             "30 s; 0: no series per key, only aggregates")
     shutdown_seconds: PositiveSeconds | None = Field(
         default=None, description="from the first stop signal to exit: drain, release, flush and deregister "
                                   "share it; keep it below the pod's termination grace period; unset: drain + 5")

@@ -42,6 +42,7 @@ from .attempt import Attempt
 from .builtin_tasks import register_builtin_tasks
 from .cancels import CancelChecks
 from .cleaner import Cleaner
+from .key_metrics import KeyMetrics
 from .completer import BACKLOG_RESULT_BYTES, Completer
 from .cron import CronDuty
 from .flow import FlowControl
@@ -173,6 +174,7 @@ class Worker:
         self.cleaner = Cleaner(self._duty_conn, settings.retention_seconds, settings.watermark_retention_seconds,
                                settings.cleaner_interval_seconds)
         self.cron = CronDuty(self._duty_conn, schedule or Schedule(), listening=lambda: not self.listener.polling)
+        self.key_metrics = KeyMetrics(self._duty_conn, lambda: self.flow.keyed, settings.key_metrics)
         self.cancels = CancelChecks(self._duty_conn, self._runs, self._running_keys, self._cancelled_task)
         self.listener = Listener(dsn, self._duty_conn, settings.queues, self._wake_at, str(self.identity.id),
                                  self.cancels.hint, self.flow.settings_changed, self.cron.changed,
@@ -277,6 +279,8 @@ class Worker:
         if self.settings.retention_seconds or self.settings.watermark_retention_seconds:
             duties.append(("clean", self.cleaner.step, {"first_delay": self.settings.cleaner_interval_seconds,
                                                         "jitter": 0.2}))
+        if self.settings.key_metrics:
+            duties.append(("key-metrics", self.key_metrics.step, {"first_delay": 1.0, "jitter": 0.2}))
         return duties
 
     def request_stop(self, exit_code: int = 0) -> None:
