@@ -210,7 +210,9 @@ class DutyConnection:
         With `lock`, that statement runs first, in one transaction with `statement`, which then
         starts once the lock is held, so its snapshot sees whatever the previous holder committed. A
         lock taken inside the statement itself would not: it would go on reading from the snapshot
-        it took before waiting."""
+        it took before waiting. Both are sent at once and committed by the server without waiting
+        for the client (statements.fetch_after_lock_async): the lock is held for the server's work
+        alone, never across a round trip."""
         return await self._within_deadline(timeout, statement, params, lock)
 
     async def execute(self, statement: Statement[P, Any], params: P, *,
@@ -262,9 +264,7 @@ class DutyConnection:
             try:
                 if lock is None:
                     return await run_statement(conn, statement, params)
-                async with conn.transaction():
-                    await statements.execute_async(conn, lock.statement, lock.params, prepare=None)
-                    return await run_statement(conn, statement, params)
+                return await statements.fetch_after_lock_async(conn, lock, statement, params, prepare=None)
             except psycopg.Error as exc:
                 if conn.broken or conn.closed:
                     await self._discard()

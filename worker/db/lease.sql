@@ -361,13 +361,15 @@ WITH settings AS MATERIALIZED (
            CASE WHEN c.rate IS NOT NULL
                 THEN least(c.burst, coalesce(c.tokens + c.rate * extract(epoch FROM now() - c.tokens_at), c.burst))
            END AS level,
-           c.max_running - coalesce((SELECT r.n FROM running r WHERE r.key = c.key), 0) AS slots
+           c.max_running - c.running AS slots
     FROM (SELECT d.key, coalesce(k.paused_until > now(), false) AS paused,
                  coalesce(k.rate_per_second, a.key_rate_per_second) AS rate,
                  CASE WHEN k.rate_per_second IS NOT NULL THEN k.burst ELSE a.key_burst END AS burst,
-                 coalesce(k.max_running, a.key_max_running) AS max_running, b.tokens, b.tokens_at,
+                 coalesce(k.max_running, a.key_max_running) AS max_running, coalesce(r.n, 0) AS running,
+                 b.tokens, b.tokens_at,
                  coalesce(a.key_breaker_failures IS NOT NULL AND b.breaker_state <> 'closed', false) AS probe
           FROM (SELECT DISTINCT key FROM candidates) AS d
+          LEFT JOIN running r ON r.key = d.key
           CROSS JOIN allowance a
           LEFT JOIN LATERAL (SELECT * FROM queueworker.queue_keys k
                              WHERE k.queue = %(queue)s AND k.key = d.key LIMIT 1) AS k ON true
