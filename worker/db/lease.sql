@@ -113,7 +113,11 @@ SELECT FROM queueworker.queues WHERE name = %(queue)s FOR NO KEY UPDATE;
 -- `lock_queue` for a key-limited queue (migration 021), before `claim_keys`: locks the queue's row
 -- and ends the key pauses whose time has passed (queueworker.lock_key_limited_queue,
 -- migrations/functions/76_key_limits.sql); `true`: this claim knows per-key breakers (migration 022).
-SELECT queueworker.lock_key_limited_queue(%(queue)s, true);
+-- The `claim_keys` that follows in the same transaction is planned once per connection, not for
+-- each claim (`plan_cache_mode`, for this transaction only; the session forces custom plans): its
+-- planning took about 2 ms, all of it under the lock that serialises the queue's claims, and its
+-- generic plan reads the same buffers as a custom one (the scans are all bounded by its LIMITs).
+SELECT queueworker.lock_key_limited_queue(%(queue)s, true), set_config('plan_cache_mode', 'force_generic_plan', true);
 
 -- name: claim_limited
 -- The claim of a queue with flow control, after `lock_queue` in the same transaction. Its row is

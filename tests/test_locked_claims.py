@@ -1,0 +1,84 @@
+"""Claims under a queue's row lock (docs/flow-control.md, "How it is enforced"): the lock serialises
+every claim of a limited queue, so what runs under it is kept to the server's own work."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import psycopg
+
+from queueworker import enqueue_many
+from queueworker.client import operations
+from queueworker.db import statements
+from queueworker.db.connection import DutyConnection, connect
+from queueworker.db.lease import CLAIM_KEYS, LOCK_KEYS, KeyClaimParams, LockQueueParams
+from queueworker.db.statements import Bound
+from tests.support import scalar, until, wait_until
+
+LOCK = Bound(LOCK_KEYS, LockQueueParams(queue="q"))
+
+
+def key_limited_queue(dsn: str, tasks: int) -> KeyClaimParams:
+    """A key-limited queue "q" with `tasks` tasks over 5 keys, and the parameters of a claim of 10."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        operations.set_limits(conn, "q", per_key_rate_per_second=1000, per_key_burst=1000, per_key_max_running=100)
+        enqueue_many(conn, [{"task": "t", "queue": "q", "key": f"k{n % 5}"} for n in range(tasks)])
+    return KeyClaimParams(queue="q", limit=10, worker=uuid.uuid4(), lease_seconds=30, timeout_seconds=60,
+                          held_keys=[])
+
+
+def test_a_claim_commits_once_granted_the_lock_without_a_word_more_from_its_worker(dsn):
+    """The lock and the claim go out together and commit at one Sync: once the queue's row is
+    granted, the server claims and commits with nothing more from the worker, so the lock is never
+    held across a round trip to it. The test holds the row, lets a claim wait for it, then stops
+    the claim's event loop (only blocking calls from there: the claim's client can neither read nor
+    send) and lets the row go: the claim's tasks must be running, committed, meanwhile. A claim
+    that waited for its worker between the lock and the claim (or the commit) would hold the row
+    and commit nothing until the loop ran again."""
+    params = key_limited_queue(dsn, 20)
+
+    async def scenario() -> int:
+        holder = psycopg.connect(dsn)
+        claimer = DutyConnection(dsn, "test-claimer")
+        try:
+            holder.execute("SELECT FROM queueworker.queues WHERE name = 'q' FOR NO KEY UPDATE")
+            claim = asyncio.create_task(claimer.fetch(CLAIM_KEYS, params, lock=LOCK))
+            await until(lambda: scalar(dsn, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                                            " AND application_name = 'test-claimer'"),
+                        10, "the claim to wait for the queue's row")
+            # From here nothing awaits until the claim has committed: the claimer's loop is stopped.
+            holder.commit()
+            wait_until(lambda: scalar(dsn, "SELECT count(*) FROM queueworker.tasks WHERE state = 'running'") == 10,
+                       timeout=10, message="the claim to commit while its worker's loop is stopped")
+            return len(await claim)
+        finally:
+            holder.close()
+            await claimer.close()
+
+    assert asyncio.run(scenario()) == 10
+
+
+def test_a_key_limited_claim_is_planned_once_per_connection(dsn):
+    """The claim of a key-limited queue runs under the queue's lock, and planned for its parameters
+    it spent about 2 ms there each time: it is planned once per connection (a generic plan, kept
+    with the prepared statement), though the worker's sessions force custom plans for every other
+    statement."""
+    params = key_limited_queue(dsn, 50)
+
+    async def claims() -> list[tuple[int, int]]:
+        conn = await connect(dsn, "test-claimer", prepare=True)
+        try:
+            for _ in range(4):
+                async with conn.transaction():
+                    await statements.execute_async(conn, LOCK.statement, LOCK.params, prepare=None)
+                    assert len(await statements.fetch_async(conn, CLAIM_KEYS, params, prepare=None)) == 10
+            cursor = await conn.execute("SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+                                        " WHERE statement LIKE '%%charged_keys AS%%'")  # CLAIM_KEYS, as sent
+            return await cursor.fetchall()
+        finally:
+            await conn.close()
+
+    [(generic, custom)] = asyncio.run(claims())
+    assert custom == 0
+    assert generic >= 1
