@@ -43,7 +43,9 @@ def session_settings(**settings: object) -> str:
 # Keep a stuck server from hanging a worker, and never leave a transaction open while idle.
 STATEMENT_TIMEOUT_SECONDS = 30
 # A prepared statement is still planned for its parameters every time: a generic claim plan read
-# twice the buffers and ran 5x slower when it was forced, so Postgres is not left to pick one.
+# twice the buffers and ran 5x slower when it was forced, so Postgres is not left to pick one. The
+# claim of a key-limited queue is the exception: its lock statement asks for a generic plan for
+# its transaction (lease.sql, `lock_keys`), since its planning ran under the queue's lock.
 SESSION_SETTINGS = session_settings(statement_timeout=STATEMENT_TIMEOUT_SECONDS * 1000,
                                     idle_in_transaction_session_timeout=60000, plan_cache_mode="force_custom_plan")
 CONNECT_TIMEOUT = 10

@@ -288,10 +288,13 @@ FROM claimed;
 -- settings and its bucket (`keys`: one probe of each primary key, the LIMITs keep the planner from
 -- reading all the queue's rows instead; a key without a `key_state` row has a full bucket) and allowed
 -- the least of its cap less its running tasks and its whole tokens; `ranked` keeps that many of its
--- tasks, in line; `chosen` the first `limit` of those the queue allows. `locked` skips a row
--- someone else holds (a cancel). Claimed tasks keep their tag negated (`claim_fair`). The buckets of
--- the keys claimed from are charged in `charged_keys` (`next_token_at`: when the key has a whole
--- token again, NULL while it has one), the queue's in `charged`.
+-- tasks, in line; `chosen` the first `limit` of those the queue allows. A queue none of whose keys
+-- has a setting of its own (`queues.key_limits` false, kept with `queue_keys` in the same
+-- transaction by migrations/functions/76_key_limits.sql) is not probed for keys' settings at all:
+-- the defaults apply. `locked` skips a row someone else holds (a cancel). Claimed tasks keep their
+-- tag negated (`claim_fair`). The buckets of the keys claimed from are charged in `charged_keys`
+-- (`next_token_at`: when the key has a whole token again, NULL while it has one), the queue's in
+-- `charged`, which leaves the queue's row alone when it has neither a rate nor an open breaker.
 --
 -- With a per-key breaker (migration 022), a key whose breaker is not closed is held until its
 -- cooldown has passed since it opened (or since its probe was claimed: a probe lost without an
@@ -306,7 +309,7 @@ WITH settings AS MATERIALIZED (
     FOR NO KEY UPDATE
 ), allowance AS MATERIALIZED (
     SELECT s.name, s.level, s.breaker_state, s.key_rate_per_second, s.key_burst, s.key_max_running,
-           s.key_breaker_failures, s.key_breaker_cooldown_seconds,
+           s.key_breaker_failures, s.key_breaker_cooldown_seconds, s.key_limits,
            CASE WHEN s.paused_until > now() THEN 0
                 WHEN s.breaker_state <> 'closed'
                      AND now() < s.breaker_changed_at + make_interval(secs => s.breaker_cooldown_seconds) THEN 0
@@ -329,8 +332,9 @@ WITH settings AS MATERIALIZED (
     WHERE k.queue = %(queue)s AND k.paused_until IS NOT NULL AND k.paused_until > now()
     UNION
     SELECT r.key FROM running r CROSS JOIN allowance a
-    WHERE r.n >= coalesce((SELECT k.max_running FROM queueworker.queue_keys k
-                           WHERE k.queue = %(queue)s AND k.key = r.key), a.key_max_running)
+    WHERE r.n >= coalesce(CASE WHEN a.key_limits THEN (SELECT k.max_running FROM queueworker.queue_keys k
+                                                       WHERE k.queue = %(queue)s AND k.key = r.key) END,
+                          a.key_max_running)
     UNION
     SELECT b.key FROM queueworker.key_state b
     WHERE b.queue = %(queue)s AND b.next_token_at IS NOT NULL AND b.next_token_at > now()
@@ -376,7 +380,7 @@ WITH settings AS MATERIALIZED (
           LEFT JOIN running r ON r.key = d.key
           CROSS JOIN allowance a
           LEFT JOIN LATERAL (SELECT * FROM queueworker.queue_keys k
-                             WHERE k.queue = %(queue)s AND k.key = d.key LIMIT 1) AS k ON true
+                             WHERE a.key_limits AND k.queue = %(queue)s AND k.key = d.key LIMIT 1) AS k ON true
           LEFT JOIN LATERAL (SELECT * FROM queueworker.key_state b
                              WHERE b.queue = %(queue)s AND b.key = d.key LIMIT 1) AS b ON true) AS c
 ), ranked AS (
@@ -436,7 +440,7 @@ WITH settings AS MATERIALIZED (
                              THEN 'half_open' ELSE q.breaker_state END,
         breaker_changed_at = CASE WHEN a.breaker_state <> 'closed' AND EXISTS (SELECT FROM claimed)
                                   THEN now() ELSE q.breaker_changed_at END
-    FROM allowance a WHERE q.name = a.name
+    FROM allowance a WHERE q.name = a.name AND (a.level IS NOT NULL OR a.breaker_state <> 'closed')
 )
 SELECT id, queue, task, payload_json, attempts, max_attempts, lease_token, seconds_to_deadline, run_json,
        checkpoint_json, headers_json, key
