@@ -7,6 +7,7 @@ import asyncio
 import uuid
 
 import psycopg
+import pytest
 
 from queueworker import enqueue_many
 from queueworker.client import operations
@@ -15,6 +16,8 @@ from queueworker.db.connection import DutyConnection, connect
 from queueworker.db.lease import CLAIM_KEYS, LOCK_KEYS, KeyClaimParams, LockQueueParams
 from queueworker.db.statements import Bound
 from tests.support import scalar, until, wait_until
+
+pytestmark = pytest.mark.integration
 
 LOCK = Bound(LOCK_KEYS, LockQueueParams(queue="q"))
 
@@ -103,3 +106,24 @@ def test_a_claim_with_per_key_defaults_alone_reads_no_key_settings_and_writes_no
     assert [node["Actual Loops"] for node in key_settings] == [0] * len(key_settings)
     assert scalar(dsn, "SELECT count(*) FROM queueworker.tasks WHERE state = 'running'") == 10
     assert scalar(dsn, "SELECT xmin::text FROM queueworker.queues WHERE name = 'q'") == before
+
+
+def test_claims_under_the_lock_go_through_pgbouncer_in_transaction_pooling(pgbouncer_dsn, dsn):
+    """The lock and the claim end at one Sync, which is where PgBouncer in transaction pooling
+    gives the server connection back: each claim is one transaction on one server connection, and
+    the claims see each other's tasks (the keys' caps hold across them)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        operations.set_limits(conn, "q", per_key_max_running=2)
+        enqueue_many(conn, [{"task": "t", "queue": "q", "key": f"k{n % 5}"} for n in range(50)])
+    params = KeyClaimParams(queue="q", limit=4, worker=uuid.uuid4(), lease_seconds=30, timeout_seconds=60,
+                            held_keys=[])
+
+    async def claims() -> list[int]:
+        claimer = DutyConnection(pgbouncer_dsn, "test-claimer")
+        try:
+            return [len(await claimer.fetch(CLAIM_KEYS, params, lock=LOCK)) for _ in range(4)]
+        finally:
+            await claimer.close()
+
+    assert asyncio.run(claims()) == [4, 4, 2, 0]
+    assert scalar(dsn, "SELECT count(*) FROM queueworker.tasks WHERE state = 'running'") == 10
