@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from typing import NamedTuple
 
 import psycopg
 import pytest
@@ -14,8 +15,8 @@ from queueworker.client import operations
 from queueworker.db import statements
 from queueworker.db.connection import DutyConnection, connect
 from queueworker.db.lease import CLAIM_KEYS, LOCK_KEYS, KeyClaimParams, LockQueueParams
-from queueworker.db.statements import Bound
-from tests.support import scalar, until, wait_until
+from queueworker.db.statements import NO_PARAMS, Bound, NoParams, Statement
+from tests.support import query, scalar, until, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -29,6 +30,32 @@ def key_limited_queue(dsn: str, tasks: int) -> KeyClaimParams:
         enqueue_many(conn, [{"task": "t", "queue": "q", "key": f"k{n % 5}"} for n in range(tasks)])
     return KeyClaimParams(queue="q", limit=10, worker=uuid.uuid4(), lease_seconds=30, timeout_seconds=60,
                           held_keys=[])
+
+
+class TransactionRow(NamedTuple):
+    transaction: int
+
+
+# Logs the transaction it runs in (a test's own statement, sent as the lock and the claim are).
+LOGGED = Statement("test.logged", "INSERT INTO lock_log VALUES (txid_current()) RETURNING transaction",
+                   NoParams, TransactionRow)
+
+
+def test_the_lock_and_what_it_guards_run_in_one_transaction(dsn):
+    """Sent together, the two statements are one transaction, so the lock is held until the
+    claim's commit (a Sync between them would commit the lock, and release it, first)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE lock_log (transaction bigint)")
+
+    async def both_logged() -> list[TransactionRow]:
+        conn = await connect(dsn, "test-claimer")
+        try:
+            return await statements.fetch_after_lock_async(conn, Bound(LOGGED, NO_PARAMS), LOGGED, NO_PARAMS)
+        finally:
+            await conn.close()
+
+    [claim] = asyncio.run(both_logged())
+    assert query(dsn, "SELECT transaction FROM lock_log") == [(claim.transaction,)] * 2
 
 
 def test_a_claim_commits_once_granted_the_lock_without_a_word_more_from_its_worker(dsn):

@@ -263,9 +263,10 @@ async def fetch_after_lock_async(conn: psycopg.AsyncConnection[Any], lock: Bound
     """Runs `lock`, then `statement`, as one transaction sent at once, and returns the statement's
     rows. Both go out in pipeline mode before one Sync, on an autocommit connection: Postgres runs
     them as one implicit transaction, committed at the Sync (rolled back if either fails), and
-    `statement` starts only once `lock` has returned, with a snapshot of its own taken then. So the
-    lock is held only while the server works: no round trip to the client, no parsing of the next
-    message by Python, runs under it."""
+    `statement` starts only once `lock` has returned, with a snapshot of its own taken then. So no
+    round trip to the client runs under the lock: `statement` goes out right behind `lock`, without
+    waiting for its answer, and the commit needs nothing more from the client (a lock granted at
+    once may still wait the moment the client takes to send `statement`)."""
     if not conn.autocommit:
         raise TypeError("fetch_after_lock_async needs an autocommit connection (its Sync is the commit)")
     async with conn.pipeline():
