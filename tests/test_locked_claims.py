@@ -118,17 +118,31 @@ def plan_nodes(node: dict) -> list[dict]:
     return [node, *(found for child in node.get("Plans", ()) for found in plan_nodes(child))]
 
 
+def explained_claim(dsn: str, params: KeyClaimParams) -> list[dict]:
+    """The nodes of a claim's plan, run under the lock (EXPLAIN ANALYZE: it claims)."""
+    with psycopg.connect(dsn) as conn:
+        statements.execute(conn, LOCK.statement, LOCK.params)
+        [[plan]] = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + CLAIM_KEYS.text, CLAIM_KEYS.bind(params)).fetchall()
+        conn.commit()
+    return plan_nodes(plan[0]["Plan"])
+
+
+def test_a_claim_counts_the_running_tasks_per_key_once_not_once_per_key(dsn):
+    """The running tasks per key are read once per claim and joined to the keys met: looked up
+    for each key instead, the claim scanned all of them once per key under the lock."""
+    params = key_limited_queue(dsn, 100)
+    explained_claim(dsn, params)  # tasks of every key running
+    scans = [node["Actual Loops"] for node in explained_claim(dsn, params) if node.get("CTE Name") == "running"]
+    assert scans and max(scans) == 1
+
+
 def test_a_claim_with_per_key_defaults_alone_reads_no_key_settings_and_writes_nothing_to_the_queue(dsn):
     """Under the lock, a claim of a queue whose keys have no settings of their own (defaults only)
     probes no key for settings it cannot have, and leaves the queue's row as it was when the queue
     has neither a rate nor a breaker of its own (a key's own cap still binds: tests/test_key_limits.py)."""
     params = key_limited_queue(dsn, 50)
     before = scalar(dsn, "SELECT xmin::text FROM queueworker.queues WHERE name = 'q'")
-    with psycopg.connect(dsn) as conn:
-        statements.execute(conn, LOCK.statement, LOCK.params)
-        [[plan]] = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + CLAIM_KEYS.text, CLAIM_KEYS.bind(params)).fetchall()
-        conn.commit()
-    key_settings = [node for node in plan_nodes(plan[0]["Plan"]) if node.get("Index Name") == "queue_keys_pkey"]
+    key_settings = [node for node in explained_claim(dsn, params) if node.get("Index Name") == "queue_keys_pkey"]
     assert key_settings, "the claim can read keys' own settings"
     assert [node["Actual Loops"] for node in key_settings] == [0] * len(key_settings)
     assert scalar(dsn, "SELECT count(*) FROM queueworker.tasks WHERE state = 'running'") == 10
