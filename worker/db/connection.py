@@ -43,7 +43,9 @@ def session_settings(**settings: object) -> str:
 # Keep a stuck server from hanging a worker, and never leave a transaction open while idle.
 STATEMENT_TIMEOUT_SECONDS = 30
 # A prepared statement is still planned for its parameters every time: a generic claim plan read
-# twice the buffers and ran 5x slower when it was forced, so Postgres is not left to pick one.
+# twice the buffers and ran 5x slower when it was forced, so Postgres is not left to pick one. The
+# claim of a key-limited queue is the exception: its lock statement asks for a generic plan for
+# its transaction (lease.sql, `lock_keys`), since its planning ran under the queue's lock.
 SESSION_SETTINGS = session_settings(statement_timeout=STATEMENT_TIMEOUT_SECONDS * 1000,
                                     idle_in_transaction_session_timeout=60000, plan_cache_mode="force_custom_plan")
 CONNECT_TIMEOUT = 10
@@ -210,7 +212,9 @@ class DutyConnection:
         With `lock`, that statement runs first, in one transaction with `statement`, which then
         starts once the lock is held, so its snapshot sees whatever the previous holder committed. A
         lock taken inside the statement itself would not: it would go on reading from the snapshot
-        it took before waiting."""
+        it took before waiting. Both are sent at once and committed by the server without waiting
+        for the client (statements.fetch_after_lock_async): the lock is held for the server's work
+        alone, never across a round trip."""
         return await self._within_deadline(timeout, statement, params, lock)
 
     async def execute(self, statement: Statement[P, Any], params: P, *,
@@ -262,9 +266,7 @@ class DutyConnection:
             try:
                 if lock is None:
                     return await run_statement(conn, statement, params)
-                async with conn.transaction():
-                    await statements.execute_async(conn, lock.statement, lock.params, prepare=None)
-                    return await run_statement(conn, statement, params)
+                return await statements.fetch_after_lock_async(conn, lock, statement, params, prepare=None)
             except psycopg.Error as exc:
                 if conn.broken or conn.closed:
                     await self._discard()

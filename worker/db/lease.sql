@@ -113,7 +113,11 @@ SELECT FROM queueworker.queues WHERE name = %(queue)s FOR NO KEY UPDATE;
 -- `lock_queue` for a key-limited queue (migration 021), before `claim_keys`: locks the queue's row
 -- and ends the key pauses whose time has passed (queueworker.lock_key_limited_queue,
 -- migrations/functions/76_key_limits.sql); `true`: this claim knows per-key breakers (migration 022).
-SELECT queueworker.lock_key_limited_queue(%(queue)s, true);
+-- The `claim_keys` that follows in the same transaction is planned once per connection, not for
+-- each claim (`plan_cache_mode`, for this transaction only; the session forces custom plans): its
+-- planning took about 2 ms, all of it under the lock that serialises the queue's claims, and its
+-- generic plan reads the same buffers as a custom one (the scans are all bounded by its LIMITs).
+SELECT queueworker.lock_key_limited_queue(%(queue)s, true), set_config('plan_cache_mode', 'force_generic_plan', true);
 
 -- name: claim_limited
 -- The claim of a queue with flow control, after `lock_queue` in the same transaction. Its row is
@@ -284,10 +288,13 @@ FROM claimed;
 -- settings and its bucket (`keys`: one probe of each primary key, the LIMITs keep the planner from
 -- reading all the queue's rows instead; a key without a `key_state` row has a full bucket) and allowed
 -- the least of its cap less its running tasks and its whole tokens; `ranked` keeps that many of its
--- tasks, in line; `chosen` the first `limit` of those the queue allows. `locked` skips a row
--- someone else holds (a cancel). Claimed tasks keep their tag negated (`claim_fair`). The buckets of
--- the keys claimed from are charged in `charged_keys` (`next_token_at`: when the key has a whole
--- token again, NULL while it has one), the queue's in `charged`.
+-- tasks, in line; `chosen` the first `limit` of those the queue allows. A queue none of whose keys
+-- has a setting of its own (`queues.key_limits` false, kept with `queue_keys` in the same
+-- transaction by migrations/functions/76_key_limits.sql) is not probed for keys' settings at all:
+-- the defaults apply. `locked` skips a row someone else holds (a cancel). Claimed tasks keep their
+-- tag negated (`claim_fair`). The buckets of the keys claimed from are charged in `charged_keys`
+-- (`next_token_at`: when the key has a whole token again, NULL while it has one), the queue's in
+-- `charged`, which leaves the queue's row alone when it has neither a rate nor an open breaker.
 --
 -- With a per-key breaker (migration 022), a key whose breaker is not closed is held until its
 -- cooldown has passed since it opened (or since its probe was claimed: a probe lost without an
@@ -302,7 +309,7 @@ WITH settings AS MATERIALIZED (
     FOR NO KEY UPDATE
 ), allowance AS MATERIALIZED (
     SELECT s.name, s.level, s.breaker_state, s.key_rate_per_second, s.key_burst, s.key_max_running,
-           s.key_breaker_failures, s.key_breaker_cooldown_seconds,
+           s.key_breaker_failures, s.key_breaker_cooldown_seconds, s.key_limits,
            CASE WHEN s.paused_until > now() THEN 0
                 WHEN s.breaker_state <> 'closed'
                      AND now() < s.breaker_changed_at + make_interval(secs => s.breaker_cooldown_seconds) THEN 0
@@ -325,8 +332,9 @@ WITH settings AS MATERIALIZED (
     WHERE k.queue = %(queue)s AND k.paused_until IS NOT NULL AND k.paused_until > now()
     UNION
     SELECT r.key FROM running r CROSS JOIN allowance a
-    WHERE r.n >= coalesce((SELECT k.max_running FROM queueworker.queue_keys k
-                           WHERE k.queue = %(queue)s AND k.key = r.key), a.key_max_running)
+    WHERE r.n >= coalesce(CASE WHEN a.key_limits THEN (SELECT k.max_running FROM queueworker.queue_keys k
+                                                       WHERE k.queue = %(queue)s AND k.key = r.key) END,
+                          a.key_max_running)
     UNION
     SELECT b.key FROM queueworker.key_state b
     WHERE b.queue = %(queue)s AND b.next_token_at IS NOT NULL AND b.next_token_at > now()
@@ -361,16 +369,18 @@ WITH settings AS MATERIALIZED (
            CASE WHEN c.rate IS NOT NULL
                 THEN least(c.burst, coalesce(c.tokens + c.rate * extract(epoch FROM now() - c.tokens_at), c.burst))
            END AS level,
-           c.max_running - coalesce((SELECT r.n FROM running r WHERE r.key = c.key), 0) AS slots
+           c.max_running - c.running AS slots
     FROM (SELECT d.key, coalesce(k.paused_until > now(), false) AS paused,
                  coalesce(k.rate_per_second, a.key_rate_per_second) AS rate,
                  CASE WHEN k.rate_per_second IS NOT NULL THEN k.burst ELSE a.key_burst END AS burst,
-                 coalesce(k.max_running, a.key_max_running) AS max_running, b.tokens, b.tokens_at,
+                 coalesce(k.max_running, a.key_max_running) AS max_running, coalesce(r.n, 0) AS running,
+                 b.tokens, b.tokens_at,
                  coalesce(a.key_breaker_failures IS NOT NULL AND b.breaker_state <> 'closed', false) AS probe
           FROM (SELECT DISTINCT key FROM candidates) AS d
+          LEFT JOIN running r ON r.key = d.key
           CROSS JOIN allowance a
           LEFT JOIN LATERAL (SELECT * FROM queueworker.queue_keys k
-                             WHERE k.queue = %(queue)s AND k.key = d.key LIMIT 1) AS k ON true
+                             WHERE a.key_limits AND k.queue = %(queue)s AND k.key = d.key LIMIT 1) AS k ON true
           LEFT JOIN LATERAL (SELECT * FROM queueworker.key_state b
                              WHERE b.queue = %(queue)s AND b.key = d.key LIMIT 1) AS b ON true) AS c
 ), ranked AS (
@@ -430,7 +440,7 @@ WITH settings AS MATERIALIZED (
                              THEN 'half_open' ELSE q.breaker_state END,
         breaker_changed_at = CASE WHEN a.breaker_state <> 'closed' AND EXISTS (SELECT FROM claimed)
                                   THEN now() ELSE q.breaker_changed_at END
-    FROM allowance a WHERE q.name = a.name
+    FROM allowance a WHERE q.name = a.name AND (a.level IS NOT NULL OR a.breaker_state <> 'closed')
 )
 SELECT id, queue, task, payload_json, attempts, max_attempts, lease_token, seconds_to_deadline, run_json,
        checkpoint_json, headers_json, key

@@ -258,6 +258,24 @@ async def copy_rows_async(conn: psycopg.AsyncConnection[Any], statement: Stateme
             await copy.write_row(row)
 
 
+async def fetch_after_lock_async(conn: psycopg.AsyncConnection[Any], lock: Bound[Any], statement: Statement[P, R],
+                                 params: P, *, prepare: bool | None = False) -> list[R]:
+    """Runs `lock`, then `statement`, as one transaction sent at once, and returns the statement's
+    rows. Both go out in pipeline mode before one Sync, on an autocommit connection: Postgres runs
+    them as one implicit transaction, committed at the Sync (rolled back if either fails), and
+    `statement` starts only once `lock` has returned, with a snapshot of its own taken then. So no
+    round trip to the client runs under the lock: `statement` goes out right behind `lock`, without
+    waiting for its answer, and the commit needs nothing more from the client (a lock granted at
+    once may still wait the moment the client takes to send `statement`)."""
+    if not conn.autocommit:
+        raise TypeError("fetch_after_lock_async needs an autocommit connection (its Sync is the commit)")
+    async with conn.pipeline():
+        await conn.execute(lock.statement.text, lock.statement.bind(lock.params), prepare=prepare)
+        cursor = conn.cursor(row_factory=typed_rows(_rows_of(statement)))
+        await cursor.execute(statement.text, statement.bind(params), prepare=prepare)
+    return await cursor.fetchall()
+
+
 class Bound(NamedTuple, Generic[P]):
     """A statement with its parameters, for a caller that runs it later (a lock to take first)."""
 
