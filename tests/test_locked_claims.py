@@ -14,7 +14,7 @@ from queueworker import enqueue_many
 from queueworker.client import operations
 from queueworker.db import statements
 from queueworker.db.connection import DutyConnection, connect
-from queueworker.db.lease import CLAIM_KEYS, LOCK_KEYS, KeyClaimParams, LockQueueParams
+from queueworker.db.lease import CLAIM_KEYS, LOCK_KEYS, LOCK_QUEUE, KeyClaimParams, LockQueueParams
 from queueworker.db.statements import NO_PARAMS, Bound, NoParams, Statement
 from tests.support import query, scalar, until, wait_until
 
@@ -56,6 +56,34 @@ def test_the_lock_and_what_it_guards_run_in_one_transaction(dsn):
 
     [claim] = asyncio.run(both_logged())
     assert query(dsn, "SELECT transaction FROM lock_log") == [(claim.transaction,)] * 2
+
+
+class SettingRow(NamedTuple):
+    synchronous_commit: str
+
+
+SYNCHRONOUS_COMMIT = Statement("test.synchronous_commit", "SELECT current_setting('synchronous_commit') "
+                               "AS synchronous_commit", NoParams, SettingRow)
+
+
+@pytest.mark.parametrize("lock", [LOCK_QUEUE, LOCK_KEYS])
+def test_a_claim_under_the_lock_commits_durably_on_a_claim_connection_that_does_not(dsn, lock):
+    """The claim connection commits without waiting for the disk (--async-claim-commit), but a claim
+    under a queue's lock commits durably: its limits count what it wrote, and a claim a crash lost
+    would have started tasks nobody counts. The setting is the transaction's own: the session's
+    next statement is asynchronous again."""
+    key_limited_queue(dsn, 1)
+
+    async def settings() -> tuple[str, str, str]:
+        claimer = DutyConnection(dsn, "test-claimer", durable_commits=False)  # as a worker's claim connection
+        try:
+            [before] = await claimer.fetch(SYNCHRONOUS_COMMIT, NO_PARAMS)
+            [under] = await claimer.fetch(SYNCHRONOUS_COMMIT, NO_PARAMS, lock=Bound(lock, LockQueueParams(queue="q")))
+            [after] = await claimer.fetch(SYNCHRONOUS_COMMIT, NO_PARAMS)
+            return before.synchronous_commit, under.synchronous_commit, after.synchronous_commit
+        finally:
+            await claimer.close()
+    assert asyncio.run(settings()) == ("off", "on", "off")
 
 
 def test_a_claim_commits_once_granted_the_lock_without_a_word_more_from_its_worker(dsn):

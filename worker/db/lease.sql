@@ -107,7 +107,11 @@ FROM claimed;
 -- be a statement of its own: in READ COMMITTED a statement reads from a snapshot taken when it
 -- starts, so a claim that waited for the row inside its own statement would count the running tasks
 -- as they were before the claim it waited for (two claimers would each fill the whole cap).
-SELECT FROM queueworker.queues WHERE name = %(queue)s FOR NO KEY UPDATE;
+-- The claim commits durably (`synchronous_commit`, for this transaction only), whatever
+-- --async-claim-commit says: a claim a Postgres crash lost would take the tokens it charged and
+-- the running tasks it counted with it, while its worker runs them, and the limits would no longer
+-- hold (docs/flow-control.md).
+SELECT set_config('synchronous_commit', 'on', true) FROM queueworker.queues WHERE name = %(queue)s FOR NO KEY UPDATE;
 
 -- name: lock_keys
 -- `lock_queue` for a key-limited queue (migration 021), before `claim_keys`: locks the queue's row
@@ -117,7 +121,9 @@ SELECT FROM queueworker.queues WHERE name = %(queue)s FOR NO KEY UPDATE;
 -- each claim (`plan_cache_mode`, for this transaction only; the session forces custom plans): its
 -- planning took about 2 ms, all of it under the lock that serialises the queue's claims, and its
 -- generic plan reads the same buffers as a custom one (the scans are all bounded by its LIMITs).
-SELECT queueworker.lock_key_limited_queue(%(queue)s, true), set_config('plan_cache_mode', 'force_generic_plan', true);
+-- Durable, as `lock_queue`'s claims.
+SELECT queueworker.lock_key_limited_queue(%(queue)s, true), set_config('plan_cache_mode', 'force_generic_plan', true),
+       set_config('synchronous_commit', 'on', true);
 
 -- name: claim_limited
 -- The claim of a queue with flow control, after `lock_queue` in the same transaction. Its row is
