@@ -129,7 +129,7 @@ def test_no_role_but_the_workers_may_lock_a_duty(dsn, outsider):
         conn.execute(f"GRANT USAGE ON SCHEMA queueworker TO {user}")
         conn.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA queueworker TO {user}")
     with psycopg.connect(outsider, autocommit=True) as conn:
-        assert conn.execute("SELECT count(*) FROM queueworker.duty_locks").fetchone()[0] == 6
+        assert conn.execute("SELECT count(*) FROM queueworker.duty_locks").fetchone()[0] == 7
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("SELECT FROM queueworker.duty_locks FOR KEY SHARE")
         with pytest.raises(psycopg.errors.InsufficientPrivilege), conn.transaction():

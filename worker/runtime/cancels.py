@@ -8,7 +8,8 @@ database (lease.cancelled_leases) whether that task, with that lease token, real
 before it stops the handler. Notices that arrive while a look is under way are answered together
 by the next one: a flood costs at most one statement per notice naming an attempt this worker
 runs, usually far fewer, and never a statement while a failing look waits out its ErrorWait. A
-worker that cannot listen asks the same about every running attempt once per poll (`poll`).
+worker that cannot listen asks the same about every running attempt once per poll, and a worker
+whose listener (re)starts listening once then (`catch_up`): notices sent before are lost.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class CancelChecks:
         self._running = running  # the attempts whose handlers run now (not reporting, not abandoned)
         self._stop = stop  # stops the handler of an attempt whose task the database shows cancelled
         self._hinted: set[Key] = set()
+        self._look_at_all = False  # the listener (re)started: notices sent before may be lost
         self.wake = asyncio.Event()  # the cancel duty's: attempts were named
 
     def hint(self, task_id: int, token: int) -> bool:
@@ -46,18 +48,29 @@ class CancelChecks:
         self.wake.set()
         return True
 
+    def catch_up(self) -> None:
+        """The listener (re)started listening: a cancellation notice sent before it listened (a task
+        claimed while the worker started, or while the listener reconnected) never comes, so the
+        next pass looks at every running attempt once, as a poll does."""
+        self._look_at_all = True
+        self.wake.set()
+
     async def step(self) -> None:
-        """The cancel duty's pass: one look at every attempt named since the last. Kept for the next
-        pass should the look fail."""
+        """The cancel duty's pass: one look at every attempt named since the last (at every running
+        one after `catch_up`). Kept for the next pass should the look fail."""
         hinted, self._hinted = self._hinted, set()
+        look_at_all, self._look_at_all = self._look_at_all, False
         try:
+            if look_at_all:
+                await self._poll()
             await self._check([key for key in hinted if self._runs(key)], "notified")
         except BaseException:
             self._hinted |= hinted
+            self._look_at_all |= look_at_all
             raise
 
-    async def poll(self) -> None:
-        """Without notifications: one look at every running attempt."""
+    async def _poll(self) -> None:
+        """One look at every running attempt."""
         await self._check(self._running(), "polled")
 
     async def _check(self, keys: list[Key], reason: str) -> None:

@@ -27,7 +27,7 @@ that notifications no longer reach it, polls at its own slower pace (worker/runt
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 import psycopg
 
@@ -43,8 +43,7 @@ log = logging.getLogger("queueworker.listener")
 class Listener:
     def __init__(self, dsn: str, conn: db.DutyConnection, queues: tuple[str, ...], wake: Callable[[float], None],
                  worker_id: str, on_cancel: Callable[[int, int], bool], on_settings: Callable[[], None],
-                 on_schedules: Callable[[], None], catch_up: Callable[[], None],
-                 poll_cancelled: Callable[[], Awaitable[None]], signals: WorkerSignals,
+                 on_schedules: Callable[[], None], catch_up: Callable[[], None], signals: WorkerSignals,
                  listen: bool = True, poll_interval: float = 1.0):
         self._dsn = dsn
         self._conn = conn  # sends the check's notification
@@ -59,9 +58,9 @@ class Listener:
         # longer be heard of (polling from now on).
         self._on_schedules = on_schedules
         # Listening (again), or polling: whatever was announced before is lost, so look again at
-        # everything a notification could have said (tasks due now or later, settings).
+        # everything a notification could have said (tasks due now or later, settings, running
+        # tasks cancelled).
         self._catch_up = catch_up
-        self._poll_cancelled = poll_cancelled  # stops the handlers of running tasks found cancelled
         self._signals = signals
         self.polling = not listen
         self._poll_interval = poll_interval
@@ -74,7 +73,6 @@ class Listener:
         for queues this worker does not work are ignored. Polling instead, one look per pass."""
         if self.polling:
             self._catch_up()
-            await self._poll_cancelled()
             return self._poll_interval
         conn = self._live = await db.connect(self._dsn, "queueworker-listen")
         try:

@@ -178,7 +178,7 @@ class Worker:
         self.cancels = CancelChecks(self._duty_conn, self._runs, self._running_keys, self._cancelled_task)
         self.listener = Listener(dsn, self._duty_conn, settings.queues, self._wake_at, str(self.identity.id),
                                  self.cancels.hint, self.flow.settings_changed, self.cron.changed,
-                                 catch_up=self._catch_up, poll_cancelled=self.cancels.poll,
+                                 catch_up=self._catch_up,
                                  signals=self.signals, listen=settings.listen,
                                  poll_interval=settings.poll_interval_seconds)
 
@@ -566,11 +566,12 @@ class Worker:
 
     def _catch_up(self) -> None:
         """The listener (re)started listening, or polls: what it missed may be tasks due now
-        (claim), tasks due later (a scheduler pass finds the earliest and sleeps until then) or
-        new settings."""
+        (claim), tasks due later (a scheduler pass finds the earliest and sleeps until then), new
+        settings or cancellations of running tasks."""
         self._wake_at(0.0)
         self.scheduler.poke()
         self.flow.settings_changed()
+        self.cancels.catch_up()
 
     async def _sleep_unless_woken(self, seconds: float) -> None:
         await wait_event(self._wakeup, seconds)
