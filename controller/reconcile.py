@@ -555,11 +555,11 @@ class Reconciler:
 
     def _ensure_deployment(self, current: dict[str, Any] | None, rendered: dict[str, Any], uid: str,
                            spec: QueueWorkerSpec) -> dict[str, Any]:
-        """The worker Deployment, created (at minReplicas) or updated when its rendering changed.
-        A same-named Deployment this QueueWorker does not control is left alone."""
+        """The worker Deployment, created (at minReplicas, within maxConnections) or updated when its
+        rendering changed. A same-named Deployment this QueueWorker does not control is left alone."""
         meta = rendered["metadata"]
         if current is None:
-            return self._cached(self.kube.create_deployment(meta["namespace"], rendered, spec.scaling.min_replicas))
+            return self._cached(self.kube.create_deployment(meta["namespace"], rendered, spec.initial_replicas))
         if not _controlled_by(current, uid):
             raise DeploymentNotOwned(f"Deployment {meta['namespace']}/{meta['name']} exists and is not controlled "
                                      f"by this QueueWorker; rename or delete it")

@@ -173,6 +173,14 @@ class QueueWorkerSpec:
         SHUTDOWN_HEADROOM_SECONDS, so drain, release, flush and deregister end before SIGKILL."""
         return max(1, self.grace_period_seconds - SHUTDOWN_HEADROOM_SECONDS)
 
+    @property
+    def initial_replicas(self) -> int:
+        """What an owned Deployment is created with, before the first depth read: minReplicas, at most
+        what maxConnections holds (one worker process a replica)."""
+        if self.max_connections is None:
+            return self.scaling.min_replicas
+        return min(self.scaling.min_replicas, self.max_connections // CONNECTIONS_PER_WORKER)
+
     def scaling_params(self, worker_processes: int | None = None) -> ScalingParams:
         """The policy's knobs; with `worker_processes` (worker processes per replica), the connections a
         replica holds, which the database's budget is counted in."""

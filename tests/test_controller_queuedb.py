@@ -356,3 +356,17 @@ def test_the_depth_statements_share_one_throughput_sample():
     (size,) = {int(limit or below) for limit, below in sizes}
     (window,) = {int(secs or then) for secs, then in windows}
     assert (size, window) == (5000, 60) and size < 6000
+
+
+def test_the_depth_statements_read_one_connection_budget():
+    """The budget (docs/controller.md, "The database's connection budget") is written out in the depth
+    statement for each schema age: the same text in all of them, counting other roles by usesysid,
+    never by application_name."""
+    from queueworker.db.depth import QUEUE_DEPTHS_BY_AGE
+
+    start, end = "budget AS (", "AS other_role_connections\n)"
+    budgets = {statement.text[statement.text.index(start):statement.text.index(end) + len(end)]
+               for statement in QUEUE_DEPTHS_BY_AGE}
+    assert len(budgets) == 1, "the depth statements read the connection budget differently"
+    (budget,) = budgets
+    assert "usesysid" in budget and "application_name" not in budget
