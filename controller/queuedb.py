@@ -55,6 +55,9 @@ STATEMENT_DEADLINE_SECONDS = STATEMENT_TIMEOUT_MS / 1000 + 2
 # After the socket is shut down, how long a statement may take to notice before it is abandoned.
 ABANDON_SECONDS = 1.0
 POOL_SIZE = 2
+# The controller's own connections to a database (its pool and its LISTEN connection): taken from the
+# budget its QueueWorkers' workers share.
+CONTROLLER_CONNECTIONS = POOL_SIZE + 1
 # Rows a read may return (worker_leases says LIMIT 1000); a depth read returns one row per queue asked.
 MAX_ROWS = 1000
 # Unacknowledged data this long means the peer is gone.

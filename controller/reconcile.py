@@ -30,9 +30,10 @@ from queueworker.scaling.policy import Decision, PolicyInputs, QueueDepth, decid
 from queueworker.scaling.resource import StatusField
 
 from . import conditions, metrics, podsecurity
+from .budget import ConnectionShares
 from .connector import checked_params
 from .deployment import (
-    DEFAULT_GRACE_PERIOD_SECONDS, HASH_ANNOTATION, build_deployment, deployment_name, grace_period_seconds,
+    HASH_ANNOTATION, build_deployment, deployment_name, grace_period_seconds,
     secret_version, selector_labels,
 )
 from .kube import DELETION_COST_ANNOTATION, Kube, ScaleTargetUnavailable, SecretUnavailable, SecretValue, api_error
@@ -44,6 +45,7 @@ from .status import (
     MESSAGE_LIMIT, Event, TickResult, depth_status, epoch, failure, history, iso, recommendations, status_patch,
     tick_conditions,
 )
+from .workload import worker_drain, worker_processes
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -134,6 +136,7 @@ class ScaledTarget:
     pod_selector: str  # label selector of its pods, for lease-aware scale-in ("" when unknown)
     grace: int | None  # the pods' terminationGracePeriodSeconds and the worker's drain, when known
     drain: int | None
+    processes: int = 1  # worker processes per pod: the connections a replica holds
 
 
 @dataclass(frozen=True)
@@ -235,6 +238,7 @@ class Reconciler:
                  wait: Callable[[asyncio.Event, float], Awaitable[bool]] = wait_event):
         self.kube = kube
         self.databases = databases
+        self.shares = ConnectionShares()  # the database's connection budget, shared by its QueueWorkers
         self.deployments = DeploymentCache()
         # (namespace, Secret, key) -> its last read: QueueWorkers sharing a Secret share a read.
         self._secret_reads: dict[tuple[str, str, str], SecretRead] = {}
@@ -318,6 +322,7 @@ class Reconciler:
         """A QueueWorker was deleted: drop what the controller kept for it (database binding, known
         Secret value, metrics series). Its Deployment goes with it (owner reference)."""
         self.databases.release((namespace, name))
+        self.shares.release((namespace, name))
         metrics.databases.set(self.databases.open_databases)
         self.secrets.forget((namespace, name))
         metrics.forget(namespace, name)
@@ -350,16 +355,22 @@ class Reconciler:
             depth, error_reason, error = await self._read_depth(obj, spec, secret.dsn, memory)
         else:  # the Secret names no database now: the one it named is not kept open for it
             self.databases.release(obj.key)
+            self.shares.release(obj.key)
             metrics.databases.set(self.databases.open_databases)
         memory.reread_secret = depth is None  # the Secret may have changed (a rotation): read it again
         if error_reason:
             metrics.errors.labels(obj.namespace, obj.name, error_reason).inc()
         previous = obj.status
-        decision = decide(PolicyInputs(
-            spec.scaling_params(), current_replicas, depth, now, history(previous),
-            epoch(previous.get(StatusField.LAST_ACTIVE_TIME)), error))
+        params = spec.scaling_params(worker_processes=target.processes)
+        if depth is not None and secret.dsn is not None:  # shares are taken in turn: no await until `hold`
+            depth = self.shares.with_budget(secret.dsn, obj.key, depth, spec.max_connections)
+        decision = decide(PolicyInputs(params, current_replicas, depth, now, history(previous),
+                                       epoch(previous.get(StatusField.LAST_ACTIVE_TIME)), error))
         events: list[Event] = []
         desired = current_replicas if spec.scaling.paused else decision.desired_replicas
+        if secret.dsn is not None and params.connections_per_replica is not None:  # a dry run scales nothing
+            self.shares.hold(secret.dsn, obj.key, max(current_replicas, current_replicas if spec.scaling.dry_run
+                                                      else desired) * params.connections_per_replica)
         tracing.annotate_current({"queueworker.decision": "Paused" if spec.scaling.paused else decision.reason,
                                   "queueworker.replicas.current": current_replicas,
                                   "queueworker.replicas.desired": desired})
@@ -497,14 +508,15 @@ class Reconciler:
             return self._failed(obj, "ScaleTargetNotOptedIn", f"scaleTargetRef {where}: {refusal}")
         scale_status = found.scale.get("status") or {}
         workload = found.workload or {}
-        grace, drain = _worker_drain(workload)
+        grace, drain = worker_drain(workload)
 
         def scale(replicas: int) -> None:
             self.kube.scale_target(obj.namespace, ref, replicas)
         return ScaledTarget(f"{ref.kind}/{ref.name}", int((found.scale.get("spec") or {}).get("replicas") or 0),
                             int((workload.get("status") or {}).get("readyReplicas")
                                 or scale_status.get("replicas") or 0),
-                            workload, scale, str(scale_status.get("selector") or ""), grace, drain)
+                            workload, scale, str(scale_status.get("selector") or ""), grace, drain,
+                            worker_processes(workload))
 
     def _runs_as_controller(self, namespace: str, template: dict[str, Any]) -> list[str]:
         """A pod template that would run as the controller's own ServiceAccount (possible in the
@@ -543,11 +555,11 @@ class Reconciler:
 
     def _ensure_deployment(self, current: dict[str, Any] | None, rendered: dict[str, Any], uid: str,
                            spec: QueueWorkerSpec) -> dict[str, Any]:
-        """The worker Deployment, created (at minReplicas) or updated when its rendering changed.
-        A same-named Deployment this QueueWorker does not control is left alone."""
+        """The worker Deployment, created (at minReplicas, within maxConnections) or updated when its
+        rendering changed. A same-named Deployment this QueueWorker does not control is left alone."""
         meta = rendered["metadata"]
         if current is None:
-            return self._cached(self.kube.create_deployment(meta["namespace"], rendered, spec.scaling.min_replicas))
+            return self._cached(self.kube.create_deployment(meta["namespace"], rendered, spec.initial_replicas))
         if not _controlled_by(current, uid):
             raise DeploymentNotOwned(f"Deployment {meta['namespace']}/{meta['name']} exists and is not controlled "
                                      f"by this QueueWorker; rename or delete it")
@@ -642,26 +654,6 @@ def _refusal(violations: list[str]) -> str:
 
 
 
-
-
-def _worker_drain(workload: dict[str, Any]) -> tuple[int | None, int | None]:
-    """(grace period, --drain-seconds) of a workload whose pod template runs `queueworker worker`
-    (command or args), else (None, None)."""
-    pod = ((workload.get("spec") or {}).get("template") or {}).get("spec") or {}
-    for container in pod.get("containers") or []:
-        words = [str(w) for w in (container.get("command") or []) + (container.get("args") or [])]
-        if "worker" not in words:
-            continue
-        for index, word in enumerate(words):
-            value = word.split("=", 1)[1] if word.startswith("--drain-seconds=") else (
-                words[index + 1] if word == "--drain-seconds" and index + 1 < len(words) else None)
-            if value is not None:
-                try:
-                    grace = pod.get("terminationGracePeriodSeconds", DEFAULT_GRACE_PERIOD_SECONDS)
-                    return int(grace), int(float(value))
-                except (ValueError, OverflowError):  # "nan", "inf": not a drain we can judge
-                    return None, None
-    return None, None
 
 
 def _export(obj: QueueWorkerObject, decision: Decision, desired: int, replicas: int, depth: QueueDepth | None) -> None:

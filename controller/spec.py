@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from queueworker.runtime.worker import CONNECTIONS_PER_WORKER
 from queueworker.scaling.policy import ScalingParams
 from queueworker.scaling.resource import GROUP
 from queueworker.settings import WorkerSettings
@@ -84,6 +85,9 @@ class QueueWorkerSpec:
     image: str | None  # None with a scale target: the pods are someone else's
     secret_name: str
     secret_key: str = DEFAULT_SECRET_KEY
+    # spec.database.maxConnections: the most connections this QueueWorker's workers may hold (None: the
+    # server's budget alone); the lower of it and the server's budget wins.
+    max_connections: int | None = None
     handlers: str | None = None
     concurrency: int = DEFAULT_CONCURRENCY
     lease_seconds: int = DEFAULT_LEASE_SECONDS
@@ -132,6 +136,8 @@ class QueueWorkerSpec:
             scale_target=None if ref is None else ScaleTarget(
                 str(ref.get("apiVersion") or DEFAULT_SCALE_TARGET_API_VERSION), str(ref["kind"]), str(ref["name"])),
             secret_key=str(secret_ref.get("key", DEFAULT_SECRET_KEY)), handlers=spec.get("handlers") or None,
+            max_connections=None if spec["database"].get("maxConnections") is None
+            else int(spec["database"]["maxConnections"]),
             concurrency=int(spec.get("concurrency", DEFAULT_CONCURRENCY)),
             lease_seconds=int(spec.get("leaseSeconds", DEFAULT_LEASE_SECONDS)),
             drain_seconds=int(spec.get("drainSeconds", DEFAULT_DRAIN_SECONDS)),
@@ -167,9 +173,20 @@ class QueueWorkerSpec:
         SHUTDOWN_HEADROOM_SECONDS, so drain, release, flush and deregister end before SIGKILL."""
         return max(1, self.grace_period_seconds - SHUTDOWN_HEADROOM_SECONDS)
 
-    def scaling_params(self) -> ScalingParams:
+    @property
+    def initial_replicas(self) -> int:
+        """What an owned Deployment is created with, before the first depth read: minReplicas, at most
+        what maxConnections holds (one worker process a replica)."""
+        if self.max_connections is None:
+            return self.scaling.min_replicas
+        return min(self.scaling.min_replicas, self.max_connections // CONNECTIONS_PER_WORKER)
+
+    def scaling_params(self, worker_processes: int | None = None) -> ScalingParams:
+        """The policy's knobs; with `worker_processes` (worker processes per replica), the connections a
+        replica holds, which the database's budget is counted in."""
         s = self.scaling
         return ScalingParams(
+            connections_per_replica=None if worker_processes is None else worker_processes * CONNECTIONS_PER_WORKER,
             min_replicas=s.min_replicas, max_replicas=s.max_replicas, tasks_per_replica=self.tasks_per_replica,
             activation_tasks=s.activation_tasks,
             scale_down_stabilization_seconds=s.scale_down_stabilization_seconds,

@@ -83,6 +83,8 @@ def depth_status(depth: QueueDepth) -> dict[str, Any]:
         shown[QueueDepthField.KEY_SLOTS] = depth.key_slots
     if depth.key_limited:
         shown |= {QueueDepthField.KEYS_READY: depth.keys_ready, QueueDepthField.KEYS_HELD: depth.keys_held}
+    if depth.connection_budget is not None:
+        shown[QueueDepthField.CONNECTION_BUDGET] = depth.connection_budget
     return shown
 
 
@@ -172,9 +174,9 @@ def _other_conditions(spec: QueueWorkerSpec, decision: Decision, error_reason: s
 
 
 def _limited(decision: Decision) -> Condition:
-    """Whether the queue's flow control bounds the replicas: a cap (LimitedByConcurrency,
-    LimitedByRate, LimitedByKeys) or a hold (Paused, BreakerOpen, KeysHeld); Unknown while the depth
-    cannot be read."""
+    """Whether the queue's flow control or the database's connection budget bounds the replicas: a
+    cap (LimitedByConcurrency, LimitedByRate, LimitedByKeys, LimitedByDatabase) or a hold (Paused,
+    BreakerOpen, KeysHeld); Unknown while the depth cannot be read."""
     if decision.active is None:
         return Condition("Limited", "Unknown", "Unknown", "queue depth unknown")
     if decision.limit is None:

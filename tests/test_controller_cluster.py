@@ -170,6 +170,34 @@ def test_held_keys_add_no_pods_and_per_key_caps_bound_the_replicas(cluster: Clus
     assert conditions["Limited"] == ("True", "LimitedByKeys")
 
 
+def test_max_connections_bounds_the_replicas_below_min_replicas_with_limited_by_database(cluster: Cluster, dsn: str):
+    """The database's connection budget bounds the replicas below what the backlog and minReplicas ask
+    for (LimitedByDatabase: the decision, the Limited condition, status.queueDepth.connectionBudget),
+    from the Deployment's creation on; a larger budget lets it scale up (to minReplicas first, as
+    ever) as far as it holds, with a LimitedByDatabase Event. The server all the tests share cannot be given a small max_connections
+    without starving them, so the budget here is the QueueWorker's own maxConnections
+    (tests/test_connection_budget.py reads a server's budget): 13 connections hold two replicas of 6."""
+    enqueue_sleeps(dsn, *[2.0] * 100)
+    spec = worker_spec(minReplicas=3, maxReplicas=5)
+    cluster.apply("budgeted", {**spec, "database": {**spec["database"], "maxConnections": 13}})
+    cluster.wait_for(lambda: cluster.queueworker("budgeted").get("status", {}).get("reason") == "LimitedByDatabase",
+                     timeout=30, message="the LimitedByDatabase decision")
+    seen = replicas_seen(cluster, "budgeted", polls=2)
+    assert seen == {2}, f"13 connections hold 2 replicas, not minReplicas=3 nor the backlog's 5: {seen}"
+    status = cluster.queueworker("budgeted")["status"]
+    assert status["queueDepth"]["connectionBudget"] == 13
+    assert "budget of 13 connections for these workers, 6 per replica" in status["message"]
+    assert {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}["Limited"] == \
+        ("True", "LimitedByDatabase")
+
+    cluster.custom.patch_namespaced_custom_object(GROUP, VERSION, cluster.namespace, PLURAL, "budgeted", {
+        "spec": {"database": {"maxConnections": 25}}})
+    (event,) = cluster.wait_for(lambda: cluster.events("LimitedByDatabase"), timeout=30,
+                                message="the LimitedByDatabase Event")
+    assert "-> 4 replicas" in event.message and "budget of 25 connections" in event.message, event.message
+    assert replicas_seen(cluster, "budgeted", polls=2) == {4}, "25 connections hold 4 replicas, not the backlog's 5"
+
+
 def test_lookahead_starts_the_pods_of_a_scheduled_burst_before_it_is_due(cluster: Cluster, dsn: str):
     cluster.apply("ahead", {**worker_spec(maxReplicas=3, lookaheadSeconds=60), "concurrency": 2})
     cluster.apply("behind", {**worker_spec(maxReplicas=3), "concurrency": 2, "queue": "later"})

@@ -3,6 +3,8 @@ the replicas bounded by what the keys let run, the `Limited` condition, the stat
 
 from __future__ import annotations
 
+import asyncio
+
 from queueworker.scaling.policy import QueueDepth
 from queueworker_controller import metrics
 from tests.test_controller_reconcile import FakeKube, conditions, tick
@@ -35,3 +37,37 @@ def test_per_key_limits_cap_the_replicas_and_say_so_in_the_limited_condition():
     exported = {(s.name, tuple(sorted(s.labels.items()))) for m in (metrics.queue_keys, metrics.key_slots)
                 for f in m.collect() for s in f.samples if s.labels.get("name") == "w"}
     assert exported == set(), "a queue without per-key limits has no key series"
+
+
+def test_queueworkers_on_one_database_take_their_shares_of_its_budget_in_turn():
+    """Two QueueWorkers whose depth reads return together: the first to decide takes what is free of
+    the database's budget (34 less 7 of other roles, less the controller's 3: 4 replicas of 6), the
+    other sees it taken and starts none; once the first is deleted its share goes to the other."""
+    from queueworker_controller.reconcile import ObjectMemory, QueueWorkerObject, Reconciler
+    from queueworker_controller.redaction import KnownSecrets
+    from tests.test_controller_reconcile import SPEC, FakeDatabases
+
+    kube = FakeKube()
+    reconciler = Reconciler(kube, FakeDatabases(QueueDepth(ready=100, running=0, connection_limit=34,  # type: ignore[arg-type]
+                                                           other_role_connections=7)),
+                            wall_clock=lambda: 1_000_000.0, secrets=KnownSecrets())
+    first, second = (QueueWorkerObject(name, "ns", f"uid-{name}", 1, SPEC, {}) for name in ("first", "second"))
+
+    async def together():
+        return await asyncio.gather(reconciler.tick(first, ObjectMemory()), reconciler.tick(second, ObjectMemory()))
+
+    async def after_deleting(taker: QueueWorkerObject, other: QueueWorkerObject):
+        await reconciler.forget("ns", taker.name)
+        return await reconciler.tick(other, ObjectMemory())
+    try:
+        # Which read returns first is up to the event loop; the shares are taken in that order.
+        (taker, took), (other, left) = sorted(zip((first, second), asyncio.run(together())),
+                                              key=lambda pair: -pair[1].status["desiredReplicas"])
+        assert (took.status["desiredReplicas"], took.status["reason"]) == (4, "LimitedByDatabase")
+        assert took.status["queueDepth"]["connectionBudget"] == 24
+        assert (left.status["desiredReplicas"], left.status["reason"]) == (0, "LimitedByDatabase")
+        assert left.status["queueDepth"]["connectionBudget"] == 0
+        assert conditions(left)["Limited"] == ("True", "LimitedByDatabase")
+        assert asyncio.run(after_deleting(taker, other)).status["desiredReplicas"] == 4
+    finally:
+        reconciler.close()

@@ -4,6 +4,7 @@ depth reads, caps, timeouts, isolation between databases, reference counting and
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
 import psycopg
@@ -35,6 +36,12 @@ def run(scenario):
     return asyncio.run(main())
 
 
+def without_budget(depth: QueueDepth) -> QueueDepth:
+    """`depth` less the connection budget every read brings (tests/test_connection_budget.py)."""
+    assert depth.connection_limit is not None
+    return dataclasses.replace(depth, connection_limit=None, other_role_connections=0)
+
+
 def test_depth_reads_on_one_database_share_one_query(dsn, monkeypatch):
     enqueue(dsn, "a", 5)
     enqueue(dsn, "b", 50)
@@ -55,7 +62,7 @@ def test_depth_reads_on_one_database_share_one_query(dsn, monkeypatch):
     assert len(queries) == 1
     assert (a.ready, a.running) == (5, 0)
     assert b.ready == 50  # the batch's cap is the highest asked for (100)
-    assert empty == QueueDepth(0, 0, 0, None)
+    assert without_budget(empty) == QueueDepth(0, 0, 0, None)
 
 
 def test_ready_count_is_capped(dsn):
@@ -273,7 +280,7 @@ def test_depth_carries_the_queues_flow_control(dsn):
     assert (held.ready, held.paused, held.breaker_open) == (5, True, False)
     assert (metered.paused, metered.rate_per_second, metered.max_running) == (False, 4.0, 6)
     assert metered.mean_task_seconds == pytest.approx(3.0, abs=0.01)
-    assert plain == QueueDepth(0, 0, 0, None)
+    assert without_budget(plain) == QueueDepth(0, 0, 0, None)
 
 
 def finishes(conn, queue: str, count: int, every: float, lasting: float, ago: float = 0.0) -> None:
@@ -349,3 +356,17 @@ def test_the_depth_statements_share_one_throughput_sample():
     (size,) = {int(limit or below) for limit, below in sizes}
     (window,) = {int(secs or then) for secs, then in windows}
     assert (size, window) == (5000, 60) and size < 6000
+
+
+def test_the_depth_statements_read_one_connection_budget():
+    """The budget (docs/controller.md, "The database's connection budget") is written out in the depth
+    statement for each schema age: the same text in all of them, counting other roles by usesysid,
+    never by application_name."""
+    from queueworker.db.depth import QUEUE_DEPTHS_BY_AGE
+
+    start, end = "budget AS (", "AS other_role_connections\n)"
+    budgets = {statement.text[statement.text.index(start):statement.text.index(end) + len(end)]
+               for statement in QUEUE_DEPTHS_BY_AGE}
+    assert len(budgets) == 1, "the depth statements read the connection budget differently"
+    (budget,) = budgets
+    assert "usesysid" in budget and "application_name" not in budget

@@ -157,8 +157,8 @@ def test_a_tick_writes_the_status_fields_the_crd_declares():
     """Every field of queueworker.scaling.resource (tests/test_crd.py holds the CRD to it), and no other."""
     declared = {value for key, value in vars(StatusField).items() if key.isupper()}
     declared_depth = {value for key, value in vars(QueueDepthField).items() if key.isupper()}
-    result = tick(FakeKube(), QueueDepth(7, 1, finish_rate=2.0, recent_task_seconds=1.5, key_limited=True, key_slots=9),
-                  {**SPEC, "scaling": {**SPEC["scaling"], "throughputFloor": True}})
+    result = tick(FakeKube(), QueueDepth(7, 1, finish_rate=2.0, recent_task_seconds=1.5, key_limited=True, key_slots=9,
+                                         connection_limit=99), {**SPEC, "scaling": {**SPEC["scaling"], "throughputFloor": True}})
     assert set(result.status) == declared - {StatusField.SCALE_TARGET}, "a first tick that scales writes them all"
     assert set(result.status[StatusField.QUEUE_DEPTH]) == declared_depth
     kube = FakeKube()

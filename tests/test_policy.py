@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -11,6 +13,7 @@ from queueworker.scaling.policy import (
 )
 
 NOW = 10_000.0
+DB = ScalingParams(max_replicas=10, tasks_per_replica=10, connections_per_replica=6)
 P = ScalingParams(min_replicas=0, max_replicas=10, tasks_per_replica=5, activation_tasks=0,
                   scale_down_stabilization_seconds=60, cooldown_seconds=120)
 
@@ -80,6 +83,34 @@ CASES = [
     ("limit-above-demand-is-silent", 1, 7, 0, {"flow": {"max_running": 100}}, 2, "ScaledUp"),
     ("limit-never-blocks-scale-down", 8, 5, 0, {"flow": {"max_running": 10}, "history": ((61, 8),)}, 1,
      "ScaledDown"),
+    # the database's connection budget: 6 connections a replica (one worker process), minReplicas included
+    ("database-caps-scale-up", 1, 500, 0, {"params": DB, "depth": {"connection_budget": 20}}, 3, "LimitedByDatabase"),
+    ("database-caps-activation", 0, 500, 0, {"params": DB, "depth": {"connection_budget": 13}}, 2,
+     "LimitedByDatabase"),
+    ("database-caps-below-min-replicas", 0, 0, 0, {"params": replace(DB, min_replicas=4),
+                                                   "depth": {"connection_budget": 13}}, 2, "LimitedByDatabase"),
+    ("database-caps-the-clamp-to-min-replicas", 1, 0, 0, {"params": replace(DB, min_replicas=4),
+                                                          "depth": {"connection_budget": 13}}, 2, "LimitedByDatabase"),
+    ("database-caps-a-hold-at-min-replicas", 0, 50, 0, {"params": replace(DB, min_replicas=3),
+                                                        "depth": {"connection_budget": 7}, "flow": {"paused": True}},
+     1, "LimitedByDatabase"),
+    ("database-without-room-keeps-zero", 0, 500, 0, {"params": DB, "depth": {"connection_budget": 5}}, 0,
+     "LimitedByDatabase"),
+    ("database-never-takes-running-replicas", 5, 500, 0, {"params": DB, "depth": {"connection_budget": 13}}, 5,
+     "LimitedByDatabase"),
+    ("database-never-forces-a-scale-down", 5, 50, 0, {"params": DB, "depth": {"connection_budget": 0}}, 5, "Steady"),
+    ("database-lets-demand-scale-down", 5, 5, 0, {"params": replace(DB, scale_down_stabilization_seconds=60),
+                                                  "depth": {"connection_budget": 0}, "history": ((61, 5),)},
+     1, "ScaledDown"),
+    ("database-budget-lower-than-concurrency", 1, 500, 0, {"params": DB, "depth": {"connection_budget": 12},
+                                                           "flow": {"max_running": 40}}, 2, "LimitedByDatabase"),
+    ("database-budget-above-need-is-silent", 1, 15, 0, {"params": DB, "depth": {"connection_budget": 100}}, 2,
+     "ScaledUp"),
+    ("database-budget-without-connections-per-replica-is-silent", 1, 500, 0, {"depth": {"connection_budget": 6}},
+     10, "ScaledUp"),
+    ("database-caps-a-wait-limit", 2, 3, 2, {"params": replace(DB, max_wait_seconds=30),
+                                             "depth": {"oldest_ready_age_seconds": 45, "connection_budget": 12}},
+     2, "LimitedByDatabase"),
     # lookaheadSeconds: tasks due soon count as ready
     ("lookahead-starts-pods-before-due", 0, 0, 0, {"depth": {"due_soon": 30}}, 6, "DueSoon"),
     ("lookahead-raises-the-count", 2, 5, 5, {"depth": {"due_soon": 20}}, 6, "DueSoon"),
@@ -122,6 +153,28 @@ CASES = [
 def test_decision_table(current, ready, running, kwargs, expected, reason):
     decision = run(current, ready, running, **kwargs)
     assert (decision.desired_replicas, decision.reason) == (expected, reason), decision.message
+
+
+def test_the_database_budget_shows_in_the_limited_condition_when_it_binds():
+    """The decision names the budget as its limit (the `Limited` condition) when it lowered the count,
+    also when another limit is looser, and not when it left the count alone."""
+    bound = run(1, 500, params=DB, depth={"connection_budget": 20}, flow={"max_running": 100})
+    assert bound.limit is not None and (bound.limit.reason, bound.limit.replicas) == ("LimitedByDatabase", 3)
+    assert "budget of 20 connections for these workers, 6 per replica" in bound.message
+    assert run(1, 15, params=DB, depth={"connection_budget": 100}).limit is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 12), st.integers(0, 500), st.integers(0, 60), st.integers(0, 5), st.integers(1, 18))
+def test_the_database_budget_never_scales_past_itself(current, ready, budget, min_replicas, per_replica):
+    """Whatever the rules say (minReplicas included), the replicas never rise above both the current
+    count and what the budget holds; the budget never takes away replicas that run now."""
+    params = ScalingParams(min_replicas=min_replicas, max_replicas=12, tasks_per_replica=10,
+                           connections_per_replica=per_replica)
+    decision = run(current, ready, params=params, depth={"connection_budget": budget})
+    assert decision.desired_replicas <= max(current, budget // per_replica)
+    unbounded = run(current, ready, params=params)
+    assert decision.desired_replicas >= min(current, unbounded.desired_replicas)
 
 
 def test_history_stays_short_and_keeps_the_window_maximum():

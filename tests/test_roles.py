@@ -185,7 +185,10 @@ def test_each_role_runs_its_flows_with_only_its_grants(installation):
 
     assert depth == QueueDepth(ready=0, running=1, retrying=0, oldest_ready_age_seconds=None, rate_per_second=1000.0,
                                max_running=100, mean_task_seconds=depth.mean_task_seconds,
-                               finish_rate=depth.finish_rate, recent_task_seconds=depth.recent_task_seconds)
+                               finish_rate=depth.finish_rate, recent_task_seconds=depth.recent_task_seconds,
+                               connection_limit=depth.connection_limit,
+                               other_role_connections=depth.other_role_connections)
+    assert depth.connection_limit > depth.other_role_connections > 0, "and the database's connection budget"
     assert depth.mean_task_seconds is not None, "the controller reads the durations a rate limit needs"
     assert depth.finish_rate and depth.recent_task_seconds is not None, "and what a throughput floor needs"
     assert [(lease.pod_name, lease.running, lease.draining) for lease in leases] == [("worker-0", 1, False)]

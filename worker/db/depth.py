@@ -29,6 +29,8 @@ class QueueDepthRow(NamedTuple):
     due_soon: int
     finish_rate: float | None  # tasks/s; None without %(throughput)s or when none finished lately
     recent_task_seconds: float | None
+    connection_limit: int  # max_connections less the reserved slots
+    other_role_connections: int  # client backends of roles other than this login's (by role, not name)
     paused: bool
     breaker_open: bool
     rate_per_second: float | None

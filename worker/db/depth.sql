@@ -11,6 +11,14 @@
 -- finished-at index for the whole statement, however many queues and however busy. The three
 -- queue_depth statements repeat that sample (`recent` and `sampled`) word for word; a test
 -- (tests/test_controller_queuedb.py) holds them to it.
+--
+-- Each depth read also reads the database's connection budget (`budget`, repeated word for word
+-- too; docs/controller.md, "The database's connection budget"): max_connections less the slots
+-- reserved for superusers (and, from PostgreSQL 16, for pg_use_reserved_connections), and the
+-- client backends of roles other than this login's, told apart by role (usesysid), never by
+-- application_name, which any client sets. A login without pg_read_all_stats sees no backend_type
+-- of other roles' sessions: those count whatever they are (background workers with a role, such
+-- as the logical replication launcher, included), a few too many, on the safe side.
 
 -- name: queue_depth
 -- Each queue comes with a lookahead (seconds, or NULL for none): waiting tasks (delayed, or
@@ -33,6 +41,12 @@ WITH recent AS MATERIALIZED (
     SELECT CASE WHEN count(*) < 5000 THEN 60::float8
                 ELSE greatest(extract(epoch FROM now() - min(finished_at))::float8, 0.001) END AS seconds
     FROM recent
+), budget AS (  -- the server's connections this login's role may hold, and those other roles hold now
+    SELECT current_setting('max_connections')::integer - current_setting('superuser_reserved_connections')::integer
+               - coalesce(current_setting('reserved_connections', true)::integer, 0) AS connection_limit,
+           (SELECT count(*) FROM pg_stat_activity a
+            WHERE a.usesysid <> (SELECT r.oid FROM pg_roles r WHERE r.rolname = session_user)
+              AND (a.backend_type = 'client backend' OR a.backend_type IS NULL))::integer AS other_role_connections
 )
 SELECT q.queue, q.lookahead,
        (SELECT count(*) FROM (SELECT 1 FROM queueworker.tasks
@@ -54,6 +68,7 @@ SELECT q.queue, q.lookahead,
                                 AND run_after <= now() + make_interval(secs => coalesce(q.lookahead, 0))
                               LIMIT %(cap)s) AS s) AS due_soon,
        t.finish_rate, t.recent_task_seconds,
+       (SELECT connection_limit FROM budget), (SELECT other_role_connections FROM budget),
        coalesce(f.paused, false) AS paused, coalesce(f.breaker_open, false) AS breaker_open,
        f.rate_per_second, f.max_running, f.mean_task_seconds,
        coalesce(f.key_limited, false) AS key_limited, (f.key_capacity ->> 'key_slots')::bigint AS key_slots,
@@ -89,6 +104,12 @@ WITH recent AS MATERIALIZED (
     SELECT CASE WHEN count(*) < 5000 THEN 60::float8
                 ELSE greatest(extract(epoch FROM now() - min(finished_at))::float8, 0.001) END AS seconds
     FROM recent
+), budget AS (  -- the server's connections this login's role may hold, and those other roles hold now
+    SELECT current_setting('max_connections')::integer - current_setting('superuser_reserved_connections')::integer
+               - coalesce(current_setting('reserved_connections', true)::integer, 0) AS connection_limit,
+           (SELECT count(*) FROM pg_stat_activity a
+            WHERE a.usesysid <> (SELECT r.oid FROM pg_roles r WHERE r.rolname = session_user)
+              AND (a.backend_type = 'client backend' OR a.backend_type IS NULL))::integer AS other_role_connections
 )
 SELECT q.queue, q.lookahead,
        (SELECT count(*) FROM (SELECT 1 FROM queueworker.tasks
@@ -110,6 +131,7 @@ SELECT q.queue, q.lookahead,
                                 AND run_after <= now() + make_interval(secs => coalesce(q.lookahead, 0))
                               LIMIT %(cap)s) AS s) AS due_soon,
        t.finish_rate, t.recent_task_seconds,
+       (SELECT connection_limit FROM budget), (SELECT other_role_connections FROM budget),
        coalesce(f.paused, false) AS paused, coalesce(f.breaker_open, false) AS breaker_open,
        f.rate_per_second, f.max_running, f.mean_task_seconds,
        false AS key_limited, NULL::bigint AS key_slots, 0 AS keys_ready, 0 AS keys_held
@@ -140,6 +162,12 @@ WITH recent AS MATERIALIZED (
     SELECT CASE WHEN count(*) < 5000 THEN 60::float8
                 ELSE greatest(extract(epoch FROM now() - min(finished_at))::float8, 0.001) END AS seconds
     FROM recent
+), budget AS (  -- the server's connections this login's role may hold, and those other roles hold now
+    SELECT current_setting('max_connections')::integer - current_setting('superuser_reserved_connections')::integer
+               - coalesce(current_setting('reserved_connections', true)::integer, 0) AS connection_limit,
+           (SELECT count(*) FROM pg_stat_activity a
+            WHERE a.usesysid <> (SELECT r.oid FROM pg_roles r WHERE r.rolname = session_user)
+              AND (a.backend_type = 'client backend' OR a.backend_type IS NULL))::integer AS other_role_connections
 )
 SELECT q.queue, q.lookahead,
        (SELECT count(*) FROM (SELECT 1 FROM queueworker.tasks
@@ -161,6 +189,7 @@ SELECT q.queue, q.lookahead,
                                 AND run_after <= now() + make_interval(secs => coalesce(q.lookahead, 0))
                               LIMIT %(cap)s) AS s) AS due_soon,
        t.finish_rate, t.recent_task_seconds,
+       (SELECT connection_limit FROM budget), (SELECT other_role_connections FROM budget),
        false AS paused, false AS breaker_open, NULL::float8 AS rate_per_second,
        NULL::integer AS max_running, NULL::float8 AS mean_task_seconds,
        false AS key_limited, NULL::bigint AS key_slots, 0 AS keys_ready, 0 AS keys_held
@@ -181,6 +210,12 @@ WITH recent AS MATERIALIZED (
     SELECT CASE WHEN count(*) < 5000 THEN 60::float8
                 ELSE greatest(extract(epoch FROM now() - min(finished_at))::float8, 0.001) END AS seconds
     FROM recent
+), budget AS (  -- the server's connections this login's role may hold, and those other roles hold now
+    SELECT current_setting('max_connections')::integer - current_setting('superuser_reserved_connections')::integer
+               - coalesce(current_setting('reserved_connections', true)::integer, 0) AS connection_limit,
+           (SELECT count(*) FROM pg_stat_activity a
+            WHERE a.usesysid <> (SELECT r.oid FROM pg_roles r WHERE r.rolname = session_user)
+              AND (a.backend_type = 'client backend' OR a.backend_type IS NULL))::integer AS other_role_connections
 )
 SELECT q.queue, q.lookahead,
        (SELECT count(*) FROM (SELECT 1 FROM queueworker.tasks
@@ -200,6 +235,7 @@ SELECT q.queue, q.lookahead,
                                 AND run_after <= now() + make_interval(secs => coalesce(q.lookahead, 0))
                               LIMIT %(cap)s) AS s) AS due_soon,
        t.finish_rate, t.recent_task_seconds,
+       (SELECT connection_limit FROM budget), (SELECT other_role_connections FROM budget),
        false AS paused, false AS breaker_open, NULL::float8 AS rate_per_second,
        NULL::integer AS max_running, NULL::float8 AS mean_task_seconds,
        false AS key_limited, NULL::bigint AS key_slots, 0 AS keys_ready, 0 AS keys_held

@@ -66,6 +66,10 @@ CLAIM_FAILURES_BEFORE_EXIT = 5
 # Stop signal to exit: time kept back from the drain for releasing, flushing and deregistering.
 SHUTDOWN_RESERVE_SECONDS = 3.0
 EXIT_UNCLEAN = 1
+# The database connections one worker process holds at most: the five of Worker._connections() (claim,
+# completion, heartbeat, duties, checkpoints) and the listener's. The controller scales within the
+# database's connection budget with it (docs/controller.md, "The database's connection budget").
+CONNECTIONS_PER_WORKER = 6
 
 
 class State(enum.Enum):

@@ -36,6 +36,9 @@ class ScalingParams:
     tolerance: float = DEFAULT_TOLERANCE
     # One more replica per tick (up to max) while the oldest ready task has waited longer than this.
     max_wait_seconds: float | None = None
+    # Database connections one replica holds: its worker processes x CONNECTIONS_PER_WORKER
+    # (queueworker.runtime.worker), as the controller knows them; None: the budget binds nothing.
+    connections_per_replica: int | None = None
 
     def clamp(self, replicas: int) -> int:
         return max(self.min_replicas, min(self.max_replicas, replicas))
@@ -72,6 +75,13 @@ class QueueDepth:
     # lately, and their mean duration.
     finish_rate: float | None = None
     recent_task_seconds: float | None = None
+    # The database's connection budget as read with the depth: max_connections less the reserved
+    # slots (`connection_limit`), the client backends of other roles; and, worked out by the
+    # controller from those (queueworker_controller.queuedb), the connections this QueueWorker's
+    # workers may hold: None when unknown.
+    connection_limit: int | None = None
+    other_role_connections: int = 0
+    connection_budget: int | None = None
 
     @classmethod
     def from_row(cls, row: QueueDepthRow) -> QueueDepth:
@@ -80,6 +90,7 @@ class QueueDepth:
                    breaker_open=row.breaker_open, rate_per_second=row.rate_per_second, max_running=row.max_running,
                    mean_task_seconds=row.mean_task_seconds, due_soon=int(row.due_soon),
                    finish_rate=row.finish_rate, recent_task_seconds=row.recent_task_seconds,
+                   connection_limit=int(row.connection_limit), other_role_connections=int(row.other_role_connections),
                    key_limited=row.key_limited, key_slots=None if row.key_slots is None else int(row.key_slots),
                    keys_ready=int(row.keys_ready), keys_held=int(row.keys_held))
 
@@ -140,12 +151,20 @@ def decide(inputs: PolicyInputs) -> Decision:
     history = _window(inputs.history, inputs.now, p.scale_down_stabilization_seconds, floor)
 
     capped: FlowLimit | None = None  # set once a flow limit lowered the target
+    budget = database_limit(depth, p.connections_per_replica)
 
     def decision(desired: int, reason: str, message: str) -> Decision:
-        if capped is not None and reason in ("Activated", "ScaledUp", "Steady", "WithinTolerance", *RAISED_BY):
-            reason, message = capped.reason, f"{message}; capped by {capped.why}"
+        limit = capped
+        if budget is not None and desired > max(current, budget.replicas):
+            # No rule scales past the database's budget, minReplicas included: workers that cannot
+            # connect start nothing and take the connections other clients need. Nor does the
+            # budget take replicas away: those running hold their connections already.
+            desired, limit = max(current, budget.replicas), budget
+            reason, message = budget.reason, f"{message}; capped at {desired} by {budget.why}"
+        elif limit is not None and reason in ("Activated", "ScaledUp", "Steady", "WithinTolerance", *RAISED_BY):
+            reason, message = limit.reason, f"{message}; capped by {limit.why}"
         recorded = _remember(history, Recommendation(inputs.now, desired), floor)
-        return Decision(desired, reason, message, recorded, active, last_active, limit=capped)
+        return Decision(desired, reason, message, recorded, active, last_active, limit=limit)
 
     if depth.paused or depth.breaker_open or depth.every_ready_key_held:
         held = p.clamp(current)
@@ -176,6 +195,8 @@ def decide(inputs: PolicyInputs) -> Decision:
     limit = flow_limit(depth, p.tasks_per_replica)
     if limit is not None and target > max(floor, limit.replicas):
         target, capped = max(floor, limit.replicas), limit
+    if budget is not None and target > max(current, budget.replicas):  # below minReplicas too: see decision()
+        target, capped = max(current, budget.replicas), budget
     why = f" ({raised.why})" if raised.reason and target == raised.replicas else ""
     # Counts wobble, and the tolerance absorbs that; a throughput floor or a wait limit is a decision.
     deliberate = bool(why) and raised.reason in ("ThroughputFloor", "WaitTooLong")
@@ -259,8 +280,22 @@ def throughput_slots(depth: QueueDepth) -> int | None:
 @dataclass(frozen=True)
 class FlowLimit:
     replicas: int
-    reason: str  # LimitedByConcurrency, LimitedByRate or LimitedByKeys; for a hold Paused, BreakerOpen, KeysHeld
+    # LimitedByConcurrency, LimitedByRate, LimitedByKeys or LimitedByDatabase; for a hold Paused,
+    # BreakerOpen, KeysHeld
+    reason: str
     why: str
+
+
+def database_limit(depth: QueueDepth, connections_per_replica: int | None) -> FlowLimit | None:
+    """The most replicas the database's connection budget for this QueueWorker's workers holds:
+    budget // connections per replica (None: budget unknown). The budget leaves out the connections
+    of the workers running now (they are this login's role's, which it does not subtract), so the
+    replicas already running never shrink it: only other clients taking connections do."""
+    if depth.connection_budget is None or connections_per_replica is None:
+        return None
+    replicas = max(0, depth.connection_budget) // max(1, connections_per_replica)
+    return FlowLimit(replicas, "LimitedByDatabase", f"the database's budget of {depth.connection_budget} "
+                     f"connections for these workers, {connections_per_replica} per replica")
 
 
 def flow_limit(depth: QueueDepth, tasks_per_replica: int) -> FlowLimit | None:

@@ -54,4 +54,5 @@ class QueueDepthField:
     KEY_SLOTS = "keySlots"  # with per-key limits only, when they bound what the keys may run
     KEYS_READY = "keysReady"  # with per-key limits only
     KEYS_HELD = "keysHeld"  # with per-key limits only
+    CONNECTION_BUDGET = "connectionBudget"  # the connections this QueueWorker's workers may hold, when read
 
