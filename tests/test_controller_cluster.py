@@ -157,7 +157,8 @@ def test_held_keys_add_no_pods_and_per_key_caps_bound_the_replicas(cluster: Clus
     assert (status["queueDepth"]["keysReady"], status["queueDepth"]["keysHeld"]) == (2, 2)
     assert {c["type"]: c["reason"] for c in status["conditions"]}["Limited"] == "KeysHeld"
 
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with psycopg.connect(dsn, autocommit=True) as conn, conn.transaction():
+        # Both at once: a read between two resumes would decide, and tell, for one key alone.
         for key in ("tenant-a", "tenant-b"):
             operations.resume(conn, "jobs", key=key)
     cluster.wait_for(lambda: cluster.queueworker("tenants").get("status", {}).get("reason") == "LimitedByKeys",
