@@ -12,8 +12,12 @@
 -- for every row however it was inserted, so producers in any language agree. "Canonical" is
 -- jsonb's own text form: keys sorted and duplicates removed, whitespace normalised. This function
 -- computes it for a lookup; migration 004 filled the rows of its day with the same expression.
+-- STABLE, as the functions it calls are (jsonb_build_array and convert_to): Postgres inlines a SQL
+-- function only when its body is no more volatile than declared, so a statement (or a trigger's
+-- expression) computes the expression itself instead of calling a function per row, which cost a
+-- bulk insert about as much again as the hash. Nothing indexes it, so IMMUTABLE bought nothing.
 CREATE OR REPLACE FUNCTION queueworker.spec_hash(queue text, task text, payload jsonb) RETURNS bytea
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
     SELECT pg_catalog.sha256(pg_catalog.convert_to(pg_catalog.jsonb_build_array(queue, task, payload)::text, 'UTF8'))
 $$;
 

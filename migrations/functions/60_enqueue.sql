@@ -16,6 +16,8 @@
 -- order, so each spec finds its row. Aimed at `tasks_active`, whose unique index is the arbiter of
 -- the ON CONFLICT: one unfinished task per (queue, dedupe key). A definer function, so the producer
 -- role needs no right on the partition. Called by `enqueue_tasks` (worker/db/enqueue.sql).
+-- The statement sets each row's spec hash itself (the expression of 30_unique_tasks.sql, inlined), so
+-- the row trigger that fills a missing one is not called once per task.
 -- Queue grants (15_queue_grants.sql): every spec's queue, every prerequisite's (one the login may not
 -- see is no task to depend on, so it learns nothing of other queues) and every queue of a run it adds
 -- partitions to must be the acting login's; a partition must be in one of its run's queues.
@@ -85,6 +87,7 @@ BEGIN
         SELECT s.ord, s.queue, s.task, s.payload, s.priority, s.run_after, s.max_attempts, s.timeout_seconds,
                s.cancel_on_failure, s.run_id, s.run_partition, s.headers, s.key,
                nextval('queueworker.tasks_id_seq') AS new_id,
+               queueworker.spec_hash(s.queue, s.task, s.payload) AS spec_hash,
                CASE WHEN s.by_spec THEN encode(queueworker.spec_hash(s.queue, s.task, s.payload), 'hex')
                     ELSE s.dedupe_key END AS dedupe_key,
                s.ord = ANY(prerequisite_ords) AS blocked
@@ -96,11 +99,12 @@ BEGIN
     ), inserted AS (
         INSERT INTO queueworker.tasks_active AS t
             (id, queue, task, state, payload, priority, run_after, delayed, max_attempts, timeout_seconds, dedupe_key,
-             run_id, run_partition, headers, key)
+             run_id, run_partition, headers, key, spec_hash)
         OVERRIDING SYSTEM VALUE  -- the identity is the parent's: an insert aimed at a partition takes ids itself
         SELECT new_id, s.queue, s.task, CASE WHEN s.blocked THEN 'blocked' ELSE 'pending' END::queueworker.task_state,
                s.payload, s.priority, coalesce(s.run_after, now()), coalesce(s.run_after > now(), false),
-               s.max_attempts, s.timeout_seconds, s.dedupe_key, s.run_id, s.run_partition, s.headers, s.key
+               s.max_attempts, s.timeout_seconds, s.dedupe_key, s.run_id, s.run_partition, s.headers, s.key,
+               s.spec_hash
         FROM specs s ORDER BY s.ord
         ON CONFLICT (queue, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
         RETURNING t.id, t.queue, t.run_after, t.state
