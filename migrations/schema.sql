@@ -759,6 +759,7 @@ BEGIN
         SELECT s.ord, s.queue, s.task, s.payload, s.priority, s.run_after, s.max_attempts, s.timeout_seconds,
                s.cancel_on_failure, s.run_id, s.run_partition, s.headers, s.key,
                nextval('queueworker.tasks_id_seq') AS new_id,
+               queueworker.spec_hash(s.queue, s.task, s.payload) AS spec_hash,
                CASE WHEN s.by_spec THEN encode(queueworker.spec_hash(s.queue, s.task, s.payload), 'hex')
                     ELSE s.dedupe_key END AS dedupe_key,
                s.ord = ANY(prerequisite_ords) AS blocked
@@ -770,11 +771,12 @@ BEGIN
     ), inserted AS (
         INSERT INTO queueworker.tasks_active AS t
             (id, queue, task, state, payload, priority, run_after, delayed, max_attempts, timeout_seconds, dedupe_key,
-             run_id, run_partition, headers, key)
+             run_id, run_partition, headers, key, spec_hash)
         OVERRIDING SYSTEM VALUE  -- the identity is the parent's: an insert aimed at a partition takes ids itself
         SELECT new_id, s.queue, s.task, CASE WHEN s.blocked THEN 'blocked' ELSE 'pending' END::queueworker.task_state,
                s.payload, s.priority, coalesce(s.run_after, now()), coalesce(s.run_after > now(), false),
-               s.max_attempts, s.timeout_seconds, s.dedupe_key, s.run_id, s.run_partition, s.headers, s.key
+               s.max_attempts, s.timeout_seconds, s.dedupe_key, s.run_id, s.run_partition, s.headers, s.key,
+               s.spec_hash
         FROM specs s ORDER BY s.ord
         ON CONFLICT (queue, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
         RETURNING t.id, t.queue, t.run_after, t.state
@@ -1637,7 +1639,7 @@ END
 $_$;
 
 CREATE FUNCTION queueworker.spec_hash(queue text, task text, payload jsonb) RETURNS bytea
-    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    LANGUAGE sql STABLE PARALLEL SAFE
     AS $$
     SELECT pg_catalog.sha256(pg_catalog.convert_to(pg_catalog.jsonb_build_array(queue, task, payload)::text, 'UTF8'))
 $$;
