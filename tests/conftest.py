@@ -159,6 +159,15 @@ def dsn(postgres, template_copies):
         yield url
 
 
+@pytest.fixture(scope="module")
+def module_dsn(postgres, template_copies):
+    """One migrated database for all the tests of a module, dropped after them: for tests that change
+    nothing another could see (they prepare and describe statements, or roll back what they do)."""
+    _, admin_dsn = postgres
+    with owned_database(admin_dsn, template_copies.take()) as url:
+        yield url
+
+
 @pytest.fixture(scope="session")
 def controller_kubeconfig(control_plane, crd, tmp_path_factory):
     """The controller's kubeconfig on the process-kubelet cluster: its ServiceAccount with exactly

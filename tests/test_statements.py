@@ -1,5 +1,5 @@
 """Every statement queueworker runs matches its declared types: each is prepared against a freshly
-migrated database, and the server's view of its placeholders and result columns is compared with
+migrated database (one for the module), and the server's view of its placeholders and result columns is compared with
 the statement's parameter type and row type. A column that moves, a placeholder whose type
 changes, or a row type that no longer fits fails here, not in production."""
 
@@ -106,8 +106,10 @@ def test_a_statement_refuses_parameters_of_another_type():
 
 @pytest.mark.integration
 @pytest.mark.parametrize("statement", all_statements(), ids=lambda statement: statement.name)
-def test_the_statement_matches_its_declared_parameter_and_row_types(dsn, statement):
-    with psycopg.connect(dsn, autocommit=True) as conn:
+def test_the_statement_matches_its_declared_parameter_and_row_types(module_dsn, statement):
+    # One database for every statement: preparing and describing change nothing, and a script runs
+    # in a transaction that is rolled back.
+    with psycopg.connect(module_dsn, autocommit=True) as conn:
         type_names = dict(conn.execute("SELECT oid::int, typname::text FROM pg_type").fetchall())
         enums = {name for (name,) in conn.execute("SELECT typname::text FROM pg_type WHERE typtype = 'e'")}
         # The staging table the producer's COPY path fills exists only in its transaction: made here as
