@@ -759,14 +759,14 @@ BEGIN
         SELECT s.ord, s.queue, s.task, s.payload, s.priority, s.run_after, s.max_attempts, s.timeout_seconds,
                s.cancel_on_failure, s.run_id, s.run_partition, s.headers, s.key,
                nextval('queueworker.tasks_id_seq') AS new_id,
-               queueworker.spec_hash(s.queue, s.task, s.payload) AS spec_hash,
-               CASE WHEN s.by_spec THEN encode(queueworker.spec_hash(s.queue, s.task, s.payload), 'hex')
-                    ELSE s.dedupe_key END AS dedupe_key,
+               h.spec_hash,
+               CASE WHEN s.by_spec THEN encode(h.spec_hash, 'hex') ELSE s.dedupe_key END AS dedupe_key,
                s.ord = ANY(prerequisite_ords) AS blocked
         FROM unnest(queues, tasks, payloads, priorities, run_afters, max_attempts, timeouts, dedupe_keys, by_spec,
                     cancel_on_failure, run_ids, run_partitions, headers, keys)
              WITH ORDINALITY AS s(queue, task, payload, priority, run_after, max_attempts, timeout_seconds,
                                   dedupe_key, by_spec, cancel_on_failure, run_id, run_partition, headers, key, ord)
+             CROSS JOIN LATERAL (SELECT queueworker.spec_hash(s.queue, s.task, s.payload) AS spec_hash) AS h
         ORDER BY s.ord
     ), inserted AS (
         INSERT INTO queueworker.tasks_active AS t

@@ -1,7 +1,7 @@
 """Every statement queueworker runs matches its declared types: each is prepared against a freshly
-migrated database (one for the module), and the server's view of its placeholders and result columns is compared with
-the statement's parameter type and row type. A column that moves, a placeholder whose type
-changes, or a row type that no longer fits fails here, not in production."""
+migrated database (one for the module), and the server's view of its placeholders and result
+columns is compared with the statement's parameter type and row type. A column that moves, a
+placeholder whose type changes, or a row type that no longer fits fails here, not in production."""
 
 from __future__ import annotations
 

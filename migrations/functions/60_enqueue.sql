@@ -16,8 +16,9 @@
 -- order, so each spec finds its row. Aimed at `tasks_active`, whose unique index is the arbiter of
 -- the ON CONFLICT: one unfinished task per (queue, dedupe key). A definer function, so the producer
 -- role needs no right on the partition. Called by `enqueue_tasks` (worker/db/enqueue.sql).
--- The statement sets each row's spec hash itself (the expression of 30_unique_tasks.sql, inlined), so
--- the row trigger that fills a missing one is not called once per task.
+-- The statement sets each row's spec hash itself (the expression of 30_unique_tasks.sql, inlined), once
+-- per spec for both the row and a dedupe key by spec, so the row trigger that fills a missing one is
+-- not called once per task.
 -- Queue grants (15_queue_grants.sql): every spec's queue, every prerequisite's (one the login may not
 -- see is no task to depend on, so it learns nothing of other queues) and every queue of a run it adds
 -- partitions to must be the acting login's; a partition must be in one of its run's queues.
@@ -87,14 +88,14 @@ BEGIN
         SELECT s.ord, s.queue, s.task, s.payload, s.priority, s.run_after, s.max_attempts, s.timeout_seconds,
                s.cancel_on_failure, s.run_id, s.run_partition, s.headers, s.key,
                nextval('queueworker.tasks_id_seq') AS new_id,
-               queueworker.spec_hash(s.queue, s.task, s.payload) AS spec_hash,
-               CASE WHEN s.by_spec THEN encode(queueworker.spec_hash(s.queue, s.task, s.payload), 'hex')
-                    ELSE s.dedupe_key END AS dedupe_key,
+               h.spec_hash,
+               CASE WHEN s.by_spec THEN encode(h.spec_hash, 'hex') ELSE s.dedupe_key END AS dedupe_key,
                s.ord = ANY(prerequisite_ords) AS blocked
         FROM unnest(queues, tasks, payloads, priorities, run_afters, max_attempts, timeouts, dedupe_keys, by_spec,
                     cancel_on_failure, run_ids, run_partitions, headers, keys)
              WITH ORDINALITY AS s(queue, task, payload, priority, run_after, max_attempts, timeout_seconds,
                                   dedupe_key, by_spec, cancel_on_failure, run_id, run_partition, headers, key, ord)
+             CROSS JOIN LATERAL (SELECT queueworker.spec_hash(s.queue, s.task, s.payload) AS spec_hash) AS h
         ORDER BY s.ord
     ), inserted AS (
         INSERT INTO queueworker.tasks_active AS t
