@@ -20,10 +20,11 @@ import psycopg
 import pytest
 
 from queueworker.db import lease, statements
-from queueworker.db.connection import connect
+from queueworker.db.connection import DutyConnection
 from queueworker.dev.localpg import LocalPostgres, PostgresNotFound
 from queueworker.db.migrate import migrate
 from queueworker.client.producer import enqueue_many
+from queueworker.runtime.worker import ASYNC_CLAIM_COMMIT
 from tests.support import wait_until
 
 pytestmark = pytest.mark.integration
@@ -44,18 +45,21 @@ def crashable_dsn():
         server.destroy()
 
 
-def _claim_then_crash(dsn: str, durable_commits: bool) -> tuple[int, int]:
-    """Claims one task on a claim connection as the worker makes it, with the WAL writer stopped,
-    then crashes the server. Returns the claimed task's id and lease token."""
+def _claim_then_crash(dsn: str, async_commit: bool) -> tuple[int, int]:
+    """Claims one task on a duty connection as the worker does (with its asynchronous commit, or
+    without), with the WAL writer stopped, then crashes the server. Returns the claimed task's id
+    and lease token."""
     with psycopg.connect(dsn, autocommit=True) as admin:
         walwriter, = admin.execute(
             "SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'").fetchone()
 
     async def claim() -> lease.ClaimedRow | None:
-        conn = await connect(dsn, "queueworker-claim", durable_commits)
+        conn = DutyConnection(dsn, "queueworker-duty", prepare=True)
         try:
-            return await statements.fetch_one_async(conn, lease.CLAIM, lease.ClaimParams(
-                queue="default", limit=1, worker=uuid.uuid4(), lease_seconds=60, timeout_seconds=60))
+            rows = await conn.fetch(lease.CLAIM, lease.ClaimParams(
+                queue="default", limit=1, worker=uuid.uuid4(), lease_seconds=60, timeout_seconds=60),
+                first=ASYNC_CLAIM_COMMIT if async_commit else None)
+            return rows[0] if rows else None
         finally:
             await conn.close()
 
@@ -95,7 +99,7 @@ def _complete(dsn: str, task_id: int, token: int) -> list:
 def test_a_claim_lost_in_a_crash_puts_the_task_back_and_fences_its_holder(crashable_dsn):
     with psycopg.connect(crashable_dsn) as conn:
         enqueue_many(conn, [{"task": "t"}])
-    task_id, token = _claim_then_crash(crashable_dsn, durable_commits=False)
+    task_id, token = _claim_then_crash(crashable_dsn, async_commit=True)
     state, lease_token = _state_and_token(crashable_dsn, task_id)
     assert state == "pending" and lease_token != token, "the claim's commit should have been lost in the crash"
     assert _complete(crashable_dsn, task_id, token) == [], "the holder of a lost claim must not complete the task"
@@ -109,6 +113,6 @@ def test_a_claim_lost_in_a_crash_puts_the_task_back_and_fences_its_holder(crasha
 def test_a_durable_claim_survives_the_same_crash(crashable_dsn):
     with psycopg.connect(crashable_dsn) as conn:
         enqueue_many(conn, [{"task": "t"}])
-    task_id, token = _claim_then_crash(crashable_dsn, durable_commits=True)
+    task_id, token = _claim_then_crash(crashable_dsn, async_commit=False)
     assert _state_and_token(crashable_dsn, task_id) == ("running", token)
     assert [row[0] for row in _complete(crashable_dsn, task_id, token)] == [task_id]

@@ -20,6 +20,7 @@ from kubernetes.client.rest import ApiException
 
 from queueworker.client import operations
 from queueworker.client.producer import enqueue_many
+from queueworker.runtime.worker import CONNECTIONS_PER_WORKER
 from queueworker_controller.deployment import OWNER_LABEL
 from queueworker_controller.kube import DELETION_COST_ANNOTATION
 from queueworker_controller.spec import SCALED_BY_ANNOTATION
@@ -177,26 +178,28 @@ def test_max_connections_bounds_the_replicas_below_min_replicas_with_limited_by_
     from the Deployment's creation on; a larger budget lets it scale up (to minReplicas first, as
     ever) as far as it holds, with a LimitedByDatabase Event. The server all the tests share cannot be given a small max_connections
     without starving them, so the budget here is the QueueWorker's own maxConnections
-    (tests/test_connection_budget.py reads a server's budget): 13 connections hold two replicas of 6."""
+    (tests/test_connection_budget.py reads a server's budget): two replicas' connections and one more
+    hold two replicas."""
     enqueue_sleeps(dsn, *[2.0] * 100)
     spec = worker_spec(minReplicas=3, maxReplicas=5)
-    cluster.apply("budgeted", {**spec, "database": {**spec["database"], "maxConnections": 13}})
+    two, four = 2 * CONNECTIONS_PER_WORKER + 1, 4 * CONNECTIONS_PER_WORKER + 1
+    cluster.apply("budgeted", {**spec, "database": {**spec["database"], "maxConnections": two}})
     cluster.wait_for(lambda: cluster.queueworker("budgeted").get("status", {}).get("reason") == "LimitedByDatabase",
                      timeout=30, message="the LimitedByDatabase decision")
     seen = replicas_seen(cluster, "budgeted", polls=2)
-    assert seen == {2}, f"13 connections hold 2 replicas, not minReplicas=3 nor the backlog's 5: {seen}"
+    assert seen == {2}, f"{two} connections hold 2 replicas, not minReplicas=3 nor the backlog's 5: {seen}"
     status = cluster.queueworker("budgeted")["status"]
-    assert status["queueDepth"]["connectionBudget"] == 13
-    assert "budget of 13 connections for these workers, 6 per replica" in status["message"]
+    assert status["queueDepth"]["connectionBudget"] == two
+    assert f"budget of {two} connections for these workers, {CONNECTIONS_PER_WORKER} per replica" in status["message"]
     assert {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}["Limited"] == \
         ("True", "LimitedByDatabase")
 
     cluster.custom.patch_namespaced_custom_object(GROUP, VERSION, cluster.namespace, PLURAL, "budgeted", {
-        "spec": {"database": {"maxConnections": 25}}})
+        "spec": {"database": {"maxConnections": four}}})
     (event,) = cluster.wait_for(lambda: cluster.events("LimitedByDatabase"), timeout=30,
                                 message="the LimitedByDatabase Event")
-    assert "-> 4 replicas" in event.message and "budget of 25 connections" in event.message, event.message
-    assert replicas_seen(cluster, "budgeted", polls=2) == {4}, "25 connections hold 4 replicas, not the backlog's 5"
+    assert "-> 4 replicas" in event.message and f"budget of {four} connections" in event.message, event.message
+    assert replicas_seen(cluster, "budgeted", polls=2) == {4}, f"{four} connections hold 4 replicas, not the backlog's 5"
 
 
 def test_lookahead_starts_the_pods_of_a_scheduled_burst_before_it_is_due(cluster: Cluster, dsn: str):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+from queueworker.runtime.worker import CONNECTIONS_PER_WORKER
 from queueworker.scaling.policy import QueueDepth
 from queueworker_controller import metrics
 from tests.test_controller_reconcile import FakeKube, conditions, tick
@@ -41,14 +42,15 @@ def test_per_key_limits_cap_the_replicas_and_say_so_in_the_limited_condition():
 
 def test_queueworkers_on_one_database_take_their_shares_of_its_budget_in_turn():
     """Two QueueWorkers whose depth reads return together: the first to decide takes what is free of
-    the database's budget (34 less 7 of other roles, less the controller's 3: 4 replicas of 6), the
+    the database's budget (4 replicas' worth plus 10, less 7 of other roles, less the controller's 3), the
     other sees it taken and starts none; once the first is deleted its share goes to the other."""
     from queueworker_controller.reconcile import ObjectMemory, QueueWorkerObject, Reconciler
     from queueworker_controller.redaction import KnownSecrets
     from tests.test_controller_reconcile import SPEC, FakeDatabases
 
     kube = FakeKube()
-    reconciler = Reconciler(kube, FakeDatabases(QueueDepth(ready=100, running=0, connection_limit=34,  # type: ignore[arg-type]
+    limit = 4 * CONNECTIONS_PER_WORKER + 10
+    reconciler = Reconciler(kube, FakeDatabases(QueueDepth(ready=100, running=0, connection_limit=limit,  # type: ignore[arg-type]
                                                            other_role_connections=7)),
                             wall_clock=lambda: 1_000_000.0, secrets=KnownSecrets())
     first, second = (QueueWorkerObject(name, "ns", f"uid-{name}", 1, SPEC, {}) for name in ("first", "second"))
@@ -64,7 +66,7 @@ def test_queueworkers_on_one_database_take_their_shares_of_its_budget_in_turn():
         (taker, took), (other, left) = sorted(zip((first, second), asyncio.run(together())),
                                               key=lambda pair: -pair[1].status["desiredReplicas"])
         assert (took.status["desiredReplicas"], took.status["reason"]) == (4, "LimitedByDatabase")
-        assert took.status["queueDepth"]["connectionBudget"] == 24
+        assert took.status["queueDepth"]["connectionBudget"] == 4 * CONNECTIONS_PER_WORKER
         assert (left.status["desiredReplicas"], left.status["reason"]) == (0, "LimitedByDatabase")
         assert left.status["queueDepth"]["connectionBudget"] == 0
         assert conditions(left)["Limited"] == ("True", "LimitedByDatabase")

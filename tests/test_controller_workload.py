@@ -4,6 +4,7 @@ worker's drain, and the worker processes a pod runs, which its connections are c
 from __future__ import annotations
 
 import pytest
+from queueworker.runtime.worker import CONNECTIONS_PER_WORKER
 from queueworker_controller.spec import QueueWorkerSpec
 from queueworker_controller.workload import worker_drain, worker_processes
 
@@ -34,5 +35,5 @@ def test_the_drain_is_read_from_the_first_worker_container_that_gives_it():
 def test_an_owned_deployment_is_created_within_max_connections():
     base = {"queue": "q", "image": "i", "scaling": {"minReplicas": 3}}
     assert QueueWorkerSpec.from_dict({**base, "database": {"secretRef": {"name": "s"}}}).initial_replicas == 3
-    assert QueueWorkerSpec.from_dict({**base, "database": {"secretRef": {"name": "s"}, "maxConnections": 13}}
+    assert QueueWorkerSpec.from_dict({**base, "database": {"secretRef": {"name": "s"}, "maxConnections": 2 * CONNECTIONS_PER_WORKER + 1}}
                                      ).initial_replicas == 2

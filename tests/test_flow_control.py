@@ -140,7 +140,7 @@ def race_two_claims(dsn: str, lock: Bound, claim: Statement, params: ClaimParams
         try:
             await statements.execute_async(holder, lock.statement, lock.params)
             first = await statements.fetch_async(holder, claim, params)
-            second = asyncio.create_task(waiter.fetch(claim, params, lock=lock))
+            second = asyncio.create_task(waiter.fetch(claim, params, first=lock))
             await wait_for_lock_wait(dsn)
             await holder.commit()
             return len(first), len(await second)

@@ -9,6 +9,7 @@ from typing import NamedTuple
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from queueworker import enqueue_many
 from queueworker.client import operations
@@ -16,6 +17,7 @@ from queueworker.db import statements
 from queueworker.db.connection import DutyConnection, connect
 from queueworker.db.lease import CLAIM_KEYS, LOCK_KEYS, LOCK_QUEUE, KeyClaimParams, LockQueueParams
 from queueworker.db.statements import NO_PARAMS, Bound, NoParams, Statement
+from queueworker.runtime.worker import ASYNC_CLAIM_COMMIT
 from tests.support import query, scalar, until, wait_until
 
 pytestmark = pytest.mark.integration
@@ -67,23 +69,25 @@ SYNCHRONOUS_COMMIT = Statement("test.synchronous_commit", "SELECT current_settin
 
 
 @pytest.mark.parametrize("lock", [LOCK_QUEUE, LOCK_KEYS])
-def test_a_claim_under_the_lock_commits_durably_on_a_claim_connection_that_does_not(dsn, lock):
-    """The claim connection commits without waiting for the disk (--async-claim-commit), but a claim
-    under a queue's lock commits durably: its limits count what it wrote, and a claim a crash lost
-    would have started tasks nobody counts. The setting is the transaction's own: the session's
-    next statement is asynchronous again."""
+def test_a_claim_under_the_lock_commits_durably_where_a_plain_claim_does_not(dsn, lock):
+    """A worker's plain claims commit without waiting for the disk (--async-claim-commit), but a
+    claim under a queue's lock commits durably: its limits count what it wrote, and a claim a crash
+    lost would have started tasks nobody counts. Either setting is the transaction's own: the duty
+    connection's next statement (a heartbeat, say) is durable."""
     key_limited_queue(dsn, 1)
+    with psycopg.connect(dsn, autocommit=True) as conn:  # the test server's own default is off
+        conn.execute(sql.SQL("ALTER DATABASE {} SET synchronous_commit = on").format(sql.Identifier(conn.info.dbname)))
 
     async def settings() -> tuple[str, str, str]:
-        claimer = DutyConnection(dsn, "test-claimer", durable_commits=False)  # as a worker's claim connection
+        claimer = DutyConnection(dsn, "test-claimer")  # as a worker's duty connection
         try:
-            [before] = await claimer.fetch(SYNCHRONOUS_COMMIT, NO_PARAMS)
-            [under] = await claimer.fetch(SYNCHRONOUS_COMMIT, NO_PARAMS, lock=Bound(lock, LockQueueParams(queue="q")))
+            [plain] = await claimer.fetch(SYNCHRONOUS_COMMIT, NO_PARAMS, first=ASYNC_CLAIM_COMMIT)
+            [under] = await claimer.fetch(SYNCHRONOUS_COMMIT, NO_PARAMS, first=Bound(lock, LockQueueParams(queue="q")))
             [after] = await claimer.fetch(SYNCHRONOUS_COMMIT, NO_PARAMS)
-            return before.synchronous_commit, under.synchronous_commit, after.synchronous_commit
+            return plain.synchronous_commit, under.synchronous_commit, after.synchronous_commit
         finally:
             await claimer.close()
-    assert asyncio.run(settings()) == ("off", "on", "off")
+    assert asyncio.run(settings()) == ("off", "on", "on")
 
 
 def test_a_claim_commits_once_granted_the_lock_without_a_word_more_from_its_worker(dsn):
@@ -101,7 +105,7 @@ def test_a_claim_commits_once_granted_the_lock_without_a_word_more_from_its_work
         claimer = DutyConnection(dsn, "test-claimer")
         try:
             holder.execute("SELECT FROM queueworker.queues WHERE name = 'q' FOR NO KEY UPDATE")
-            claim = asyncio.create_task(claimer.fetch(CLAIM_KEYS, params, lock=LOCK))
+            claim = asyncio.create_task(claimer.fetch(CLAIM_KEYS, params, first=LOCK))
             await until(lambda: scalar(dsn, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
                                             " AND application_name = 'test-claimer'"),
                         10, "the claim to wait for the queue's row")
@@ -190,7 +194,7 @@ def test_claims_under_the_lock_go_through_pgbouncer_in_transaction_pooling(pgbou
     async def claims() -> list[int]:
         claimer = DutyConnection(pgbouncer_dsn, "test-claimer")
         try:
-            return [len(await claimer.fetch(CLAIM_KEYS, params, lock=LOCK)) for _ in range(4)]
+            return [len(await claimer.fetch(CLAIM_KEYS, params, first=LOCK)) for _ in range(4)]
         finally:
             await claimer.close()
 

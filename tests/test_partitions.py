@@ -119,11 +119,16 @@ def _fail_permanently(conn: psycopg.Connection, task_id: int, token: int) -> lis
         errors=[Jsonb({"type": "E", "message": "x"})]))
 
 
-def test_a_heartbeat_that_meets_a_row_moved_meanwhile_is_rerun_not_failed(dsn):
-    """A failure moves a row while a heartbeat waits for its lock: Postgres fails the heartbeat
+def _heartbeat_params(worker: uuid.UUID, task_id: int, token: int) -> lease.HeartbeatParams:
+    return lease.HeartbeatParams(worker=worker, hostname="h", pod_name=None, pod_namespace=None, pid=1,
+                                 queues=["default"], concurrency=1, running=1, draining=False, version="t",
+                                 lease_seconds=30, ids=[task_id], tokens=[token], progresses=[None])
+
+
+def test_a_statement_that_meets_a_row_moved_meanwhile_is_rerun_not_failed(dsn):
+    """A failure moves a row while a checkpoint waits for its lock: Postgres fails the checkpoint
     with 40001 (the row left the partition it was found in); DutyConnection re-runs it with a
     fresh snapshot, which no longer sees the row."""
-    worker = uuid.uuid4()
     with psycopg.connect(dsn, autocommit=True) as conn:
         enqueue(conn, "qw.noop")
         task_id, token = _claim_one(conn)
@@ -131,23 +136,48 @@ def test_a_heartbeat_that_meets_a_row_moved_meanwhile_is_rerun_not_failed(dsn):
 
     async def scenario() -> list[tuple]:
         mover = psycopg.connect(dsn)  # holds the moving UPDATE open until we commit it
+        checkpoints = DutyConnection(dsn, "qw-test-checkpoint")
+        try:
+            assert _fail_permanently(mover, task_id, token) == [(task_id, token, "failed")]
+            save = asyncio.create_task(checkpoints.fetch(lease.SAVE_CHECKPOINT, lease.SaveCheckpointParams(
+                id=task_id, token=token, checkpoint='{"page": 2}', progress=None)))
+            await asyncio.to_thread(_wait_for_lock_wait, dsn, "qw-test-checkpoint")
+            mover.commit()
+            return await asyncio.wait_for(save, 10)
+        finally:
+            mover.close()
+            await checkpoints.close()
+
+    assert asyncio.run(scenario()) == [], "the re-run checkpoint no longer finds the failed task running"
+    assert _moved_row_retries() == retries_before + 1
+    assert _partition_of(dsn, task_id) == "queueworker.tasks_finished"
+
+
+def test_a_heartbeat_passes_over_a_row_another_transaction_holds_locked(dsn):
+    """A failure of a held task is being written (its transaction holds the row) when a heartbeat
+    runs: the heartbeat does not wait for it, and reports the lease held but not extended; the next
+    one, after the failure committed, no longer finds it."""
+    worker = uuid.uuid4()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        enqueue(conn, "qw.noop")
+        task_id, token = _claim_one(conn)
+
+    async def scenario() -> tuple[list[tuple], list[tuple]]:
+        mover = psycopg.connect(dsn)
         heartbeat = DutyConnection(dsn, "qw-test-heartbeat")
         try:
             assert _fail_permanently(mover, task_id, token) == [(task_id, token, "failed")]
-            beat = asyncio.create_task(heartbeat.fetch(lease.HEARTBEAT, lease.HeartbeatParams(
-                worker=worker, hostname="h", pod_name=None, pod_namespace=None, pid=1,
-                queues=["default"], concurrency=1, running=1, draining=False, version="t",
-                lease_seconds=30, ids=[task_id], tokens=[token], progresses=[None])))
-            await asyncio.to_thread(_wait_for_lock_wait, dsn, "qw-test-heartbeat")
+            during = await heartbeat.fetch(lease.HEARTBEAT, _heartbeat_params(worker, task_id, token), timeout=10)
             mover.commit()
-            return await asyncio.wait_for(beat, 10)
+            after = await heartbeat.fetch(lease.HEARTBEAT, _heartbeat_params(worker, task_id, token), timeout=10)
+            return during, after
         finally:
             mover.close()
             await heartbeat.close()
 
-    assert asyncio.run(scenario()) == [], "the re-run heartbeat no longer holds the failed task"
-    assert _moved_row_retries() == retries_before + 1
-    assert _partition_of(dsn, task_id) == "queueworker.tasks_finished"
+    during, after = asyncio.run(scenario())
+    assert during == [lease.HeldRow(task_id, token, False)]
+    assert after == []
 
 
 @pytest.mark.parametrize("mover", ["success (explicit move)", "failure (routed move)"])

@@ -210,7 +210,8 @@ def test_a_worker_that_hears_of_no_schedule_change_has_its_cron_duty_poll(pgboun
                 waits.append(await worker.cron.step())
             return waits
         finally:
-            await worker._duty_conn.close()
+            for conn in worker._connections():
+                await conn.close()
 
     assert asyncio.run(duty_waits(WorkerSettings())) == [SAFETY_POLL_SECONDS, POLL_SECONDS]
     assert asyncio.run(duty_waits(WorkerSettings(listen=False))) == [POLL_SECONDS]
@@ -232,7 +233,8 @@ def test_a_worker_on_a_direct_connection_keeps_listening(dsn, caplog):
             assert not worker.listener.polling and not listening.done()
         finally:
             listening.cancel()
-            await worker._duty_conn.close()
+            for conn in worker._connections():
+                await conn.close()
     asyncio.run(listen())
     assert not any(POLLING in record.getMessage() for record in caplog.records)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from typing import NamedTuple
 
 import psycopg
 import pytest
@@ -16,11 +17,11 @@ from queueworker import enqueue_many
 
 from queueworker.db import cron, flow
 from queueworker.db.connection import DutyConnection
-from queueworker.db.statements import Statement
+from queueworker.db.statements import NO_PARAMS, NoParams, Statement
 from queueworker.runtime.handlers import Registry
 from queueworker.settings import WorkerSettings
 from queueworker.runtime.worker import Worker
-from tests.support import run_worker_until
+from tests.support import run_worker_until, scalar, until
 
 DSN = "postgresql://app@127.0.0.1:1/app"  # never connected to
 
@@ -68,7 +69,8 @@ def test_a_listener_that_starts_listening_has_the_scheduler_look_for_what_it_mis
             return await worker.scheduler.step()
         finally:
             listening.cancel()
-            await worker._duty_conn.close()
+            for conn in worker._connections():
+                await conn.close()
 
     assert 50 < asyncio.run(start_listening()) <= 60
 
@@ -101,3 +103,55 @@ def test_an_idle_worker_makes_at_most_half_a_statement_a_second_and_polls_no_set
               if query in (flow.LIMITED_QUEUES, cron.DUE_CRON_JOBS, cron.NEXT_CRON_SLOT_IN)]
     assert polled == []
     assert len(counted_window) <= 0.5 * window, counted_window
+
+
+class SlowRow(NamedTuple):
+    slept: str
+
+
+# Long enough that a notification sent once it runs arrives while it still runs.
+SLOW = Statement("test.slow", "SELECT pg_sleep(0.3)::text AS slept", NoParams, SlowRow)
+NOTIFY_NOBODY = Statement("test.notify_nobody", "SELECT pg_notify('test_nobody', '')::text AS slept", NoParams,
+                          SlowRow)
+NOTIFY_ITSELF = Statement("test.notify_itself", "SELECT pg_notify('test_shared', 'itself')::text AS slept",
+                          NoParams, SlowRow)
+
+
+@pytest.mark.integration
+def test_the_duty_connection_listens_between_statements_and_loses_no_notification(dsn):
+    """The worker listens on its duty connection whenever no statement needs it: a statement gets
+    the connection at once from the waiting listener (statements back to back too), and the
+    notifications that arrive during it
+    (another session's, and its own statement's) are handed to the listener once it waits again,
+    as is one that arrives while it waits; the listener is still listening at the end."""
+    async def main() -> list[str]:
+        conn = DutyConnection(dsn, "test-duty")
+        heard: list[str] = []
+        try:
+            def hear(notify: psycopg.Notify) -> None:
+                heard.append(notify.payload)
+            generation = await conn.listen(["test_shared"], hear)
+            listening = asyncio.create_task(conn.listen_while_idle(generation, hear))
+            await until(lambda: conn.listening, 10, "the listener to wait")
+            # Statements one right after the other: each next one asks for the connection the moment
+            # the one before hands it to the waiting listener, before the listener runs again.
+            for _ in range(3):
+                assert await conn.fetch(NOTIFY_NOBODY, NO_PARAMS, timeout=5) == [SlowRow("")]
+            slow = asyncio.create_task(conn.fetch(SLOW, NO_PARAMS, timeout=10))
+            with psycopg.connect(dsn, autocommit=True) as other:
+                await until(lambda: bool(scalar(dsn, "SELECT count(*) FROM pg_stat_activity WHERE application_name "
+                                                     "= 'test-duty' AND query LIKE '%%pg_sleep%%' AND state = 'active'")),
+                            10, "the slow statement to run")
+                other.execute("NOTIFY test_shared, 'during'")
+                assert await slow == [SlowRow("")]
+                await conn.fetch(NOTIFY_ITSELF, NO_PARAMS, timeout=10)
+                await until(lambda: len(heard) == 2, 10, "the notifications of the statements' time")
+                other.execute("NOTIFY test_shared, 'idle'")
+                await until(lambda: len(heard) == 3, 10, "the notification of an idle moment")
+            assert not listening.done()
+            listening.cancel()
+            await asyncio.gather(listening, return_exceptions=True)
+            return heard
+        finally:
+            await conn.close()
+    assert asyncio.run(asyncio.wait_for(main(), 60)) == ["during", "itself", "idle"]

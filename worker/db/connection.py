@@ -9,10 +9,12 @@ cannot fire for a statement that never reached it, and a cancel request would ha
 same hung server. Each caller brings its own timeouts: a worker's are generous (a claim may wait
 on a busy database), the controller's short (a tick reads many databases).
 
-A worker keeps one `DutyConnection` per kind of work (claiming, completing, heartbeating,
-listening, and one for the housekeeping duties), so claims, completions and heartbeats never
-wait behind each other or behind housekeeping, and no pool can give up on a database that
-restarts. The controller pools a few connections per database (queueworker_controller.queuedb).
+A worker process holds two `DutyConnection`s (docs/architecture.md, "Two connections per worker
+process"): the duty connection runs its claims, heartbeats and housekeeping, and listens for
+notifications whenever no statement needs it (`listen_while_idle`); the outcome connection its
+completions, checkpoints and releases. So a heartbeat never waits behind a completion, claims and
+flushes overlap, and no pool can give up on a database that restarts. The controller pools a few connections per database
+(queueworker_controller.queuedb).
 """
 
 from __future__ import annotations
@@ -21,14 +23,14 @@ import asyncio
 import logging
 import os
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 import psycopg
 
 from .. import dsn as dsn_text
 from .. import metrics
-from . import statements
+from . import notify, statements
 from .statements import P, R, Bound, Statement
 
 log = logging.getLogger("queueworker.db")
@@ -80,13 +82,10 @@ _OPTIONS_REFUSED: set[str] = set()
 KEEPALIVES: dict[str, Any] = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3}
 
 
-async def connect(dsn: str, application_name: str, durable_commits: bool = True,
-                  prepare: bool = False) -> psycopg.AsyncConnection:
-    """A worker connection. Without `durable_commits`, its commits return before their WAL reaches
-    the disk (synchronous_commit off): for statements whose loss in a crash harms nothing. With
-    `prepare`, repeated statements are prepared unless the server refused the startup options."""
-    options = SESSION_SETTINGS if durable_commits else SESSION_SETTINGS + " -c synchronous_commit=off"
-    return await connect_session(dsn, application_name, options, connect_timeout=CONNECT_TIMEOUT,
+async def connect(dsn: str, application_name: str, prepare: bool = False) -> psycopg.AsyncConnection:
+    """A worker connection. With `prepare`, repeated statements are prepared unless the server
+    refused the startup options."""
+    return await connect_session(dsn, application_name, SESSION_SETTINGS, connect_timeout=CONNECT_TIMEOUT,
                                  tcp_user_timeout_ms=CLIENT_TIMEOUT_SECONDS * 1000,
                                  **({"prepare_threshold": PREPARE_AFTER_RUNS} if prepare else {}))
 
@@ -196,26 +195,34 @@ class DutyConnection:
     an answer a hung server never sends. `sever()` does the same on demand (shutdown, when the
     database is known to be unresponsive), so that cancelling the caller is quick too."""
 
-    def __init__(self, dsn: str, application_name: str, durable_commits: bool = True, prepare: bool = False):
+    def __init__(self, dsn: str, application_name: str, prepare: bool = False):
         self._dsn = dsn
         self._application_name = application_name
-        self._durable_commits = durable_commits
         self._prepare = prepare
         self._conn: psycopg.AsyncConnection | None = None
         self._lock = asyncio.Lock()
+        # Which connection this is: one more for each connection opened, so a listener knows when
+        # the LISTENs it made went with a connection that was replaced.
+        self.generation = 0
+        # Statements waiting for the connection while it is held: a listener holding it idle gives
+        # it up at once (`_woken`).
+        self._statements_waiting = 0
+        self._listening = False
+        self._woken: asyncio.Future[bool] | None = None
 
     async def fetch(self, statement: Statement[P, R], params: P, *, timeout: float = CLIENT_TIMEOUT_SECONDS,
-                    lock: Bound | None = None) -> list[R]:
+                    first: Bound | None = None) -> list[R]:
         """Runs one statement and returns its rows. Gives up after `timeout` seconds, waiting for the
         connection and connecting included (StatementTimedOut).
 
-        With `lock`, that statement runs first, in one transaction with `statement`, which then
-        starts once the lock is held, so its snapshot sees whatever the previous holder committed. A
-        lock taken inside the statement itself would not: it would go on reading from the snapshot
-        it took before waiting. Both are sent at once and committed by the server without waiting
-        for the client (statements.fetch_after_lock_async): the lock is held for the server's work
-        alone, never across a round trip."""
-        return await self._within_deadline(timeout, statement, params, lock)
+        With `first`, that statement runs first, in one transaction with `statement`: a lock, or a
+        setting for the transaction (lease.sql, `commit_without_waiting`). After a lock,
+        `statement` starts once the lock is held, so its snapshot sees whatever the previous holder
+        committed. A lock taken inside the statement itself would not: it would go on reading from
+        the snapshot it took before waiting. Both are sent at once and committed by the server
+        without waiting for the client (statements.fetch_after_lock_async): the lock is held for
+        the server's work alone, never across a round trip."""
+        return await self._within_deadline(timeout, statement, params, first)
 
     async def execute(self, statement: Statement[P, Any], params: P, *,
                       timeout: float = CLIENT_TIMEOUT_SECONDS) -> None:
@@ -223,50 +230,158 @@ class DutyConnection:
         await self._within_deadline(timeout, statement, params, None)
 
     async def _within_deadline(self, timeout: float, statement: Statement[P, R], params: P,
-                               lock: Bound | None) -> list[R]:
+                               first: Bound | None) -> list[R]:
         deadline = asyncio.get_running_loop().time() + timeout
-        if self._lock.locked():
-            try:
-                async with asyncio.timeout_at(deadline):
-                    await self._lock.acquire()
-            except TimeoutError:
-                raise StatementTimedOut(f"{self._application_name}: the connection stayed busy for "
-                                        f"{timeout:.1f} s") from None
-        else:
-            await self._lock.acquire()  # free: returns at once
+        await self._acquire(deadline, timeout)
         try:
             conn = await self._connection(deadline, timeout)
             return await within_deadline(
-                conn, self._run(conn, statement, params, lock), deadline,
+                conn, self._run(conn, statement, params, first), deadline,
                 lambda: StatementTimedOut(f"{self._application_name}: no answer from the database within "
                                           f"{timeout:.1f} s"))
         finally:
             self._lock.release()
 
+    async def _acquire(self, deadline: float, timeout: float) -> None:
+        """Takes the connection for one statement (or one `using`), waiting until `deadline` at
+        most; a listener holding it idle hands it over at once. Counted as waiting from the
+        start: a listener that is granted the connection before us (asyncio.Lock hands it over
+        before its holder runs again) must find us waiting and give it up."""
+        self._statements_waiting += 1
+        try:
+            if self._woken is not None and not self._woken.done():
+                self._woken.set_result(False)
+            async with asyncio.timeout_at(deadline):
+                await self._lock.acquire()
+        except TimeoutError:
+            raise StatementTimedOut(f"{self._application_name}: the connection stayed busy for "
+                                    f"{timeout:.1f} s") from None
+        finally:
+            self._statements_waiting -= 1
+
+    @property
+    def listening(self) -> bool:
+        """Whether a listener waits on the connection now (listen_while_idle)."""
+        return self._listening
+
+    def busy(self) -> bool:
+        """Whether a statement runs on the connection now (a listener waiting idle on it is not one)."""
+        return self._lock.locked() and not self._listening
+
+    async def using(self, work: Callable[[psycopg.AsyncConnection], Awaitable[T]], *,
+                    timeout: float = CLIENT_TIMEOUT_SECONDS) -> T:
+        """Runs `work` on the connection itself, alone on it and within `timeout` seconds, as a
+        statement runs (for what is not a declared statement: LISTEN, a listener's check). A
+        connection that `work` breaks is dropped."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        await self._acquire(deadline, timeout)
+        try:
+            conn = await self._connection(deadline, timeout)
+            try:
+                return await within_deadline(conn, work(conn), deadline, lambda: StatementTimedOut(
+                    f"{self._application_name}: no answer from the database within {timeout:.1f} s"))
+            except psycopg.Error:
+                if conn.broken or conn.closed:
+                    await self._discard()
+                raise
+        finally:
+            self._lock.release()
+
+    async def listen(self, channels: Iterable[str], on_notify: Callable[[psycopg.Notify], None]) -> int:
+        """LISTENs on `channels` and passes their notifications to `on_notify` from then on, as
+        psycopg reads them (a notify handler: during statements too). Returns which connection
+        listens (its generation), for listen_while_idle."""
+        async def subscribe(conn: psycopg.AsyncConnection) -> int:
+            conn.add_notify_handler(on_notify)
+            try:
+                for channel in channels:
+                    await notify.listen(conn, channel)
+            except BaseException:
+                conn.remove_notify_handler(on_notify)
+                raise
+            return self.generation
+        return await self.using(subscribe)
+
+    async def listen_while_idle(self, generation: int, on_notify: Callable[[psycopg.Notify], None]) -> None:
+        """While no statement needs the connection `generation` (which `listen` made listen with
+        `on_notify`), waits on it for notifications; a statement that wants it gets it at once.
+        Returns when that connection is gone (closed, or replaced after it broke): its LISTENs
+        went with it, and `on_notify` is no longer called. Raises the connection's error when it
+        breaks while waiting (it is dropped)."""
+        conn = self._conn
+        if conn is None or conn.closed or self.generation != generation:
+            return
+        try:
+            while await self._wait_idle(conn, on_notify):
+                pass
+        finally:
+            conn.remove_notify_handler(on_notify)
+
+    async def _wait_idle(self, conn: psycopg.AsyncConnection, on_notify: Callable[[psycopg.Notify], None]) -> bool:
+        """Once the connection is free: waits on it until a statement wants it or the server sends
+        something, and passes on the notifications that came. False once `conn` is not the open
+        connection any more."""
+        await self._lock.acquire()
+        try:
+            if self._conn is not conn or conn.closed:
+                return False
+            if self._statements_waiting:
+                return True  # they queued before us: the lock goes to them first (asyncio.Lock is fair)
+            self._listening = True
+            if await self._readable_or_wanted(conn):
+                try:
+                    receive_notifications(conn, on_notify)
+                except psycopg.Error:
+                    await self._discard()
+                    raise
+            return True
+        finally:
+            self._listening = False
+            self._lock.release()
+
+    async def _readable_or_wanted(self, conn: psycopg.AsyncConnection) -> bool:
+        """Waits until the server sends something on the idle `conn` (True) or a statement wants the
+        connection (False). A plain wait on the socket, with nothing under way on the connection:
+        no task to start or cancel for each statement that interrupts it."""
+        loop = asyncio.get_running_loop()
+        woken: asyncio.Future[bool] = loop.create_future()
+        fileno = conn.pgconn.socket
+        loop.add_reader(fileno, lambda: woken.done() or woken.set_result(True))
+        self._woken = woken
+        try:
+            return await woken
+        finally:
+            self._woken = None
+            loop.remove_reader(fileno)
+
     async def open(self, timeout: float = CLIENT_TIMEOUT_SECONDS) -> None:
         """Connects now, unless connected (StatementTimedOut after `timeout` seconds)."""
-        async with self._lock:
-            await self._connection(asyncio.get_running_loop().time() + timeout, timeout)
+        deadline = asyncio.get_running_loop().time() + timeout
+        await self._acquire(deadline, timeout)
+        try:
+            await self._connection(deadline, timeout)
+        finally:
+            self._lock.release()
 
     async def _connection(self, deadline: float, timeout: float) -> psycopg.AsyncConnection:
         """The open connection, made first if needed (cancelling a connect is always safe)."""
         if self._conn is None or self._conn.closed:
             try:
                 async with asyncio.timeout_at(deadline):
-                    self._conn = await connect(self._dsn, self._application_name, self._durable_commits,
-                                               self._prepare)
+                    self._conn = await connect(self._dsn, self._application_name, self._prepare)
+                self.generation += 1
             except TimeoutError:
                 raise StatementTimedOut(f"{self._application_name}: could not connect within {timeout:.1f} s") from None
         return self._conn
 
     async def _run(self, conn: psycopg.AsyncConnection, statement: Statement[P, R], params: P,
-                   lock: Bound | None) -> list[R]:
+                   first: Bound | None) -> list[R]:
         retries = 0
         while True:
             try:
-                if lock is None:
+                if first is None:
                     return await run_statement(conn, statement, params)
-                return await statements.fetch_after_lock_async(conn, lock, statement, params, prepare=None)
+                return await statements.fetch_after_lock_async(conn, first, statement, params, prepare=None)
             except psycopg.Error as exc:
                 if conn.broken or conn.closed:
                     await self._discard()
@@ -295,9 +410,13 @@ class DutyConnection:
             except psycopg.Error:
                 pass
 
-    async def close(self) -> None:
-        async with self._lock:
+    async def close(self, timeout: float = CLIENT_TIMEOUT_SECONDS) -> None:
+        """Closes the connection once no statement runs on it (a listener waiting idle hands it over)."""
+        await self._acquire(asyncio.get_running_loop().time() + timeout, timeout)
+        try:
             await self._discard()
+        finally:
+            self._lock.release()
 
 
 async def run_statement(conn: psycopg.AsyncConnection, statement: Statement[P, R], params: P) -> list[R]:
@@ -315,6 +434,16 @@ def statement_under_way(conn: psycopg.AsyncConnection | None) -> bool:
     server to confirm, up to 10 s; once it has noticed, the connection is broken and nothing waits."""
     return (conn is not None and not conn.closed
             and conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.ACTIVE)
+
+
+def receive_notifications(conn: psycopg.AsyncConnection, on_notify: Callable[[psycopg.Notify], None]) -> None:
+    """Reads what the server sent to the idle `conn` and passes on the notifications in it, as
+    psycopg's own notifies() does (libpq's consume_input, then its queue of notifications): it
+    raises OperationalError when the connection is gone."""
+    conn.pgconn.consume_input()
+    encoding = conn.info.encoding
+    while (note := conn.pgconn.notifies()) is not None:
+        on_notify(psycopg.Notify(note.relname.decode(encoding), note.extra.decode(encoding), note.be_pid))
 
 
 def shut_down(conn: psycopg.AsyncConnection) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import NamedTuple
 from uuid import UUID
 
-from .statements import JsonText, Params, SqlFile
+from .statements import JsonText, NoParams, Params, SqlFile
 
 _SQL = SqlFile("lease")
 
@@ -79,8 +79,9 @@ class HeartbeatParams(RegisterWorkerParams):
 
 
 class HeldRow(NamedTuple):
-    """A lease the heartbeat found still held, and whether it was extended (not past its deadline:
-    the worker's own deadline then cancels the attempt and reports it)."""
+    """A lease the heartbeat found still held, and whether it was extended: not when past its
+    deadline (the worker's own deadline then cancels the attempt and reports it), nor when another
+    transaction had its row locked (the next beat tries again)."""
 
     id: int
     lease_token: int
@@ -180,6 +181,7 @@ class HandBackParams(Params):
 
 
 CLAIM = _SQL.statement("claim", ClaimParams, ClaimedRow)
+COMMIT_WITHOUT_WAITING = _SQL.statement("commit_without_waiting", NoParams)
 LOCK_QUEUE = _SQL.statement("lock_queue", LockQueueParams)
 LOCK_KEYS = _SQL.statement("lock_keys", LockQueueParams)
 CLAIM_LIMITED = _SQL.statement("claim_limited", ClaimParams, ClaimedRow)

@@ -102,6 +102,13 @@ SELECT id, queue, task, payload_json, attempts, max_attempts, lease_token, secon
        checkpoint_json, headers_json, key
 FROM claimed;
 
+-- name: commit_without_waiting
+-- Runs first, in the transaction of a plain claim (`claim`, `claim_fair`), when the worker commits
+-- claims without waiting for the disk (--async-claim-commit, the default): `synchronous_commit` off
+-- for that transaction only. Every other statement, on the same connection or the other, commits
+-- durably (docs/failure-handling.md, "Claims do not wait for the disk").
+SELECT set_config('synchronous_commit', 'off', true);
+
 -- name: lock_queue
 -- Locks a flow-controlled queue's row in the claim's transaction before `claim_limited` runs. It must
 -- be a statement of its own: in READ COMMITTED a statement reads from a snapshot taken when it
@@ -465,7 +472,10 @@ INSERT INTO queueworker.workers
 -- name: heartbeat
 -- Extends the leases this worker still holds and refreshes its `workers` row, in one statement.
 -- Leases past their hard deadline are not extended, but still reported as held: the attempt's own
--- deadline ends it and reports DeadlineExceeded.
+-- deadline ends it and reports DeadlineExceeded. A held task whose row another transaction has
+-- locked (above all this worker's own completion of it, which may be waiting for a lock of its
+-- own) is passed over (SKIP LOCKED) and reported as held but not extended: a blocked completion
+-- never holds back the beat that keeps the other leases alive, and the next beat tries it again.
 WITH me AS (
     INSERT INTO queueworker.workers
         (id, hostname, pod_name, pod_namespace, pid, queues, concurrency, running, draining, version)
@@ -473,14 +483,25 @@ WITH me AS (
             %(concurrency)s, %(running)s, %(draining)s, %(version)s)
     ON CONFLICT (id) DO UPDATE
     SET heartbeat_at = now(), running = EXCLUDED.running, draining = EXCLUDED.draining
+), held AS MATERIALIZED (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(progresses)s::jsonb[]) AS h(id, token, progress)
+), locked AS MATERIALIZED (
+    SELECT t.id FROM queueworker.tasks t JOIN held h ON t.id = h.id
+    WHERE t.lease_token = h.token AND t.state = 'running'
+    FOR NO KEY UPDATE OF t SKIP LOCKED
+), extended AS (
+    UPDATE queueworker.tasks t
+    SET leased_until = CASE WHEN t.deadline_at > now() THEN now() + make_interval(secs => %(lease_seconds)s)
+                            ELSE t.leased_until END,
+        progress = coalesce(h.progress, t.progress)
+    FROM locked l JOIN held h ON h.id = l.id
+    WHERE t.id = l.id
+    RETURNING t.id, t.lease_token, t.deadline_at > now() AS extended
 )
-UPDATE queueworker.tasks t
-SET leased_until = CASE WHEN t.deadline_at > now() THEN now() + make_interval(secs => %(lease_seconds)s)
-                        ELSE t.leased_until END,
-    progress = coalesce(h.progress, t.progress)
-FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(progresses)s::jsonb[]) AS h(id, token, progress)
-WHERE t.id = h.id AND t.lease_token = h.token AND t.state = 'running'
-RETURNING t.id, t.lease_token, t.deadline_at > now() AS extended;
+SELECT id, lease_token, extended FROM extended
+UNION ALL
+SELECT t.id, t.lease_token, false FROM queueworker.tasks t JOIN held h ON t.id = h.id
+WHERE t.lease_token = h.token AND t.state = 'running' AND t.id NOT IN (SELECT id FROM locked);
 
 -- name: save_checkpoint
 -- `ctx.save_checkpoint`: fenced by the lease like every write of an attempt, and aimed at the

@@ -62,10 +62,16 @@ LISTEN_CHECK_SECONDS = 5.0
 Send = Callable[[Statement[NotifyCheckParams, Any], NotifyCheckParams], Awaitable[Any]]
 
 
+def check_channel() -> str:
+    """A channel of its own for one check that notifications arrive."""
+    return f"queueworker_check_{uuid.uuid4().hex}"
+
+
 async def notifications_arrive(conn: psycopg.AsyncConnection, send: Send) -> bool:
     """Whether NOTIFYs reach `conn` (autocommit, not listening to anything yet): it listens on a
-    channel of its own, to which `send` (another connection's statement runner) notifies once."""
-    channel = f"queueworker_check_{uuid.uuid4().hex}"
+    channel of its own, to which `send` (another connection's statement runner) notifies once.
+    (A worker checks its duty connection without holding it: runtime.listener.)"""
+    channel = check_channel()
     await listen(conn, channel)
     await send(NOTIFY_CHECK, NotifyCheckParams(channel=channel))
     arrived = False

@@ -56,10 +56,14 @@ def fence_margin(lease_seconds: float) -> float:
 
 
 class Heartbeater:
-    def __init__(self, conn: DutyConnection, identity: WorkerIdentity, interval: float, lease_seconds: float,
+    """Beats on the first of `conns` (the duty connection); on the next one (the outcome
+    connection) when a statement holds the first and none holds that one: a beat never waits
+    behind a completion, and a claim or a slow housekeeping statement does not hold it back either."""
+
+    def __init__(self, conns: tuple[DutyConnection, ...], identity: WorkerIdentity, interval: float, lease_seconds: float,
                  held: Callable[[], list[Attempt]], draining: Callable[[], bool], can_claim: Callable[[], bool],
                  on_lost: Callable[[list[Attempt], str, str], None]):
-        self._conn = conn
+        self._conns = conns
         self._identity = identity
         self.interval = interval
         self._lease_seconds = lease_seconds
@@ -85,14 +89,15 @@ class Heartbeater:
         """Registers the worker at start, before it claims: it holds no lease yet, so the heartbeat's
         lease update would have nothing to extend, and planning it on the partitioned table costs a
         new connection milliseconds before the first claim."""
-        await self._conn.execute(REGISTER_WORKER, RegisterWorkerParams(**self._worker_row(running=0)),
+        await self._conns[0].execute(REGISTER_WORKER, RegisterWorkerParams(**self._worker_row(running=0)),
                                  timeout=self.interval)
 
     async def beat(self) -> None:
         """Registers or refreshes the worker row and extends held leases; reports lost ones."""
         held = self._held()
+        conn = self._free_conn()
         sent_at = asyncio.get_running_loop().time()  # the database extends from a later moment
-        rows = await self._conn.fetch(HEARTBEAT, HeartbeatParams(
+        rows = await conn.fetch(HEARTBEAT, HeartbeatParams(
             **self._worker_row(running=len(held)), lease_seconds=self._lease_seconds,
             ids=[a.id for a in held], tokens=[a.token for a in held],
             progresses=[a.ctx.progress_json for a in held]), timeout=self.interval)
@@ -105,13 +110,17 @@ class Heartbeater:
             elif extended is None and not attempt.reporting and not attempt.abandoned:
                 lost.append(attempt)
         if lost:
-            cancelled = {row.id for row in await self._conn.fetch(CANCELLED_AMONG, CancelledAmongParams(
+            cancelled = {row.id for row in await conn.fetch(CANCELLED_AMONG, CancelledAmongParams(
                 ids=[attempt.id for attempt in lost]), timeout=self.interval)}
             for reason, stop_reason, attempts in (
                     ("the task was cancelled", CANCELLED, [a for a in lost if a.id in cancelled]),
                     ("lease lost (expired or re-claimed)", LEASE_LOST, [a for a in lost if a.id not in cancelled])):
                 if attempts:
                     self._on_lost(attempts, reason, stop_reason)
+
+    def _free_conn(self) -> DutyConnection:
+        """The first connection no statement holds; the first one when all are held."""
+        return next((conn for conn in self._conns if not conn.busy()), self._conns[0])
 
     async def step(self) -> float:
         """One pass of the heartbeat duty. A worker whose claim loop is failing does not heartbeat:

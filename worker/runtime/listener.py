@@ -16,23 +16,30 @@ a settings or schedule notice one look at the settings or schedules; notices tha
 look is already due are that same look. Malformed ones are counted, not logged: a flood of them
 must not flood the log either.
 
+The listener listens on the worker's duty connection whenever no heartbeat or housekeeping
+statement runs on it (DutyConnection.listen_while_idle): notifications that arrive during a
+statement are kept by psycopg and acted on right after it.
+
 Through a PgBouncer in transaction pooling mode a LISTEN stays behind on a server connection the
 worker held for that one statement, and no notification ever reaches the worker. So the listener
 first checks that a notification it sends itself arrives; when it does not (or with --no-listen)
-it polls instead: every poll interval, the same look at everything a notification could have
+it polls instead (the check's notification goes out on the outcome connection: on the listening
+one, a pooler could run it on the very server connection that LISTENs): every poll interval, the same look at everything a notification could have
 announced, and a look at whether a task the worker runs was cancelled. The cron duty, told once
 that notifications no longer reach it, polls at its own slower pace (worker/runtime/cron.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 
 import psycopg
 
 from ..db import connection as db
-from ..db.notify import CANCEL_CHANNEL, CRON_CHANNEL, NOTIFY_CHANNEL, QUEUES_CHANNEL, listen, notifications_arrive
+from ..db.notify import (CANCEL_CHANNEL, CRON_CHANNEL, LISTEN_CHECK_SECONDS, NOTIFY_CHANNEL, NOTIFY_CHECK, QUEUES_CHANNEL,
+                         NotifyCheckParams, check_channel, unlisten)
 from .. import metrics
 from ..events import parse_announcement
 from .. import dsn as dsn_text
@@ -41,12 +48,13 @@ from .signals import WorkerSignals
 log = logging.getLogger("queueworker.listener")
 
 class Listener:
-    def __init__(self, dsn: str, conn: db.DutyConnection, queues: tuple[str, ...], wake: Callable[[float], None],
-                 worker_id: str, on_cancel: Callable[[int, int], bool], on_settings: Callable[[], None],
-                 on_schedules: Callable[[], None], catch_up: Callable[[], None], signals: WorkerSignals,
-                 listen: bool = True, poll_interval: float = 1.0):
+    def __init__(self, dsn: str, conn: db.DutyConnection, send: db.DutyConnection, queues: tuple[str, ...],
+                 wake: Callable[[float], None], worker_id: str, on_cancel: Callable[[int, int], bool],
+                 on_settings: Callable[[], None], on_schedules: Callable[[], None], catch_up: Callable[[], None],
+                 signals: WorkerSignals, listen: bool = True, poll_interval: float = 1.0):
         self._dsn = dsn
-        self._conn = conn  # sends the check's notification
+        self._conn = conn  # listens while idle
+        self._send = send  # sends the check's notification
         self._queues = set(queues)
         self._wake = wake  # called with the epoch time at which work is due (<= now: at once)
         self._worker_id = worker_id
@@ -64,51 +72,66 @@ class Listener:
         self._signals = signals
         self.polling = not listen
         self._poll_interval = poll_interval
-        self._live: psycopg.AsyncConnection | None = None  # while connected
 
     async def step(self) -> float:
-        """Listens until the connection is lost, then returns to reconnect at once: a listener that
-        has been listening is healthy, and its next connection failure starts a fresh ErrorWait.
-        Failing to connect or to LISTEN raises (the supervisor waits and retries). Notifications
-        for queues this worker does not work are ignored. Polling instead, one look per pass."""
+        """Listens until the connection is lost or replaced, then returns to listen again at once: a
+        listener that has been listening is healthy, and its next connection failure starts a fresh
+        ErrorWait. Failing to connect or to LISTEN raises (the supervisor waits and retries).
+        Notifications for queues this worker does not work are ignored. Polling instead, one look
+        per pass."""
         if self.polling:
             self._catch_up()
             return self._poll_interval
-        conn = self._live = await db.connect(self._dsn, "queueworker-listen")
-        try:
-            if not await notifications_arrive(conn, self._conn.execute):
-                log.warning("notifications do not reach this worker (a PgBouncer in transaction pooling mode?): "
-                            "polling every %g s instead of listening", self._poll_interval)
-                self.polling = True
-                self._on_schedules()
-                return 0.0
-            for channel in (NOTIFY_CHANNEL, CANCEL_CHANNEL, QUEUES_CHANNEL, CRON_CHANNEL):
-                await listen(conn, channel)
-            self._catch_up()
+        if not await self._notifications_arrive():
+            log.warning("notifications do not reach this worker (a PgBouncer in transaction pooling mode?): "
+                        "polling every %g s instead of listening", self._poll_interval)
+            self.polling = True
             self._on_schedules()
-            self._signals.listening.emit(None)
-            try:
-                async for notify in conn.notifies():
-                    self._signals.heard.emit(notify)
-                    metrics.NOTIFICATIONS.labels(notify.channel, self._act_on(notify)).inc()
-            except psycopg.OperationalError as exc:
-                metrics.DB_ERRORS.labels("listen").inc()
-                log.warning("listener connection lost, reconnecting: %s", dsn_text.explain(exc, self._dsn))
-        finally:
-            self._live = None
-            await conn.close()
+            return 0.0
+        listening = await self._conn.listen((NOTIFY_CHANNEL, CANCEL_CHANNEL, QUEUES_CHANNEL, CRON_CHANNEL), self._heard)
+        self._catch_up()
+        self._on_schedules()
+        self._signals.listening.emit(None)
+        try:
+            await self._conn.listen_while_idle(listening, self._heard)
+        except psycopg.OperationalError as exc:
+            metrics.DB_ERRORS.labels("listen").inc()
+            log.warning("listener connection lost, reconnecting: %s", dsn_text.explain(exc, self._dsn))
         return 0.0
 
-    def sever(self) -> None:
-        """Makes a statement under way on the listening connection fail at once (DutyConnection.sever),
-        for a shutdown that knows the database is not answering: a LISTEN or the check's UNLISTEN
-        cancelled instead would wait up to 10 s for the server to confirm."""
-        if self._live is not None:
-            db.shut_down(self._live)
+    async def _notifications_arrive(self) -> bool:
+        """Whether NOTIFYs reach the duty connection (db.notify.notifications_arrive), checked
+        without holding it: it listens on a channel of its own, the outcome connection notifies
+        that channel once, and the duty connection waits for the notice while idle, so claims and
+        heartbeats go on meanwhile (through a PgBouncer the notice never comes, for
+        LISTEN_CHECK_SECONDS). Raises when the connection breaks meanwhile."""
+        channel = check_channel()
+        arrived = asyncio.Event()
 
-    def severing(self) -> bool:
-        """After `sever()`: whether the statement it made fail has not noticed yet."""
-        return db.statement_under_way(self._live)
+        def heard(notify: psycopg.Notify) -> None:
+            if notify.channel == channel:
+                arrived.set()
+        generation = await self._conn.listen([channel], heard)
+        waiting = asyncio.create_task(self._conn.listen_while_idle(generation, heard))
+        heard_it = asyncio.create_task(arrived.wait())
+        try:
+            await self._send.execute(NOTIFY_CHECK, NotifyCheckParams(channel=channel))
+            done, _ = await asyncio.wait((waiting, heard_it), timeout=LISTEN_CHECK_SECONDS,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (waiting, heard_it):
+                task.cancel()
+            await asyncio.gather(waiting, heard_it, return_exceptions=True)
+        if waiting in done and not arrived.is_set():
+            waiting.result()  # its error, if the connection broke
+            raise psycopg.OperationalError("the duty connection was replaced during the listen check")
+        if arrived.is_set():
+            await self._conn.using(lambda conn: unlisten(conn, channel))
+        return arrived.is_set()
+
+    def _heard(self, notify: psycopg.Notify) -> None:
+        self._signals.heard.emit(notify)
+        metrics.NOTIFICATIONS.labels(notify.channel, self._act_on(notify)).inc()
 
     def _act_on(self, notify: psycopg.Notify) -> str:
         """Passes a notification on as the hint it is; says what came of it: "acted", "ignored"

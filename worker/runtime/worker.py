@@ -31,11 +31,11 @@ from .. import metrics, tracing
 from ..backoff import backoff
 from ..client.cron import Schedule, default_schedule
 from ..db.connection import DutyConnection
-from ..db.lease import (DEREGISTER_WORKER, RELEASE, SAVE_CHECKPOINT, ClaimParams, DeregisterWorkerParams,
-                        KeyClaimParams, SaveCheckpointParams)
+from ..db.lease import (COMMIT_WITHOUT_WAITING, DEREGISTER_WORKER, RELEASE, SAVE_CHECKPOINT, ClaimParams,
+                        DeregisterWorkerParams, KeyClaimParams, SaveCheckpointParams)
 from ..db.migrate import latest_version, migrate
 from ..db.migration import SCHEMA_EXISTS, SCHEMA_VERSION
-from ..db.statements import NO_PARAMS, Statement
+from ..db.statements import NO_PARAMS, Bound, Statement
 from ..events import DueTimer, wait_event
 from ..settings import WorkerSettings
 from .attempt import Attempt
@@ -66,10 +66,13 @@ CLAIM_FAILURES_BEFORE_EXIT = 5
 # Stop signal to exit: time kept back from the drain for releasing, flushing and deregistering.
 SHUTDOWN_RESERVE_SECONDS = 3.0
 EXIT_UNCLEAN = 1
-# The database connections one worker process holds at most: the five of Worker._connections() (claim,
-# completion, heartbeat, duties, checkpoints) and the listener's. The controller scales within the
-# database's connection budget with it (docs/controller.md, "The database's connection budget").
-CONNECTIONS_PER_WORKER = 6
+# The database connections one worker process holds at most, whatever it does: Worker._connections(),
+# the duty connection, which also listens, and the outcome connection (docs/architecture.md, "Two
+# connections per worker process"). The controller scales within the database's connection budget
+# with it (docs/controller.md, "The database's connection budget").
+CONNECTIONS_PER_WORKER = 2
+# The statement that makes a plain claim's transaction commit without waiting for the disk.
+ASYNC_CLAIM_COMMIT = Bound(COMMIT_WITHOUT_WAITING, NO_PARAMS)
 
 
 class State(enum.Enum):
@@ -128,12 +131,12 @@ class Worker:
         self._dsn = dsn
         self._auto_migrate = auto_migrate
         prepare = settings.prepare_statements
-        self._claim_conn = DutyConnection(dsn, "queueworker-claim", durable_commits=not settings.async_claim_commit,
-                                          prepare=prepare)
-        self._complete_conn = DutyConnection(dsn, "queueworker-complete", prepare=prepare)
-        self._heartbeat_conn = DutyConnection(dsn, "queueworker-heartbeat", prepare=prepare)
+        # Claims, heartbeats and the housekeeping duties; the listener waits on it for notifications
+        # whenever none of them needs it.
         self._duty_conn = DutyConnection(dsn, "queueworker-duty", prepare=prepare)
-        self._checkpoint_conn = DutyConnection(dsn, "queueworker-checkpoint", prepare=prepare)  # opened by the first checkpoint
+        # What attempts write: completions, checkpoints, the release at shutdown. Apart from the
+        # claims, so that flushing outcomes and claiming overlap.
+        self._outcome_conn = DutyConnection(dsn, "queueworker-outcome", prepare=prepare)
         self._checkpoint_saver = self._save_checkpoint  # one bound method for every attempt
         self._inflight: dict[tuple[int, int], Attempt] = {}
         self._threads = HandlerThreads()
@@ -160,17 +163,18 @@ class Worker:
         self._due_timer = DueTimer(self.scheduler.poke)  # a pass when tasks announced for later are due
         self._token_timer = DueTimer(self._wakeup.set)  # a claim again when a bucket that cut one short refills
         self.flow = FlowControl(self._duty_conn, settings.queues, on_change=lambda: self._wake_at(0.0))
-        self.completer = Completer(self._complete_conn, settings.flush_interval_seconds, settings.flush_max_batch,
+        self.completer = Completer(self._outcome_conn, settings.flush_interval_seconds, settings.flush_max_batch,
                                    self._flushed, on_waiting=self.scheduler.poke,
                                    unknown_task_grace_seconds=settings.unknown_task_grace_seconds,
                                    signals=self.signals, flow=self.flow)
         # Handlers may put the worker's own connection string in an error message: never store it.
         self._processor = AttemptProcessor(registry, self._threads, self.completer, settings,
                                            (dsn, dsn_text.parse(dsn).get("password")), self._slot_freed)
-        # Heartbeats have a connection of their own: a slow flush must never hold back the beat that
-        # keeps every lease alive (a heartbeat that meets a row a flush just moved is re-run:
-        # connection.met_moved_row).
-        self.heartbeater = Heartbeater(self._heartbeat_conn, self.identity, settings.heartbeat_seconds,
+        # Heartbeats go on the duty connection: a slow or blocked flush must never hold back the beat
+        # that keeps every lease alive. When a claim or a duty holds that connection, the outcome
+        # connection takes the beat if it is free (a heartbeat that meets a row a flush just moved
+        # is re-run: connection.met_moved_row).
+        self.heartbeater = Heartbeater((self._duty_conn, self._outcome_conn), self.identity, settings.heartbeat_seconds,
                                        settings.lease_seconds, lambda: list(self._inflight.values()),
                                        lambda: self._draining, self._can_claim, self._leases_lost)
         self.rescuer = Rescuer(self._duty_conn, settings.rescue_interval_seconds,
@@ -180,7 +184,7 @@ class Worker:
         self.cron = CronDuty(self._duty_conn, schedule or Schedule(), listening=lambda: not self.listener.polling)
         self.key_metrics = KeyMetrics(self._duty_conn, lambda: self.flow.keyed, settings.key_metrics)
         self.cancels = CancelChecks(self._duty_conn, self._runs, self._running_keys, self._cancelled_task)
-        self.listener = Listener(dsn, self._duty_conn, settings.queues, self._wake_at, str(self.identity.id),
+        self.listener = Listener(dsn, self._duty_conn, self._outcome_conn, settings.queues, self._wake_at, str(self.identity.id),
                                  self.cancels.hint, self.flow.settings_changed, self.cron.changed,
                                  catch_up=self._catch_up,
                                  signals=self.signals, listen=settings.listen,
@@ -259,7 +263,7 @@ class Worker:
             log.exception("the worker's %s hook raised", name)
 
     def _connections(self) -> tuple[DutyConnection, ...]:
-        return self._claim_conn, self._complete_conn, self._heartbeat_conn, self._duty_conn, self._checkpoint_conn
+        return self._duty_conn, self._outcome_conn
 
     def _duties(self) -> list[tuple[str, Callable[[], Awaitable[float | None]], dict[str, Any]]]:
         """(name, step, supervise() options) of every background duty."""
@@ -331,12 +335,10 @@ class Worker:
         return False
 
     async def _open_connections(self) -> None:
-        """Opens the connections that start-up and the first task use (duty, heartbeat, claim,
-        completion) together: one after another, as each is first used, their handshakes would add
-        up before the first task starts. Raises the first failure once every attempt has ended (none
+        """Opens both connections together: one after the other, their handshakes would add up
+        before the first task starts. Raises the first failure once every attempt has ended (none
         is left connecting behind)."""
-        outcomes = await asyncio.gather(*(conn.open() for conn in (
-            self._duty_conn, self._heartbeat_conn, self._claim_conn, self._complete_conn)), return_exceptions=True)
+        outcomes = await asyncio.gather(*(conn.open() for conn in self._connections()), return_exceptions=True)
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
                 raise outcome
@@ -439,10 +441,12 @@ class Worker:
             return 0
         loop = asyncio.get_running_loop()
         sent_at = loop.time()  # the database starts the lease later than this: our clock is on the safe side
-        lock, claim = self.flow.claim_statements(queue)
+        first, claim = self.flow.claim_statements(queue)
+        if first is None and self.settings.async_claim_commit:
+            first = ASYNC_CLAIM_COMMIT
         self.signals.claiming.emit(queue)
         metrics.CLAIMS.labels(queue).inc()
-        rows = await self._claim_conn.fetch(claim, self._claim_params(queue, limit, claim), lock=lock)
+        rows = await self._duty_conn.fetch(claim, self._claim_params(queue, limit, claim), first=first)
         now = loop.time()
         for row in rows:
             ctx = TaskContext(row.id, row.task, row.queue, row.attempts, row.max_attempts, task_log, key=row.key)
@@ -474,7 +478,7 @@ class Worker:
             return False
         saved = False
         if not attempt.abandoned and not attempt.reporting:
-            saved = bool(await self._checkpoint_conn.fetch(SAVE_CHECKPOINT, SaveCheckpointParams(
+            saved = bool(await self._outcome_conn.fetch(SAVE_CHECKPOINT, SaveCheckpointParams(
                 id=attempt.id, token=attempt.token, checkpoint=checkpoint_json, progress=progress_json)))
         metrics.CHECKPOINT_WRITES.labels(attempt.queue, "saved" if saved else "refused").inc()
         return saved
@@ -604,7 +608,7 @@ class Worker:
         self._set_state(State.DRAINING)
         self._draining = True
         self.heartbeater.beat_soon()
-        clean = await stop_fetching(fetch, drain_end, self._claim_conn)
+        clean = await stop_fetching(fetch, drain_end, self._duty_conn)
         running = [a.runner for a in self._inflight.values() if a.runner and not a.runner.done()]
         if running and drain_end > loop.time():
             # All attempts finishing, a second signal, or the drain deadline: whichever is first.
@@ -619,7 +623,7 @@ class Worker:
         released = await within_budget(end, "release", self._release, self._dsn)
         clean = released and clean
         if not released:  # the database is not answering: duties must not wait on it as they stop
-            await sever((*self._connections(), self.listener))
+            await sever(self._connections())
         for duty in duties:
             duty.cancel()
         await asyncio.gather(*duties, return_exceptions=True)
@@ -636,7 +640,7 @@ class Worker:
         """Hands back every task the database says this worker still holds (attempts not consumed):
         attempts the drain cut short, and any the worker no longer tracks (fenced, or claimed by a
         statement whose answer never arrived). Nothing it claimed is `running` any more after it."""
-        rows = await self._claim_conn.fetch(RELEASE, DeregisterWorkerParams(worker=self.identity.id), timeout=timeout)
+        rows = await self._outcome_conn.fetch(RELEASE, DeregisterWorkerParams(worker=self.identity.id), timeout=timeout)
         for row in rows:
             metrics.TASKS_RELEASED.labels(row.queue).inc()
         self._inflight.clear()
