@@ -231,19 +231,10 @@ class DutyConnection:
 
     async def _within_deadline(self, timeout: float, statement: Statement[P, R], params: P,
                                first: Bound | None) -> list[R]:
-        deadline = asyncio.get_running_loop().time() + timeout
-        await self._acquire(deadline, timeout)
-        try:
-            conn = await self._connection(deadline, timeout)
-            return await within_deadline(
-                conn, self._run(conn, statement, params, first), deadline,
-                lambda: StatementTimedOut(f"{self._application_name}: no answer from the database within "
-                                          f"{timeout:.1f} s"))
-        finally:
-            self._lock.release()
+        return await self.using(lambda conn: self._run(conn, statement, params, first), timeout=timeout)
 
     async def _acquire(self, deadline: float, timeout: float) -> None:
-        """Takes the connection for one statement (or one `using`), waiting until `deadline` at
+        """Takes the connection for one `using` (a statement's too), waiting until `deadline` at
         most; a listener holding it idle hands it over at once. Counted as waiting from the
         start: a listener that is granted the connection before us (asyncio.Lock hands it over
         before its holder runs again) must find us waiting and give it up."""
@@ -270,9 +261,10 @@ class DutyConnection:
 
     async def using(self, work: Callable[[psycopg.AsyncConnection], Awaitable[T]], *,
                     timeout: float = CLIENT_TIMEOUT_SECONDS) -> T:
-        """Runs `work` on the connection itself, alone on it and within `timeout` seconds, as a
-        statement runs (for what is not a declared statement: LISTEN, a listener's check). A
-        connection that `work` breaks is dropped."""
+        """Runs `work` on the connection itself, alone on it and within `timeout` seconds, waiting
+        for the connection and connecting included (StatementTimedOut): every statement runs this
+        way, and what is not a declared statement (LISTEN, UNLISTEN) too. A connection that `work`
+        breaks is dropped."""
         deadline = asyncio.get_running_loop().time() + timeout
         await self._acquire(deadline, timeout)
         try:
