@@ -130,7 +130,7 @@ def test_the_duty_connection_listens_between_statements_and_loses_no_notificatio
         try:
             def hear(notify: psycopg.Notify) -> None:
                 heard.append(notify.payload)
-            generation = await conn.listen(["test_shared"], hear)
+            generation = await conn.listen(["test_shared"])
             listening = asyncio.create_task(conn.listen_while_idle(generation, hear))
             await until(lambda: conn.listening, 10, "the listener to wait")
             # Statements one right after the other: each next one asks for the connection the moment

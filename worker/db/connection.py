@@ -23,6 +23,7 @@ import asyncio
 import logging
 import os
 import socket
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
@@ -209,6 +210,9 @@ class DutyConnection:
         self._statements_waiting = 0
         self._listening = False
         self._woken: asyncio.Future[bool] | None = None
+        # Notifications read on the connection, for its listener; which connection keeps them.
+        self._received: deque[psycopg.Notify] = deque()
+        self._keeping = 0
 
     async def fetch(self, statement: Statement[P, R], params: P, *, timeout: float = CLIENT_TIMEOUT_SECONDS,
                     first: Bound | None = None) -> list[R]:
@@ -279,35 +283,33 @@ class DutyConnection:
         finally:
             self._lock.release()
 
-    async def listen(self, channels: Iterable[str], on_notify: Callable[[psycopg.Notify], None]) -> int:
-        """LISTENs on `channels` and passes their notifications to `on_notify` from then on, as
-        psycopg reads them (a notify handler: during statements too). Returns which connection
-        listens (its generation), for listen_while_idle."""
+    async def listen(self, channels: Iterable[str]) -> int:
+        """LISTENs on `channels`; returns which connection listens (its generation), for
+        listen_while_idle. From then on psycopg keeps every notification it reads, during
+        statements too, for the listener (a notify handler that only keeps it: an error of the
+        listener's own must never break the statement under way)."""
         async def subscribe(conn: psycopg.AsyncConnection) -> int:
-            conn.add_notify_handler(on_notify)
-            try:
-                for channel in channels:
-                    await notify.listen(conn, channel)
-            except BaseException:
-                conn.remove_notify_handler(on_notify)
-                raise
+            if self._keeping != self.generation:
+                self._received.clear()
+                conn.add_notify_handler(self._received.append)
+                self._keeping = self.generation
+            for channel in channels:
+                await notify.listen(conn, channel)
             return self.generation
         return await self.using(subscribe)
 
     async def listen_while_idle(self, generation: int, on_notify: Callable[[psycopg.Notify], None]) -> None:
-        """While no statement needs the connection `generation` (which `listen` made listen with
-        `on_notify`), waits on it for notifications; a statement that wants it gets it at once.
-        Returns when that connection is gone (closed, or replaced after it broke): its LISTENs
-        went with it, and `on_notify` is no longer called. Raises the connection's error when it
-        breaks while waiting (it is dropped)."""
+        """Passes the notifications of the connection `generation` (which `listen` made listen) to
+        `on_notify`: whenever it gets its turn, those read during the statements before, and while
+        no statement needs the connection, it waits on it for more; a statement that wants it gets
+        it at once. Returns when that connection is gone (closed, or replaced after it broke): its
+        LISTENs went with it. Raises the connection's error when it breaks while waiting (it is
+        dropped), and whatever `on_notify` raises."""
         conn = self._conn
         if conn is None or conn.closed or self.generation != generation:
             return
-        try:
-            while await self._wait_idle(conn, on_notify):
-                pass
-        finally:
-            conn.remove_notify_handler(on_notify)
+        while await self._wait_idle(conn, on_notify):
+            pass
 
     async def _wait_idle(self, conn: psycopg.AsyncConnection, on_notify: Callable[[psycopg.Notify], None]) -> bool:
         """Once the connection is free: waits on it until a statement wants it or the server sends
@@ -317,19 +319,25 @@ class DutyConnection:
         try:
             if self._conn is not conn or conn.closed:
                 return False
+            self._pass_on(on_notify)
             if self._statements_waiting:
                 return True  # they queued before us: the lock goes to them first (asyncio.Lock is fair)
             self._listening = True
             if await self._readable_or_wanted(conn):
                 try:
-                    receive_notifications(conn, on_notify)
+                    receive_notifications(conn, self._received.append)
                 except psycopg.Error:
                     await self._discard()
                     raise
+                self._pass_on(on_notify)
             return True
         finally:
             self._listening = False
             self._lock.release()
+
+    def _pass_on(self, on_notify: Callable[[psycopg.Notify], None]) -> None:
+        while self._received:
+            on_notify(self._received.popleft())
 
     async def _readable_or_wanted(self, conn: psycopg.AsyncConnection) -> bool:
         """Waits until the server sends something on the idle `conn` (True) or a statement wants the

@@ -88,7 +88,7 @@ class Listener:
             self.polling = True
             self._on_schedules()
             return 0.0
-        listening = await self._conn.listen((NOTIFY_CHANNEL, CANCEL_CHANNEL, QUEUES_CHANNEL, CRON_CHANNEL), self._heard)
+        listening = await self._conn.listen((NOTIFY_CHANNEL, CANCEL_CHANNEL, QUEUES_CHANNEL, CRON_CHANNEL))
         self._catch_up()
         self._on_schedules()
         self._signals.listening.emit(None)
@@ -111,7 +111,7 @@ class Listener:
         def heard(notify: psycopg.Notify) -> None:
             if notify.channel == channel:
                 arrived.set()
-        generation = await self._conn.listen([channel], heard)
+        generation = await self._conn.listen([channel])
         waiting = asyncio.create_task(self._conn.listen_while_idle(generation, heard))
         heard_it = asyncio.create_task(arrived.wait())
         try:
