@@ -485,6 +485,7 @@ def write(out: Path, results: dict) -> None:
                          f"| {_cell([r.get('worker_cpu_us_per_task', float('nan')) for r in rows])} "
                          f"| {_cell([r.get('pg_cpu_us_per_task', float('nan')) for r in rows])} |")
     lines += _graph_lines(results)
+    lines += _fleet_lines(results)
     lines += _enqueue_lines(results)
     started = results.get("startup", {})
     if started:
@@ -529,3 +530,48 @@ def _graph_lines(results: dict) -> list[str]:
             f"| a chain of {c.get('graph_chain', 0):,} stages, stage by stage | – "
             f"| a stage: {cell('chain', 'per_stage_ms')} ms (a plain task the same way: "
             f"{cell('chain', 'plain_per_task_ms')} ms); to the last stage: {cell('chain', 'wall_s', 0)} s |"]
+
+
+def _fleet_lines(results: dict) -> list[str]:
+    """The fleet benchmark (bench/scenarios.py `fleet`): per shape, a column per system."""
+    fleet = results.get("fleet", {})
+    if not fleet:
+        return []
+    c = results.get("config", {})
+    lines = ["", f"Fleets of worker processes against one Postgres (max_connections raised): the whole drain of "
+             f"{c.get('fleet_tasks', 0):,} no-op tasks from starting the processes (start-up counted); the "
+             "database's sessions sampled every 50 ms during it (lock waits: sessions waiting for a lock, mean "
+             "and most at once, and the share of samples with any); statements per second over it (all, and "
+             "the heartbeats and rescues of the systems whose statements are known); then enqueue→start "
+             "with the fleet started anew (idle, and under the latency scenario's load)."]
+    rows = (("whole drain tasks/s", "drain_tasks_per_s", 0), ("5–95% tasks/s", "tasks_per_s", 0),
+            ("lock waits mean", "lock_waits_mean", 2), ("lock waits most", "lock_waits_max", 0),
+            ("samples with a lock wait", "lock_wait_share", 2), ("connections, most", "connections_max", 0),
+            ("statements/s", "statements_per_s", 0), ("heartbeats/s", "heartbeats_per_s", 1),
+            ("rescues/s", "rescues_per_s", 1), ("idle p50 ms", "idle_p50", 2), ("idle p99 ms", "idle_p99", 2),
+            ("load p50 ms", "load_p50", 2), ("load p99 ms", "load_p99", 2))
+    for shape, by_system in fleet.items():
+        processes, concurrency = shape.split("x")
+        names = list(by_system)
+        lines += ["", f"{processes} processes × concurrency {concurrency}:", "",
+                  "| | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+        for label, key, digits in rows:
+            lines.append(f"| {label} | " + " | ".join(
+                _cell([r.get(key, float("nan")) for r in by_system[n]], digits) for n in names) + " |")
+        lines.append("| lock waits by type | " + " | ".join(
+            _lock_types([r.get("lock_waits_by_type", {}) for r in by_system[n]]) for n in names) + " |")
+    return lines
+
+
+def _lock_types(runs: list[dict[str, int]]) -> str:
+    """The types of lock the sessions waited for (pg_stat_activity's wait_event), with each one's
+    share of the waits seen in every sample of every run; the three most common."""
+    seen: dict[str, int] = {}
+    for run in runs:
+        for kind, count in run.items():
+            seen[kind] = seen.get(kind, 0) + count
+    total = sum(seen.values())
+    if not total:
+        return "none"
+    return ", ".join(f"{kind} {count / total:.0%}" for kind, count in
+                     sorted(seen.items(), key=lambda item: -item[1])[:3])

@@ -3,7 +3,9 @@
 Starts its own durable Postgres (pg_stat_statements loaded), runs every scenario for every
 installed system with the same task counts, worker processes and concurrency, alternating the
 systems' order from run to run, and writes BENCHMARKS.md (table, plot, machine, method) plus
-the raw results as JSON beside the plot.
+the raw results as JSON beside the plot. The fleet scenario (`--scenarios fleet`, shapes from
+`--fleet-shapes 64x8,16x32`) runs many worker processes at once; with it, the server allows
+FLEET_MAX_CONNECTIONS connections.
 """
 
 from __future__ import annotations
@@ -60,6 +62,11 @@ class Config:
     supervised_processes: tuple[int, ...] = (1, 2)
     enqueue_tasks: int = 100_000
     startup_runs: int = 10
+    # The fleet: this many worker processes at this concurrency each, against one Postgres whose
+    # max_connections is raised to FLEET_MAX_CONNECTIONS.
+    fleet_shapes: tuple[tuple[int, int], ...] = ((64, 8), (16, 32))
+    fleet_tasks: int = 20_000
+    fleet_runs: int = 1
 
     @classmethod
     def quick(cls) -> Config:
@@ -67,11 +74,13 @@ class Config:
                    idle_settle=2.0, idle_window=2.0, history_finished=3000, history_delayed=1000,
                    history_tasks=300, history_runs=1, ceiling_runs=1, fanin_partitions=50, fanin_runs=1, flow_runs=1,
                    sweep_concurrency=(16,), enqueue_tasks=3000, startup_runs=1, graph_prerequisites=50,
-                   graph_dependents=200, graph_chain=50, graph_runs=1)
+                   graph_dependents=200, graph_chain=50, graph_runs=1, fleet_shapes=((3, 2),), fleet_tasks=200)
 
 
 SCENARIOS = ("burn", "sweep", "processes", "enqueue", "startup", "latency", "idle", "history", "ceiling", "fanin",
-             "flow", "graphs")
+             "flow", "graphs", "fleet")
+# Enough for the largest fleet of any system here (a graphile-worker process keeps a pool of 10).
+FLEET_MAX_CONNECTIONS = 1_000
 
 HISTORY_AUTOVACUUM_NAPTIME = "5s"
 
@@ -84,14 +93,15 @@ class Runner:
         self.log = log
         self.results: dict = {"burn": {}, "sweep": {}, "processes": {}, "enqueue": {}, "startup": {}, "latency": {},
                               "idle": {}, "history": {}, "ceiling": [], "fanin": [], "flow": [], "graphs": [],
-                              "errors": []}
+                              "fleet": {}, "errors": []}
         self._db_seq = 0
 
     def run(self) -> dict:
         from queueworker.dev.localpg import LocalPostgres
         server = LocalPostgres(durable=True, extra_settings={
             "shared_preload_libraries": "'pg_stat_statements'", "pg_stat_statements.track": "'top'",
-            "max_wal_size": "'4GB'"})
+            "max_wal_size": "'4GB'", **({"max_connections": str(FLEET_MAX_CONNECTIONS)}
+                                        if "fleet" in self.scenarios else {})})
         self.admin_dsn = server.start()
         self.pg_bin = server.bin_dir
         try:
@@ -109,7 +119,7 @@ class Runner:
             self.results["load_before"] = os.getloadavg()
             started = time.monotonic()
             for name in ("burn", "sweep", "processes", "enqueue", "startup", "latency", "idle", "ceiling", "history",
-                         "fanin", "flow", "graphs"):
+                         "fanin", "flow", "graphs", "fleet"):
                 if name in self.scenarios:
                     self.log(f"== scenario {name}")
                     getattr(self, f"_{name}")()
@@ -302,6 +312,14 @@ class Runner:
                     self.log(f"   graphs {kind} run {round_no + 1}: {_brief(result)}")
                     self.results["graphs"].append({"kind": kind, **result})
 
+    def _fleet(self) -> None:
+        """Each fleet shape in turn, every system alternating: results per shape ("64x8") and system."""
+        c = self.config
+        for processes, concurrency in c.fleet_shapes:
+            self._alternating("fleet", c.fleet_runs, lambda s, dsn, p=processes, n=concurrency: scenarios.fleet(
+                s, dsn, self.admin_dsn, c.fleet_tasks, p, n, c.burn_cap_seconds, c.idle_samples, c.load_rate,
+                c.load_seconds), store=self.results["fleet"].setdefault(f"{processes}x{concurrency}", {}))
+
     def _enqueue(self) -> None:
         """Each system's own bulk enqueue API (systems without one are skipped)."""
         c = self.config
@@ -360,6 +378,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=None, help="burn-down task count")
     parser.add_argument("--history-finished", type=int, default=None)
     parser.add_argument("--history-delayed", type=int, default=None)
+    parser.add_argument("--fleet-shapes", default=None, metavar="PROCESSESxCONCURRENCY,...",
+                        help="the fleet scenario's shapes (default: 64x8,16x32)")
+    parser.add_argument("--fleet-tasks", type=int, default=None, help="the fleet scenario's task count")
     parser.add_argument("--pgqueuer-batch-size", type=int, default=None,
                         help="PGQueuer dequeue batch (default: half the concurrency, the most its "
                         "max_concurrent_tasks allows)")
@@ -372,9 +393,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     config = Config.quick() if args.quick else Config()
-    for key in ("runs", "tasks", "history_finished", "history_delayed"):
+    for key in ("runs", "tasks", "history_finished", "history_delayed", "fleet_tasks"):
         if getattr(args, key) is not None:
             setattr(config, key, getattr(args, key))
+    if args.fleet_shapes is not None:
+        try:
+            config.fleet_shapes = tuple((int(p), int(c)) for p, c in (
+                shape.strip().split("x") for shape in args.fleet_shapes.split(",") if shape.strip()))
+        except ValueError:
+            parser.error(f"--fleet-shapes: expected shapes like 64x8,16x32, got {args.fleet_shapes!r}")
+        if not config.fleet_shapes or min(n for shape in config.fleet_shapes for n in shape) < 1:
+            parser.error(f"--fleet-shapes: expected shapes like 64x8,16x32, got {args.fleet_shapes!r}")
     if args.tasks is not None:
         config.history_tasks = 3 * args.tasks if not args.quick else args.tasks
     systems, skipped = [], {}

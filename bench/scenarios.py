@@ -16,6 +16,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 import psutil
@@ -353,3 +354,81 @@ def idle_cost(system: System, dsn: str, admin_dsn: str, processes: int, concurre
     return {"stmts_per_s_per_worker": float(calls) / elapsed / processes,
             "xacts_per_s_per_worker": float(xact1 - xact0) / elapsed / processes,
             "rss_idle_mb": statistics.mean(rss), "top_statements": [[int(c), q] for c, q in top]}
+
+
+class ActivitySampler:
+    """Samples one database's sessions from another connection every `interval` seconds, on a
+    thread: how many wait for a lock (pg_stat_activity), how many lock requests are not granted
+    (pg_locks), and how many connections it has."""
+
+    def __init__(self, admin_dsn: str, dbname: str, interval: float = 0.05):
+        self._admin_dsn, self._dbname, self._interval = admin_dsn, dbname, interval
+        self.samples: list[tuple[int, int, int]] = []  # (waiting for a lock, ungranted locks, connections)
+        self.waited_for: Counter[str] = Counter()  # per lock type (`extend`, `transactionid`, ...): sessions seen
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> ActivitySampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        with psycopg.connect(self._admin_dsn, autocommit=True) as conn:
+            while not self._stop.wait(self._interval):
+                waiting, ungranted, connections, kinds = conn.execute("""
+                    SELECT count(*) FILTER (WHERE a.wait_event_type = 'Lock'),
+                           (SELECT count(*) FROM pg_locks l JOIN pg_stat_activity w ON w.pid = l.pid
+                            WHERE NOT l.granted AND w.datname = %(db)s),
+                           count(*),
+                           coalesce(array_agg(a.wait_event) FILTER (WHERE a.wait_event_type = 'Lock'), '{}')
+                    FROM pg_stat_activity a WHERE a.datname = %(db)s AND a.pid <> pg_backend_pid()""",
+                                                                   {"db": self._dbname}).fetchone()
+                self.samples.append((waiting, ungranted, connections))
+                self.waited_for.update(kinds)
+
+    def summary(self) -> dict:
+        if not self.samples:
+            return {"lock_waits_mean": float("nan"), "lock_waits_max": 0, "lock_wait_share": float("nan"),
+                    "ungranted_max": 0, "connections_max": 0}
+        waiting = [s[0] for s in self.samples]
+        return {"lock_waits_mean": statistics.mean(waiting), "lock_waits_max": max(waiting),
+                "lock_wait_share": sum(1 for w in waiting if w) / len(waiting),
+                "ungranted_max": max(s[1] for s in self.samples),
+                "connections_max": max(s[2] for s in self.samples), "lock_waits_by_type": dict(self.waited_for)}
+
+
+def _statement_calls(admin_dsn: str, dbname: str, kinds: dict[str, str]) -> dict[str, int]:
+    """Statements run in `dbname` since pg_stat_statements was last reset: all, and per kind."""
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        rows = conn.execute("""
+            SELECT s.query, s.calls FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
+            WHERE d.datname = %s""", (dbname,)).fetchall()
+        calls = {"all": sum(c for _, c in rows)}
+        for kind, pattern in kinds.items():
+            calls[kind] = conn.execute("SELECT coalesce(sum(c), 0)::bigint FROM unnest(%s::text[], %s::bigint[]) "
+                                       "AS r(q, c) WHERE q LIKE %s",
+                                       ([q for q, _ in rows], [c for _, c in rows], pattern)).fetchone()[0]
+    return calls
+
+
+def fleet(system: System, dsn: str, admin_dsn: str, tasks: int, processes: int, concurrency: int,
+          cap_seconds: float, idle_samples: int, load_rate: int, load_seconds: float) -> dict:
+    """Many worker processes against one Postgres: the burn-down of `tasks` no-op tasks (whole
+    drain, start-up counted) while the database's sessions are sampled for lock waits and its
+    statements counted (all, and the system's heartbeats and rescues), then the latency scenario
+    with the same fleet started anew."""
+    dbname = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_statements_reset()")
+    started = time.monotonic()
+    with ActivitySampler(admin_dsn, dbname) as sampler:
+        drained = burn_down(system, dsn, tasks, processes, concurrency, cap_seconds)
+    seconds = time.monotonic() - started
+    calls = _statement_calls(admin_dsn, dbname, system.statement_kinds)
+    result = {**drained, **sampler.summary(), "statements_per_s": calls.pop("all") / seconds,
+              **{f"{kind}s_per_s": count / seconds for kind, count in calls.items()}}
+    return {**result, **latency(system, dsn, processes, concurrency, idle_samples, load_rate, load_seconds)}

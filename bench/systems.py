@@ -40,6 +40,9 @@ class System:
     label = ""
     # Rows not yet finished (pending or running): the burn-down watches this fall to zero.
     remaining_sql = ""
+    # Statements of a kind the fleet benchmark counts apart (heartbeat, rescue): a LIKE pattern on
+    # pg_stat_statements' text of each; empty where the system's own are not known.
+    statement_kinds: dict[str, str] = {}
 
     def unavailable(self) -> str | None:
         """None when this system can run here, else the reason it is skipped."""
@@ -84,6 +87,8 @@ class QueueWorker(System):
     # table, which with scenario 3's history costs the sampler a core. Delayed rows are not counted.
     remaining_sql = ("SELECT (SELECT count(*) FROM queueworker.tasks WHERE state = 'pending' AND NOT delayed) "
                      "+ (SELECT count(*) FROM queueworker.tasks WHERE state = 'running')")
+    statement_kinds = {"heartbeat": "%INSERT INTO queueworker.workers%extended AS (%",  # lease.sql heartbeat
+                       "rescue": "%rescued AS (%"}  # duties.sql rescue
 
     def version(self) -> str:
         return _version("queueworker")

@@ -49,3 +49,7 @@ def test_quick_benchmark_run_writes_its_report(tmp_path):
     assert "Bulk enqueue (tasks/s" in report and "tembo.io" in report
     for name, runs in results["latency"].items():
         assert all(r["load_n"] == r["load_sent"] for r in runs), name  # every probe task ran
+    [fleet] = results["fleet"]["3x2"]["queueworker"]
+    assert fleet["load_n"] == fleet["load_sent"] and fleet["connections_max"] >= 1
+    assert {"lock_waits_max", "statements_per_s", "heartbeats_per_s", "rescues_per_s"} <= fleet.keys()
+    assert "3 processes × concurrency 2" in report
