@@ -16,7 +16,7 @@ import pytest
 from queueworker import enqueue_many
 
 from queueworker.db import cron, flow
-from queueworker.db.connection import DutyConnection
+from queueworker.db.connection import PASS_ON_SLICE, DutyConnection
 from queueworker.db.statements import NO_PARAMS, NoParams, Statement
 from queueworker.runtime.handlers import Registry
 from queueworker.settings import WorkerSettings
@@ -155,3 +155,54 @@ def test_the_duty_connection_listens_between_statements_and_loses_no_notificatio
         finally:
             await conn.close()
     assert asyncio.run(asyncio.wait_for(main(), 60)) == ["during", "itself", "idle"]
+
+
+@pytest.mark.integration
+def test_a_flood_kept_during_a_statement_is_passed_on_whole_in_slices_that_let_the_loop_run(dsn):
+    """Notifications that pile up while a statement holds the duty connection (here 1,300, sent by
+    another session in one transaction) reach the listener all, in order; they are passed on
+    PASS_ON_SLICE at a time, and other coroutines run between the slices: a flood never holds the
+    event loop, and so the heartbeat, for as long as it takes to pass on the whole of it."""
+    flood = 1_300
+    assert flood > 2 * PASS_ON_SLICE  # three slices at least
+
+    async def main() -> tuple[list[str], set[int]]:
+        conn = DutyConnection(dsn, "test-duty")
+        heard: list[str] = []
+        turns = 0  # the ticker's count when each notification was passed on
+        seen_at: set[int] = set()
+
+        async def ticker() -> None:
+            nonlocal turns
+            while True:
+                turns += 1
+                await asyncio.sleep(0)
+
+        def hear(notify: psycopg.Notify) -> None:
+            heard.append(notify.payload)
+            seen_at.add(turns)
+        ticking = asyncio.create_task(ticker())
+        try:
+            generation = await conn.listen(["test_flood"])
+            slow = asyncio.create_task(conn.fetch(SLOW, NO_PARAMS, timeout=10))
+            with psycopg.connect(dsn, autocommit=True) as other:
+                await until(lambda: bool(scalar(dsn, "SELECT count(*) FROM pg_stat_activity WHERE application_name "
+                                                     "= 'test-duty' AND query LIKE '%%pg_sleep%%' AND state = 'active'")),
+                            10, "the slow statement to run")
+                other.execute("SELECT pg_notify('test_flood', n::text) FROM generate_series(1, %s) AS n", (flood,))
+            assert await slow == [SlowRow("")]
+            # The server sends what it queued as soon as the statement ends, ahead of the next
+            # statement's answer: once that is in, psycopg has read the whole flood.
+            assert await conn.fetch(NOTIFY_NOBODY, NO_PARAMS, timeout=10) == [SlowRow("")]
+            listening = asyncio.create_task(conn.listen_while_idle(generation, hear))
+            await until(lambda: len(heard) == flood, 10, "every notification of the flood")
+            listening.cancel()
+            await asyncio.gather(listening, return_exceptions=True)
+            return heard, seen_at
+        finally:
+            ticking.cancel()
+            await asyncio.gather(ticking, return_exceptions=True)
+            await conn.close()
+    heard, seen_at = asyncio.run(asyncio.wait_for(main(), 60))
+    assert heard == [str(n) for n in range(1, flood + 1)]
+    assert len(seen_at) >= 3, "the loop ran between the slices"

@@ -57,6 +57,10 @@ CONNECT_TIMEOUT = 10
 CLIENT_TIMEOUT_SECONDS = STATEMENT_TIMEOUT_SECONDS + 5
 # How often a statement is re-run at once after meeting a row that moved partitions.
 MOVED_ROW_RETRIES = 5
+# Notifications a listener passes on per turn at most (DutyConnection.listen_while_idle): a flood
+# that piled up during a long statement is passed on slice by slice, the event loop and any
+# statement waiting for the connection getting their turn between slices.
+PASS_ON_SLICE = 500
 
 
 def met_moved_row(exc: BaseException) -> bool:
@@ -309,7 +313,7 @@ class DutyConnection:
         if conn is None or conn.closed or self.generation != generation:
             return
         while await self._wait_idle(conn, on_notify):
-            pass
+            await asyncio.sleep(0)  # a turn for the loop: taking a free lock does not yield
 
     async def _wait_idle(self, conn: psycopg.AsyncConnection, on_notify: Callable[[psycopg.Notify], None]) -> bool:
         """Once the connection is free: waits on it until a statement wants it or the server sends
@@ -319,9 +323,8 @@ class DutyConnection:
         try:
             if self._conn is not conn or conn.closed:
                 return False
-            self._pass_on(on_notify)
-            if self._statements_waiting:
-                return True  # they queued before us: the lock goes to them first (asyncio.Lock is fair)
+            if self._pass_on(on_notify) or self._statements_waiting:
+                return True  # more to pass on next turn; or statements queued before us get the lock first
             self._listening = True
             if await self._readable_or_wanted(conn):
                 try:
@@ -335,9 +338,11 @@ class DutyConnection:
             self._listening = False
             self._lock.release()
 
-    def _pass_on(self, on_notify: Callable[[psycopg.Notify], None]) -> None:
-        while self._received:
+    def _pass_on(self, on_notify: Callable[[psycopg.Notify], None]) -> bool:
+        """Passes on the kept notifications, PASS_ON_SLICE at most; whether some are left."""
+        for _ in range(min(len(self._received), PASS_ON_SLICE)):
             on_notify(self._received.popleft())
+        return bool(self._received)
 
     async def _readable_or_wanted(self, conn: psycopg.AsyncConnection) -> bool:
         """Waits until the server sends something on the idle `conn` (True) or a statement wants the
