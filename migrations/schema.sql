@@ -442,18 +442,6 @@ CREATE FUNCTION queueworker.dependency_verdict(waiting integer, failed integer) 
            ::queueworker.task_state
 $$;
 
-CREATE FUNCTION queueworker.ended_before_snapshot(x xid) RETURNS boolean
-    LANGUAGE sql STABLE
-    AS $$
-    SELECT pg_catalog.pg_visible_in_snapshot(
-        ((pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text::bigint >> 32 << 32)
-         + x::text::bigint
-         - CASE WHEN x::text::bigint
-                     > (pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text::bigint & 4294967295)
-                THEN 4294967296 ELSE 0 END)::text::xid8,
-        pg_catalog.pg_current_snapshot())
-$$;
-
 CREATE FUNCTION queueworker.enqueue(task text, payload jsonb DEFAULT '{}'::jsonb, queue text DEFAULT 'default'::text, priority bigint DEFAULT 0, run_after timestamp with time zone DEFAULT NULL::timestamp with time zone, delay double precision DEFAULT NULL::double precision, max_attempts bigint DEFAULT 10, timeout_seconds bigint DEFAULT NULL::bigint, dedupe_key text DEFAULT NULL::text, dedupe text DEFAULT NULL::text, on_conflict text DEFAULT 'ignore'::text, key text DEFAULT NULL::text, depends_on bigint[] DEFAULT '{}'::bigint[], on_dependency_failure text DEFAULT 'cancel'::text, headers jsonb DEFAULT NULL::jsonb, notify_on_finish boolean DEFAULT false) RETURNS bigint
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -1717,12 +1705,6 @@ BEGIN
     RETURNING id INTO new_id;
     RETURN new_id;
 END
-$$;
-
-CREATE FUNCTION queueworker.still_pending(task_id bigint) RETURNS boolean
-    LANGUAGE sql
-    AS $$
-    SELECT EXISTS (SELECT FROM queueworker.tasks_active t WHERE t.id = task_id AND t.state = 'pending')
 $$;
 
 CREATE FUNCTION queueworker.tag_fair(ids bigint[], stale bigint[]) RETURNS void

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 import subprocess
 import sys
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 
 import psycopg
@@ -17,7 +15,7 @@ from pydantic import ValidationError
 from queueworker.db import depth, duties, lease, statements
 from queueworker.db.migrate import available_migrations
 from queueworker.client.producer import TaskSpec, enqueue, enqueue_many
-from tests.support import query, scalar, wait_until
+from tests.support import query, scalar
 
 pytestmark = pytest.mark.integration
 
@@ -87,64 +85,6 @@ def test_claim_order_is_priority_then_age_and_skips_locked_rows(dsn):
             other.execute("SELECT 1 FROM queueworker.tasks WHERE id = %s FOR UPDATE", (high,))
             assert [r[0] for r in _claim(conn, uuid.uuid4(), limit=1)] == [low]
         assert [r[0] for r in _claim(conn, uuid.uuid4(), limit=5)] == [high, later]
-
-
-BARRIER_LOCK = 7340  # an advisory lock of the test's own, to pause a claim after its snapshot
-
-
-def claim_paused(dsn: str, statement, queue: str, meanwhile) -> list[int]:
-    """Runs the claim `statement` of `queue` with its scan made to start only once `meanwhile()`
-    has run (its queue read through an advisory lock the test holds till then), so what
-    `meanwhile` commits is later than the claim's snapshot; returns the ids it claimed."""
-    paused = dataclasses.replace(statement, text=statement.text.replace(
-        "AND queue = %(queue)s", f"AND queue = (SELECT %(queue)s FROM pg_advisory_xact_lock({BARRIER_LOCK}))", 1))
-    assert paused.text != statement.text
-    params = lease.ClaimParams(queue=queue, limit=5, worker=uuid.uuid4(), **CLAIM_DEFAULTS)
-    with psycopg.connect(dsn, autocommit=True) as barrier, psycopg.connect(dsn, autocommit=True) as conn, \
-            ThreadPoolExecutor(1) as pool:
-        barrier.execute("SELECT pg_advisory_lock(%s)", (BARRIER_LOCK,))
-        claimed = pool.submit(statements.fetch, conn, paused, params)
-        wait_until(lambda: scalar(dsn, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
-                                       "AND objid = %s AND NOT granted", (BARRIER_LOCK,)),
-                   message="the paused claim waiting, its snapshot taken")
-        meanwhile()
-        barrier.execute("SELECT pg_advisory_unlock(%s)", (BARRIER_LOCK,))
-        return [row.id for row in claimed.result(timeout=30)]
-
-
-@pytest.mark.parametrize("statement", [lease.CLAIM, lease.CLAIM_FAIR], ids=["claim", "claim_fair"])
-def test_a_claim_passes_over_a_row_another_claim_took_after_its_snapshot_without_locking_it(dsn, statement):
-    """A claim that still sees a task pending in its snapshot, though another claim has taken it
-    since, must not lock the task's row: the lock would last until the claim commits, and the
-    taker's completion would wait for it."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        task_id = enqueue(conn, "qw.noop", queue="q", key="k" if statement is lease.CLAIM_FAIR else None)
-
-        def taken_by_another() -> None:
-            other = lease.ClaimParams(queue="q", limit=5, worker=uuid.uuid4(), **CLAIM_DEFAULTS)
-            assert [row.id for row in statements.fetch(conn, statement, other)] == [task_id]
-
-        assert claim_paused(dsn, statement, "q", taken_by_another) == []
-    # The claim that took the row holds it still, its lock carried over to the version it wrote; a
-    # lock the late claim took would have replaced it (the first claim's transaction is over).
-    assert scalar(dsn, "SELECT xmax = xmin FROM queueworker.tasks_active WHERE id = %s", (task_id,)), \
-        "the late claim locked the row another claim had taken"
-
-
-def test_rows_locked_without_a_change_are_still_claimed(dsn):
-    """A claim looks again at a row whose `xmax` shows a lock or a change since it was written: a
-    row only locked, by a transaction that ended before the claim's snapshot or after it, must
-    still be claimed."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        before, after = enqueue(conn, "qw.noop", queue="q"), enqueue(conn, "qw.noop", queue="q")
-
-        def lock(task_id: int) -> None:
-            with psycopg.connect(dsn) as other:
-                other.execute("SELECT FROM queueworker.tasks_active WHERE id = %s FOR KEY SHARE", (task_id,))
-
-        lock(before)
-        assert sorted(claim_paused(dsn, lease.CLAIM, "q", lambda: lock(after))) == [before, after]
-        assert query(dsn, "SELECT count(*) FROM queueworker.task_events WHERE to_state = 'running'") == [(2,)]
 
 
 def test_every_transition_out_of_running_is_fenced_by_the_lease_token(dsn):

@@ -14,16 +14,11 @@
 -- control (a row in queueworker.queues that sets something: migration 009) is claimed by
 -- `claim_limited` only, a keyed queue (migration 020) by `claim_fair` or `claim_limited_fair`: here
 -- the guard picks nothing from either, an index probe of a tiny table per statement, run once (an
--- InitPlan: the LIMIT stays a plain parameter, so the planner keeps the index scan). A row whose
--- `xmax` shows a change since it was written, by a transaction that had not ended when this
--- statement's snapshot was taken, is locked only if it is still pending now (queueworker.still_pending,
--- migrations/functions/05_claims.sql): one another claim took after this statement's snapshot is
--- passed over without a lock, which its completion would wait for.
+-- InitPlan: the LIMIT stays a plain parameter, so the planner keeps the index scan).
 WITH picked AS MATERIALIZED (
     SELECT id, priority, run_after FROM queueworker.tasks_active
     WHERE state = 'pending' AND NOT delayed AND queue = %(queue)s AND run_after <= now()
       AND NOT EXISTS (SELECT FROM queueworker.queues l WHERE l.name = %(queue)s AND (l.limited OR l.keyed))
-      AND (xmax = '0'::xid OR queueworker.ended_before_snapshot(xmax) OR queueworker.still_pending(id))
     ORDER BY priority DESC, run_after, id
     LIMIT %(limit)s
     FOR NO KEY UPDATE SKIP LOCKED
@@ -65,12 +60,10 @@ FROM claimed;
 -- `fair` fills the claim (a LIMIT of 0 reads no row): a task of the queue without a tag (inserted
 -- by a transaction that had not seen the queue become keyed) is claimed once the tagged ones are
 -- all taken, never left behind. A queue with flow control is claimed by `claim_limited_fair`.
--- Rows another claim took after this statement's snapshot are passed over unlocked, as in `claim`.
 WITH fair AS MATERIALIZED (
     SELECT id, priority, fair_tag FROM queueworker.tasks_active
     WHERE state = 'pending' AND NOT delayed AND fair_tag IS NOT NULL AND queue = %(queue)s AND run_after <= now()
       AND NOT EXISTS (SELECT FROM queueworker.queues l WHERE l.name = %(queue)s AND l.limited)
-      AND (xmax = '0'::xid OR queueworker.ended_before_snapshot(xmax) OR queueworker.still_pending(id))
     ORDER BY priority DESC, fair_tag, id
     LIMIT %(limit)s
     FOR NO KEY UPDATE SKIP LOCKED
@@ -78,7 +71,6 @@ WITH fair AS MATERIALIZED (
     SELECT id FROM queueworker.tasks_active
     WHERE state = 'pending' AND NOT delayed AND queue = %(queue)s AND run_after <= now() AND fair_tag IS NULL
       AND NOT EXISTS (SELECT FROM queueworker.queues l WHERE l.name = %(queue)s AND l.limited)
-      AND (xmax = '0'::xid OR queueworker.ended_before_snapshot(xmax) OR queueworker.still_pending(id))
     ORDER BY priority DESC, run_after, id
     LIMIT %(limit)s - (SELECT count(*) FROM fair)
     FOR NO KEY UPDATE SKIP LOCKED

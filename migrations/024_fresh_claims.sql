@@ -1,8 +1,0 @@
--- queueworker schema, version 24: the plain claims (`claim`, `claim_fair`) look at a row as it is
--- now before they lock it, through queueworker.still_pending (migrations/functions/05_claims.sql),
--- so a claim no longer locks the rows other claims took after its snapshot, which their
--- completions then waited for.
---
--- Nothing to change in the tables. The version exists so that a worker of this version, which
--- calls the function, refuses a database whose function files predate it (`queueworker migrate`
--- applies them after this migration); workers of version 23 go on claiming as before.
