@@ -7,6 +7,7 @@ import math
 import os
 import platform
 import statistics
+from collections import Counter
 from pathlib import Path
 
 # Capped at concurrency 100 already (hundreds to a few thousand tasks/s): the sweep leaves them out.
@@ -566,12 +567,8 @@ def _fleet_lines(results: dict) -> list[str]:
 def _lock_types(runs: list[dict[str, int]]) -> str:
     """The types of lock the sessions waited for (pg_stat_activity's wait_event), with each one's
     share of the waits seen in every sample of every run; the three most common."""
-    seen: dict[str, int] = {}
-    for run in runs:
-        for kind, count in run.items():
-            seen[kind] = seen.get(kind, 0) + count
+    seen = sum(map(Counter, runs), Counter())
     total = sum(seen.values())
     if not total:
         return "none"
-    return ", ".join(f"{kind} {count / total:.0%}" for kind, count in
-                     sorted(seen.items(), key=lambda item: -item[1])[:3])
+    return ", ".join(f"{kind} {count / total:.0%}" for kind, count in seen.most_common(3))

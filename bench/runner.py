@@ -367,6 +367,14 @@ def _brief(result: dict) -> str:
                      if not isinstance(v, (list, dict)))
 
 
+def _fleet_shapes(text: str) -> tuple[tuple[int, int], ...]:
+    """`64x8,16x32` as ((64, 8), (16, 32)); ValueError for anything else (none, a zero, a missing part)."""
+    shapes = tuple((int(p), int(c)) for p, c in (shape.strip().split("x") for shape in text.split(",") if shape.strip()))
+    if not shapes or min(n for shape in shapes for n in shape) < 1:
+        raise ValueError(text)
+    return shapes
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes: the CI smoke (no meaningful numbers)")
@@ -398,11 +406,8 @@ def main(argv: list[str] | None = None) -> int:
             setattr(config, key, getattr(args, key))
     if args.fleet_shapes is not None:
         try:
-            config.fleet_shapes = tuple((int(p), int(c)) for p, c in (
-                shape.strip().split("x") for shape in args.fleet_shapes.split(",") if shape.strip()))
+            config.fleet_shapes = _fleet_shapes(args.fleet_shapes)
         except ValueError:
-            parser.error(f"--fleet-shapes: expected shapes like 64x8,16x32, got {args.fleet_shapes!r}")
-        if not config.fleet_shapes or min(n for shape in config.fleet_shapes for n in shape) < 1:
             parser.error(f"--fleet-shapes: expected shapes like 64x8,16x32, got {args.fleet_shapes!r}")
     if args.tasks is not None:
         config.history_tasks = 3 * args.tasks if not args.quick else args.tasks
