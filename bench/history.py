@@ -74,7 +74,8 @@ def _sum_buffers(node: dict) -> int:
 def claim_script() -> str:
     """pgbench script: our claim (its RETURNING rows aggregated into arrays) then our
     complete_succeeded verbatim, placeholders turned into pgbench variables; the claim commits
-    without waiting for the disk, the completion waits, as on a worker's connections."""
+    without waiting for the disk with a generic plan, the completion waits with a custom plan, as
+    on a worker's connections (lease.sql, `claim_settings`)."""
     head, _ = CLAIM.text.rsplit("\nSELECT ", 1)
     claim = (f"{head}\n"
              "SELECT coalesce(array_agg(id), '{}')::text AS ids, "
@@ -86,8 +87,8 @@ def claim_script() -> str:
         statement = re.sub(r"%\((\w+)\)s", r":\1", statement)
         return " ".join(statement.split())
 
-    return (f"SET synchronous_commit = off;\n{to_pgbench(claim)}\n\\gset\n"
-            f"SET synchronous_commit = on;\n{to_pgbench(complete)};\n")
+    return (f"SET synchronous_commit = off;\nSET plan_cache_mode = force_generic_plan;\n{to_pgbench(claim)}\n\\gset\n"
+            f"SET synchronous_commit = on;\nSET plan_cache_mode = force_custom_plan;\n{to_pgbench(complete)};\n")
 
 
 def ceiling(dsn: str, tasks: int, clients: int, limit: int, pgbench: Path | None = None) -> dict:

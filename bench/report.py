@@ -68,6 +68,7 @@ def summarize(results: dict) -> dict:
                                 if (r["clients"], r["limit"]) == key])[0]
                         for key in {(r["clients"], r["limit"]) for r in results["ceiling"]}), default=float("nan")) \
         if ceil else float("nan")
+    s["latency"] = results["latency"]
     lat = results["latency"].get("queueworker", [])
     s["idle_p50"] = _stats([r["idle_p50"] for r in lat])[0]
     s["idle_p99"] = _stats([r["idle_p99"] for r in lat])[0]
@@ -154,6 +155,7 @@ def targets(s: dict) -> list[tuple[str, str, str, str]]:
             detail += f"; {v / durable:.2f}× the durable NOTIFY's {_fmt(durable, 2)} ms"
         rows.append((label, f"{_fmt(v, 2)} ms" + (f" ({v / floor:.2f}×)" if known else ""), detail,
                      _verdict(v <= factor * floor if known else None)))
+    rows += _latency_targets(s["latency"])
     for key, label in (("load_p50", "Enqueue→start p50 ≤5 ms under load"),
                        ("load_p99", "Enqueue→start p99 ≤25 ms under load")):
         v = s[key]
@@ -253,6 +255,50 @@ def _by_concurrency(results: dict) -> dict[int, dict[str, list[dict]]]:
         table[results["config"]["concurrency"]] = {n: r for n, r in results["burn"].items()
                                                    if any(n in t for t in table.values())}
     return dict(sorted(table.items()))
+
+
+# The latency scenario's enqueue paths (bench.scenarios.ENQUEUE_PATHS) and the key prefix of each.
+LATENCY_PATHS = (("own API", "", "API"), ("raw INSERT + NOTIFY", "raw_", "raw"))
+LATENCY_MEASURES = (("idle p50", "idle_p50"), ("idle p99", "idle_p99"), ("load p50", "load_p50"),
+                    ("load p99", "load_p99"))
+
+
+def _latency_paths_section(results: dict) -> list[str]:
+    """Enqueue-to-start latency through each system's own API and through a raw INSERT, side by side."""
+    by_system = {n: runs for n, runs in results["latency"].items() if any("raw_idle_p50" in r for r in runs)}
+    if not by_system:
+        return []
+    paths = results.get("enqueue_paths", {})
+    lines = ["", "Enqueue→start latency by enqueue path (ms): through the system's own API (API) and by a raw "
+             "INSERT plus its NOTIFY (raw):", "",
+             "| system | own API | " + " | ".join(f"{short} {label}" for _, _, short in LATENCY_PATHS
+                                                  for label, _ in LATENCY_MEASURES) + " |",
+             "|---|---|" + "---:|" * (len(LATENCY_PATHS) * len(LATENCY_MEASURES))]
+    for n, runs in by_system.items():
+        cells = [_cell([r.get(prefix + key, float("nan")) for r in runs], 2)
+                 for _, prefix, _ in LATENCY_PATHS for _, key in LATENCY_MEASURES]
+        lines.append(f"| {n} | {paths.get(n, {}).get('api', '')} | " + " | ".join(cells) + " |")
+    notes = [f"{n}: {p['raw_note']}" for n, p in paths.items() if p.get("raw_note") and n in by_system]
+    if notes:
+        lines += ["", "Where a raw path writes less than the system's own client: " + "; ".join(notes) + "."]
+    return lines
+
+
+def _latency_targets(latency: dict[str, list[dict]]) -> list[tuple[str, str, str, str]]:
+    """Enqueue-to-start at or below the best peer's, idle (p50, p99) and under load (p50), per path."""
+    rows = []
+    for path, prefix, _ in LATENCY_PATHS:
+        for label, key in LATENCY_MEASURES[:3]:
+            medians = {n: _stats([r.get(prefix + key, float("nan")) for r in runs])[0] for n, runs in latency.items()}
+            qw = medians.pop("queueworker", float("nan"))
+            peers = {n: v for n, v in medians.items() if not math.isnan(v)}
+            title = f"Enqueue→start {label} ({path}) at or below the best peer's"
+            if math.isnan(qw) or not peers:
+                rows.append((title, "–", "", _verdict(None)))
+                continue
+            best = min(peers.items(), key=lambda kv: kv[1])
+            rows.append((title, f"{_fmt(qw, 2)} ms", f"{best[0]} {_fmt(best[1], 2)} ms", _verdict(qw <= best[1])))
+    return rows
 
 
 def _sweep_section(results: dict) -> list[str]:
@@ -367,12 +413,14 @@ def write(out: Path, results: dict) -> None:
               f"per process (and {c['concurrency']} from above), for every system but {', '.join(SWEEP_EXCLUDED)} "
               "(capped at the default already). PGQueuer's dequeue batch is half its concurrency, the most its "
               "`max_concurrent_tasks` allows.",
-              "- Enqueue paths: queueworker, PGQueuer and Procrastinate through their own producer APIs; "
-              "graphile-worker through its `add_jobs` SQL function; pg-boss and River by the INSERT plus the "
-              "one NOTIFY that their own insert code issues (pg-boss queues have `notify: true`).",
               f"- **Latency**: enqueue wall-clock time goes in the payload; the handler writes `now − t` at start. "
               f"Idle: {c['idle_samples']} single tasks 50 ms apart to idle workers (the LISTEN/NOTIFY path). "
               f"Under load: {c['load_rate']:,} tasks/s in 10 ms ticks for {c['load_seconds']:.0f} s. "
+              "Each system is enqueued two ways, one after the other with the same workers: through its own "
+              "client API (the Node and Go clients run in a producer process of their own, driven over a pipe, "
+              "and stamp each task themselves just before the call, so the pipe is not counted), and by a raw "
+              "INSERT plus the NOTIFY that its own insert sends, in one autocommit statement "
+              "(`raw_enqueue_sql` in bench/systems.py). The main table shows the own API. "
               "Before and after the scenario, the machine's floor for the idle path: a bare `SELECT pg_notify` "
               "(autocommit) every 50 ms from one connection to another idle in LISTEN, no queue involved.",
               f"- **Idle cost**: workers idle {c['idle_settle']:.0f} s to settle, then `pg_stat_statements` calls "
@@ -431,6 +479,7 @@ def write(out: Path, results: dict) -> None:
             f"| {_cell([r['idle_p99'] for r in lat], 2)} | {_cell([r['load_p50'] for r in lat], 1)} "
             f"| {_cell([r['load_p99'] for r in lat], 1)} | {_cell([r['stmts_per_s_per_worker'] for r in idle], 2)} "
             f"| {_cell([r['rss_idle_mb'] for r in idle], 1)} | {_cell([r['rss_load_mb'] for r in burn], 1)} |")
+    lines += _latency_paths_section(results)
     lines += _sweep_section(results)
     lines += _processes_section(results)
     floor = results.get("latency_floor", [])

@@ -434,6 +434,8 @@ def main(argv: list[str] | None = None) -> int:
     results = runner.run()
     results.update(config=asdict(config), quick=args.quick, skipped=skipped,
                    versions={s.name: s.version() for s in systems}, machine=report.machine(),
+                   enqueue_paths={s.name: {"api": s.producer_api, "raw": s.raw_enqueue_sql,
+                                           "raw_note": s.raw_enqueue_note} for s in systems},
                    python=platform.python_version(), command="python -m bench " + " ".join(
                        argv if argv is not None else sys.argv[1:]))
     out = Path(args.out)

@@ -17,12 +17,14 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
+from typing import Callable
 
 import psutil
 import psycopg
 
-from bench.systems import REPO, System
+from bench.systems import REPO, Send, System
 
 LOG_DIR = tempfile.mkdtemp(prefix="qw-bench-logs-")
 
@@ -219,9 +221,10 @@ def burn_down(system: System, dsn: str, tasks: int, processes: int, concurrency:
             "pg_cpu_us_per_task": pg_cpu * 1e6 / done_all if done_all else float("nan")}
 
 
-async def _produce(system: System, dsn: str, stamps_per_tick: int, ticks: int, interval: float) -> int:
+async def _produce(producer: Callable[[str], AbstractAsyncContextManager[Send]], dsn: str, stamps_per_tick: int,
+                   ticks: int, interval: float) -> int:
     sent = 0
-    async with system.producer(dsn) as send:
+    async with producer(dsn) as send:
         next_at = time.monotonic()
         for _ in range(ticks):
             now = time.time()
@@ -244,35 +247,48 @@ def _wait_for(workers: Workers, count: int, timeout: float) -> list[float]:
         time.sleep(0.05)
 
 
+# The two ways the latency scenario enqueues: the system's own client API, and a raw INSERT plus the
+# NOTIFY its own insert sends (System.raw_enqueue_sql). Results of the raw path carry a "raw_" prefix.
+ENQUEUE_PATHS = ("api", "raw")
+
+
 def latency(system: System, dsn: str, processes: int, concurrency: int, idle_samples: int,
-            load_rate: int, load_seconds: float) -> dict:
-    """Enqueue-to-start latency: single tasks to idle workers (the wake-up path), then a fixed
-    enqueue rate (ticks of 10 ms) while the workers are busy with it."""
+            load_rate: int, load_seconds: float, paths: tuple[str, ...] = ENQUEUE_PATHS) -> dict:
+    """Enqueue-to-start latency, for each enqueue path in `paths`: single tasks to idle workers (the
+    wake-up path), then a fixed enqueue rate (ticks of 10 ms) while the workers are busy with it."""
     workers = Workers.start(system, dsn, processes, concurrency)
+    result: dict = {}
     try:
-        # Warm up: wait until a probe task has run, then let the other process settle too.
-        probe_deadline = time.monotonic() + 60
-        while not workers.latencies():
-            asyncio.run(_produce(system, dsn, 1, 1, 0))
-            _wait_for(workers, 1, 1.0)
-            if time.monotonic() > probe_deadline:
-                raise RuntimeError(f"{system.name}: workers never ran a probe task")
-        time.sleep(2.0)
-        workers.clear_latencies()
-        asyncio.run(_produce(system, dsn, 1, idle_samples, 0.05))
-        idle = _wait_for(workers, idle_samples, 60)
-        time.sleep(1.0)
-        workers.clear_latencies()
-        tick = 0.01
-        per_tick = max(1, round(load_rate * tick))
-        ticks = int(load_seconds / tick)
-        sent = asyncio.run(_produce(system, dsn, per_tick, ticks, tick))
-        loaded = _wait_for(workers, sent, 120)
+        for path in paths:
+            producer = system.producer if path == "api" else system.raw_producer
+            # Warm up: wait until a probe task has run, then let the other process settle too.
+            probe_deadline = time.monotonic() + 60
+            workers.clear_latencies()
+            while not workers.latencies():
+                asyncio.run(_produce(producer, dsn, 1, 1, 0))
+                _wait_for(workers, 1, 1.0)
+                if time.monotonic() > probe_deadline:
+                    raise RuntimeError(f"{system.name}: workers never ran a probe task enqueued by the {path} path")
+            time.sleep(2.0)
+            workers.clear_latencies()
+            asyncio.run(_produce(producer, dsn, 1, idle_samples, 0.05))
+            idle = _wait_for(workers, idle_samples, 60)
+            time.sleep(1.0)
+            workers.clear_latencies()
+            tick = 0.01
+            per_tick = max(1, round(load_rate * tick))
+            ticks = int(load_seconds / tick)
+            sent = asyncio.run(_produce(producer, dsn, per_tick, ticks, tick))
+            loaded = _wait_for(workers, sent, 120)
+            prefix = "" if path == "api" else f"{path}_"
+            result.update({f"{prefix}idle_p50": percentile(idle, 50), f"{prefix}idle_p99": percentile(idle, 99),
+                           f"{prefix}idle_n": len(idle), f"{prefix}load_p50": percentile(loaded, 50),
+                           f"{prefix}load_p99": percentile(loaded, 99), f"{prefix}load_n": len(loaded),
+                           f"{prefix}load_sent": sent, f"{prefix}load_rate": per_tick / tick})
+            time.sleep(1.0)
     finally:
         workers.stop()
-    return {"idle_p50": percentile(idle, 50), "idle_p99": percentile(idle, 99), "idle_n": len(idle),
-            "load_p50": percentile(loaded, 50), "load_p99": percentile(loaded, 99), "load_n": len(loaded),
-            "load_sent": sent, "load_rate": per_tick / tick}
+    return result
 
 
 def notify_floor(dsn: str, samples: int, interval: float = 0.05) -> dict:
@@ -426,4 +442,5 @@ def fleet(system: System, dsn: str, admin_dsn: str, tasks: int, processes: int, 
     calls = _statement_calls(admin_dsn, dbname, system.statement_kinds)
     result = {**drained, **sampler.summary(), "statements_per_s": calls.pop("all") / seconds,
               **{f"{kind}s_per_s": count / seconds for kind, count in calls.items()}}
-    return {**result, **latency(system, dsn, processes, concurrency, idle_samples, load_rate, load_seconds)}
+    return {**result, **latency(system, dsn, processes, concurrency, idle_samples, load_rate, load_seconds,
+                                ENQUEUE_PATHS[:1])}

@@ -15,8 +15,9 @@ import json
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import AsyncIterator, Awaitable, Callable
 
@@ -65,24 +66,68 @@ class System:
         call committed on its own; the seconds the calls took (connecting excluded)."""
         raise NotImplementedError
 
-    # One statement taking the timestamps as a float8[] that enqueues a `record` task for each,
-    # the way the system's own client would; systems with a client API override producer().
-    enqueue_sql = ""
+    # The raw path: one statement, taking the timestamps as a float8[], that inserts a `record` task
+    # for each into the system's table and sends the NOTIFY its own insert sends (itself, or by the
+    # table's trigger), as an application in another language without the system's client would.
+    raw_enqueue_sql = ""
+    # Where the raw path's rows differ from what the system's own client writes.
+    raw_enqueue_note = ""
+    # The client call producer() makes, as the report names it.
+    producer_api = ""
+
+    def producer(self, dsn: str) -> AbstractAsyncContextManager[Send]:
+        """The system's own client API: yields send(timestamps), which enqueues one `record` task
+        per timestamp in one call (a producer in another language stamps the tasks itself, just
+        before its call, and takes only their number)."""
+        raise NotImplementedError
 
     @asynccontextmanager
-    async def producer(self, dsn: str) -> AsyncIterator[Send]:
-        """Yields send(timestamps): enqueues one `record` task per timestamp, in one call."""
-        if not self.enqueue_sql:
-            raise NotImplementedError
+    async def raw_producer(self, dsn: str) -> AsyncIterator[Send]:
+        """The raw path (raw_enqueue_sql) on an autocommit connection, as producer() yields it."""
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
             async def send(stamps: list[float]) -> None:
-                await conn.execute(self.enqueue_sql, (stamps,))
+                await conn.execute(self.raw_enqueue_sql, (stamps,))
             yield send
+
+
+@asynccontextmanager
+async def subprocess_producer(cmd: list[str]) -> AsyncIterator[Send]:
+    """A peer's own client API in its own language (`cmd`, a harness's `produce` mode), driven over
+    stdin: each line is a count of `record` tasks to enqueue in one call, each stamped by the
+    producer itself just before the call, so the pipe is not part of the latency; it prints "ready"
+    once connected and "ok" when each call has returned."""
+    with tempfile.TemporaryFile() as errors:
+        proc = await asyncio.create_subprocess_exec(*cmd, stdin=asyncio.subprocess.PIPE,
+                                                    stdout=asyncio.subprocess.PIPE, stderr=errors)
+
+        async def answer(expected: bytes) -> None:
+            line = await asyncio.wait_for(proc.stdout.readline(), 60)
+            if line.strip() != expected:
+                errors.seek(0)
+                raise RuntimeError(f"{cmd[0]} producer answered {line!r}: {errors.read()[-2000:].decode(errors='replace')}")
+
+        try:
+            await answer(b"ready")
+
+            async def send(stamps: list[float]) -> None:
+                proc.stdin.write(b"%d\n" % len(stamps))
+                await proc.stdin.drain()
+                await answer(b"ok")
+            yield send
+        finally:
+            if proc.returncode is None:
+                proc.stdin.close()
+                try:
+                    await asyncio.wait_for(proc.wait(), 10)
+                except asyncio.TimeoutError:
+                    proc.kill()
+                    await proc.wait()
 
 
 class QueueWorker(System):
     name = "queueworker"
     label = "queueworker"
+    producer_api = "`enqueue_many_async`"
     # Two counts, each matching a partial index: one OR'd WHERE makes the planner scan the whole
     # table, which with scenario 3's history costs the sampler a core. Delayed rows are not counted.
     remaining_sql = ("SELECT (SELECT count(*) FROM queueworker.tasks WHERE state = 'pending' AND NOT delayed) "
@@ -121,6 +166,13 @@ class QueueWorker(System):
                 enqueue_many(conn, [{"task": "qw.noop"} for _ in range(min(batch, tasks - start))])
             return time.perf_counter() - started
 
+    # Through the producer's insert-only view, with the NOTIFY the producer's own statement sends and,
+    # as it does for tasks due at once, `delayed` false (the column's default leaves a row for the
+    # scheduler to admit on its next pass).
+    raw_enqueue_sql = ("WITH ins AS (INSERT INTO queueworker.new_tasks (queue, task, payload, delayed) "
+                       "SELECT 'default', 'bench.record', jsonb_build_object('t', t), false FROM unnest(%s::float8[]) AS t "
+                       "RETURNING 1) SELECT pg_notify('queueworker', 'default') FROM (SELECT 1 FROM ins LIMIT 1) AS one")
+
     @asynccontextmanager
     async def producer(self, dsn: str) -> AsyncIterator[Send]:
         from queueworker.client.producer import enqueue_many_async
@@ -133,6 +185,7 @@ class QueueWorker(System):
 class PGQueuer(System):
     name = "pgqueuer"
     label = "PGQueuer"
+    producer_api = "`Queries.enqueue` (asyncpg)"
     remaining_sql = "SELECT count(*) FROM pgqueuer"  # finished jobs leave the table (into pgqueuer_log)
 
     def __init__(self, batch_size: int | None = None):
@@ -191,6 +244,11 @@ class PGQueuer(System):
         self._run(enqueue, dsn)
         return seconds[0]
 
+    # The statement trigger on the table sends the NOTIFY; Queries.enqueue also writes a log row.
+    raw_enqueue_sql = ("INSERT INTO pgqueuer (priority, entrypoint, payload, status) "
+                       "SELECT 0, 'record', convert_to(t::text, 'UTF8'), 'queued' FROM unnest(%s::float8[]) AS t")
+    raw_enqueue_note = "no `pgqueuer_log` row"
+
     @asynccontextmanager
     async def producer(self, dsn: str) -> AsyncIterator[Send]:
         import asyncpg
@@ -210,6 +268,7 @@ class PGQueuer(System):
 class Procrastinate(System):
     name = "procrastinate"
     label = "Procrastinate"
+    producer_api = "`defer_async` / `batch_defer_async`"
     remaining_sql = "SELECT count(*) FROM procrastinate_jobs WHERE status IN ('todo', 'doing')"
 
     def unavailable(self) -> str | None:
@@ -250,6 +309,10 @@ class Procrastinate(System):
                     await task.batch_defer_async(*({} for _ in range(min(batch, tasks - start))))
                 return time.perf_counter() - started
         return asyncio.run(main())
+
+    # A row trigger sends the NOTIFY (and writes the status event) for each inserted job.
+    raw_enqueue_sql = ("INSERT INTO procrastinate_jobs (queue_name, task_name, args) "
+                       "SELECT 'default', 'record', jsonb_build_object('t', t) FROM unnest(%s::float8[]) AS t")
 
     @asynccontextmanager
     async def producer(self, dsn: str) -> AsyncIterator[Send]:
@@ -297,15 +360,27 @@ class _NodePeer(System):
     def worker_cmd(self, dsn: str, concurrency: int) -> list[str]:
         return ["node", str(NODE_DIR / self.script), "work", "--dsn", dsn, "--concurrency", str(concurrency)]
 
+    @asynccontextmanager
+    async def producer(self, dsn: str) -> AsyncIterator[Send]:
+        async with subprocess_producer(["node", str(NODE_DIR / self.script), "produce", "--dsn", dsn]) as send:
+            yield send
+
 
 class GraphileWorker(_NodePeer):
     name = "graphile-worker"
     label = "graphile-worker"
     script = "graphile.mjs"
     package = "graphile-worker"
+    producer_api = "`WorkerUtils.addJob` / `addJobs` (Node)"
     remaining_sql = "SELECT count(*) FROM graphile_worker._private_jobs"  # succeeded jobs are deleted
-    enqueue_sql = ("SELECT graphile_worker.add_jobs(array_agg(ROW('record', json_build_object('t', t), NULL, NULL, "
-                   "NULL, NULL, NULL, NULL)::graphile_worker.job_spec)) FROM unnest(%s::float8[]) AS t")
+    # Its jobs table is private (the SQL API is add_job/add_jobs, what WorkerUtils calls), so the raw
+    # path is the insert and the NOTIFY that add_jobs runs, for a task the workers have registered.
+    raw_enqueue_sql = ("WITH ins AS (INSERT INTO graphile_worker._private_jobs (task_id, payload) "
+                       "SELECT tasks.id, json_build_object('t', t) FROM unnest(%s::float8[]) AS t, "
+                       "graphile_worker._private_tasks AS tasks WHERE tasks.identifier = 'record' RETURNING 1) "
+                       "SELECT pg_notify('jobs:insert', '{\"r\":' || random()::text || ',\"count\":' || count(*) || '}') "
+                       "FROM ins")
+    raw_enqueue_note = "into its private jobs table, which its documentation does not offer for inserts"
 
     def preload_noop(self, dsn: str, n: int) -> None:
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -322,9 +397,10 @@ class PgBoss(_NodePeer):
     label = "pg-boss"
     script = "pgboss.mjs"
     package = "pg-boss"
+    producer_api = "`send` / `insert` (Node)"
     remaining_sql = "SELECT count(*) FROM pgboss.job WHERE state IN ('created', 'retry', 'active')"
     # What pg-boss's own insert does for a `notify: true` queue: rows, then one NOTIFY.
-    enqueue_sql = ("WITH ins AS (INSERT INTO pgboss.job (name, data) SELECT 'record', jsonb_build_object('t', t) "
+    raw_enqueue_sql = ("WITH ins AS (INSERT INTO pgboss.job (name, data) SELECT 'record', jsonb_build_object('t', t) "
                    "FROM unnest(%s::float8[]) AS t RETURNING 1) "
                    "SELECT pg_notify('pgboss_' || left(encode(sha224('pgboss'::bytea), 'hex'), 24), 'record') "
                    "FROM (SELECT 1 FROM ins LIMIT 1) AS one")
@@ -339,9 +415,10 @@ class River(System):
 
     name = "river"
     label = "River"
+    producer_api = "`Client.Insert` / `InsertMany` (Go, FetchCooldown 1 ms)"
     remaining_sql = "SELECT count(*) FROM river_job WHERE state IN ('available', 'running', 'retryable')"
     # What River's own insert does: rows, then one NOTIFY per queue on <schema>.river_insert.
-    enqueue_sql = ("WITH ins AS (INSERT INTO river_job (args, kind, max_attempts) "
+    raw_enqueue_sql = ("WITH ins AS (INSERT INTO river_job (args, kind, max_attempts) "
                    "SELECT jsonb_build_object('t', t), 'record', 25 FROM unnest(%s::float8[]) AS t RETURNING 1) "
                    "SELECT pg_notify(current_schema() || '.river_insert', '{\"queue\": \"default\"}') "
                    "FROM (SELECT 1 FROM ins LIMIT 1) AS one")
@@ -372,6 +449,11 @@ class River(System):
 
     def worker_cmd(self, dsn: str, concurrency: int) -> list[str]:
         return [str(self.binary), "work", "--dsn", dsn, "--concurrency", str(concurrency)]
+
+    @asynccontextmanager
+    async def producer(self, dsn: str) -> AsyncIterator[Send]:
+        async with subprocess_producer([str(self.binary), "produce", "--dsn", dsn]) as send:
+            yield send
 
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
+import re
 import select
 import signal
 import subprocess
@@ -182,6 +183,18 @@ def close_kept_connections() -> None:
     and at each test's end)."""
     while _kept:
         _kept.popitem()[1].close()
+
+
+def numbered(text: str) -> tuple[str, list[str]]:
+    """A statement's text with `$n` for each named placeholder (numbered by first use, as psycopg
+    does), and the names in that order: the text a server-side prepared statement is made from."""
+    names: list[str] = []
+
+    def number(match: re.Match) -> str:
+        if match[1] not in names:
+            names.append(match[1])
+        return f"${names.index(match[1]) + 1}"
+    return re.sub(r"%\((\w+)\)s", number, text), names
 
 
 def scalar(dsn: str, statement: str, params: Any = None) -> Any:

@@ -48,7 +48,9 @@ def test_quick_benchmark_run_writes_its_report(tmp_path):
     assert [r["tasks"] for r in results["enqueue"]["queueworker"]] == [results["config"]["enqueue_tasks"]]
     assert "Bulk enqueue (tasks/s" in report and "tembo.io" in report
     for name, runs in results["latency"].items():
-        assert all(r["load_n"] == r["load_sent"] for r in runs), name  # every probe task ran
+        # every probe task ran, enqueued through the system's own API and by its raw INSERT + NOTIFY
+        assert all(r["load_n"] == r["load_sent"] and r["raw_load_n"] == r["raw_load_sent"] for r in runs), name
+    assert "Enqueue→start latency by enqueue path" in report
     [fleet] = results["fleet"]["3x2"]["queueworker"]
     assert fleet["load_n"] == fleet["load_sent"] and fleet["connections_max"] >= 1
     assert {"lock_waits_max", "statements_per_s", "heartbeats_per_s", "rescues_per_s"} <= fleet.keys()

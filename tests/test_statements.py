@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-import re
 import types
 import typing
 from datetime import datetime
@@ -21,6 +20,7 @@ import queueworker.db
 from queueworker.db import statements
 from queueworker.db.enqueue import CREATE_STAGING
 from queueworker.db.statements import JsonText, Statement
+from tests.support import numbered
 
 DB_DIR = Path(queueworker.db.__file__).parent
 
@@ -66,18 +66,6 @@ def _accepted(annotation: object, enums: set[str]) -> set[str]:
     return ACCEPTS[annotation]
 
 
-def _numbered(text: str) -> tuple[str, list[str]]:
-    """The statement with `$n` for each named placeholder (numbered by first use, as psycopg does),
-    and the names in that order."""
-    names: list[str] = []
-
-    def number(match: re.Match) -> str:
-        if match[1] not in names:
-            names.append(match[1])
-        return f"${names.index(match[1]) + 1}"
-    return re.sub(r"%\((\w+)\)s", number, text), names
-
-
 def test_every_sql_file_is_declared_by_a_module_of_its_name():
     stems = {path.stem for path in DB_DIR.glob("*.sql")}
     declared = {statement.name.split(".")[0] for statement in all_statements()}
@@ -115,7 +103,7 @@ def test_the_statement_matches_its_declared_parameter_and_row_types(module_dsn, 
         # The staging table the producer's COPY path fills exists only in its transaction: made here as
         # enqueue.sql's create_staging makes it, kept past this autocommit statement.
         conn.execute(CREATE_STAGING.text.replace("ON COMMIT DROP", ""))
-        text, names = _numbered(statement.text)
+        text, names = numbered(statement.text)
         prepared = conn.pgconn.prepare(b"checked", text.encode())
         if prepared.status != psycopg.pq.ExecStatus.COMMAND_OK:
             message = prepared.error_message.decode()

@@ -23,6 +23,12 @@ class ClaimParams(Params):
     timeout_seconds: int
 
 
+class ClaimSettingsParams(Params):
+    """`claim_settings`: whether the plain claim's transaction commits without waiting for the disk."""
+
+    commit_without_waiting: bool
+
+
 class KeyClaimParams(ClaimParams):
     """`claim_keys`: a claim of a key-limited queue, passing over `held_keys` (keys a failure of which
     this worker has not yet reported to their breaker; '' for the tasks without a key) besides the
@@ -181,6 +187,7 @@ class HandBackParams(Params):
 
 
 CLAIM = _SQL.statement("claim", ClaimParams, ClaimedRow)
+CLAIM_SETTINGS = _SQL.statement("claim_settings", ClaimSettingsParams)
 COMMIT_WITHOUT_WAITING = _SQL.statement("commit_without_waiting", NoParams)
 LOCK_QUEUE = _SQL.statement("lock_queue", LockQueueParams)
 LOCK_KEYS = _SQL.statement("lock_keys", LockQueueParams)

@@ -14,7 +14,11 @@
 -- control (a row in queueworker.queues that sets something: migration 009) is claimed by
 -- `claim_limited` only, a keyed queue (migration 020) by `claim_fair` or `claim_limited_fair`: here
 -- the guard picks nothing from either, an index probe of a tiny table per statement, run once (an
--- InitPlan: the LIMIT stays a plain parameter, so the planner keeps the index scan).
+-- InitPlan: the LIMIT stays a plain parameter, so the planner keeps the index scan). It runs with a
+-- generic plan (`claim_settings`), so its plan must not depend on its parameters: `claimed` takes
+-- its rows by `id = ANY(...)`, an index scan of the primary key whatever their number, where a join
+-- with `picked` would be sized from an unknown LIMIT (a tenth of the table) and hash the whole
+-- partition.
 WITH picked AS MATERIALIZED (
     SELECT id, priority, run_after FROM queueworker.tasks_active
     WHERE state = 'pending' AND NOT delayed AND queue = %(queue)s AND run_after <= now()
@@ -29,8 +33,7 @@ WITH picked AS MATERIALIZED (
         leased_until = now() + make_interval(secs => %(lease_seconds)s),
         deadline_at = now() + make_interval(secs => coalesce(t.timeout_seconds, %(timeout_seconds)s)),
         started_at = now(), updated_at = now()
-    FROM picked
-    WHERE t.id = picked.id AND t.state = 'pending'
+    WHERE t.id = ANY(ARRAY(SELECT id FROM picked)) AND t.state = 'pending'
     RETURNING t.id, t.queue, t.task, t.payload::text AS payload_json, t.attempts, t.max_attempts, t.lease_token,
               extract(epoch FROM t.deadline_at - now())::float8 AS seconds_to_deadline,
               CASE WHEN t.run_id IS NOT NULL THEN (
@@ -102,11 +105,23 @@ SELECT id, queue, task, payload_json, attempts, max_attempts, lease_token, secon
        checkpoint_json, headers_json, key
 FROM claimed;
 
+-- name: claim_settings
+-- Runs first, in the transaction of a plain claim (`claim`). A generic plan for it: the worker's
+-- sessions force custom plans (queueworker.db.connection.SESSION_SETTINGS), and planning `claim`
+-- for its parameters cost about as much as running it when it claims a few tasks (0.3-0.6 ms
+-- server time per claim: an idle worker's wake-up waits for it, and every claim of a drain pays
+-- it), while its generic plan reads the same buffers at any backlog (tests/test_claim_plans.py).
+-- And, when the worker commits claims without waiting for the disk (--async-claim-commit, the
+-- default), `synchronous_commit` off. Both for that transaction only.
+SELECT set_config('plan_cache_mode', 'force_generic_plan', true),
+       CASE WHEN %(commit_without_waiting)s THEN set_config('synchronous_commit', 'off', true) END;
+
 -- name: commit_without_waiting
--- Runs first, in the transaction of a plain claim (`claim`, `claim_fair`), when the worker commits
--- claims without waiting for the disk (--async-claim-commit, the default): `synchronous_commit` off
--- for that transaction only. Every other statement, on the same connection or the other, commits
--- durably (docs/failure-handling.md, "Claims do not wait for the disk").
+-- Runs first, in the transaction of a fair claim (`claim_fair`), when the worker commits claims
+-- without waiting for the disk (--async-claim-commit, the default): `synchronous_commit` off for
+-- that transaction only (`claim_settings` does it for a plain claim). Every other statement, on
+-- the same connection or the other, commits durably (docs/failure-handling.md, "Claims do not wait
+-- for the disk").
 SELECT set_config('synchronous_commit', 'off', true);
 
 -- name: lock_queue

@@ -1,7 +1,9 @@
-// graphile-worker harness for the benchmark: `install` (migrations) or `work` (one worker process).
+// graphile-worker harness for the benchmark: `install` (migrations), `work` (one worker process) or
+// `produce` (its client API, WorkerUtils.addJob/addJobs, driven over stdin: see produce.mjs).
 // Batching on (localQueue = concurrency, batched completion), its documented fast configuration.
-import { run, runMigrations } from "graphile-worker";
+import { makeWorkerUtils, run, runMigrations } from "graphile-worker";
 import { appendFileSync } from "node:fs";
+import { nowSeconds, serveProducer } from "./produce.mjs";
 
 const args = Object.fromEntries(process.argv.slice(3).flatMap((a, i, all) =>
   a.startsWith("--") ? [[a.slice(2), all[i + 1]]] : []));
@@ -19,12 +21,19 @@ const preset = {
 const taskList = {
   noop: async () => {},
   record: async (payload) => {
-    if (latFile) appendFileSync(latFile, `${(Date.now() / 1000 - payload.t) * 1000}\n`);
+    if (latFile) appendFileSync(latFile, `${(nowSeconds() - payload.t) * 1000}\n`);
   },
 };
 
 if (process.argv[2] === "install") {
   await runMigrations({ preset });
+} else if (process.argv[2] === "produce") {
+  const utils = await makeWorkerUtils({ connectionString });
+  await serveProducer(async (count) => {
+    if (count === 1) await utils.addJob("record", { t: nowSeconds() });
+    else await utils.addJobs(Array.from({ length: count }, () => ({ identifier: "record", payload: { t: nowSeconds() } })));
+  });
+  await utils.release();
 } else {
   const runner = await run({ preset, taskList, noHandleSignals: false });
   await runner.promise;

@@ -1,14 +1,18 @@
-// River harness for the benchmark: `install` (migrations) or `work` (one worker process).
+// River harness for the benchmark: `install` (migrations), `work` (one worker process) or `produce`
+// (River's client API, Insert/InsertMany, driven over stdin: each line is a count of `record` jobs
+// to insert, each stamped just before the call; "ready" once connected, "ok" after each call).
 // Build: cd bench/peers/river && go build -o river-bench .
 // FetchCooldown is 1 ms (flag --fetch-cooldown); everything else is River's default.
 package main
 
 import (
+	"bufio"
 	"context"
 	"flag"
 	"fmt"
 	"os"
 	"os/signal"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -40,7 +44,7 @@ type RecordWorker struct {
 }
 
 func (w *RecordWorker) Work(ctx context.Context, job *river.Job[RecordArgs]) error {
-	now := float64(time.Now().UnixNano()) / 1e9
+	now := nowSeconds()
 	if w.out != nil {
 		w.mu.Lock()
 		fmt.Fprintf(w.out, "%.3f\n", (now-job.Args.T)*1000)
@@ -49,9 +53,40 @@ func (w *RecordWorker) Work(ctx context.Context, job *river.Job[RecordArgs]) err
 	return nil
 }
 
+func nowSeconds() float64 { return float64(time.Now().UnixNano()) / 1e9 }
+
+// The client sends at most one insert NOTIFY per queue per FetchCooldown, so it is given the workers'.
+func produce(ctx context.Context, pool *pgxpool.Pool, cooldown time.Duration) {
+	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{FetchCooldown: cooldown}) // insert-only
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("ready")
+	lines := bufio.NewScanner(os.Stdin)
+	for lines.Scan() {
+		count, err := strconv.Atoi(lines.Text())
+		if err != nil {
+			panic(err)
+		}
+		if count == 1 {
+			_, err = client.Insert(ctx, RecordArgs{T: nowSeconds()}, nil)
+		} else {
+			params := make([]river.InsertManyParams, count)
+			for i := range params {
+				params[i] = river.InsertManyParams{Args: RecordArgs{T: nowSeconds()}}
+			}
+			_, err = client.InsertMany(ctx, params)
+		}
+		if err != nil {
+			panic(err)
+		}
+		fmt.Println("ok")
+	}
+}
+
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: river-bench install|work --dsn DSN [--concurrency N]")
+		fmt.Fprintln(os.Stderr, "usage: river-bench install|work|produce --dsn DSN [--concurrency N]")
 		os.Exit(2)
 	}
 	fs := flag.NewFlagSet(os.Args[1], flag.ExitOnError)
@@ -74,6 +109,10 @@ func main() {
 		if _, err := migrator.Migrate(ctx, rivermigrate.DirectionUp, nil); err != nil {
 			panic(err)
 		}
+		return
+	}
+	if os.Args[1] == "produce" {
+		produce(ctx, pool, *cooldown)
 		return
 	}
 	record := &RecordWorker{}
