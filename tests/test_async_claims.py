@@ -24,7 +24,6 @@ from queueworker.db.connection import DutyConnection
 from queueworker.dev.localpg import LocalPostgres, PostgresNotFound
 from queueworker.db.migrate import migrate
 from queueworker.client.producer import enqueue_many
-from queueworker.runtime.worker import PLAIN_CLAIM_SETTINGS
 from tests.support import wait_until
 
 pytestmark = pytest.mark.integration
@@ -58,7 +57,7 @@ def _claim_then_crash(dsn: str, async_commit: bool) -> tuple[int, int]:
         try:
             rows = await conn.fetch(lease.CLAIM, lease.ClaimParams(
                 queue="default", limit=1, worker=uuid.uuid4(), lease_seconds=60, timeout_seconds=60),
-                first=PLAIN_CLAIM_SETTINGS[not async_commit])
+                first=lease.UNLOCKED_CLAIM_SETTINGS[not async_commit])
             return rows[0] if rows else None
         finally:
             await conn.close()

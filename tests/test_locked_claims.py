@@ -15,9 +15,9 @@ from queueworker import enqueue_many
 from queueworker.client import operations
 from queueworker.db import statements
 from queueworker.db.connection import DutyConnection, connect
-from queueworker.db.lease import CLAIM_KEYS, LOCK_KEYS, LOCK_QUEUE, KeyClaimParams, LockQueueParams
+from queueworker.db.lease import (CLAIM_KEYS, LOCK_KEYS, LOCK_QUEUE, UNLOCKED_CLAIM_SETTINGS, KeyClaimParams,
+                                  LockQueueParams)
 from queueworker.db.statements import NO_PARAMS, Bound, NoParams, Statement
-from queueworker.runtime.worker import ASYNC_CLAIM_COMMIT, PLAIN_CLAIM_SETTINGS
 from tests.support import query, scalar, until, wait_until
 
 pytestmark = pytest.mark.integration
@@ -73,7 +73,7 @@ def test_a_claim_under_the_lock_commits_durably_where_a_plain_claim_does_not(dsn
     """A worker's plain and fair claims commit without waiting for the disk (--async-claim-commit),
     but a claim under a queue's lock commits durably: its limits count what it wrote, and a claim a
     crash lost would have started tasks nobody counts. Either setting is the transaction's own: the
-    duty connection's next statement (a heartbeat, say) is durable; and a plain claim with
+    duty connection's next statement (a heartbeat, say) is durable; and a plain or fair claim with
     --no-async-claim-commit waits for the disk too."""
     key_limited_queue(dsn, 1)
     with psycopg.connect(dsn, autocommit=True) as conn:  # the test server's own default is off
@@ -82,13 +82,13 @@ def test_a_claim_under_the_lock_commits_durably_where_a_plain_claim_does_not(dsn
     async def settings() -> tuple[str, ...]:
         claimer = DutyConnection(dsn, "test-claimer")  # as a worker's duty connection
         try:
-            firsts = (ASYNC_CLAIM_COMMIT, PLAIN_CLAIM_SETTINGS[False], Bound(lock, LockQueueParams(queue="q")), None,
-                      PLAIN_CLAIM_SETTINGS[True])
+            firsts = (UNLOCKED_CLAIM_SETTINGS[False], Bound(lock, LockQueueParams(queue="q")), None,
+                      UNLOCKED_CLAIM_SETTINGS[True])
             return tuple([(await claimer.fetch(SYNCHRONOUS_COMMIT, NO_PARAMS, first=first))[0].synchronous_commit
                           for first in firsts])
         finally:
             await claimer.close()
-    assert asyncio.run(settings()) == ("off", "off", "on", "on", "on")
+    assert asyncio.run(settings()) == ("off", "on", "on", "on")
 
 
 def test_a_claim_commits_once_granted_the_lock_without_a_word_more_from_its_worker(dsn):

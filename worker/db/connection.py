@@ -226,7 +226,7 @@ class DutyConnection:
         connection and connecting included (StatementTimedOut).
 
         With `first`, that statement runs first, in one transaction with `statement`: a lock, or a
-        setting for the transaction (lease.sql, `commit_without_waiting`). After a lock,
+        setting for the transaction (lease.sql, `claim_settings`). After a lock,
         `statement` starts once the lock is held, so its snapshot sees whatever the previous holder
         committed. A lock taken inside the statement itself would not: it would go on reading from
         the snapshot it took before waiting. Both are sent at once and committed by the server

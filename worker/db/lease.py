@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import NamedTuple
 from uuid import UUID
 
-from .statements import JsonText, NoParams, Params, SqlFile
+from .statements import Bound, JsonText, Params, SqlFile
 
 _SQL = SqlFile("lease")
 
@@ -24,7 +24,7 @@ class ClaimParams(Params):
 
 
 class ClaimSettingsParams(Params):
-    """`claim_settings`: whether the plain claim's transaction commits without waiting for the disk."""
+    """`claim_settings`: whether the claim's transaction commits without waiting for the disk."""
 
     commit_without_waiting: bool
 
@@ -188,7 +188,11 @@ class HandBackParams(Params):
 
 CLAIM = _SQL.statement("claim", ClaimParams, ClaimedRow)
 CLAIM_SETTINGS = _SQL.statement("claim_settings", ClaimSettingsParams)
-COMMIT_WITHOUT_WAITING = _SQL.statement("commit_without_waiting", NoParams)
+# What runs first in the transaction of a claim that locks no queue (`claim`, `claim_fair`): its
+# generic plan, and its commit without waiting for the disk (--async-claim-commit), or with; by
+# whether it waits for the disk.
+UNLOCKED_CLAIM_SETTINGS = {wait: Bound(CLAIM_SETTINGS, ClaimSettingsParams(commit_without_waiting=not wait))
+                           for wait in (False, True)}
 LOCK_QUEUE = _SQL.statement("lock_queue", LockQueueParams)
 LOCK_KEYS = _SQL.statement("lock_keys", LockQueueParams)
 CLAIM_LIMITED = _SQL.statement("claim_limited", ClaimParams, ClaimedRow)

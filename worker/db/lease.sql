@@ -62,7 +62,8 @@ FROM claimed;
 -- given anew when it is claimable again). `untagged` is a safety net that costs nothing while
 -- `fair` fills the claim (a LIMIT of 0 reads no row): a task of the queue without a tag (inserted
 -- by a transaction that had not seen the queue become keyed) is claimed once the tagged ones are
--- all taken, never left behind. A queue with flow control is claimed by `claim_limited_fair`.
+-- all taken, never left behind. A queue with flow control is claimed by `claim_limited_fair`. It
+-- runs with a generic plan, as `claim` does, and takes its rows by `id = ANY(...)` for the same reason.
 WITH fair AS MATERIALIZED (
     SELECT id, priority, fair_tag FROM queueworker.tasks_active
     WHERE state = 'pending' AND NOT delayed AND fair_tag IS NOT NULL AND queue = %(queue)s AND run_after <= now()
@@ -86,8 +87,7 @@ WITH fair AS MATERIALIZED (
         leased_until = now() + make_interval(secs => %(lease_seconds)s),
         deadline_at = now() + make_interval(secs => coalesce(t.timeout_seconds, %(timeout_seconds)s)),
         started_at = now(), updated_at = now()
-    FROM picked
-    WHERE t.id = picked.id AND t.state = 'pending'
+    WHERE t.id = ANY(ARRAY(SELECT id FROM picked)) AND t.state = 'pending'
     RETURNING t.id, t.queue, t.task, t.payload::text AS payload_json, t.attempts, t.max_attempts, t.lease_token,
               extract(epoch FROM t.deadline_at - now())::float8 AS seconds_to_deadline,
               CASE WHEN t.run_id IS NOT NULL THEN (
@@ -106,23 +106,18 @@ SELECT id, queue, task, payload_json, attempts, max_attempts, lease_token, secon
 FROM claimed;
 
 -- name: claim_settings
--- Runs first, in the transaction of a plain claim (`claim`). A generic plan for it: the worker's
--- sessions force custom plans (queueworker.db.connection.SESSION_SETTINGS), and planning `claim`
--- for its parameters cost about as much as running it when it claims a few tasks (0.3-0.6 ms
--- server time per claim: an idle worker's wake-up waits for it, and every claim of a drain pays
--- it), while its generic plan reads the same buffers at any backlog (tests/test_claim_plans.py).
--- And, when the worker commits claims without waiting for the disk (--async-claim-commit, the
--- default), `synchronous_commit` off. Both for that transaction only.
+-- Runs first, in the transaction of a claim that locks no queue (`claim`, `claim_fair`). A generic
+-- plan for the claim: the worker's sessions force custom plans
+-- (queueworker.db.connection.SESSION_SETTINGS), and planning a claim for its parameters cost about
+-- as much as running it when it claims a few tasks (0.3-0.6 ms server time per claim: an idle
+-- worker's wake-up waits for it, and every claim of a drain pays it), while these two claims'
+-- generic plans read the same buffers at any backlog (tests/test_claim_plans.py). And, when the
+-- worker commits claims without waiting for the disk (--async-claim-commit, the default),
+-- `synchronous_commit` off (docs/failure-handling.md, "Claims do not wait for the disk"). Both for
+-- that transaction only: every other statement, on the same connection or the other, is planned
+-- for its parameters and commits durably.
 SELECT set_config('plan_cache_mode', 'force_generic_plan', true),
        CASE WHEN %(commit_without_waiting)s THEN set_config('synchronous_commit', 'off', true) END;
-
--- name: commit_without_waiting
--- Runs first, in the transaction of a fair claim (`claim_fair`), when the worker commits claims
--- without waiting for the disk (--async-claim-commit, the default): `synchronous_commit` off for
--- that transaction only (`claim_settings` does it for a plain claim). Every other statement, on
--- the same connection or the other, commits durably (docs/failure-handling.md, "Claims do not wait
--- for the disk").
-SELECT set_config('synchronous_commit', 'off', true);
 
 -- name: lock_queue
 -- Locks a flow-controlled queue's row in the claim's transaction before `claim_limited` runs. It must

@@ -31,12 +31,11 @@ from .. import metrics, tracing
 from ..backoff import backoff
 from ..client.cron import Schedule, default_schedule
 from ..db.connection import DutyConnection
-from ..db.lease import (CLAIM, CLAIM_SETTINGS, COMMIT_WITHOUT_WAITING, DEREGISTER_WORKER, RELEASE, SAVE_CHECKPOINT,
-                        ClaimParams, ClaimSettingsParams, DeregisterWorkerParams, KeyClaimParams,
-                        SaveCheckpointParams)
+from ..db.lease import (DEREGISTER_WORKER, RELEASE, SAVE_CHECKPOINT, UNLOCKED_CLAIM_SETTINGS, ClaimParams,
+                        DeregisterWorkerParams, KeyClaimParams, SaveCheckpointParams)
 from ..db.migrate import latest_version, migrate
 from ..db.migration import SCHEMA_EXISTS, SCHEMA_VERSION
-from ..db.statements import NO_PARAMS, Bound, Statement
+from ..db.statements import NO_PARAMS, Statement
 from ..events import DueTimer, wait_event
 from ..settings import WorkerSettings
 from .attempt import Attempt
@@ -72,12 +71,6 @@ EXIT_UNCLEAN = 1
 # connections per worker process"). The controller scales within the database's connection budget
 # with it (docs/controller.md, "The database's connection budget").
 CONNECTIONS_PER_WORKER = 2
-# The statement that makes a fair claim's transaction commit without waiting for the disk.
-ASYNC_CLAIM_COMMIT = Bound(COMMIT_WITHOUT_WAITING, NO_PARAMS)
-# What runs first in a plain claim's transaction (lease.sql, `claim_settings`): its generic plan,
-# and its commit without waiting for the disk, or with (--no-async-claim-commit).
-PLAIN_CLAIM_SETTINGS = {wait: Bound(CLAIM_SETTINGS, ClaimSettingsParams(commit_without_waiting=not wait))
-                        for wait in (False, True)}
 
 
 class State(enum.Enum):
@@ -447,10 +440,8 @@ class Worker:
         loop = asyncio.get_running_loop()
         sent_at = loop.time()  # the database starts the lease later than this: our clock is on the safe side
         first, claim = self.flow.claim_statements(queue)
-        if claim is CLAIM:
-            first = PLAIN_CLAIM_SETTINGS[not self.settings.async_claim_commit]
-        elif first is None and self.settings.async_claim_commit:
-            first = ASYNC_CLAIM_COMMIT
+        if first is None:
+            first = UNLOCKED_CLAIM_SETTINGS[not self.settings.async_claim_commit]
         self.signals.claiming.emit(queue)
         metrics.CLAIMS.labels(queue).inc()
         rows = await self._duty_conn.fetch(claim, self._claim_params(queue, limit, claim), first=first)
