@@ -428,7 +428,8 @@ def write(out: Path, results: dict) -> None:
               "RSS at the end.",
               "- **Raw-SQL ceiling**: pgbench (`-M prepared`) looping exactly `lease.CLAIM` (its RETURNING rows "
               "aggregated into arrays with `\\gset`) and `lease.COMPLETE_SUCCEEDED`, audit triggers on, the claim "
-              "with `synchronous_commit` off and the completion with it on (as a worker's connections run them), "
+              "with `synchronous_commit` off and a generic plan, the completion with it on and a plan for its "
+              "parameters (as a worker's connections run them), "
               "over the same task count; tasks/s from the first `started_at` to the last `finished_at`.",
               f"- **History scale** (queueworker): {c['history_finished']:,} succeeded + {c['history_delayed']:,} "
               "delayed (pending, due in a day, same queue and priority) rows made by one INSERT … SELECT "
