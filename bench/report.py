@@ -10,6 +10,8 @@ import statistics
 from collections import Counter
 from pathlib import Path
 
+from bench.scenarios import ENQUEUE_PATHS
+
 # Capped at concurrency 100 already (hundreds to a few thousand tasks/s): the sweep leaves them out.
 SWEEP_EXCLUDED = ("procrastinate", "pg-boss")
 NOTES = Path(__file__).resolve().parent / "notes.md"
@@ -258,7 +260,7 @@ def _by_concurrency(results: dict) -> dict[int, dict[str, list[dict]]]:
 
 
 # The latency scenario's enqueue paths (bench.scenarios.ENQUEUE_PATHS) and the key prefix of each.
-LATENCY_PATHS = (("own API", "", "API"), ("raw INSERT + NOTIFY", "raw_", "raw"))
+LATENCY_PATHS = (("own API", ENQUEUE_PATHS["api"], "API"), ("raw INSERT + NOTIFY", ENQUEUE_PATHS["raw"], "raw"))
 LATENCY_MEASURES = (("idle p50", "idle_p50"), ("idle p99", "idle_p99"), ("load p50", "load_p50"),
                     ("load p99", "load_p99"))
 

@@ -247,13 +247,13 @@ def _wait_for(workers: Workers, count: int, timeout: float) -> list[float]:
         time.sleep(0.05)
 
 
-# The two ways the latency scenario enqueues: the system's own client API, and a raw INSERT plus the
-# NOTIFY its own insert sends (System.raw_enqueue_sql). Results of the raw path carry a "raw_" prefix.
-ENQUEUE_PATHS = ("api", "raw")
+# The two ways the latency scenario enqueues, each with the prefix of its result keys: the system's own
+# client API, and a raw INSERT plus the NOTIFY its own insert sends (System.raw_enqueue_sql).
+ENQUEUE_PATHS = {"api": "", "raw": "raw_"}
 
 
 def latency(system: System, dsn: str, processes: int, concurrency: int, idle_samples: int,
-            load_rate: int, load_seconds: float, paths: tuple[str, ...] = ENQUEUE_PATHS) -> dict:
+            load_rate: int, load_seconds: float, paths: tuple[str, ...] = tuple(ENQUEUE_PATHS)) -> dict:
     """Enqueue-to-start latency, for each enqueue path in `paths`: single tasks to idle workers (the
     wake-up path), then a fixed enqueue rate (ticks of 10 ms) while the workers are busy with it."""
     workers = Workers.start(system, dsn, processes, concurrency)
@@ -280,7 +280,7 @@ def latency(system: System, dsn: str, processes: int, concurrency: int, idle_sam
             ticks = int(load_seconds / tick)
             sent = asyncio.run(_produce(producer, dsn, per_tick, ticks, tick))
             loaded = _wait_for(workers, sent, 120)
-            prefix = "" if path == "api" else f"{path}_"
+            prefix = ENQUEUE_PATHS[path]
             result.update({f"{prefix}idle_p50": percentile(idle, 50), f"{prefix}idle_p99": percentile(idle, 99),
                            f"{prefix}idle_n": len(idle), f"{prefix}load_p50": percentile(loaded, 50),
                            f"{prefix}load_p99": percentile(loaded, 99), f"{prefix}load_n": len(loaded),
@@ -443,4 +443,4 @@ def fleet(system: System, dsn: str, admin_dsn: str, tasks: int, processes: int, 
     result = {**drained, **sampler.summary(), "statements_per_s": calls.pop("all") / seconds,
               **{f"{kind}s_per_s": count / seconds for kind, count in calls.items()}}
     return {**result, **latency(system, dsn, processes, concurrency, idle_samples, load_rate, load_seconds,
-                                ENQUEUE_PATHS[:1])}
+                                ("api",))}

@@ -401,9 +401,9 @@ class PgBoss(_NodePeer):
     remaining_sql = "SELECT count(*) FROM pgboss.job WHERE state IN ('created', 'retry', 'active')"
     # What pg-boss's own insert does for a `notify: true` queue: rows, then one NOTIFY.
     raw_enqueue_sql = ("WITH ins AS (INSERT INTO pgboss.job (name, data) SELECT 'record', jsonb_build_object('t', t) "
-                   "FROM unnest(%s::float8[]) AS t RETURNING 1) "
-                   "SELECT pg_notify('pgboss_' || left(encode(sha224('pgboss'::bytea), 'hex'), 24), 'record') "
-                   "FROM (SELECT 1 FROM ins LIMIT 1) AS one")
+                       "FROM unnest(%s::float8[]) AS t RETURNING 1) "
+                       "SELECT pg_notify('pgboss_' || left(encode(sha224('pgboss'::bytea), 'hex'), 24), 'record') "
+                       "FROM (SELECT 1 FROM ins LIMIT 1) AS one")
 
     def preload_noop(self, dsn: str, n: int) -> None:
         self._node(dsn, "preload", "--count", str(n))
@@ -419,9 +419,9 @@ class River(System):
     remaining_sql = "SELECT count(*) FROM river_job WHERE state IN ('available', 'running', 'retryable')"
     # What River's own insert does: rows, then one NOTIFY per queue on <schema>.river_insert.
     raw_enqueue_sql = ("WITH ins AS (INSERT INTO river_job (args, kind, max_attempts) "
-                   "SELECT jsonb_build_object('t', t), 'record', 25 FROM unnest(%s::float8[]) AS t RETURNING 1) "
-                   "SELECT pg_notify(current_schema() || '.river_insert', '{\"queue\": \"default\"}') "
-                   "FROM (SELECT 1 FROM ins LIMIT 1) AS one")
+                       "SELECT jsonb_build_object('t', t), 'record', 25 FROM unnest(%s::float8[]) AS t RETURNING 1) "
+                       "SELECT pg_notify(current_schema() || '.river_insert', '{\"queue\": \"default\"}') "
+                       "FROM (SELECT 1 FROM ins LIMIT 1) AS one")
     binary = Path(__file__).resolve().parent / "peers" / "river" / "river-bench"
 
     def unavailable(self) -> str | None:

@@ -57,7 +57,7 @@ def _claim_then_crash(dsn: str, async_commit: bool) -> tuple[int, int]:
         try:
             rows = await conn.fetch(lease.CLAIM, lease.ClaimParams(
                 queue="default", limit=1, worker=uuid.uuid4(), lease_seconds=60, timeout_seconds=60),
-                first=lease.UNLOCKED_CLAIM_SETTINGS[not async_commit])
+                first=lease.UNLOCKED_CLAIM_SETTINGS[async_commit])
             return rows[0] if rows else None
         finally:
             await conn.close()

@@ -40,9 +40,9 @@ def enqueue(dsn: str, claim: str, tasks: int) -> None:
         conn.execute("VACUUM ANALYZE queueworker.tasks_active")
 
 
-@pytest.mark.parametrize("wait_for_disk", [False, True])
+@pytest.mark.parametrize("async_commit", [True, False])
 @pytest.mark.parametrize("claim", CLAIMS)
-def test_a_worker_plans_its_claim_once_per_connection(dsn, claim, wait_for_disk):
+def test_a_worker_plans_its_claim_once_per_connection(dsn, claim, async_commit):
     """As a worker claims (its duty connection, its claim's settings sent first): the prepared claim
     has generic plans only, with asynchronous commits or without (--no-async-claim-commit)."""
     enqueue(dsn, claim, 50)
@@ -57,7 +57,7 @@ def test_a_worker_plans_its_claim_once_per_connection(dsn, claim, wait_for_disk)
             return await cursor.fetchall()
         try:
             for _ in range(4):
-                rows = await claimer.fetch(statement, claim_params(10), first=UNLOCKED_CLAIM_SETTINGS[wait_for_disk])
+                rows = await claimer.fetch(statement, claim_params(10), first=UNLOCKED_CLAIM_SETTINGS[async_commit])
                 assert len(rows) == 10
             return await claimer.using(plans)
         finally:
@@ -74,7 +74,7 @@ def explained(conn: psycopg.Connection, claim: Statement[ClaimParams, ClaimedRow
     settings first) under `plan_mode`, in a transaction rolled back so that each measure claims the
     same rows."""
     with conn.transaction(force_rollback=True):
-        statements.execute(conn, UNLOCKED_CLAIM_SETTINGS[False].statement, UNLOCKED_CLAIM_SETTINGS[False].params)
+        statements.execute(conn, UNLOCKED_CLAIM_SETTINGS[True].statement, UNLOCKED_CLAIM_SETTINGS[True].params)
         conn.execute(sql.SQL("SET LOCAL plan_cache_mode = {}").format(sql.Literal(plan_mode)))
         values = claim.bind(params)
         [[plan]] = conn.execute(sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE claim ({})").format(

@@ -82,8 +82,8 @@ def test_a_claim_under_the_lock_commits_durably_where_a_plain_claim_does_not(dsn
     async def settings() -> tuple[str, ...]:
         claimer = DutyConnection(dsn, "test-claimer")  # as a worker's duty connection
         try:
-            firsts = (UNLOCKED_CLAIM_SETTINGS[False], Bound(lock, LockQueueParams(queue="q")), None,
-                      UNLOCKED_CLAIM_SETTINGS[True])
+            firsts = (UNLOCKED_CLAIM_SETTINGS[True], Bound(lock, LockQueueParams(queue="q")), None,
+                      UNLOCKED_CLAIM_SETTINGS[False])
             return tuple([(await claimer.fetch(SYNCHRONOUS_COMMIT, NO_PARAMS, first=first))[0].synchronous_commit
                           for first in firsts])
         finally:

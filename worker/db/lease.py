@@ -189,10 +189,9 @@ class HandBackParams(Params):
 CLAIM = _SQL.statement("claim", ClaimParams, ClaimedRow)
 CLAIM_SETTINGS = _SQL.statement("claim_settings", ClaimSettingsParams)
 # What runs first in the transaction of a claim that locks no queue (`claim`, `claim_fair`): its
-# generic plan, and its commit without waiting for the disk (--async-claim-commit), or with; by
-# whether it waits for the disk.
-UNLOCKED_CLAIM_SETTINGS = {wait: Bound(CLAIM_SETTINGS, ClaimSettingsParams(commit_without_waiting=not wait))
-                           for wait in (False, True)}
+# generic plan, and its commit without waiting for the disk or with; by --async-claim-commit.
+UNLOCKED_CLAIM_SETTINGS = {asynchronous: Bound(CLAIM_SETTINGS, ClaimSettingsParams(commit_without_waiting=asynchronous))
+                           for asynchronous in (True, False)}
 LOCK_QUEUE = _SQL.statement("lock_queue", LockQueueParams)
 LOCK_KEYS = _SQL.statement("lock_keys", LockQueueParams)
 CLAIM_LIMITED = _SQL.statement("claim_limited", ClaimParams, ClaimedRow)

@@ -441,7 +441,7 @@ class Worker:
         sent_at = loop.time()  # the database starts the lease later than this: our clock is on the safe side
         first, claim = self.flow.claim_statements(queue)
         if first is None:
-            first = UNLOCKED_CLAIM_SETTINGS[not self.settings.async_claim_commit]
+            first = UNLOCKED_CLAIM_SETTINGS[self.settings.async_claim_commit]
         self.signals.claiming.emit(queue)
         metrics.CLAIMS.labels(queue).inc()
         rows = await self._duty_conn.fetch(claim, self._claim_params(queue, limit, claim), first=first)
