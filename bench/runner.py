@@ -26,7 +26,7 @@ import psycopg
 
 from bench import enqueue, graphs, history, report, runs, scenarios, startup
 from bench.report import SWEEP_EXCLUDED
-from bench.systems import ALL, System
+from bench.systems import ALL, QueueWorkerSQL, System
 
 
 @dataclass
@@ -321,9 +321,11 @@ class Runner:
                 c.load_seconds), store=self.results["fleet"].setdefault(f"{processes}x{concurrency}", {}))
 
     def _enqueue(self) -> None:
-        """Each system's own bulk enqueue API (systems without one are skipped)."""
+        """Each system's own bulk enqueue API (systems without one are skipped); queueworker's through
+        its SQL producer function too."""
         c = self.config
         able = [s for s in self.systems if type(s).bulk_enqueue is not System.bulk_enqueue]
+        able += [QueueWorkerSQL() for s in able if s.name == "queueworker"]
         systems, self.systems = self.systems, able
         try:
             self._alternating("enqueue", c.runs, lambda s, dsn: enqueue.enqueue_rate(s, dsn, c.enqueue_tasks))

@@ -182,6 +182,22 @@ class QueueWorker(System):
             yield send
 
 
+class QueueWorkerSQL(QueueWorker):
+    """queueworker's SQL producer API: the bulk enqueue scenario's second queueworker entry (a
+    producer in any language enqueues a batch with one call of `queueworker.enqueue_many(jsonb)`)."""
+
+    name = "queueworker-sql"
+    label = "queueworker (SQL)"
+
+    def bulk_enqueue(self, dsn: str, tasks: int, batch: int) -> float:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            started = time.perf_counter()
+            for start in range(0, tasks, batch):
+                specs = json.dumps([{"task": "qw.noop"}] * min(batch, tasks - start))
+                conn.execute("SELECT queueworker.enqueue_many(%s::jsonb)", (specs,))
+            return time.perf_counter() - started
+
+
 class PGQueuer(System):
     name = "pgqueuer"
     label = "PGQueuer"

@@ -487,3 +487,41 @@ def test_a_unique_spec_whose_holder_went_in_between_is_enqueued_again(dsn):
     assert query(dsn, "SELECT t.task, t.state::text, d.prerequisite_id FROM queueworker.tasks t "
                       "LEFT JOIN queueworker.task_dependencies d ON d.task_id = t.id WHERE t.id = ANY(%s) ORDER BY t.id",
                  (ids,)) == [("plain", "pending", None), ("u", "blocked", prerequisite)]
+
+
+def _enqueue_many_counting_checks(conn: psycopg.Connection, specs: list[dict]) -> tuple[list[int], int]:
+    """queueworker.enqueue_many's ids for `specs`, and how many calls of the spec-by-spec checks
+    (spec_field, task_spec_problem) it made: this transaction's own function statistics."""
+    conn.execute("SET LOCAL track_functions = 'all'")
+    ids = conn.execute("SELECT queueworker.enqueue_many(%s::jsonb)", (json.dumps(specs),)).fetchone()[0]
+    calls = conn.execute("""SELECT coalesce(sum(calls), 0)::int FROM pg_stat_xact_user_functions
+                            WHERE schemaname = 'queueworker' AND funcname IN ('spec_field', 'task_spec_problem')""")
+    return ids, calls.fetchone()[0]
+
+
+def test_a_batch_of_plain_specs_is_checked_in_one_statement_and_stores_what_the_loop_stores(dsn):
+    """A batch of plain specs (every field but run_after, depends_on and headers) is checked and read
+    in one statement, without a call per spec; one spec the statement does not take (headers here)
+    sends the whole batch through the spec-by-spec loop. Both store the same rows, and a refusal deep
+    in a large batch names its spec."""
+    specs = [{"task": f"t{n % 7}", "payload": {"n": n, "s": "é" * (n % 3)}, "queue": f"q{n % 3}", "priority": n % 5 - 2,
+              "delay": [0, 0.0, None, 5][n % 4], "max_attempts": 1 + n % 1000, "timeout_seconds": [None, 1, INT4_MAX][n % 3],
+              "dedupe_key": f"d{n}" if n % 2 else None, "dedupe": "spec" if n % 4 == 2 else None,
+              "on_conflict": "replace" if n % 4 == 1 else "ignore", "key": f"k{n % 11}" if n % 3 else None,
+              "depends_on": [], "on_dependency_failure": ["cancel", "run"][n % 2], "headers": None,
+              "notify_on_finish": n % 5 == 0} for n in range(3000)]
+    with psycopg.connect(dsn) as conn:
+        with conn.transaction(force_rollback=True):
+            ids, calls = _enqueue_many_counting_checks(conn, specs)
+            plain = conn.execute(ROW, {"ids": ids, "explicit": False, "delayed": False}).fetchall()
+        assert calls == 0 and len(ids) == len(specs)
+        with conn.transaction(force_rollback=True):
+            ids, calls = _enqueue_many_counting_checks(conn, [*specs, {"task": "last", "headers": {"h": "v"}}])
+            looped = conn.execute(ROW, {"ids": ids[:-1], "explicit": False, "delayed": False}).fetchall()
+        assert calls > len(specs) and looped == plain
+        with conn.transaction(force_rollback=True):
+            wrong = [*specs[:2344], {**specs[2344], "max_attempts": 1001}, *specs[2345:]]
+            with pytest.raises(psycopg.errors.InvalidParameterValue) as refused:
+                conn.execute("SELECT queueworker.enqueue_many(%s::jsonb)", (json.dumps(wrong),))
+        assert refused.value.diag.message_primary == (
+            "queueworker.enqueue_many: spec 2345: max_attempts must be an integer from 1 to 1000")
