@@ -1,8 +1,10 @@
 """The plans of the claims that lock no queue, plain and fair (lease.sql, `claim`, `claim_fair` and
-`claim_settings`): a worker plans each once per connection, and that generic plan reads what a
-plan made for the claim's parameters reads, however deep the queue. The worker's sessions force
-custom plans for every other statement: planning a claim for its parameters cost about as much as
-running it when it claims a few tasks."""
+`claim_settings`), and of the completion of succeeded tasks (`complete_succeeded` after
+`completion_settings`): a worker plans each once per connection, and that generic plan reads what a
+plan made for the statement's parameters reads, however deep the queue or however many tasks run.
+The worker's sessions force custom plans for every other statement: planning a claim for its
+parameters cost about as much as running it when it claims a few tasks, and planning a completion
+a sixth of running it."""
 
 from __future__ import annotations
 
@@ -17,8 +19,9 @@ from psycopg import sql
 from queueworker import enqueue_many
 from queueworker.db import statements
 from queueworker.db.connection import DutyConnection
-from queueworker.db.lease import CLAIM, CLAIM_FAIR, UNLOCKED_CLAIM_SETTINGS, ClaimedRow, ClaimParams
-from queueworker.db.statements import Statement
+from queueworker.db.lease import (CLAIM, CLAIM_FAIR, COMPLETE_SUCCEEDED, GENERIC_COMPLETION, UNLOCKED_CLAIM_SETTINGS,
+                                  ClaimedRow, ClaimParams, CompleteSucceededParams)
+from queueworker.db.statements import Bound, Statement
 from tests.support import numbered
 
 pytestmark = pytest.mark.integration
@@ -40,6 +43,29 @@ def enqueue(dsn: str, claim: str, tasks: int) -> None:
         conn.execute("VACUUM ANALYZE queueworker.tasks_active")
 
 
+def plans_as_run(dsn: str, statement: Statement, batches: list, first: Bound) -> tuple[int, int]:
+    """Runs `statement` with each of `batches` (parameters, rows expected) as a worker runs it (a
+    connection that prepares, `first` sent before it in one transaction): its generic and custom
+    plans so far."""
+
+    async def run() -> list[tuple[int, int]]:
+        conn = DutyConnection(dsn, "test-planned", prepare=True)
+
+        async def plans(session: psycopg.AsyncConnection) -> list[tuple[int, int]]:
+            cursor = await session.execute("SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+                                           " WHERE statement = %s", (numbered(statement.text)[0],))  # as sent
+            return await cursor.fetchall()
+        try:
+            for params, expected in batches:
+                assert len(await conn.fetch(statement, params, first=first)) == expected
+            return await conn.using(plans)
+        finally:
+            await conn.close()
+
+    [(generic, custom)] = asyncio.run(run())
+    return generic, custom
+
+
 @pytest.mark.parametrize("async_commit", [True, False])
 @pytest.mark.parametrize("claim", CLAIMS)
 def test_a_worker_plans_its_claim_once_per_connection(dsn, claim, async_commit):
@@ -48,37 +74,21 @@ def test_a_worker_plans_its_claim_once_per_connection(dsn, claim, async_commit):
     enqueue(dsn, claim, 50)
     statement = CLAIMS[claim]
 
-    async def claims() -> list[tuple[int, int]]:
-        claimer = DutyConnection(dsn, "test-claimer", prepare=True)
-
-        async def plans(conn: psycopg.AsyncConnection) -> list[tuple[int, int]]:
-            cursor = await conn.execute("SELECT generic_plans, custom_plans FROM pg_prepared_statements"
-                                        " WHERE statement = %s", (numbered(statement.text)[0],))  # as sent
-            return await cursor.fetchall()
-        try:
-            for _ in range(4):
-                rows = await claimer.fetch(statement, claim_params(10), first=UNLOCKED_CLAIM_SETTINGS[async_commit])
-                assert len(rows) == 10
-            return await claimer.using(plans)
-        finally:
-            await claimer.close()
-
-    [(generic, custom)] = asyncio.run(claims())
+    generic, custom = plans_as_run(dsn, statement, [(claim_params(10), 10)] * 4, UNLOCKED_CLAIM_SETTINGS[async_commit])
     assert custom == 0
     assert generic >= 1
 
 
-def explained(conn: psycopg.Connection, claim: Statement[ClaimParams, ClaimedRow], plan_mode: str,
-              params: ClaimParams) -> dict:
-    """EXPLAIN (ANALYZE, BUFFERS) of the claim, prepared as "claim", run as the worker runs it (its
-    settings first) under `plan_mode`, in a transaction rolled back so that each measure claims the
-    same rows."""
+def explained(conn: psycopg.Connection, statement: Statement, first: Bound, plan_mode: str, params) -> dict:
+    """EXPLAIN (ANALYZE, BUFFERS) of `statement`, prepared as "measured", run as the worker runs it
+    (`first` before it) under `plan_mode`, in a transaction rolled back so that each measure
+    changes the same rows."""
     with conn.transaction(force_rollback=True):
-        statements.execute(conn, UNLOCKED_CLAIM_SETTINGS[True].statement, UNLOCKED_CLAIM_SETTINGS[True].params)
+        statements.execute(conn, first.statement, first.params)
         conn.execute(sql.SQL("SET LOCAL plan_cache_mode = {}").format(sql.Literal(plan_mode)))
-        values = claim.bind(params)
-        [[plan]] = conn.execute(sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE claim ({})").format(
-            sql.SQL(", ").join(sql.Literal(values[name]) for name in numbered(claim.text)[1]))).fetchall()
+        values = statement.bind(params)
+        [[plan]] = conn.execute(sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE measured ({})").format(
+            sql.SQL(", ").join(sql.Literal(values[name]) for name in numbered(statement.text)[1]))).fetchall()
     return (plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"]
 
 
@@ -95,12 +105,12 @@ def test_the_generic_plan_reads_what_a_custom_plan_reads_at_a_backlog_of_twenty_
     enqueue(dsn, claim, 20_000)
     statement = CLAIMS[claim]
     with psycopg.connect(dsn, prepare_threshold=None) as conn:
-        conn.pgconn.prepare(b"claim", numbered(statement.text)[0].encode())
+        conn.pgconn.prepare(b"measured", numbered(statement.text)[0].encode())
         params = claim_params(10)
         buffers = {}
         for mode in ("force_custom_plan", "force_generic_plan"):
-            explained(conn, statement, mode, params)  # warm
-            plan = explained(conn, statement, mode, params)
+            explained(conn, statement, UNLOCKED_CLAIM_SETTINGS[True], mode, params)  # warm
+            plan = explained(conn, statement, UNLOCKED_CLAIM_SETTINGS[True], mode, params)
             # the partition read or hashed whole (a node that never ran, under a LIMIT of 0, reads nothing)
             whole = [(node["Node Type"], node.get("Relation Name")) for node in nodes(plan)
                      if node["Node Type"] in ("Seq Scan", "Hash Join") and node.get("Relation Name") != "queues"
@@ -109,4 +119,49 @@ def test_the_generic_plan_reads_what_a_custom_plan_reads_at_a_backlog_of_twenty_
             buffers[mode] = plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
             assert plan["Actual Rows"] == 10
     print(f"buffers of a {claim} claim of 10 at 20,000 waiting: {buffers}")
+    assert buffers["force_generic_plan"] <= 1.5 * buffers["force_custom_plan"]
+
+
+def claimed(dsn: str, tasks: int) -> list[ClaimedRow]:
+    """`tasks` plain tasks enqueued and claimed: running, each with its lease."""
+    enqueue(dsn, "plain", tasks)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = statements.fetch(conn, CLAIM, claim_params(tasks))
+        conn.execute("VACUUM ANALYZE queueworker.tasks_active")
+    assert len(rows) == tasks
+    return rows
+
+
+def completion(rows: list[ClaimedRow]) -> CompleteSucceededParams:
+    return CompleteSucceededParams(ids=[row.id for row in rows], tokens=[row.lease_token for row in rows],
+                                   results=["{}"] * len(rows))
+
+
+def test_a_worker_plans_its_completions_once_per_connection(dsn):
+    """As the completer writes successes (its outcome connection, the completion's settings sent
+    first): the prepared completion has generic plans only."""
+    rows = claimed(dsn, 40)
+
+    generic, custom = plans_as_run(dsn, COMPLETE_SUCCEEDED, [(completion(rows[first:first + 5]), 5)
+                                                            for first in range(0, 40, 5)], GENERIC_COMPLETION)
+    assert custom == 0
+    assert generic >= 1
+
+
+def test_the_generic_completion_reads_what_a_custom_one_reads_with_twenty_thousand_running(dsn):
+    """20,000 tasks running, a completion of 10: the generic plan, which cannot know how many ids
+    it is given, reads about what the plan made for those 10 reads, and neither reads the running
+    tasks whole."""
+    rows = claimed(dsn, 20_000)
+    with psycopg.connect(dsn, prepare_threshold=None) as conn:
+        conn.pgconn.prepare(b"measured", numbered(COMPLETE_SUCCEEDED.text)[0].encode())
+        buffers = {}
+        for mode in ("force_custom_plan", "force_generic_plan"):
+            explained(conn, COMPLETE_SUCCEEDED, GENERIC_COMPLETION, mode, completion(rows[:10]))  # warm
+            plan = explained(conn, COMPLETE_SUCCEEDED, GENERIC_COMPLETION, mode, completion(rows[:10]))
+            read = [node for node in nodes(plan) if node.get("Relation Name") == "tasks_active"]
+            assert read and all(node["Actual Rows"] <= 10 for node in read), (mode, read)
+            buffers[mode] = plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
+            assert plan["Actual Rows"] == 10
+    print(f"buffers of a completion of 10 with 20,000 running: {buffers}")
     assert buffers["force_generic_plan"] <= 1.5 * buffers["force_custom_plan"]

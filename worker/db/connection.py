@@ -47,11 +47,12 @@ def session_settings(**settings: object) -> str:
 STATEMENT_TIMEOUT_SECONDS = 30
 # A prepared statement is still planned for its parameters every time: a generic plan of a
 # statement that joins on rows picked under a LIMIT is sized for a tenth of the table (a generic
-# claim once read twice the buffers and ran 5x slower), so Postgres is not left to pick one. Some
-# claims are the exceptions, each asking for a generic plan for its own transaction: the claims that
-# lock no queue (plain and fair), written to plan the same whatever their parameters (lease.sql,
-# `claim_settings`), and the claim of a key-limited queue, whose planning ran under the queue's
-# lock (`lock_keys`).
+# claim once read twice the buffers and ran 5x slower), so Postgres is not left to pick one. The
+# exceptions each ask for a generic plan for their own transaction: the claims that lock no queue
+# (plain and fair), written to plan the same whatever their parameters (lease.sql,
+# `claim_settings`), the claim of a key-limited queue, whose planning ran under the queue's lock
+# (`lock_keys`), and the completion of succeeded tasks, whose plan depends on the running tasks,
+# not on its parameters (`completion_settings`).
 SESSION_SETTINGS = session_settings(statement_timeout=STATEMENT_TIMEOUT_SECONDS * 1000,
                                     idle_in_transaction_session_timeout=60000, plan_cache_mode="force_custom_plan")
 CONNECT_TIMEOUT = 10

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import NamedTuple
 from uuid import UUID
 
-from .statements import Bound, JsonText, Params, SqlFile
+from .statements import NO_PARAMS, Bound, JsonText, NoParams, Params, SqlFile
 
 _SQL = SqlFile("lease")
 
@@ -204,6 +204,8 @@ SAVE_CHECKPOINT = _SQL.statement("save_checkpoint", SaveCheckpointParams, Fenced
 CANCELLED_AMONG = _SQL.statement("cancelled_among", CancelledAmongParams, CancelledTaskRow)
 CANCELLED_LEASES = _SQL.statement("cancelled_leases", CancelledLeasesParams, FencedRow)
 DEREGISTER_WORKER = _SQL.statement("deregister_worker", DeregisterWorkerParams)
+# What runs first in the transaction of `complete_succeeded`: its generic plan.
+GENERIC_COMPLETION = Bound(_SQL.statement("completion_settings", NoParams), NO_PARAMS)
 COMPLETE_SUCCEEDED = _SQL.statement("complete_succeeded", CompleteSucceededParams, FencedRow)
 COMPLETE_CONTINUED = _SQL.statement("complete_continued", CompleteContinuedParams, FencedRow)
 COMPLETE_FAILED = _SQL.statement("complete_failed", CompleteFailedParams, FailedRow)

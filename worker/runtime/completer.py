@@ -21,8 +21,9 @@ import psycopg
 from .. import jsonvalue, metrics
 from .attempt import Attempt
 from ..db.connection import CLIENT_TIMEOUT_SECONDS, DutyConnection
-from ..db.lease import (COMPLETE_CONTINUED, COMPLETE_FAILED, COMPLETE_SUCCEEDED, HAND_BACK, CompleteContinuedParams,
-                        CompleteFailedParams, CompleteSucceededParams, FencedRow, HandBackParams)
+from ..db.lease import (COMPLETE_CONTINUED, COMPLETE_FAILED, COMPLETE_SUCCEEDED, GENERIC_COMPLETION, HAND_BACK,
+                        CompleteContinuedParams, CompleteFailedParams, CompleteSucceededParams, FencedRow,
+                        HandBackParams)
 from .flow import FlowControl
 from .signals import WorkerSignals
 
@@ -253,7 +254,7 @@ class Completer:
     async def _write_successes(self, batch: list[Success], timeout: float) -> list[Attempt]:
         rows = await self._conn.fetch(COMPLETE_SUCCEEDED, CompleteSucceededParams(
             ids=[s.attempt.id for s in batch], tokens=[s.attempt.token for s in batch],
-            results=[s.result_json for s in batch]), timeout=timeout)
+            results=[s.result_json for s in batch]), timeout=timeout, first=GENERIC_COMPLETION)
         return self._count_succeeded(batch, rows, "succeeded")
 
     async def _write_continued(self, batch: list[Continued], timeout: float) -> list[Attempt]:
