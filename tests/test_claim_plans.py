@@ -1,10 +1,11 @@
 """The plans of the claims that lock no queue, plain and fair (lease.sql, `claim`, `claim_fair` and
-`claim_settings`), and of the completion of succeeded tasks (`complete_succeeded` after
-`completion_settings`): a worker plans each once per connection, and that generic plan reads what a
-plan made for the statement's parameters reads, however deep the queue or however many tasks run.
-The worker's sessions force custom plans for every other statement: planning a claim for its
-parameters cost about as much as running it when it claims a few tasks, and planning a completion
-a sixth of running it."""
+`claim_settings`), of the claims of a queue with flow control (`claim_limited`,
+`claim_limited_fair`, after `lock_queue`), and of the completion of succeeded tasks
+(`complete_succeeded` after `completion_settings`): a worker plans each once per connection, and
+that generic plan reads what a plan made for the statement's parameters reads, however deep the
+queue or however many tasks run. The worker's sessions force custom plans for every other
+statement: planning a claim for its parameters cost about as much as running it when it claims a
+few tasks, and planning a completion a sixth of running it."""
 
 from __future__ import annotations
 
@@ -19,8 +20,10 @@ from psycopg import sql
 from queueworker import enqueue_many
 from queueworker.db import statements
 from queueworker.db.connection import DutyConnection
-from queueworker.db.lease import (CLAIM, CLAIM_FAIR, COMPLETE_SUCCEEDED, GENERIC_COMPLETION, UNLOCKED_CLAIM_SETTINGS,
-                                  ClaimedRow, ClaimParams, CompleteSucceededParams)
+from queueworker.client import operations
+from queueworker.db.lease import (CLAIM, CLAIM_FAIR, CLAIM_LIMITED, CLAIM_LIMITED_FAIR, COMPLETE_SUCCEEDED,
+                                  GENERIC_COMPLETION, LOCK_QUEUE, UNLOCKED_CLAIM_SETTINGS, ClaimedRow, ClaimParams,
+                                  CompleteSucceededParams, LockQueueParams)
 from queueworker.db.statements import Bound, Statement
 from tests.support import numbered
 
@@ -31,15 +34,26 @@ def claim_params(limit: int) -> ClaimParams:
     return ClaimParams(queue="default", limit=limit, worker=uuid.uuid4(), lease_seconds=30, timeout_seconds=60)
 
 
-# The claims that lock no queue: of a queue without keys, and of a keyed one.
-CLAIMS = {"plain": CLAIM, "fair": CLAIM_FAIR}
+# Each claim planned once per connection, with what the worker sends before it: the claims that
+# lock no queue (of a queue without keys, and of a keyed one), and those of a queue with flow
+# control (a cap on its running tasks, set too high to bind), after its lock.
+CLAIMS: dict[str, tuple[Statement[ClaimParams, ClaimedRow], dict[bool, Bound]]] = {
+    "plain": (CLAIM, UNLOCKED_CLAIM_SETTINGS), "fair": (CLAIM_FAIR, UNLOCKED_CLAIM_SETTINGS),
+    "limited": (CLAIM_LIMITED, {True: Bound(LOCK_QUEUE, LockQueueParams(queue="default"))}),
+    "limited fair": (CLAIM_LIMITED_FAIR, {True: Bound(LOCK_QUEUE, LockQueueParams(queue="default"))}),
+}
+
+
 
 
 def enqueue(dsn: str, claim: str, tasks: int) -> None:
-    """`tasks` tasks in the default queue: without keys for the plain claim, in 100 keys for the fair one."""
+    """`tasks` tasks in the default queue: in 100 keys for a fair claim, without keys for the others;
+    with a cap on the running tasks for a limited claim."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        enqueue_many(conn, [{"task": "t"} if claim == "plain" else {"task": "t", "key": f"k{n % 100}"}
+        enqueue_many(conn, [{"task": "t", "key": f"k{n % 100}"} if "fair" in claim else {"task": "t"}
                             for n in range(tasks)])
+        if "limited" in claim:
+            operations.set_limits(conn, "default", max_running=1_000_000)
         conn.execute("VACUUM ANALYZE queueworker.tasks_active")
 
 
@@ -66,15 +80,15 @@ def plans_as_run(dsn: str, statement: Statement, batches: list, first: Bound) ->
     return generic, custom
 
 
-@pytest.mark.parametrize("async_commit", [True, False])
-@pytest.mark.parametrize("claim", CLAIMS)
+@pytest.mark.parametrize(("claim", "async_commit"), [(claim, asynchronous) for claim, (_, firsts) in CLAIMS.items()
+                                                     for asynchronous in firsts])
 def test_a_worker_plans_its_claim_once_per_connection(dsn, claim, async_commit):
-    """As a worker claims (its duty connection, its claim's settings sent first): the prepared claim
-    has generic plans only, with asynchronous commits or without (--no-async-claim-commit)."""
+    """As a worker claims (its duty connection, what it sends first: the claim's settings, or the
+    queue's lock): the prepared claim has generic plans only, with asynchronous commits or without
+    (--no-async-claim-commit; a claim under the lock always commits durably)."""
     enqueue(dsn, claim, 50)
-    statement = CLAIMS[claim]
-
-    generic, custom = plans_as_run(dsn, statement, [(claim_params(10), 10)] * 4, UNLOCKED_CLAIM_SETTINGS[async_commit])
+    statement, firsts = CLAIMS[claim]
+    generic, custom = plans_as_run(dsn, statement, [(claim_params(10), 10)] * 4, firsts[async_commit])
     assert custom == 0
     assert generic >= 1
 
@@ -103,14 +117,14 @@ def test_the_generic_plan_reads_what_a_custom_plan_reads_at_a_backlog_of_twenty_
     table and hash the whole partition (a sequential scan of 20,000 rows for 10). It takes its rows
     by primary key instead, so the generic plan reads about what the plan made for LIMIT 10 reads."""
     enqueue(dsn, claim, 20_000)
-    statement = CLAIMS[claim]
+    statement, firsts = CLAIMS[claim]
     with psycopg.connect(dsn, prepare_threshold=None) as conn:
         conn.pgconn.prepare(b"measured", numbered(statement.text)[0].encode())
         params = claim_params(10)
         buffers = {}
         for mode in ("force_custom_plan", "force_generic_plan"):
-            explained(conn, statement, UNLOCKED_CLAIM_SETTINGS[True], mode, params)  # warm
-            plan = explained(conn, statement, UNLOCKED_CLAIM_SETTINGS[True], mode, params)
+            explained(conn, statement, firsts[True], mode, params)  # warm
+            plan = explained(conn, statement, firsts[True], mode, params)
             # the partition read or hashed whole (a node that never ran, under a LIMIT of 0, reads nothing)
             whole = [(node["Node Type"], node.get("Relation Name")) for node in nodes(plan)
                      if node["Node Type"] in ("Seq Scan", "Hash Join") and node.get("Relation Name") != "queues"

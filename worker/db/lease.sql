@@ -127,8 +127,13 @@ SELECT set_config('plan_cache_mode', 'force_generic_plan', true),
 -- The claim commits durably (`synchronous_commit`, for this transaction only), whatever
 -- --async-claim-commit says: a claim a Postgres crash lost would take the tokens it charged and
 -- the running tasks it counted with it, while its worker runs them, and the limits would no longer
--- hold (docs/flow-control.md).
-SELECT set_config('synchronous_commit', 'on', true) FROM queueworker.queues WHERE name = %(queue)s FOR NO KEY UPDATE;
+-- hold (docs/flow-control.md). It is planned once per connection (`plan_cache_mode`, for this
+-- transaction only), as `claim` is and for the same reasons: planning it for its parameters took
+-- 0.5-0.8 ms of every claim, all of it under the lock that serialises the queue's claims, and it
+-- takes its rows by `id = ANY(...)`, so its generic plan reads what a custom one reads
+-- (tests/test_claim_plans.py).
+SELECT set_config('synchronous_commit', 'on', true), set_config('plan_cache_mode', 'force_generic_plan', true)
+FROM queueworker.queues WHERE name = %(queue)s FOR NO KEY UPDATE;
 
 -- name: lock_keys
 -- `lock_queue` for a key-limited queue (migration 021), before `claim_keys`: locks the queue's row
@@ -148,7 +153,8 @@ SELECT queueworker.lock_key_limited_queue(%(queue)s, true), set_config('plan_cac
 -- while the breaker is open; one probe task once the breaker's cooldown has passed (the breaker goes
 -- half-open; a probe lost without an outcome lets another one through after the cooldown); no more
 -- than the token bucket holds (refilled at `rate_per_second`, at most `burst`), and no more than
--- `max_running` minus the queue's running tasks. The bucket is charged for what was claimed. A
+-- `max_running` minus the queue's running tasks. The bucket is charged for what was claimed
+-- (`charged`, which leaves the queue's row alone when it has neither a rate nor an open breaker). A
 -- queue whose row went away meanwhile is claimed up to the limit, as the plain claim would.
 -- Otherwise as `claim`: `chosen` narrows what `picked` locked to what the limits allow.
 WITH settings AS MATERIALIZED (
@@ -187,8 +193,7 @@ WITH settings AS MATERIALIZED (
         leased_until = now() + make_interval(secs => %(lease_seconds)s),
         deadline_at = now() + make_interval(secs => coalesce(t.timeout_seconds, %(timeout_seconds)s)),
         started_at = now(), updated_at = now()
-    FROM chosen
-    WHERE t.id = chosen.id AND t.state = 'pending'
+    WHERE t.id = ANY(ARRAY(SELECT id FROM chosen)) AND t.state = 'pending'
     RETURNING t.id, t.queue, t.task, t.payload::text AS payload_json, t.attempts, t.max_attempts, t.lease_token,
               extract(epoch FROM t.deadline_at - now())::float8 AS seconds_to_deadline,
               CASE WHEN t.run_id IS NOT NULL THEN (
@@ -208,7 +213,7 @@ WITH settings AS MATERIALIZED (
                              THEN 'half_open' ELSE q.breaker_state END,
         breaker_changed_at = CASE WHEN a.breaker_state <> 'closed' AND EXISTS (SELECT FROM claimed)
                                   THEN now() ELSE q.breaker_changed_at END
-    FROM allowance a WHERE q.name = a.name
+    FROM allowance a WHERE q.name = a.name AND (a.level IS NOT NULL OR a.breaker_state <> 'closed')
 )
 SELECT id, queue, task, payload_json, attempts, max_attempts, lease_token, seconds_to_deadline, run_json,
        checkpoint_json, headers_json, key
@@ -264,8 +269,7 @@ WITH settings AS MATERIALIZED (
         leased_until = now() + make_interval(secs => %(lease_seconds)s),
         deadline_at = now() + make_interval(secs => coalesce(t.timeout_seconds, %(timeout_seconds)s)),
         started_at = now(), updated_at = now()
-    FROM chosen
-    WHERE t.id = chosen.id AND t.state = 'pending'
+    WHERE t.id = ANY(ARRAY(SELECT id FROM chosen)) AND t.state = 'pending'
     RETURNING t.id, t.queue, t.task, t.payload::text AS payload_json, t.attempts, t.max_attempts, t.lease_token,
               extract(epoch FROM t.deadline_at - now())::float8 AS seconds_to_deadline,
               CASE WHEN t.run_id IS NOT NULL THEN (
@@ -285,7 +289,7 @@ WITH settings AS MATERIALIZED (
                              THEN 'half_open' ELSE q.breaker_state END,
         breaker_changed_at = CASE WHEN a.breaker_state <> 'closed' AND EXISTS (SELECT FROM claimed)
                                   THEN now() ELSE q.breaker_changed_at END
-    FROM allowance a WHERE q.name = a.name
+    FROM allowance a WHERE q.name = a.name AND (a.level IS NOT NULL OR a.breaker_state <> 'closed')
 )
 SELECT id, queue, task, payload_json, attempts, max_attempts, lease_token, seconds_to_deadline, run_json,
        checkpoint_json, headers_json, key
