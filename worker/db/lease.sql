@@ -18,7 +18,10 @@
 -- generic plan (`claim_settings`), so its plan must not depend on its parameters: `claimed` takes
 -- its rows by `id = ANY(...)`, an index scan of the primary key whatever their number, where a join
 -- with `picked` would be sized from an unknown LIMIT (a tenth of the table) and hash the whole
--- partition.
+-- partition. Every claim stamps its tasks with the statement's time (`statement_timestamp()`), not
+-- the transaction's (`now()`): the transaction starts with the statement sent first (the settings,
+-- or a queue's lock that may wait), and a task claimed once its prerequisite's completion committed
+-- must not read as started before that completion (tests/test_dependency_counts.py).
 WITH picked AS MATERIALIZED (
     SELECT id, priority, run_after FROM queueworker.tasks_active
     WHERE state = 'pending' AND NOT delayed AND queue = %(queue)s AND run_after <= now()
@@ -30,12 +33,12 @@ WITH picked AS MATERIALIZED (
     UPDATE queueworker.tasks_active t
     SET state = 'running', attempts = t.attempts + 1, lease_owner = %(worker)s,
         lease_token = t.lease_token + 1,
-        leased_until = now() + make_interval(secs => %(lease_seconds)s),
-        deadline_at = now() + make_interval(secs => coalesce(t.timeout_seconds, %(timeout_seconds)s)),
-        started_at = now(), updated_at = now()
+        leased_until = statement_timestamp() + make_interval(secs => %(lease_seconds)s),
+        deadline_at = statement_timestamp() + make_interval(secs => coalesce(t.timeout_seconds, %(timeout_seconds)s)),
+        started_at = statement_timestamp(), updated_at = statement_timestamp()
     WHERE t.id = ANY(ARRAY(SELECT id FROM picked)) AND t.state = 'pending'
     RETURNING t.id, t.queue, t.task, t.payload::text AS payload_json, t.attempts, t.max_attempts, t.lease_token,
-              extract(epoch FROM t.deadline_at - now())::float8 AS seconds_to_deadline,
+              extract(epoch FROM t.deadline_at - statement_timestamp())::float8 AS seconds_to_deadline,
               CASE WHEN t.run_id IS NOT NULL THEN (
                   SELECT jsonb_build_object('id', r.id, 'name', r.name, 'partition', t.run_partition,
                                             'watermark', r.watermark, 'watermark_before', r.watermark_before,
@@ -84,12 +87,12 @@ WITH fair AS MATERIALIZED (
     UPDATE queueworker.tasks_active t
     SET state = 'running', attempts = t.attempts + 1, lease_owner = %(worker)s,
         lease_token = t.lease_token + 1, fair_tag = -coalesce(t.fair_tag, 1),
-        leased_until = now() + make_interval(secs => %(lease_seconds)s),
-        deadline_at = now() + make_interval(secs => coalesce(t.timeout_seconds, %(timeout_seconds)s)),
-        started_at = now(), updated_at = now()
+        leased_until = statement_timestamp() + make_interval(secs => %(lease_seconds)s),
+        deadline_at = statement_timestamp() + make_interval(secs => coalesce(t.timeout_seconds, %(timeout_seconds)s)),
+        started_at = statement_timestamp(), updated_at = statement_timestamp()
     WHERE t.id = ANY(ARRAY(SELECT id FROM picked)) AND t.state = 'pending'
     RETURNING t.id, t.queue, t.task, t.payload::text AS payload_json, t.attempts, t.max_attempts, t.lease_token,
-              extract(epoch FROM t.deadline_at - now())::float8 AS seconds_to_deadline,
+              extract(epoch FROM t.deadline_at - statement_timestamp())::float8 AS seconds_to_deadline,
               CASE WHEN t.run_id IS NOT NULL THEN (
                   SELECT jsonb_build_object('id', r.id, 'name', r.name, 'partition', t.run_partition,
                                             'watermark', r.watermark, 'watermark_before', r.watermark_before,
@@ -190,12 +193,12 @@ WITH settings AS MATERIALIZED (
     UPDATE queueworker.tasks_active t
     SET state = 'running', attempts = t.attempts + 1, lease_owner = %(worker)s,
         lease_token = t.lease_token + 1,
-        leased_until = now() + make_interval(secs => %(lease_seconds)s),
-        deadline_at = now() + make_interval(secs => coalesce(t.timeout_seconds, %(timeout_seconds)s)),
-        started_at = now(), updated_at = now()
+        leased_until = statement_timestamp() + make_interval(secs => %(lease_seconds)s),
+        deadline_at = statement_timestamp() + make_interval(secs => coalesce(t.timeout_seconds, %(timeout_seconds)s)),
+        started_at = statement_timestamp(), updated_at = statement_timestamp()
     WHERE t.id = ANY(ARRAY(SELECT id FROM chosen)) AND t.state = 'pending'
     RETURNING t.id, t.queue, t.task, t.payload::text AS payload_json, t.attempts, t.max_attempts, t.lease_token,
-              extract(epoch FROM t.deadline_at - now())::float8 AS seconds_to_deadline,
+              extract(epoch FROM t.deadline_at - statement_timestamp())::float8 AS seconds_to_deadline,
               CASE WHEN t.run_id IS NOT NULL THEN (
                   SELECT jsonb_build_object('id', r.id, 'name', r.name, 'partition', t.run_partition,
                                             'watermark', r.watermark, 'watermark_before', r.watermark_before,
@@ -266,12 +269,12 @@ WITH settings AS MATERIALIZED (
     UPDATE queueworker.tasks_active t
     SET state = 'running', attempts = t.attempts + 1, lease_owner = %(worker)s,
         lease_token = t.lease_token + 1, fair_tag = -coalesce(t.fair_tag, 1),
-        leased_until = now() + make_interval(secs => %(lease_seconds)s),
-        deadline_at = now() + make_interval(secs => coalesce(t.timeout_seconds, %(timeout_seconds)s)),
-        started_at = now(), updated_at = now()
+        leased_until = statement_timestamp() + make_interval(secs => %(lease_seconds)s),
+        deadline_at = statement_timestamp() + make_interval(secs => coalesce(t.timeout_seconds, %(timeout_seconds)s)),
+        started_at = statement_timestamp(), updated_at = statement_timestamp()
     WHERE t.id = ANY(ARRAY(SELECT id FROM chosen)) AND t.state = 'pending'
     RETURNING t.id, t.queue, t.task, t.payload::text AS payload_json, t.attempts, t.max_attempts, t.lease_token,
-              extract(epoch FROM t.deadline_at - now())::float8 AS seconds_to_deadline,
+              extract(epoch FROM t.deadline_at - statement_timestamp())::float8 AS seconds_to_deadline,
               CASE WHEN t.run_id IS NOT NULL THEN (
                   SELECT jsonb_build_object('id', r.id, 'name', r.name, 'partition', t.run_partition,
                                             'watermark', r.watermark, 'watermark_before', r.watermark_before,
@@ -429,13 +432,13 @@ WITH settings AS MATERIALIZED (
     UPDATE queueworker.tasks_active t
     SET state = 'running', attempts = t.attempts + 1, lease_owner = %(worker)s,
         lease_token = t.lease_token + 1, fair_tag = -coalesce(t.fair_tag, 1),
-        leased_until = now() + make_interval(secs => %(lease_seconds)s),
-        deadline_at = now() + make_interval(secs => coalesce(t.timeout_seconds, %(timeout_seconds)s)),
-        started_at = now(), updated_at = now()
+        leased_until = statement_timestamp() + make_interval(secs => %(lease_seconds)s),
+        deadline_at = statement_timestamp() + make_interval(secs => coalesce(t.timeout_seconds, %(timeout_seconds)s)),
+        started_at = statement_timestamp(), updated_at = statement_timestamp()
     FROM locked
     WHERE t.id = locked.id AND t.state = 'pending'
     RETURNING t.id, t.queue, t.task, t.payload::text AS payload_json, t.attempts, t.max_attempts, t.lease_token,
-              extract(epoch FROM t.deadline_at - now())::float8 AS seconds_to_deadline,
+              extract(epoch FROM t.deadline_at - statement_timestamp())::float8 AS seconds_to_deadline,
               CASE WHEN t.run_id IS NOT NULL THEN (
                   SELECT jsonb_build_object('id', r.id, 'name', r.name, 'partition', t.run_partition,
                                             'watermark', r.watermark, 'watermark_before', r.watermark_before,
