@@ -19,8 +19,8 @@ from psycopg import sql
 
 from queueworker import enqueue_many
 from queueworker.db import statements
-from queueworker.db.connection import DutyConnection
 from queueworker.client import operations
+from queueworker.db.connection import DutyConnection
 from queueworker.db.lease import (CLAIM, CLAIM_FAIR, CLAIM_LIMITED, CLAIM_LIMITED_FAIR, COMPLETE_SUCCEEDED,
                                   GENERIC_COMPLETION, LOCK_QUEUE, UNLOCKED_CLAIM_SETTINGS, ClaimedRow, ClaimParams,
                                   CompleteSucceededParams, LockQueueParams)
@@ -37,13 +37,11 @@ def claim_params(limit: int) -> ClaimParams:
 # Each claim planned once per connection, with what the worker sends before it: the claims that
 # lock no queue (of a queue without keys, and of a keyed one), and those of a queue with flow
 # control (a cap on its running tasks, set too high to bind), after its lock.
+LOCKED = {True: Bound(LOCK_QUEUE, LockQueueParams(queue="default"))}  # always durable: one setting
 CLAIMS: dict[str, tuple[Statement[ClaimParams, ClaimedRow], dict[bool, Bound]]] = {
     "plain": (CLAIM, UNLOCKED_CLAIM_SETTINGS), "fair": (CLAIM_FAIR, UNLOCKED_CLAIM_SETTINGS),
-    "limited": (CLAIM_LIMITED, {True: Bound(LOCK_QUEUE, LockQueueParams(queue="default"))}),
-    "limited fair": (CLAIM_LIMITED_FAIR, {True: Bound(LOCK_QUEUE, LockQueueParams(queue="default"))}),
+    "limited": (CLAIM_LIMITED, LOCKED), "limited fair": (CLAIM_LIMITED_FAIR, LOCKED),
 }
-
-
 
 
 def enqueue(dsn: str, claim: str, tasks: int) -> None:
