@@ -186,8 +186,8 @@ def database_url(raw: bytes) -> str:
 
 class DeploymentCache:
     """The worker Deployments as the API server's watch last delivered them (kopf's event handler
-    feeds it, the reconciler's own writes too), so a tick reads its Deployment without a request.
-    A Deployment not seen yet is read with a GET."""
+    feeds it, the reconciler's own reads and writes too), so a tick reads its Deployment without a
+    request. A Deployment not seen yet is read with a GET. Only the event loop's thread changes it."""
 
     def __init__(self) -> None:
         self._items: dict[tuple[str, str], dict[str, Any]] = {}
@@ -206,8 +206,29 @@ class DeploymentCache:
                      "template": {"metadata": {"annotations": template_meta.get("annotations") or {}}}},
             "status": deployment.get("status") or {}})
 
+    def put_fetched(self, deployment: dict[str, Any], based_on: dict[str, Any] | None) -> dict[str, Any]:
+        """A Deployment this controller read (`based_on` None) or wrote over `based_on`, kept unless the
+        watch delivered another view while the request was in flight; returns the view kept. The watch's
+        view is then as new or newer: a write names the version it replaces, and every change comes
+        back through the watch. Storing the response regardless would hide a later status (a
+        ReplicaFailure set while the create was answered) until the Deployment changed again."""
+        key = (deployment["metadata"]["namespace"], deployment["metadata"]["name"])
+        if _resource_version(self._items.get(key)) == _resource_version(based_on):
+            self.put(deployment)
+        return self._items.get(key, deployment)
+
+    def set_replicas(self, namespace: str, name: str, replicas: int) -> None:
+        """A scale this controller made, on top of the newest view (whose status it keeps)."""
+        cached = self._items.get((namespace, name))
+        if cached is not None:
+            cached["spec"]["replicas"] = replicas
+
     def drop(self, namespace: str, name: str) -> None:
         self._items.pop((namespace, name), None)
+
+
+def _resource_version(deployment: dict[str, Any] | None) -> str | None:
+    return None if deployment is None else deployment["metadata"].get("resourceVersion")
 
 
 def with_written_status(obj: QueueWorkerObject, memory: ObjectMemory) -> QueueWorkerObject:
@@ -380,6 +401,8 @@ class Reconciler:
                 if desired < current_replicas and secret.dsn is not None:
                     await self._price_pods(obj, spec, secret.dsn, target.pod_selector)
                 await self._kube(target.scale, desired)
+                if spec.scale_target is None:
+                    self.deployments.set_replicas(obj.namespace, target.name, desired)
             except ApiException as exc:
                 self.deployments.drop(obj.namespace, deployment_name(obj.name))
                 return self._failed(obj, "ScaleFailed", f"scaling {current_replicas} -> {desired}: {api_error(exc)}")
@@ -454,7 +477,7 @@ class Reconciler:
             except ApiException as exc:
                 return self._failed(obj, "DeploymentError", f"worker Deployment: {api_error(exc)}")
             if current is not None:
-                self.deployments.put(current)
+                current = self.deployments.put_fetched(current, based_on=None)
         # Without a usable URL (Secret missing or invalid), keep the version the pods run with:
         # they keep working with the value they started with; rolling them would break them.
         version = secret.version if secret.dsn is not None else secret_version(current)
@@ -477,7 +500,8 @@ class Reconciler:
                 deployment = current
             else:
                 rendered = rendered or build_deployment(obj.name, obj.namespace, obj.uid, spec, version)
-                deployment = await self._kube(self._ensure_deployment, current, rendered, obj.uid, spec)
+                written = await self._kube(self._ensure_deployment, current, rendered, obj.uid, spec)
+                deployment = self.deployments.put_fetched(written, based_on=current)
         except ApiException as exc:
             self.deployments.drop(obj.namespace, name)  # e.g. a conflict: the next tick reads it again
             return self._failed(obj, "DeploymentError", f"worker Deployment: {api_error(exc)}")
@@ -486,7 +510,6 @@ class Reconciler:
 
         def scale(replicas: int) -> None:
             self.kube.scale_deployment(obj.namespace, name, replicas)
-            self.deployments.put({**deployment, "spec": {**deployment["spec"], "replicas": replicas}})
         return ScaledTarget(name, int(deployment["spec"].get("replicas", 1)),
                             int((deployment.get("status") or {}).get("readyReplicas") or 0), deployment, scale,
                             ",".join(f"{k}={v}" for k, v in selector_labels(obj.name).items()),
@@ -559,17 +582,13 @@ class Reconciler:
         rendering changed. A same-named Deployment this QueueWorker does not control is left alone."""
         meta = rendered["metadata"]
         if current is None:
-            return self._cached(self.kube.create_deployment(meta["namespace"], rendered, spec.initial_replicas))
+            return self.kube.create_deployment(meta["namespace"], rendered, spec.initial_replicas)
         if not _controlled_by(current, uid):
             raise DeploymentNotOwned(f"Deployment {meta['namespace']}/{meta['name']} exists and is not controlled "
                                      f"by this QueueWorker; rename or delete it")
         if not _up_to_date(current, rendered["metadata"]["annotations"][HASH_ANNOTATION], uid):
-            return self._cached(self.kube.update_deployment(current, rendered))
+            return self.kube.update_deployment(current, rendered)
         return current
-
-    def _cached(self, deployment: dict[str, Any]) -> dict[str, Any]:
-        self.deployments.put(deployment)
-        return deployment
 
     async def _price_pods(self, obj: QueueWorkerObject, spec: QueueWorkerSpec, dsn: str, selector: str) -> None:
         """Best effort: a failure here must not block the scale-down, only make its victims random."""

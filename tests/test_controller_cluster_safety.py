@@ -116,8 +116,12 @@ def test_worker_pods_pass_pod_security_restricted_and_refused_pods_are_reported(
     # not the namespace's "restricted" level: the ReplicaSet cannot create the pods.
     sidecar = {"spec": {"containers": [{"name": "proxy", "image": "proxy:1"}]}}
     cluster.apply("sidecar", {**worker_spec(minReplicas=1, maxReplicas=1), "template": sidecar})
+
+    def deployment_conditions() -> str:
+        deployment = cluster.apps.read_namespaced_deployment("sidecar-worker", cluster.namespace)
+        return f"ReplicaFailure=True; the Deployment's conditions: {deployment.status.conditions}"
     failure = cluster.wait_for(lambda: (lambda c: c.get("status") == "True" and c)(
-        cluster.condition("sidecar", "ReplicaFailure")), timeout=30, message="ReplicaFailure=True")
+        cluster.condition("sidecar", "ReplicaFailure")), timeout=30, message=deployment_conditions)
     assert failure["reason"] == "FailedCreate" and 'violates PodSecurity "restricted' in failure["message"]
     (event,) = cluster.wait_for(lambda: [e for e in cluster.events("FailedCreate")
                                          if e.involved_object.kind == "QueueWorker"], message="Warning Event")
