@@ -8,6 +8,8 @@ The generated pod passes the Pod Security "restricted" profile: non-root (the wo
 seccomp RuntimeDefault, every capability dropped, no privilege escalation, a read-only root
 filesystem with an emptyDir on /tmp (the image's HOME and working directory), and no service
 account token unless the template asks for one.
+
+DeploymentCache keeps the worker Deployments as the API server's watch delivers them.
 """
 
 from __future__ import annotations
@@ -158,3 +160,50 @@ def merge(base: Any, override: Any) -> Any:
 
 def _named(items: list[Any]) -> bool:
     return all(isinstance(item, dict) and "name" in item for item in items)
+
+
+class DeploymentCache:
+    """The worker Deployments as the API server's watch last delivered them (kopf's event handler
+    feeds it, the reconciler's own reads and writes too), so a tick reads its Deployment without a
+    request. A Deployment not seen yet is read with a GET. Only the event loop's thread changes it."""
+
+    def __init__(self) -> None:
+        self._items: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._items.get((namespace, name))
+
+    def put(self, deployment: dict[str, Any]) -> None:
+        """Keeps what ticks use (metadata without managedFields, the replicas, the pod template's
+        annotations, the status), not the pod spec: a thousand of these stay small."""
+        meta, spec = deployment["metadata"], deployment.get("spec") or {}
+        template_meta = (spec.get("template") or {}).get("metadata") or {}
+        self._items[(meta["namespace"], meta["name"])] = copy.deepcopy({
+            "metadata": {k: v for k, v in meta.items() if k != "managedFields"},
+            "spec": {"replicas": spec.get("replicas"),
+                     "template": {"metadata": {"annotations": template_meta.get("annotations") or {}}}},
+            "status": deployment.get("status") or {}})
+
+    def put_fetched(self, deployment: dict[str, Any], based_on: dict[str, Any] | None) -> dict[str, Any]:
+        """A Deployment this controller read (`based_on` None) or wrote over `based_on`, kept unless the
+        watch delivered another view while the request was in flight; returns the view kept. The watch's
+        view is then as new or newer: a write names the version it replaces, and every change comes
+        back through the watch. Storing the response regardless would hide a later status (a
+        ReplicaFailure set while the create was answered) until the Deployment changed again."""
+        key = (deployment["metadata"]["namespace"], deployment["metadata"]["name"])
+        if _resource_version(self._items.get(key)) == _resource_version(based_on):
+            self.put(deployment)
+        return self._items.get(key, deployment)
+
+    def set_replicas(self, namespace: str, name: str, replicas: int) -> None:
+        """A scale this controller made, on top of the newest view (whose status it keeps)."""
+        cached = self._items.get((namespace, name))
+        if cached is not None:
+            cached["spec"]["replicas"] = replicas
+
+    def drop(self, namespace: str, name: str) -> None:
+        self._items.pop((namespace, name), None)
+
+
+def _resource_version(deployment: dict[str, Any] | None) -> str | None:
+    return None if deployment is None else deployment["metadata"].get("resourceVersion")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import functools
 import logging
 import time
@@ -33,7 +32,7 @@ from . import conditions, metrics, podsecurity
 from .budget import ConnectionShares
 from .connector import checked_params
 from .deployment import (
-    HASH_ANNOTATION, build_deployment, deployment_name, grace_period_seconds,
+    HASH_ANNOTATION, DeploymentCache, build_deployment, deployment_name, grace_period_seconds,
     secret_version, selector_labels,
 )
 from .kube import DELETION_COST_ANNOTATION, Kube, ScaleTargetUnavailable, SecretUnavailable, SecretValue, api_error
@@ -182,53 +181,6 @@ def database_url(raw: bytes) -> str:
         raise dsn_text.InvalidDsn("the Secret value is not UTF-8 text") from None
     checked_params(text)  # a URL, and one asking only for what a tenant may (controller/connector.py)
     return text
-
-
-class DeploymentCache:
-    """The worker Deployments as the API server's watch last delivered them (kopf's event handler
-    feeds it, the reconciler's own reads and writes too), so a tick reads its Deployment without a
-    request. A Deployment not seen yet is read with a GET. Only the event loop's thread changes it."""
-
-    def __init__(self) -> None:
-        self._items: dict[tuple[str, str], dict[str, Any]] = {}
-
-    def get(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self._items.get((namespace, name))
-
-    def put(self, deployment: dict[str, Any]) -> None:
-        """Keeps what ticks use (metadata without managedFields, the replicas, the pod template's
-        annotations, the status), not the pod spec: a thousand of these stay small."""
-        meta, spec = deployment["metadata"], deployment.get("spec") or {}
-        template_meta = (spec.get("template") or {}).get("metadata") or {}
-        self._items[(meta["namespace"], meta["name"])] = copy.deepcopy({
-            "metadata": {k: v for k, v in meta.items() if k != "managedFields"},
-            "spec": {"replicas": spec.get("replicas"),
-                     "template": {"metadata": {"annotations": template_meta.get("annotations") or {}}}},
-            "status": deployment.get("status") or {}})
-
-    def put_fetched(self, deployment: dict[str, Any], based_on: dict[str, Any] | None) -> dict[str, Any]:
-        """A Deployment this controller read (`based_on` None) or wrote over `based_on`, kept unless the
-        watch delivered another view while the request was in flight; returns the view kept. The watch's
-        view is then as new or newer: a write names the version it replaces, and every change comes
-        back through the watch. Storing the response regardless would hide a later status (a
-        ReplicaFailure set while the create was answered) until the Deployment changed again."""
-        key = (deployment["metadata"]["namespace"], deployment["metadata"]["name"])
-        if _resource_version(self._items.get(key)) == _resource_version(based_on):
-            self.put(deployment)
-        return self._items.get(key, deployment)
-
-    def set_replicas(self, namespace: str, name: str, replicas: int) -> None:
-        """A scale this controller made, on top of the newest view (whose status it keeps)."""
-        cached = self._items.get((namespace, name))
-        if cached is not None:
-            cached["spec"]["replicas"] = replicas
-
-    def drop(self, namespace: str, name: str) -> None:
-        self._items.pop((namespace, name), None)
-
-
-def _resource_version(deployment: dict[str, Any] | None) -> str | None:
-    return None if deployment is None else deployment["metadata"].get("resourceVersion")
 
 
 def with_written_status(obj: QueueWorkerObject, memory: ObjectMemory) -> QueueWorkerObject:

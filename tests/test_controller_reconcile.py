@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import replace
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -550,66 +549,6 @@ def test_pods_that_cannot_be_created_show_in_a_condition_and_one_event():
     assert tick(kube, QueueDepth(0, 1), status={**first.status, **failing.status}).events == []
 
 
-class WatchDuringWrites(FakeKube):
-    """The API server's watch delivers a newer view of the Deployment (its pods refused) while the
-    reconciler's create or scale request is still in flight, as it can on a loaded cluster."""
-
-    REFUSED_PODS = {"conditions": [{"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate",
-                                    "message": 'pods "w-worker-1" is forbidden: violates PodSecurity'}]}
-
-    def __init__(self, during: str):
-        super().__init__()
-        self.during = during
-        self.deliver: Callable[[dict[str, Any]], None] | None = None  # the watch, on the event loop
-
-    def _watch_delivers(self, name: str) -> None:
-        newer = {**self.deployments[name], "status": self.REFUSED_PODS}
-        newer["metadata"] = {**newer["metadata"], "resourceVersion": "2"}
-        assert self.deliver is not None
-        self.deliver(newer)
-
-    def create_deployment(self, namespace, body, replicas):
-        created = super().create_deployment(namespace, body, replicas)
-        created["metadata"] = {**created["metadata"], "namespace": namespace, "resourceVersion": "1"}
-        if self.during == "create":
-            self._watch_delivers(body["metadata"]["name"])
-        return created
-
-    def scale_deployment(self, namespace, name, replicas):
-        super().scale_deployment(namespace, name, replicas)
-        if self.during == "scale":
-            self._watch_delivers(name)
-
-
-@pytest.mark.parametrize("during", ["create", "scale"])
-def test_a_view_the_watch_delivers_during_a_write_is_not_hidden_by_the_write(during):
-    kube = WatchDuringWrites(during)
-    reconciler = Reconciler(kube, FakeDatabases(QueueDepth(7, 1)), secrets=KnownSecrets())  # type: ignore[arg-type]
-    obj = QueueWorkerObject("w", "ns", "uid", 1, SPEC, {})
-
-    async def scenario():
-        loop = asyncio.get_running_loop()
-
-        def deliver(deployment: dict[str, Any]) -> None:  # runs on the Kubernetes thread: waits for the loop
-            asyncio.run_coroutine_threadsafe(delivered(deployment), loop).result(timeout=10)
-
-        async def delivered(deployment: dict[str, Any]) -> None:
-            reconciler.deployments.put(deployment)
-        kube.deliver = deliver
-        first = await reconciler.tick(obj, ObjectMemory())
-        second = await reconciler.tick(replace(obj, status=first.status), ObjectMemory())
-        return first, second
-    try:
-        first, second = asyncio.run(scenario())
-    finally:
-        reconciler.close()
-    assert kube.scaled == [4] and first.status["replicas"] == 4
-    cached = reconciler.deployments.get("ns", "w-worker")
-    assert cached is not None and cached["status"] == WatchDuringWrites.REFUSED_PODS
-    assert cached["spec"]["replicas"] == 4, "the scale is kept on top of the newer view"
-    assert conditions(second)["ReplicaFailure"] == ("True", "FailedCreate")
-
-
 def test_deleting_a_queueworker_forgets_its_database_secret_and_metrics():
     databases = FakeDatabases(QueueDepth(3, 0))
     secrets = KnownSecrets()
@@ -652,33 +591,6 @@ def test_a_tick_that_never_ends_is_abandoned_and_reported(monkeypatch):
     ready = next(c for c in result.status["conditions"] if c["type"] == "Ready")
     assert (ready["reason"], ready["message"]) == ("ReconcileError", "the tick did not finish within 0.2s")
     assert [e.reason for e in result.events] == ["ReconcileError"]
-
-
-def test_queueworkers_share_secret_reads_and_read_no_deployment_the_watch_delivered():
-    kube, clock = FakeKube(), [100.0]
-    databases = FakeDatabases(QueueDepth(0, 0))
-    reconciler = Reconciler(kube, databases, secrets=KnownSecrets(), monotonic=lambda: clock[0])  # type: ignore[arg-type]
-    a, b = (QueueWorkerObject(name, "ns", f"uid-{name}", 1, SPEC, {}) for name in ("a", "b"))
-    memories = {"a": ObjectMemory(), "b": ObjectMemory()}
-
-    def tick_both() -> None:
-        for obj in (a, b):
-            asyncio.run(reconciler.tick(obj, memories[obj.name]))
-    try:
-        tick_both()
-        assert (kube.secret_reads, kube.deployment_reads, kube.writes) == (1, 2, 2), "one Secret read for both"
-        tick_both()
-        assert (kube.secret_reads, kube.deployment_reads) == (1, 2), "the Deployments they created are known"
-        reconciler.deployments.drop("ns", "a-worker")  # the watch said it was deleted
-        clock[0] += 30  # SECRET_REFRESH_SECONDS
-        tick_both()
-        assert (kube.secret_reads, kube.deployment_reads) == (2, 3)
-        databases.depth_value = None  # the database refuses: perhaps the Secret was rotated
-        asyncio.run(reconciler.tick(a, memories["a"]))
-        asyncio.run(reconciler.tick(a, memories["a"]))
-        assert kube.secret_reads == 3, "read again at once after a failed depth read"
-    finally:
-        reconciler.close()
 
 
 @pytest.mark.parametrize(("listening", "depth", "wait"), [
