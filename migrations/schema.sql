@@ -1349,14 +1349,18 @@ CREATE FUNCTION queueworker.python_json_length(value text) RETURNS bigint
 $$;
 
 CREATE FUNCTION queueworker.queue_patterns() RETURNS text[]
-    LANGUAGE sql STABLE SECURITY DEFINER
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
-    SELECT CASE WHEN queueworker.unbound_by_grants() THEN ARRAY['%']
-                ELSE ARRAY(SELECT queueworker.glob_like(g.pattern)
-                           FROM queueworker.queue_grants g JOIN pg_roles r ON r.rolname = g.grantee
-                           WHERE pg_has_role(session_user, r.oid, 'MEMBER')
-                           ORDER BY g.pattern) END
+BEGIN
+    IF queueworker.unbound_by_grants() THEN
+        RETURN ARRAY['%'];
+    END IF;
+    RETURN ARRAY(SELECT queueworker.glob_like(g.pattern)
+                 FROM queueworker.queue_grants g JOIN pg_roles r ON r.rolname = g.grantee
+                 WHERE pg_has_role(session_user, r.oid, 'MEMBER')
+                 ORDER BY g.pattern);
+END
 $$;
 
 CREATE FUNCTION queueworker.refuse_claims_blind_to_key_limits() RETURNS trigger
@@ -1788,9 +1792,11 @@ END
 $$;
 
 CREATE FUNCTION queueworker.tag_fair(ids bigint[], stale bigint[]) RETURNS void
-    LANGUAGE sql
+    LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
+BEGIN
     UPDATE queueworker.tasks_active t SET fair_tag = NULL
     FROM unnest(stale) AS s(id)
     WHERE t.id = s.id AND t.fair_tag IS NOT NULL AND t.state = 'pending' AND NOT t.delayed;
@@ -1836,6 +1842,7 @@ CREATE FUNCTION queueworker.tag_fair(ids bigint[], stale bigint[]) RETURNS void
     SET fair_tag = g.tag
     FROM tags g
     WHERE t.id = g.id AND t.state = 'pending' AND NOT t.delayed;
+END
 $$;
 
 CREATE FUNCTION queueworker.task_spec_problem(task text, payload jsonb, queue text, priority bigint, run_after timestamp with time zone, delay double precision, max_attempts bigint, timeout_seconds bigint, dedupe_key text, dedupe text, on_conflict text, key text, depends_on bigint[], on_dependency_failure text, headers jsonb, notify_on_finish boolean) RETURNS text
@@ -1965,22 +1972,26 @@ CREATE FUNCTION queueworker.transition_detail(attempts integer, new_error jsonb,
 $$;
 
 CREATE FUNCTION queueworker.unbound_by_grants() RETURNS boolean
-    LANGUAGE sql STABLE SECURITY DEFINER
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
-    SELECT NOT EXISTS (SELECT FROM queueworker.queue_grants)
+BEGIN
+    RETURN NOT EXISTS (SELECT FROM queueworker.queue_grants)
         OR EXISTS (SELECT FROM pg_roles r
                    WHERE (r.oid = (SELECT nspowner FROM pg_namespace WHERE nspname = 'queueworker')
                           OR r.rolname IN ('queueworker_worker', 'queueworker_controller', 'queueworker_operator'))
-                     AND pg_has_role(session_user, r.oid, 'MEMBER'))
+                     AND pg_has_role(session_user, r.oid, 'MEMBER'));
+END
 $$;
 
 CREATE FUNCTION queueworker.wake_queue(queue text, earliest timestamp with time zone) RETURNS void
-    LANGUAGE sql
+    LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
-    SELECT pg_catalog.pg_notify('queueworker', CASE WHEN earliest <= now() THEN queue
-                                                    ELSE queue || ' ' || extract(epoch FROM earliest)::text END)
+BEGIN
+    PERFORM pg_catalog.pg_notify('queueworker', CASE WHEN earliest <= now() THEN queue
+                                                     ELSE queue || ' ' || extract(epoch FROM earliest)::text END);
+END
 $$;
 
 CREATE TABLE queueworker.cron_jobs (

@@ -10,10 +10,14 @@
 
 -- Wakes a queue's listeners for the rows of one group (as `enqueue` in worker/db/enqueue.sql does): at once when one is due
 -- now, else with the earliest due time, so listeners can schedule a precise wake-up.
+-- PL/pgSQL, as every function with a SET clause that an enqueue calls: Postgres 15 plans a SQL-language
+-- one again at every call (tests/test_nested_plans.py).
 CREATE OR REPLACE FUNCTION queueworker.wake_queue(queue text, earliest timestamptz) RETURNS void
-LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
-    SELECT pg_catalog.pg_notify('queueworker', CASE WHEN earliest <= now() THEN queue
-                                                    ELSE queue || ' ' || extract(epoch FROM earliest)::text END)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM pg_catalog.pg_notify('queueworker', CASE WHEN earliest <= now() THEN queue
+                                                     ELSE queue || ' ' || extract(epoch FROM earliest)::text END);
+END
 $$;
 
 -- A task enqueued with `notify_on_finish` sends `pg_notify('queueworker_finished', id)` when it
