@@ -242,7 +242,7 @@ def test_the_readmes_command_table_names_every_command():
 
     readme = (Path(__file__).parent.parent / "README.md").read_text()
     rows = [line for line in readme.splitlines() if line.startswith("| `queueworker ")]
-    missing = [name for name, _, _ in COMMANDS
+    missing = [name for name, *_ in COMMANDS
                if not any(f"`queueworker {name}" in row or f"/ `{name}" in row for row in rows)]
     assert missing == []
 

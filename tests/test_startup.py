@@ -12,6 +12,8 @@ import textwrap
 
 import pytest
 
+from queueworker.cli import COMMANDS
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Top-level packages a worker without schedules does not need before (or after) its first claim.
 DEFERRED = ("croniter", "dateutil", "queueworker_controller")
@@ -34,6 +36,25 @@ def test_the_cli_and_the_worker_import_without_what_they_may_never_use():
         print(json.dumps({{"loaded": {LOADED}, "task_spec_built": TaskSpec.__pydantic_complete__}}))
     """)
     assert seen == {"loaded": [], "task_spec_built": False}
+
+
+def test_a_command_loads_the_module_of_no_other_command():
+    seen = _run("""
+        import json, sys
+        import queueworker.cli
+        args = queueworker.cli.build_parser("worker").parse_args(["worker", "--queue", "q"])
+        print(json.dumps({"queue": args.queues, "loaded": sorted(
+            name for name in sys.modules if name.startswith("queueworker.cli."))}))
+    """)
+    assert seen == {"queue": ["q"], "loaded": ["queueworker.cli.common", "queueworker.cli.worker"]}
+    every = _run("""
+        import json, sys
+        import queueworker.cli
+        queueworker.cli.build_parser()
+        print(json.dumps(sorted(name for name in sys.modules if name.startswith("queueworker.cli."))))
+    """)
+    assert every == sorted({f"queueworker.cli.{module}" for _, module, _, _ in COMMANDS} | {"queueworker.cli.common",
+                                                                                             "queueworker.cli.tables"})
 
 
 @pytest.mark.integration
