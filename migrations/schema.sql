@@ -1139,6 +1139,7 @@ $$;
 CREATE FUNCTION queueworker.lock_key_limited_queue(queue_name text, knows_key_breakers boolean) RETURNS void
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 DECLARE
     has_key_breaker boolean;

@@ -1,16 +1,20 @@
-"""Every enqueue path plans its nested statements once per session, not at every call.
+"""Every enqueue path, and the claim of a key-limited queue as a worker runs it, plans its nested
+statements once per session, not at every call.
 
 The triggers and row-level security of an insert run statements of their own (the audit row, the
-queue-grant checks). A SQL-language function that Postgres cannot inline (one with a SET clause, or
-SECURITY DEFINER) is planned again at each call on Postgres 15, while PL/pgSQL keeps its plans for
-the session. Measured by pg_stat_statements, which counts each nested statement's plans, on a server
-of this test's own that loads it.
+queue-grant checks), and a key-limited queue's claim runs those of its lock. A SQL-language function
+that Postgres cannot inline (one with a SET clause, or SECURITY DEFINER) is planned again at each
+call on Postgres 15, while PL/pgSQL keeps its plans for the session (generic ones, where it asks for
+them: a worker's session forces custom plans). Measured by pg_stat_statements,
+which counts each nested statement's plans, on a server of this test's own that loads it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -19,7 +23,11 @@ import pytest
 from psycopg import sql as pgsql
 from psycopg.types.json import Jsonb
 
+from queueworker.client import operations
 from queueworker.client.producer import enqueue_many
+from queueworker.db.connection import DutyConnection
+from queueworker.db.lease import CLAIM_KEYS, LOCK_KEYS, KeyClaimParams, LockQueueParams
+from queueworker.db.statements import Bound
 from queueworker.dev.localpg import LocalPostgres, PostgresNotFound
 from queueworker.migrate import migrate
 
@@ -65,6 +73,20 @@ ENQUEUES: dict[str, Callable[[psycopg.Connection, int], object]] = {
 }
 
 
+def nested_plans_per_call(admin: str, warm_up: Callable[[], object], counted: Callable[[], object]) -> list[tuple]:
+    """The nested statements (pg_stat_statements) planned at each of COUNTED calls of `counted`,
+    after `warm_up`."""
+    warm_up()
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_statements_reset()")
+    counted()
+    with psycopg.connect(admin, autocommit=True) as conn:
+        nested = conn.execute("SELECT calls, plans, query, round(mean_plan_time::numeric, 3) FROM pg_stat_statements"
+                              " WHERE NOT toplevel").fetchall()
+    assert nested, "no nested statement ran: pg_stat_statements does not see them"
+    return [(calls, plans, t, " ".join(query.split())[:100]) for calls, plans, query, t in nested if plans >= COUNTED]
+
+
 @pytest.mark.parametrize("login", ["admin", "producer"])
 @pytest.mark.parametrize("path", list(ENQUEUES))
 def test_an_enqueue_plans_no_nested_statement_at_every_call(server: dict[str, str], login: str, path: str):
@@ -73,14 +95,32 @@ def test_an_enqueue_plans_no_nested_statement_at_every_call(server: dict[str, st
     # call while the plan cache judges a custom plan cheaper, by design; what is left is planned again
     # whatever the plan cache's mode.
     with psycopg.connect(server[login], autocommit=True, options="-c plan_cache_mode=force_generic_plan") as conn:
-        for n in range(WARM_UP):
-            enqueue(conn, n)
-        with psycopg.connect(server["admin"], autocommit=True) as admin:
-            admin.execute("SELECT pg_stat_statements_reset()")
-        for n in range(COUNTED):
-            enqueue(conn, n)
-    with psycopg.connect(server["admin"], autocommit=True) as admin:
-        nested = admin.execute("SELECT calls, plans, query, round(mean_plan_time::numeric, 3) FROM pg_stat_statements WHERE NOT toplevel").fetchall()
-    assert nested, "the enqueue ran no nested statement: pg_stat_statements does not see them"
-    replanned = [(calls, plans, t, " ".join(query.split())[:100]) for calls, plans, query, t in nested if plans >= COUNTED]
+        replanned = nested_plans_per_call(server["admin"], lambda: [enqueue(conn, n) for n in range(WARM_UP)],
+                                          lambda: [enqueue(conn, n) for n in range(COUNTED)])
+    assert not replanned, "planned at every call:\n" + "\n".join(map(str, replanned))
+
+
+def test_the_claim_of_a_key_limited_queue_plans_no_nested_statement_at_every_call(server: dict[str, str]):
+    """As a worker runs it, on a worker's own connection, whose session forces custom plans: the
+    statements of the queue's lock (queueworker.lock_key_limited_queue) would be planned at every
+    claim, under the lock that serialises the queue's claims, unless they ask for generic plans.
+    (The other claims run no nested statement.)"""
+    with psycopg.connect(server["admin"], autocommit=True) as conn:
+        operations.set_limits(conn, "key-limited", per_key_max_running=1_000)
+        enqueue_many(conn, [{"task": "t", "queue": "key-limited", "key": f"k{n % 3}"}
+                            for n in range(WARM_UP + COUNTED)])
+    lock = Bound(LOCK_KEYS, LockQueueParams(queue="key-limited"))
+    params = KeyClaimParams(queue="key-limited", limit=1, worker=uuid.uuid4(), lease_seconds=30, timeout_seconds=60,
+                            held_keys=[])
+
+    def claims(count: int) -> None:
+        async def run() -> None:
+            conn = DutyConnection(server["admin"], "test-nested-plans", prepare=True)
+            try:
+                for _ in range(count):
+                    assert len(await conn.fetch(CLAIM_KEYS, params, first=lock)) == 1
+            finally:
+                await conn.close()
+        asyncio.run(run())
+    replanned = nested_plans_per_call(server["admin"], lambda: claims(WARM_UP), lambda: claims(COUNTED))
     assert not replanned, "planned at every call:\n" + "\n".join(map(str, replanned))

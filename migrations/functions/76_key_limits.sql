@@ -92,9 +92,12 @@ CREATE TRIGGER queue_keys_removed_retag AFTER DELETE ON queueworker.queue_keys
 -- nothing of per-key breakers: for a queue that has them, the transaction is marked
 -- (`queueworker.blind_key_claim`, transaction-local), and the row trigger below skips every row its
 -- claim would take. A login that sets the mark itself only stops its own claims.
+-- Generic plans for its own statements: it runs at every claim of the queue, on worker sessions that
+-- force custom plans, and the statements after its lock would otherwise be planned under it each
+-- time (tests/test_nested_plans.py).
 CREATE OR REPLACE FUNCTION queueworker.lock_key_limited_queue(queue_name text, knows_key_breakers boolean)
 RETURNS void
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     has_key_breaker boolean;
 BEGIN
