@@ -218,8 +218,9 @@ class DutyConnection:
         self._statements_waiting = 0
         self._listening = False
         self._woken: asyncio.Future[bool] | None = None
-        # Notifications read on the connection, for its listener; which connection keeps them.
-        self._received: deque[psycopg.Notify] = deque()
+        # Notifications read on the connection, for its listener, each with whether it was read while
+        # the connection was idle (not with a statement's answer); which connection keeps them.
+        self._received: deque[tuple[psycopg.Notify, bool]] = deque()
         self._keeping = 0
 
     async def fetch(self, statement: Statement[P, R], params: P, *, timeout: float = CLIENT_TIMEOUT_SECONDS,
@@ -299,18 +300,20 @@ class DutyConnection:
         async def subscribe(conn: psycopg.AsyncConnection) -> int:
             if self._keeping != self.generation:
                 self._received.clear()
-                conn.add_notify_handler(self._received.append)
+                conn.add_notify_handler(self._keep_answered)
                 self._keeping = self.generation
             for channel in channels:
                 await notify.listen(conn, channel)
             return self.generation
         return await self.using(subscribe)
 
-    async def listen_while_idle(self, generation: int, on_notify: Callable[[psycopg.Notify], None]) -> None:
+    async def listen_while_idle(self, generation: int, on_notify: Callable[[psycopg.Notify, bool], None]) -> None:
         """Passes the notifications of the connection `generation` (which `listen` made listen) to
-        `on_notify`: whenever it gets its turn, those read during the statements before, and while
-        no statement needs the connection, it waits on it for more; a statement that wants it gets
-        it at once. Returns when that connection is gone (closed, or replaced after it broke): its
+        `on_notify`, each with whether it was read while the connection was idle (through a pooler
+        in transaction mode, one that came with a statement's answer may be another session's: the
+        server connection the statement ran on): whenever it gets its turn, those read during the
+        statements before, and while no statement needs the connection, it waits on it for more; a
+        statement that wants it gets it at once. Returns when that connection is gone (closed, or replaced after it broke): its
         LISTENs went with it. Raises the connection's error when it breaks while waiting (it is
         dropped), and whatever `on_notify` raises."""
         conn = self._conn
@@ -319,7 +322,8 @@ class DutyConnection:
         while await self._wait_idle(conn, on_notify):
             await asyncio.sleep(0)  # a turn for the loop: taking a free lock does not yield
 
-    async def _wait_idle(self, conn: psycopg.AsyncConnection, on_notify: Callable[[psycopg.Notify], None]) -> bool:
+    async def _wait_idle(self, conn: psycopg.AsyncConnection,
+                         on_notify: Callable[[psycopg.Notify, bool], None]) -> bool:
         """Once the connection is free: waits on it until a statement wants it or the server sends
         something, and passes on the notifications that came. False once `conn` is not the open
         connection any more."""
@@ -332,7 +336,7 @@ class DutyConnection:
             self._listening = True
             if await self._readable_or_wanted(conn):
                 try:
-                    receive_notifications(conn, self._received.append)
+                    receive_notifications(conn, self._keep_idle)
                 except psycopg.Error:
                     await self._discard()
                     raise
@@ -342,11 +346,18 @@ class DutyConnection:
             self._listening = False
             self._lock.release()
 
-    def _pass_on(self, on_notify: Callable[[psycopg.Notify], None]) -> bool:
+    def _pass_on(self, on_notify: Callable[[psycopg.Notify, bool], None]) -> bool:
         """Passes on the kept notifications, PASS_ON_SLICE at most; whether some are left."""
         for _ in range(min(len(self._received), PASS_ON_SLICE)):
-            on_notify(self._received.popleft())
+            on_notify(*self._received.popleft())
         return bool(self._received)
+
+    def _keep_answered(self, notify: psycopg.Notify) -> None:
+        """psycopg's handler: a notification read with a statement's answer."""
+        self._received.append((notify, False))
+
+    def _keep_idle(self, notify: psycopg.Notify) -> None:
+        self._received.append((notify, True))
 
     async def _readable_or_wanted(self, conn: psycopg.AsyncConnection) -> bool:
         """Waits until the server sends something on the idle `conn` (True) or a statement wants the

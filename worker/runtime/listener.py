@@ -102,34 +102,48 @@ class Listener:
     async def _notifications_arrive(self) -> bool:
         """Whether NOTIFYs reach the duty connection (db.notify.notifications_arrive), checked
         without holding it: it listens on a channel of its own, the outcome connection notifies
-        that channel once, and the duty connection waits for the notice while idle, so claims and
+        that channel, and the duty connection waits for the notice while idle, so claims and
         heartbeats go on meanwhile (through a PgBouncer the notice never comes, for
-        LISTEN_CHECK_SECONDS). Raises when the connection breaks meanwhile."""
+        LISTEN_CHECK_SECONDS). Only a notice read while the connection is idle counts: through a
+        pooler in transaction mode, a statement of ours may run on the very server connection that
+        listens and bring its notice back once, which says nothing of the next; such a notice has
+        the check sent again. Raises when the connection breaks meanwhile."""
         channel = check_channel()
-        arrived = asyncio.Event()
+        arrived = asyncio.Event()  # read while idle
+        answered = asyncio.Event()  # read with a statement's answer: not proof
 
-        def heard(notify: psycopg.Notify) -> None:
+        def heard(notify: psycopg.Notify, idle: bool) -> None:
             if notify.channel == channel:
-                arrived.set()
+                (arrived if idle else answered).set()
         generation = await self._conn.listen([channel])
         waiting = asyncio.create_task(self._conn.listen_while_idle(generation, heard))
-        heard_it = asyncio.create_task(arrived.wait())
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + LISTEN_CHECK_SECONDS
         try:
-            await self._send.execute(NOTIFY_CHECK, NotifyCheckParams(channel=channel))
-            done, _ = await asyncio.wait((waiting, heard_it), timeout=LISTEN_CHECK_SECONDS,
-                                         return_when=asyncio.FIRST_COMPLETED)
+            while not arrived.is_set() and not waiting.done() and loop.time() < deadline:
+                answered.clear()
+                await self._send.execute(NOTIFY_CHECK, NotifyCheckParams(channel=channel))
+                news = [asyncio.create_task(event.wait()) for event in (arrived, answered)]
+                try:
+                    await asyncio.wait((waiting, *news), timeout=max(0.0, deadline - loop.time()),
+                                       return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for task in news:
+                        task.cancel()
+                    await asyncio.gather(*news, return_exceptions=True)
         finally:
-            for task in (waiting, heard_it):
-                task.cancel()
-            await asyncio.gather(waiting, heard_it, return_exceptions=True)
-        if waiting in done and not arrived.is_set():
+            waiting.cancel()
+            await asyncio.gather(waiting, return_exceptions=True)
+        if waiting.done() and not waiting.cancelled() and not arrived.is_set():
             waiting.result()  # its error, if the connection broke
             raise psycopg.OperationalError("the duty connection was replaced during the listen check")
         if arrived.is_set():
             await self._conn.using(lambda conn: unlisten(conn, channel))
         return arrived.is_set()
 
-    def _heard(self, notify: psycopg.Notify) -> None:
+    def _heard(self, notify: psycopg.Notify, idle: bool) -> None:
+        """Every notification is a hint (see above), however it came: on a connection of its own,
+        one that came with a statement's answer is as good as one read while idle."""
         self._signals.heard.emit(notify)
         metrics.NOTIFICATIONS.labels(notify.channel, self._act_on(notify)).inc()
 
