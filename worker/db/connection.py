@@ -307,14 +307,15 @@ class DutyConnection:
             return self.generation
         return await self.using(subscribe)
 
-    async def listen_while_idle(self, generation: int, on_notify: Callable[[psycopg.Notify, bool], None]) -> None:
+    async def listen_while_idle(self, generation: int,
+                                on_notify: Callable[[psycopg.Notify, bool], None]) -> None:
         """Passes the notifications of the connection `generation` (which `listen` made listen) to
         `on_notify`, each with whether it was read while the connection was idle (through a pooler
         in transaction mode, one that came with a statement's answer may be another session's: the
         server connection the statement ran on): whenever it gets its turn, those read during the
         statements before, and while no statement needs the connection, it waits on it for more; a
-        statement that wants it gets it at once. Returns when that connection is gone (closed, or replaced after it broke): its
-        LISTENs went with it. Raises the connection's error when it breaks while waiting (it is
+        statement that wants it gets it at once. Returns when that connection is gone (closed, or
+        replaced after it broke): its LISTENs went with it. Raises the connection's error when it breaks while waiting (it is
         dropped), and whatever `on_notify` raises."""
         conn = self._conn
         if conn is None or conn.closed or self.generation != generation:
@@ -357,6 +358,7 @@ class DutyConnection:
         self._received.append((notify, False))
 
     def _keep_idle(self, notify: psycopg.Notify) -> None:
+        """The listener's reader (receive_notifications): a notification read while idle."""
         self._received.append((notify, True))
 
     async def _readable_or_wanted(self, conn: psycopg.AsyncConnection) -> bool:

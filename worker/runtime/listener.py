@@ -109,37 +109,38 @@ class Listener:
         listens and bring its notice back once, which says nothing of the next; such a notice has
         the check sent again. Raises when the connection breaks meanwhile."""
         channel = check_channel()
-        arrived = asyncio.Event()  # read while idle
-        answered = asyncio.Event()  # read with a statement's answer: not proof
+        news = asyncio.Event()  # the notice came, one way or the other
+        arrived = False  # read while idle: proof
 
         def heard(notify: psycopg.Notify, idle: bool) -> None:
+            nonlocal arrived
             if notify.channel == channel:
-                (arrived if idle else answered).set()
+                arrived = arrived or idle
+                news.set()
         generation = await self._conn.listen([channel])
         waiting = asyncio.create_task(self._conn.listen_while_idle(generation, heard))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + LISTEN_CHECK_SECONDS
         try:
-            while not arrived.is_set() and not waiting.done() and loop.time() < deadline:
-                answered.clear()
+            while not arrived and not waiting.done() and loop.time() < deadline:
+                news.clear()
                 await self._send.execute(NOTIFY_CHECK, NotifyCheckParams(channel=channel))
-                news = [asyncio.create_task(event.wait()) for event in (arrived, answered)]
+                notice = asyncio.create_task(news.wait())
                 try:
-                    await asyncio.wait((waiting, *news), timeout=max(0.0, deadline - loop.time()),
+                    await asyncio.wait((waiting, notice), timeout=max(0.0, deadline - loop.time()),
                                        return_when=asyncio.FIRST_COMPLETED)
                 finally:
-                    for task in news:
-                        task.cancel()
-                    await asyncio.gather(*news, return_exceptions=True)
+                    notice.cancel()
+                    await asyncio.gather(notice, return_exceptions=True)
         finally:
             waiting.cancel()
             await asyncio.gather(waiting, return_exceptions=True)
-        if waiting.done() and not waiting.cancelled() and not arrived.is_set():
+        if waiting.done() and not waiting.cancelled() and not arrived:
             waiting.result()  # its error, if the connection broke
             raise psycopg.OperationalError("the duty connection was replaced during the listen check")
-        if arrived.is_set():
+        if arrived:
             await self._conn.using(lambda conn: unlisten(conn, channel))
-        return arrived.is_set()
+        return arrived
 
     def _heard(self, notify: psycopg.Notify, idle: bool) -> None:
         """Every notification is a hint (see above), however it came: on a connection of its own,
