@@ -142,7 +142,8 @@ def test_without_key_capacity_or_its_grant_the_depth_is_read_without_the_keys(ds
         for _ in range(2):
             (refused,) = depths(controller, "older")
             assert (refused.ready, refused.max_running) == (6, 4) and keys_of(refused) == (False, None, 0, 0)
-        said = [r.getMessage() for r in caplog.records if "key_capacity" in r.getMessage() or "refused" in r.getMessage()]
+        said = [r.getMessage() for r in caplog.records
+                if r.name.startswith("queueworker_controller") and "key_capacity" in r.getMessage()]
         assert len(said) == 2 and "depth.queue_depth was refused" in said[0], said  # once per database read
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(f"GRANT EXECUTE ON FUNCTION queueworker.key_capacity(text, integer, float8) TO {login}")
