@@ -270,6 +270,9 @@ CREATE FUNCTION queueworker.clean_key_state(retention_seconds double precision, 
     AS $$
 DECLARE
     cutoff timestamptz := queueworker.retention_cutoff(retention_seconds, batch);
+    -- The minute of the cutoff, as key_state.active_minute counts them (migration 024): a key
+    -- active before the cutoff was active in that minute or an earlier one.
+    cutoff_minute bigint := floor(extract(epoch FROM cutoff - timestamptz '1970-01-01 00:00:00+00') / 60);
 BEGIN
     PERFORM FROM queueworker.duty_locks WHERE duty = 'clean_key_state' FOR NO KEY UPDATE SKIP LOCKED;
     IF NOT FOUND THEN
@@ -278,7 +281,8 @@ BEGIN
     RETURN QUERY
     WITH idle AS (
         SELECT b.queue, b.key FROM queueworker.key_state b
-        WHERE coalesce(greatest(b.tokens_at, b.breaker_changed_at, b.last_success_at, b.last_failure_at),
+        WHERE b.active_minute <= cutoff_minute
+          AND coalesce(greatest(b.tokens_at, b.breaker_changed_at, b.last_success_at, b.last_failure_at),
                        '-infinity'::timestamptz) < cutoff
           AND b.key <> ''
           AND NOT EXISTS (SELECT FROM queueworker.tasks_active t WHERE t.queue = b.queue AND t.key = b.key)
@@ -294,8 +298,7 @@ BEGIN
                   SELECT FROM queueworker.queues q
                   WHERE q.name = b.queue AND q.key_breaker_cooldown_seconds IS NOT NULL
                     AND now() < b.breaker_changed_at + make_interval(secs => q.key_breaker_cooldown_seconds)))
-        ORDER BY coalesce(greatest(b.tokens_at, b.breaker_changed_at, b.last_success_at, b.last_failure_at),
-                          '-infinity'::timestamptz)
+        ORDER BY b.active_minute
         LIMIT batch
         FOR UPDATE OF b SKIP LOCKED
     )
@@ -2038,9 +2041,16 @@ CREATE TABLE queueworker.key_state (
     failure_streak integer DEFAULT 0 NOT NULL,
     last_success_at timestamp with time zone,
     last_failure_at timestamp with time zone,
+    active_minute bigint GENERATED ALWAYS AS (
+CASE
+    WHEN ((GREATEST(tokens_at, breaker_changed_at, last_success_at, last_failure_at) IS NULL) OR (GREATEST(tokens_at, breaker_changed_at, last_success_at, last_failure_at) = '-infinity'::timestamp with time zone)) THEN (0)::bigint
+    WHEN (GREATEST(tokens_at, breaker_changed_at, last_success_at, last_failure_at) = 'infinity'::timestamp with time zone) THEN '9223372036854775807'::bigint
+    ELSE (floor((EXTRACT(epoch FROM (GREATEST(tokens_at, breaker_changed_at, last_success_at, last_failure_at) - '1970-01-01 00:00:00+00'::timestamp with time zone)) / (60)::numeric)))::bigint
+END) STORED,
     CONSTRAINT key_state_breaker_state_check CHECK ((breaker_state = ANY (ARRAY['closed'::text, 'open'::text, 'half_open'::text]))),
     CONSTRAINT key_state_failure_streak_check CHECK ((failure_streak >= 0))
-);
+)
+WITH (fillfactor='50');
 
 CREATE VIEW queueworker.new_tasks AS
  SELECT tasks.id,
@@ -2439,9 +2449,9 @@ ALTER TABLE ONLY queueworker.workers
 
 CREATE INDEX cron_jobs_due ON queueworker.cron_jobs USING btree (next_slot) WHERE (NOT paused);
 
-CREATE INDEX key_state_breakers ON queueworker.key_state USING btree (queue, key) WHERE (breaker_state <> 'closed'::text);
+CREATE INDEX key_state_active_minute ON queueworker.key_state USING btree (active_minute);
 
-CREATE INDEX key_state_last_active ON queueworker.key_state USING btree (COALESCE(GREATEST(tokens_at, breaker_changed_at, last_success_at, last_failure_at), '-infinity'::timestamp with time zone));
+CREATE INDEX key_state_breakers ON queueworker.key_state USING btree (queue, key) WHERE (breaker_state <> 'closed'::text);
 
 CREATE INDEX key_state_waiting ON queueworker.key_state USING btree (queue, next_token_at) WHERE (next_token_at IS NOT NULL);
 

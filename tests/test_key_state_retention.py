@@ -171,6 +171,36 @@ def test_each_pass_deletes_in_batches_and_one_with_nothing_to_delete_reads_littl
     assert many <= few + 10, f"a pass over 20,000 young keys read {many} buffers, over 100 {few}"
 
 
+def test_charging_buckets_and_reporting_outcomes_write_no_index_entry(dsn):
+    """Every claim of a key-limited queue charges the bucket of each key it claims from, and every
+    report of outcomes writes each key's health: heap-only (HOT) updates of key_state, which write no
+    index entry. The retention's index reads the minute of a key's last activity (migration 024),
+    which changes at most once a minute per key: at most one update per key here may not be HOT (a
+    minute turning during the test). Version 23's index read the times themselves: none was HOT."""
+    keys = ["a", "b", "c", "d"]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        operations.set_limits(conn, "hot", per_key_rate_per_second=1000, per_key_burst=1000)
+        operations.set_breaker(conn, "hot", failures=5, cooldown_seconds=60, per_key=True)
+        enqueue_many(conn, keyed("hot", {key: 20 for key in keys}))
+        assert sorted(claim_keys(conn, "hot", limit=4)) == keys  # the keys' rows are made
+        report(conn, "hot", {key: (True, 0) for key in keys})  # and updated once
+
+    def updates() -> tuple[int, int]:
+        return query(dsn, "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables "
+                          "WHERE schemaname = 'queueworker' AND relname = 'key_state'")[0]
+
+    wait_until(lambda: updates()[0] >= len(keys), message="the rows' first updates counted")  # at its exit
+    before = updates()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for _ in range(10):
+            assert sorted(claim_keys(conn, "hot", limit=4)) == keys
+            report(conn, "hot", {key: (True, 0) for key in keys})
+        conn.execute("SELECT pg_stat_force_next_flush()")
+    wait_until(lambda: updates()[0] - before[0] >= 20 * len(keys), message="the 80 updates counted")
+    written, hot = (after - then for after, then in zip(updates(), before))
+    assert written == 20 * len(keys) and written - hot <= len(keys), f"{written} updates, {hot} of them HOT"
+
+
 def test_one_worker_at_a_time_deletes_key_state(dsn):
     with psycopg.connect(dsn, autocommit=True) as conn:
         operations.set_breaker(conn, "locked", failures=5, cooldown_seconds=60, per_key=True)

@@ -172,8 +172,8 @@ $$;
 -- Deletes the state of keys idle for the retention (queueworker.key_state, migration 023: a key's
 -- bucket, breaker and health); returns the queue of each row deleted. A key is idle when it has no
 -- unfinished task (tasks_active) and its row has not changed for the retention (its tokens charged,
--- its breaker moved, a success or a failure reported: the latest of those times, the index
--- key_state_last_active). Deleting a row makes the key a new one: a full bucket, a closed breaker,
+-- its breaker moved, a success or a failure reported: the latest of those times, found through the
+-- index of its minute, key_state.active_minute, migration 024). Deleting a row makes the key a new one: a full bucket, a closed breaker,
 -- no health. So a row goes only when that changes nothing a claim would decide:
 -- - its bucket is full again (a key with no rate now has none to keep): a key whose rate refills
 --   it slower than the retention keeps its row until it has, and a claim never starts more than
@@ -192,6 +192,9 @@ RETURNS SETOF text
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     cutoff timestamptz := queueworker.retention_cutoff(retention_seconds, batch);
+    -- The minute of the cutoff, as key_state.active_minute counts them (migration 024): a key
+    -- active before the cutoff was active in that minute or an earlier one.
+    cutoff_minute bigint := floor(extract(epoch FROM cutoff - timestamptz '1970-01-01 00:00:00+00') / 60);
 BEGIN
     PERFORM FROM queueworker.duty_locks WHERE duty = 'clean_key_state' FOR NO KEY UPDATE SKIP LOCKED;
     IF NOT FOUND THEN
@@ -200,7 +203,8 @@ BEGIN
     RETURN QUERY
     WITH idle AS (
         SELECT b.queue, b.key FROM queueworker.key_state b
-        WHERE coalesce(greatest(b.tokens_at, b.breaker_changed_at, b.last_success_at, b.last_failure_at),
+        WHERE b.active_minute <= cutoff_minute
+          AND coalesce(greatest(b.tokens_at, b.breaker_changed_at, b.last_success_at, b.last_failure_at),
                        '-infinity'::timestamptz) < cutoff
           AND b.key <> ''
           AND NOT EXISTS (SELECT FROM queueworker.tasks_active t WHERE t.queue = b.queue AND t.key = b.key)
@@ -216,8 +220,7 @@ BEGIN
                   SELECT FROM queueworker.queues q
                   WHERE q.name = b.queue AND q.key_breaker_cooldown_seconds IS NOT NULL
                     AND now() < b.breaker_changed_at + make_interval(secs => q.key_breaker_cooldown_seconds)))
-        ORDER BY coalesce(greatest(b.tokens_at, b.breaker_changed_at, b.last_success_at, b.last_failure_at),
-                          '-infinity'::timestamptz)
+        ORDER BY b.active_minute
         LIMIT batch
         FOR UPDATE OF b SKIP LOCKED
     )
