@@ -1967,12 +1967,12 @@ CREATE FUNCTION queueworker.task_status(id bigint) RETURNS TABLE(queue text, tas
 $_$;
 
 CREATE FUNCTION queueworker.transition_detail(attempts integer, new_error jsonb, old_error jsonb) RETURNS jsonb
-    LANGUAGE sql IMMUTABLE
+    LANGUAGE sql STABLE
     AS $$
-    SELECT jsonb_strip_nulls(jsonb_build_object(
+    SELECT pg_catalog.jsonb_strip_nulls(pg_catalog.jsonb_build_object(
         'attempts', attempts,
-        'error', CASE WHEN new_error IS DISTINCT FROM old_error THEN new_error -> 'message' END,
-        'error_type', CASE WHEN new_error IS DISTINCT FROM old_error THEN new_error -> 'type' END))
+        'error', CASE WHEN new_error IS DISTINCT FROM old_error THEN new_error OPERATOR(pg_catalog.->) 'message' END,
+        'error_type', CASE WHEN new_error IS DISTINCT FROM old_error THEN new_error OPERATOR(pg_catalog.->) 'type' END))
 $$;
 
 CREATE FUNCTION queueworker.unbound_by_grants() RETURNS boolean

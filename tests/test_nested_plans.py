@@ -1,5 +1,5 @@
 """Every enqueue path, and the claim of a key-limited queue as a worker runs it, plans its nested
-statements once per session, not at every call.
+statements once per session, not at every call; a completion runs none per task.
 
 The triggers and row-level security of an insert run statements of their own (the audit row, the
 queue-grant checks), and a key-limited queue's claim runs those of its lock. A SQL-language function
@@ -26,7 +26,9 @@ from psycopg.types.json import Jsonb
 from queueworker.client import operations
 from queueworker.client.producer import enqueue_many
 from queueworker.db.connection import DutyConnection
-from queueworker.db.lease import CLAIM_KEYS, LOCK_KEYS, KeyClaimParams, LockQueueParams
+from queueworker.db import statements
+from queueworker.db.lease import (CLAIM, CLAIM_KEYS, COMPLETE_SUCCEEDED, LOCK_KEYS, ClaimParams,
+                                  CompleteSucceededParams, KeyClaimParams, LockQueueParams)
 from queueworker.db.statements import Bound
 from queueworker.dev.localpg import LocalPostgres, PostgresNotFound
 from queueworker.migrate import migrate
@@ -124,3 +126,22 @@ def test_the_claim_of_a_key_limited_queue_plans_no_nested_statement_at_every_cal
         asyncio.run(run())
     replanned = nested_plans_per_call(server["admin"], lambda: claims(WARM_UP), lambda: claims(COUNTED))
     assert not replanned, "planned at every call:\n" + "\n".join(map(str, replanned))
+
+
+def test_a_completion_runs_no_statement_of_its_own_for_each_task(server: dict[str, str]):
+    """`complete_succeeded` writes each task's audit row through queueworker.transition_detail, a
+    SQL-language function Postgres inlines into the completion's own plan. Declared IMMUTABLE over a
+    body that is only STABLE (jsonb_build_object), it was not inlined, and ran as a statement of its
+    own for every task completed."""
+    with psycopg.connect(server["admin"], autocommit=True) as conn:
+        enqueue_many(conn, [{"task": "t", "queue": "completed"}] * COUNTED)
+        rows = statements.fetch(conn, CLAIM, ClaimParams(queue="completed", limit=COUNTED, worker=uuid.uuid4(),
+                                                         lease_seconds=30, timeout_seconds=60))
+        assert len(rows) == COUNTED
+        conn.execute("SELECT pg_stat_statements_reset()")
+        done = statements.fetch(conn, COMPLETE_SUCCEEDED, CompleteSucceededParams(
+            ids=[row.id for row in rows], tokens=[row.lease_token for row in rows], results=[None] * COUNTED))
+        assert len(done) == COUNTED
+        per_task = conn.execute("SELECT calls, query FROM pg_stat_statements WHERE NOT toplevel AND calls >= %s",
+                                (COUNTED,)).fetchall()
+    assert not per_task, "run once per task:\n" + "\n".join(" ".join(query.split())[:100] for _, query in per_task)
