@@ -270,9 +270,6 @@ CREATE FUNCTION queueworker.clean_key_state(retention_seconds double precision, 
     AS $$
 DECLARE
     cutoff timestamptz := queueworker.retention_cutoff(retention_seconds, batch);
-    -- The minute of the cutoff, as key_state.active_minute counts them (migration 024): a key
-    -- active before the cutoff was active in that minute or an earlier one.
-    cutoff_minute bigint := floor(extract(epoch FROM cutoff - timestamptz '1970-01-01 00:00:00+00') / 60);
 BEGIN
     PERFORM FROM queueworker.duty_locks WHERE duty = 'clean_key_state' FOR NO KEY UPDATE SKIP LOCKED;
     IF NOT FOUND THEN
@@ -281,7 +278,7 @@ BEGIN
     RETURN QUERY
     WITH idle AS (
         SELECT b.queue, b.key FROM queueworker.key_state b
-        WHERE b.active_minute <= cutoff_minute
+        WHERE b.active_minute < cutoff  -- the minute starts at or before the activity it holds
           AND coalesce(greatest(b.tokens_at, b.breaker_changed_at, b.last_success_at, b.last_failure_at),
                        '-infinity'::timestamptz) < cutoff
           AND b.key <> ''
@@ -2041,12 +2038,11 @@ CREATE TABLE queueworker.key_state (
     failure_streak integer DEFAULT 0 NOT NULL,
     last_success_at timestamp with time zone,
     last_failure_at timestamp with time zone,
-    active_minute bigint GENERATED ALWAYS AS (
+    active_minute timestamp with time zone GENERATED ALWAYS AS (
 CASE
-    WHEN ((GREATEST(tokens_at, breaker_changed_at, last_success_at, last_failure_at) IS NULL) OR (GREATEST(tokens_at, breaker_changed_at, last_success_at, last_failure_at) = '-infinity'::timestamp with time zone)) THEN (0)::bigint
-    WHEN (GREATEST(tokens_at, breaker_changed_at, last_success_at, last_failure_at) = 'infinity'::timestamp with time zone) THEN '9223372036854775807'::bigint
-    ELSE (floor((EXTRACT(epoch FROM (GREATEST(tokens_at, breaker_changed_at, last_success_at, last_failure_at) - '1970-01-01 00:00:00+00'::timestamp with time zone)) / (60)::numeric)))::bigint
-END) STORED,
+    WHEN isfinite(GREATEST(tokens_at, breaker_changed_at, last_success_at, last_failure_at)) THEN date_bin('00:01:00'::interval, GREATEST(tokens_at, breaker_changed_at, last_success_at, last_failure_at), '2000-01-01 00:00:00+00'::timestamp with time zone)
+    ELSE COALESCE(GREATEST(tokens_at, breaker_changed_at, last_success_at, last_failure_at), '-infinity'::timestamp with time zone)
+END) STORED NOT NULL,
     CONSTRAINT key_state_breaker_state_check CHECK ((breaker_state = ANY (ARRAY['closed'::text, 'open'::text, 'half_open'::text]))),
     CONSTRAINT key_state_failure_streak_check CHECK ((failure_streak >= 0))
 )

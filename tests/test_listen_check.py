@@ -53,8 +53,9 @@ class PooledDuty:
 
 
 def check(duty: PooledDuty) -> bool:
-    listener = Listener("postgresql://db/app", duty, duty, ("default",), lambda due: None, "w",  # type: ignore[arg-type]
-                        lambda task, token: False, lambda: None, lambda: None, lambda: None, WorkerSignals())
+    listener = Listener("postgresql://db/app", duty, duty,  # type: ignore[arg-type]
+                        ("default",), lambda due: None, "w", lambda task, token: False,
+                        lambda: None, lambda: None, lambda: None, WorkerSignals())
     return asyncio.run(asyncio.wait_for(listener._notifications_arrive(), 10))
 
 

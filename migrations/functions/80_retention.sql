@@ -173,8 +173,8 @@ $$;
 -- bucket, breaker and health); returns the queue of each row deleted. A key is idle when it has no
 -- unfinished task (tasks_active) and its row has not changed for the retention (its tokens charged,
 -- its breaker moved, a success or a failure reported: the latest of those times, found through the
--- index of its minute, key_state.active_minute, migration 024). Deleting a row makes the key a new one: a full bucket, a closed breaker,
--- no health. So a row goes only when that changes nothing a claim would decide:
+-- index of its minute, key_state.active_minute, migration 024). Deleting a row makes the key a new
+-- one: a full bucket, a closed breaker, no health. So a row goes only when that changes nothing a claim would decide:
 -- - its bucket is full again (a key with no rate now has none to keep): a key whose rate refills
 --   it slower than the retention keeps its row until it has, and a claim never starts more than
 --   its bucket allows;
@@ -192,9 +192,6 @@ RETURNS SETOF text
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     cutoff timestamptz := queueworker.retention_cutoff(retention_seconds, batch);
-    -- The minute of the cutoff, as key_state.active_minute counts them (migration 024): a key
-    -- active before the cutoff was active in that minute or an earlier one.
-    cutoff_minute bigint := floor(extract(epoch FROM cutoff - timestamptz '1970-01-01 00:00:00+00') / 60);
 BEGIN
     PERFORM FROM queueworker.duty_locks WHERE duty = 'clean_key_state' FOR NO KEY UPDATE SKIP LOCKED;
     IF NOT FOUND THEN
@@ -203,7 +200,7 @@ BEGIN
     RETURN QUERY
     WITH idle AS (
         SELECT b.queue, b.key FROM queueworker.key_state b
-        WHERE b.active_minute <= cutoff_minute
+        WHERE b.active_minute < cutoff  -- the minute starts at or before the activity it holds
           AND coalesce(greatest(b.tokens_at, b.breaker_changed_at, b.last_success_at, b.last_failure_at),
                        '-infinity'::timestamptz) < cutoff
           AND b.key <> ''

@@ -315,8 +315,8 @@ class DutyConnection:
         server connection the statement ran on): whenever it gets its turn, those read during the
         statements before, and while no statement needs the connection, it waits on it for more; a
         statement that wants it gets it at once. Returns when that connection is gone (closed, or
-        replaced after it broke): its LISTENs went with it. Raises the connection's error when it breaks while waiting (it is
-        dropped), and whatever `on_notify` raises."""
+        replaced after it broke): its LISTENs went with it. Raises the connection's error when it
+        breaks while waiting (it is dropped), and whatever `on_notify` raises."""
         conn = self._conn
         if conn is None or conn.closed or self.generation != generation:
             return
