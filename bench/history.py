@@ -71,49 +71,63 @@ def _sum_buffers(node: dict) -> int:
     return node.get("Shared Hit Blocks", 0) + node.get("Shared Read Blocks", 0)
 
 
-def claim_script() -> str:
+def claim_script(claim_text: str = CLAIM.text, complete_text: str = COMPLETE_SUCCEEDED.text) -> str:
     """pgbench script: our claim (its RETURNING rows aggregated into arrays) then our
     complete_succeeded verbatim, placeholders turned into pgbench variables; the claim commits
     without waiting for the disk with a generic plan, the completion waits with a custom plan, as
-    on a worker's connections (lease.sql, `claim_settings`)."""
-    head, _ = CLAIM.text.rsplit("\nSELECT ", 1)
+    on a worker's connections (lease.sql, `claim_settings`). Other texts of the two statements
+    (bench/ceiling_parts.py) go through the same script."""
+    head, _ = claim_text.rsplit("\nSELECT ", 1)
     claim = (f"{head}\n"
              "SELECT coalesce(array_agg(id), '{}')::text AS ids, "
              "coalesce(array_agg(lease_token), '{}')::text AS tokens, "
              "array_fill(NULL::jsonb, ARRAY[count(*)::int])::text AS results FROM claimed")
-    complete = COMPLETE_SUCCEEDED.text
 
     def to_pgbench(statement: str) -> str:
         statement = re.sub(r"%\((\w+)\)s", r":\1", statement)
         return " ".join(statement.split())
 
     return (f"SET synchronous_commit = off;\nSET plan_cache_mode = force_generic_plan;\n{to_pgbench(claim)}\n\\gset\n"
-            f"SET synchronous_commit = on;\nSET plan_cache_mode = force_custom_plan;\n{to_pgbench(complete)};\n")
+            f"SET synchronous_commit = on;\nSET plan_cache_mode = force_custom_plan;\n{to_pgbench(complete_text)};\n")
 
 
-def ceiling(dsn: str, tasks: int, clients: int, limit: int, pgbench: Path | None = None) -> dict:
-    """Tasks/s of pgbench clients looping claim(limit) + complete_succeeded over `tasks` rows."""
-    pgbench = pgbench or find_pgbench()
-    if pgbench is None:
-        raise RuntimeError("pgbench not found")
+def seed_noop_tasks(dsn: str, tasks: int) -> None:
+    """`tasks` waiting no-op tasks in queue `default`, for run_pgbench."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("INSERT INTO queueworker.tasks (queue, task, delayed) "
                      "SELECT 'default', 'qw.noop', false FROM generate_series(1, %s)", (tasks,))
         conn.execute("VACUUM ANALYZE queueworker.tasks")
+
+
+def run_pgbench(dsn: str, script_text: str, tasks: int, clients: int, limit: int, pgbench: Path | None = None) -> float:
+    """Has pgbench clients loop `script_text` (claim(limit) + completion) until the `tasks` tasks
+    seeded by seed_noop_tasks are all claimed; returns pgbench's wall time in seconds."""
+    pgbench = pgbench or find_pgbench()
+    if pgbench is None:
+        raise RuntimeError("pgbench not found")
     info = psycopg.conninfo.conninfo_to_dict(dsn)
     per_client = -(-tasks // (clients * limit))
     with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as script:
-        script.write(claim_script())
+        script.write(script_text)
     cmd = [str(pgbench), "-n", "-M", "prepared", "-h", info["host"], "-p", str(info["port"]),
            "-U", info.get("user", "postgres"), "-c", str(clients), "-j", str(clients), "-t", str(per_client),
            "-D", "queue=default", "-D", f"limit={limit}", "-D", f"worker={uuid.uuid4()}",
            "-D", "lease_seconds=30", "-D", "timeout_seconds=1800", "-f", script.name, info["dbname"]]
     # The password goes by environment, never argv (other local users can read argv).
     env = {**os.environ, **({"PGPASSWORD": info["password"]} if info.get("password") else {})}
+    started = time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    seconds = time.perf_counter() - started
     Path(script.name).unlink()
     if out.returncode != 0:
         raise RuntimeError(f"pgbench failed: {out.stderr.strip() or out.stdout.strip()}")
+    return seconds
+
+
+def ceiling(dsn: str, tasks: int, clients: int, limit: int, pgbench: Path | None = None) -> dict:
+    """Tasks/s of pgbench clients looping claim(limit) + complete_succeeded over `tasks` rows."""
+    seed_noop_tasks(dsn, tasks)
+    run_pgbench(dsn, claim_script(), tasks, clients, limit, pgbench)
     with psycopg.connect(dsn) as conn:
         first, last, done = conn.execute("""
             SELECT min(started_at), max(finished_at), count(*) FILTER (WHERE state = 'succeeded')

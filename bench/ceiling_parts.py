@@ -1,0 +1,98 @@
+"""What the parts of a task's database work cost: the raw-SQL ceiling without them (queueworker only).
+
+    .venv/bin/python -m bench.ceiling_parts [--tasks 50000] [--rounds 3]
+
+The raw-SQL ceiling of `python -m bench` (pgbench, 2 clients looping the claim of 100 and the
+completion of what it claimed, bench/history.py) run with four texts of the two statements,
+alternating, a fresh database each, the tasks enqueued before: as they are; without the audit rows (the `audited` step of
+both); without the move into the history (the completion deletes the rows and inserts nothing into
+`tasks_finished`); without either. Tasks/s is the pgbench wall time over the task count, and the
+WAL each task writes is read from `pg_current_wal_lsn()` around it. The three others are not
+things queueworker could ship as they are (each drops a record it keeps): they say what the
+current form of each record costs, so what a cheaper form of it could win at most.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+
+import psycopg
+
+from bench.history import claim_script, run_pgbench, seed_noop_tasks
+from queueworker.db.lease import CLAIM, COMPLETE_SUCCEEDED
+from queueworker.db.migrate import migrate
+from queueworker.dev.localpg import LocalPostgres
+
+CLIENTS, LIMIT = 2, 100
+
+
+def _cut(text: str, pattern: str, replacement: str) -> str:
+    """`text` with the one match of `pattern` replaced; fails when the statement no longer has it."""
+    cut, count = re.subn(pattern, replacement, text, flags=re.S)
+    if count != 1:
+        raise RuntimeError(f"statement changed: {pattern!r} matched {count} times")
+    return cut
+
+
+def variants() -> dict[str, tuple[str, str]]:
+    """Claim and completion texts per variant."""
+    claim, complete = CLAIM.text, COMPLETE_SUCCEEDED.text
+    claim_unaudited = _cut(claim, r"\), audited AS \(.*?FROM claimed\n\)", ")")
+    complete_unaudited = _cut(complete, r"\), audited AS \(.*?FROM done\n\), settled", "), settled")
+
+    def unmoved(text: str) -> str:
+        return _cut(text, r"\), moved AS \(.*?RETURNING id, lease_token\n\)", "), moved AS (SELECT id, lease_token FROM done)")
+
+    return {"as is": (claim, complete), "no audit rows": (claim_unaudited, complete_unaudited),
+            "no history move": (claim, unmoved(complete)),
+            "neither": (claim_unaudited, unmoved(complete_unaudited))}
+
+
+def measure(dsn: str, claim_text: str, complete_text: str, tasks: int) -> tuple[float, float]:
+    """Tasks/s and WAL bytes per task of one pgbench drain of `tasks` tasks (their enqueue not counted)."""
+    seed_noop_tasks(dsn, tasks)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        start_lsn = conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
+    seconds = run_pgbench(dsn, claim_script(claim_text, complete_text), tasks, CLIENTS, LIMIT)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        left = conn.execute("SELECT count(*) FROM queueworker.tasks_active").fetchone()[0]
+        wal = conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s)", (start_lsn,)).fetchone()[0]
+    if left:
+        raise RuntimeError(f"{left} tasks left unfinished")
+    return tasks / seconds, float(wal) / tasks
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.ceiling_parts", description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=50_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    server = LocalPostgres(durable=True)
+    admin = server.start()
+    results: dict[str, list[tuple[float, float]]] = {}
+    try:
+        for round_no in range(args.rounds):
+            for name, (claim_text, complete_text) in variants().items():
+                dbname = f"ceiling_parts_{round_no}_{len(results.get(name, []))}_{name.replace(' ', '_')}"
+                with psycopg.connect(admin, autocommit=True) as conn:
+                    conn.execute(f'CREATE DATABASE "{dbname}"')
+                dsn = psycopg.conninfo.make_conninfo(admin, dbname=dbname)
+                migrate(dsn)
+                rate, wal = measure(dsn, claim_text, complete_text, args.tasks)
+                results.setdefault(name, []).append((rate, wal))
+                print(f"round {round_no + 1} {name:<16} {rate:>9,.0f} tasks/s  {wal:>6,.0f} WAL bytes/task", flush=True)
+                with psycopg.connect(admin, autocommit=True) as conn:
+                    conn.execute(f'DROP DATABASE "{dbname}"')
+    finally:
+        server.stop()
+    base = statistics.median(rate for rate, _ in results["as is"])
+    for name, runs in results.items():
+        rate = statistics.median(r for r, _ in runs)
+        print(f"median {name:<16} {rate:>9,.0f} tasks/s ({rate / base:.2f}×)  "
+              f"{statistics.median(w for _, w in runs):>6,.0f} WAL bytes/task")
+
+
+if __name__ == "__main__":
+    main()
