@@ -106,6 +106,47 @@ def test_get_task_reads_back_and_says_which_field_python_cannot_read(dsn):
             get_task(conn, task_id)
 
 
+@pytest.mark.integration
+def test_a_heartbeat_never_puts_back_an_older_progress_than_the_row_holds(dsn):
+    """A beat reads the handler's report before it waits for its connection; a checkpoint with the
+    next report may be written meanwhile. The older report must not replace it: the task's success
+    keeps whatever the row holds."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        task_id = enqueue(conn, "qw.noop")
+        claimed = _claim(conn)
+        worker = scalar(dsn, "SELECT lease_owner FROM queueworker.tasks WHERE id = %s", (task_id,))
+
+        def beat(progress: dict) -> list:
+            return statements.fetch(conn, lease.HEARTBEAT, lease.HeartbeatParams(
+                worker=worker, hostname="h", pod_name=None, pod_namespace=None, pid=1, queues=["default"],
+                concurrency=1, running=1, draining=False, version="t", lease_seconds=30, ids=[task_id],
+                tokens=[claimed.lease_token], progresses=[json.dumps(progress)]))
+
+        def checkpoint(progress: dict) -> None:
+            assert statements.fetch(conn, lease.SAVE_CHECKPOINT, lease.SaveCheckpointParams(
+                id=task_id, token=claimed.lease_token, checkpoint=json.dumps({"next": progress["done"]}),
+                progress=json.dumps(progress))) == [(task_id, claimed.lease_token)]
+
+        def stored() -> dict:
+            return scalar(dsn, "SELECT progress FROM queueworker.tasks WHERE id = %s", (task_id,))
+
+        checkpoint({"done": 80, "at": 200.5})
+        assert beat({"done": 79, "at": 200.25}) == [(task_id, claimed.lease_token, True)]
+        assert stored()["done"] == 80, "the beat's older report was put back"
+        assert beat({"done": 81, "at": 300}) == [(task_id, claimed.lease_token, True)]
+        assert stored()["done"] == 81
+        checkpoint({"done": 70, "at": 250})
+        assert stored()["done"] == 81 and scalar(dsn, "SELECT checkpoint FROM queueworker.tasks WHERE id = %s",
+                                                 (task_id,)) == {"next": 70}, "the checkpoint itself is written"
+        for odd in ({"done": 1, "at": "soon"}, {"done": 2, "at": None}, {"done": 3, "at": [1]}):
+            assert beat(odd) == [(task_id, claimed.lease_token, True)], f"{odd} stopped the beat"
+        beat({"done": 82})
+        assert stored()["done"] == 82, "a report without `at` is taken"
+        statements.fetch(conn, lease.COMPLETE_SUCCEEDED, lease.CompleteSucceededParams(
+            ids=[task_id], tokens=[claimed.lease_token], results=[None]))
+    assert get_task(psycopg.connect(dsn), task_id).progress["done"] == 82
+
+
 # -- real workers -----------------------------------------------------------------------------
 
 def checkpoint_next(dsn: str, task_id: int) -> int:

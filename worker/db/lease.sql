@@ -498,6 +498,11 @@ INSERT INTO queueworker.workers
 -- locked (above all this worker's own completion of it, which may be waiting for a lock of its
 -- own) is passed over (SKIP LOCKED) and reported as held but not extended: a blocked completion
 -- never holds back the beat that keeps the other leases alive, and the next beat tries it again.
+-- Each held task's progress goes along, unless the row holds a later report (`at`, the worker's
+-- clock when the handler reported it): a beat whose progress was read before a checkpoint wrote a
+-- newer one (the handler's thread goes on while the beat waits for its connection) must not put
+-- the older one back, where the task's success would keep it. jsonb's own order compares the two
+-- (numbers by value, never an error, whatever a row holds); a report without `at` is taken.
 WITH me AS (
     INSERT INTO queueworker.workers
         (id, hostname, pod_name, pod_namespace, pid, queues, concurrency, running, draining, version)
@@ -515,7 +520,8 @@ WITH me AS (
     UPDATE queueworker.tasks t
     SET leased_until = CASE WHEN t.deadline_at > now() THEN now() + make_interval(secs => %(lease_seconds)s)
                             ELSE t.leased_until END,
-        progress = coalesce(h.progress, t.progress)
+        progress = CASE WHEN t.progress -> 'at' > h.progress -> 'at' THEN t.progress
+                        ELSE coalesce(h.progress, t.progress) END
     FROM locked l JOIN held h ON h.id = l.id
     WHERE t.id = l.id
     RETURNING t.id, t.lease_token, t.deadline_at > now() AS extended
@@ -528,9 +534,13 @@ WHERE t.lease_token = h.token AND t.state = 'running' AND t.id NOT IN (SELECT id
 -- name: save_checkpoint
 -- `ctx.save_checkpoint`: fenced by the lease like every write of an attempt, and aimed at the
 -- active partition (its row is there while it runs), so no audit trigger runs for a change that
--- is not a transition. The latest progress goes along.
+-- is not a transition. The latest progress goes along, unless the row holds a later one (as in
+-- `heartbeat`).
 UPDATE queueworker.tasks_active
-SET checkpoint = %(checkpoint)s::jsonb, progress = coalesce(%(progress)s::jsonb, progress), updated_at = now()
+SET checkpoint = %(checkpoint)s::jsonb,
+    progress = CASE WHEN progress -> 'at' > %(progress)s::jsonb -> 'at' THEN progress
+                    ELSE coalesce(%(progress)s::jsonb, progress) END,
+    updated_at = now()
 WHERE id = %(id)s AND lease_token = %(token)s AND state = 'running'
 RETURNING id, lease_token;
 
