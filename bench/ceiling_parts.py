@@ -24,8 +24,8 @@ import statistics
 import psycopg
 
 from bench.history import claim_script, run_pgbench, seed_noop_tasks
+from bench.queueworker_bench import fresh_database
 from queueworker.db.lease import CLAIM, COMPLETE_SUCCEEDED
-from queueworker.db.migrate import migrate
 from queueworker.dev.localpg import LocalPostgres
 
 CLIENTS, LIMIT = 2, 100
@@ -100,18 +100,12 @@ def main() -> None:
     try:
         for round_no in range(args.rounds):
             for name, (claim_text, complete_text) in variants().items():
-                dbname = f"ceiling_parts_{round_no}_{len(results.get(name, []))}_{name.replace(' ', '_')}"
-                with psycopg.connect(admin, autocommit=True) as conn:
-                    conn.execute(f'CREATE DATABASE "{dbname}"')
-                dsn = psycopg.conninfo.make_conninfo(admin, dbname=dbname)
-                migrate(dsn)
+                dsn = fresh_database(admin, "ceiling_parts")
                 with psycopg.connect(dsn, autocommit=True) as conn:
                     conn.execute(BATCHED_EVENTS)
                 rate, wal = measure(dsn, claim_text, complete_text, args.tasks)
                 results.setdefault(name, []).append((rate, wal))
                 print(f"round {round_no + 1} {name:<16} {rate:>9,.0f} tasks/s  {wal:>6,.0f} WAL bytes/task", flush=True)
-                with psycopg.connect(admin, autocommit=True) as conn:
-                    conn.execute(f'DROP DATABASE "{dbname}"')
     finally:
         server.stop()
     base = statistics.median(rate for rate, _ in results["as is"])

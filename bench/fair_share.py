@@ -27,10 +27,9 @@ import time
 
 import psycopg
 
-from bench.queueworker_bench import UNFINISHED, Workers, percentile
+from bench.queueworker_bench import UNFINISHED, Workers, fresh_database, percentile
 from queueworker.client import operations
 from queueworker.client.producer import TaskSpec, enqueue_many
-from queueworker.db.migrate import migrate
 from queueworker.dev.localpg import LocalPostgres
 
 BATCH = 10_000
@@ -41,16 +40,6 @@ def _enqueue(dsn: str, specs: list[TaskSpec]) -> None:
         for first in range(0, len(specs), BATCH):
             enqueue_many(conn, specs[first:first + BATCH])
             conn.commit()
-
-
-def _fresh(admin: str, name: str) -> str:
-    """A new migrated database for one measure (history is append-only: nothing is truncated)."""
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    dsn = psycopg.conninfo.make_conninfo(admin, dbname=name)
-    migrate(dsn)
-    return dsn
 
 
 def _drain(dsn: str, processes: int, concurrency: int, queue: str) -> None:
@@ -68,7 +57,7 @@ def burn_rate(admin: str, tasks: int, keys: int, limits: str = "") -> float:
     `limits`, under limits that never bind, so that what is measured is the cost of the claim that
     enforces them: "queue", a cap of a million running tasks; "keys", per-key limits (every key
     may start a million a second and run a million at once)."""
-    dsn = _fresh(admin, "fair_burn")
+    dsn = fresh_database(admin, "fair_burn")
     queue = "fair" if keys else "plain"
     with psycopg.connect(dsn, autocommit=True) as conn:
         if limits == "queue":
@@ -91,7 +80,7 @@ def burn_rate(admin: str, tasks: int, keys: int, limits: str = "") -> float:
 
 
 def whale_and_minnows(admin: str, big: int, small_keys: int, per_small: int) -> dict[str, float]:
-    dsn = _fresh(admin, "fair_whale")
+    dsn = fresh_database(admin, "fair_whale")
     _enqueue(dsn, [TaskSpec(task="qw.noop", queue="shared", key="whale")] * big)
     _enqueue(dsn, [TaskSpec(task="qw.noop", queue="shared", key=f"minnow-{n}")
                    for n in range(small_keys) for _ in range(per_small)])

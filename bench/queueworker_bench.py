@@ -23,6 +23,17 @@ from queueworker.client.producer import enqueue, enqueue_many
 UNFINISHED = "SELECT EXISTS (SELECT 1 FROM queueworker.tasks WHERE state IN ('pending', 'running', 'retrying'))"
 
 
+def fresh_database(admin: str, name: str) -> str:
+    """A new migrated database for one measure, replacing any of that name (history is
+    append-only: nothing is truncated)."""
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    dsn = psycopg.conninfo.make_conninfo(admin, dbname=name)
+    migrate(dsn)
+    return dsn
+
+
 @dataclass
 class Workers:
     procs: list[subprocess.Popen]
