@@ -1796,24 +1796,25 @@ CREATE FUNCTION queueworker.tag_fair(ids bigint[], stale bigint[]) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_seqscan TO 'off'
     AS $$
+DECLARE
+    tags jsonb;
 BEGIN
-    UPDATE queueworker.tasks_active t SET fair_tag = NULL
-    FROM unnest(stale) AS s(id)
-    WHERE t.id = s.id AND t.fair_tag IS NOT NULL AND t.state = 'pending' AND NOT t.delayed;
-    -- No join between groups and rows (the planner cannot know how many of either there are): a
-    -- window numbers each group's rows, the first row of each group makes the group's probes (a
-    -- CASE evaluates its subqueries only where its branch is taken), and a window hands the
-    -- group's start and step to its other rows. Every row is found by its primary key. `probed`
-    -- is MATERIALIZED and sorted whole by the last window before the first row is updated: a probe
-    -- made while the update ran would walk past the index entries this very statement had just
-    -- added (invisible to it), and cost grew with the square of the batch.
+    IF stale IS NOT NULL THEN
+        UPDATE queueworker.tasks_active t SET fair_tag = NULL
+        WHERE t.id = ANY(stale) AND t.fair_tag IS NOT NULL AND t.state = 'pending' AND t.delayed IS NOT TRUE;
+    END IF;
+    -- A window numbers each group's rows, the first row of each group makes the group's probes (a
+    -- CASE evaluates its subqueries only where its branch is taken), and a window hands the group's
+    -- start and step to its other rows. The probes run before any row is updated: a probe made
+    -- while an update ran would walk past the index entries that update had just added (invisible
+    -- to it), and cost grew with the square of the batch.
     WITH ranked AS MATERIALIZED (
         SELECT t.id, t.queue, t.key, t.priority,
                row_number() OVER (PARTITION BY t.queue, t.key, t.priority ORDER BY t.id) AS rank
-        FROM unnest(ids) AS u(id)
-        JOIN queueworker.tasks_active t ON t.id = u.id
-        WHERE t.state = 'pending' AND NOT t.delayed
+        FROM queueworker.tasks_active t
+        WHERE t.id = ANY(ids) AND t.state = 'pending' AND t.delayed IS NOT TRUE
     ), probed AS MATERIALIZED (
         SELECT r.id, r.queue, r.key, r.priority, r.rank,
                CASE WHEN r.rank = 1 THEN greatest(
@@ -1833,16 +1834,16 @@ BEGIN
                    (SELECT w.weight FROM queueworker.queue_keys w WHERE w.queue = r.queue AND w.key = r.key),
                    1.0) END AS step
         FROM ranked r
-    ), tags AS (
-        SELECT p.id,
-               max(p.start) OVER g + p.rank * max(p.step) OVER g AS tag
-        FROM probed p
-        WINDOW g AS (PARTITION BY p.queue, p.key, p.priority)
     )
-    UPDATE queueworker.tasks_active t
-    SET fair_tag = g.tag
-    FROM tags g
-    WHERE t.id = g.id AND t.state = 'pending' AND NOT t.delayed;
+    SELECT jsonb_object_agg(g.id::text, g.tag) INTO tags
+    FROM (SELECT p.id, max(p.start) OVER w + p.rank * max(p.step) OVER w AS tag
+          FROM probed p
+          WINDOW w AS (PARTITION BY p.queue, p.key, p.priority)) AS g;
+    IF tags IS NOT NULL THEN
+        UPDATE queueworker.tasks_active t
+        SET fair_tag = (tags ->> t.id::text)::float8
+        WHERE t.id = ANY(ids) AND t.state = 'pending' AND t.delayed IS NOT TRUE AND tags ? t.id::text;
+    END IF;
 END
 $$;
 

@@ -119,7 +119,7 @@ FROM claimed;
 -- `synchronous_commit` off (docs/failure-handling.md, "Claims do not wait for the disk"). Both for
 -- that transaction only: every other statement, on the same connection or the other, is planned
 -- for its parameters and commits durably.
-SELECT set_config('plan_cache_mode', 'force_generic_plan', true),
+SELECT set_config('plan_cache_mode', 'force_generic_plan', true), set_config('enable_seqscan', 'off', true),
        CASE WHEN %(commit_without_waiting)s THEN set_config('synchronous_commit', 'off', true) END;
 
 -- name: lock_queue
@@ -135,7 +135,8 @@ SELECT set_config('plan_cache_mode', 'force_generic_plan', true),
 -- 0.5-0.8 ms of every claim, all of it under the lock that serialises the queue's claims, and it
 -- takes its rows by `id = ANY(...)`, so its generic plan reads what a custom one reads
 -- (tests/test_claim_plans.py).
-SELECT set_config('synchronous_commit', 'on', true), set_config('plan_cache_mode', 'force_generic_plan', true)
+SELECT set_config('synchronous_commit', 'on', true), set_config('plan_cache_mode', 'force_generic_plan', true),
+       set_config('enable_seqscan', 'off', true)
 FROM queueworker.queues WHERE name = %(queue)s FOR NO KEY UPDATE;
 
 -- name: lock_keys
@@ -148,7 +149,7 @@ FROM queueworker.queues WHERE name = %(queue)s FOR NO KEY UPDATE;
 -- generic plan reads the same buffers as a custom one (the scans are all bounded by its LIMITs).
 -- Durable, as `lock_queue`'s claims.
 SELECT queueworker.lock_key_limited_queue(%(queue)s, true), set_config('plan_cache_mode', 'force_generic_plan', true),
-       set_config('synchronous_commit', 'on', true);
+       set_config('enable_seqscan', 'off', true), set_config('synchronous_commit', 'on', true);
 
 -- name: claim_limited
 -- The claim of a queue with flow control, after `lock_queue` in the same transaction. Its row is
@@ -572,7 +573,7 @@ DELETE FROM queueworker.workers WHERE id = %(worker)s;
 -- parameters: the plan for the ids given and the generic one join the same way
 -- (tests/test_claim_plans.py). For that transaction only: the session forces custom plans
 -- (queueworker.db.connection.SESSION_SETTINGS).
-SELECT set_config('plan_cache_mode', 'force_generic_plan', true);
+SELECT set_config('plan_cache_mode', 'force_generic_plan', true), set_config('enable_seqscan', 'off', true);
 
 -- name: complete_succeeded
 -- Moves the rows from `tasks_active` to `tasks_finished` itself and writes their audit rows, in
@@ -587,7 +588,8 @@ SELECT set_config('plan_cache_mode', 'force_generic_plan', true);
 WITH done AS (
     DELETE FROM queueworker.tasks_active t
     USING unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(results)s::jsonb[]) AS c(id, token, result)
-    WHERE t.id = c.id AND t.lease_token = c.token AND t.state = 'running'
+    WHERE t.id = ANY(%(ids)s::bigint[]) AND t.id = c.id AND t.lease_token = c.token
+      AND t.state IS NOT DISTINCT FROM 'running'
     RETURNING t.id, t.queue, t.task, t.delayed, t.priority, t.run_after, t.attempts, t.max_attempts,
               t.rescues, t.timeout_seconds, t.payload, c.result, t.error, t.lease_owner, t.lease_token,
               t.created_at, t.started_at, t.spec_hash, t.dedupe_key, t.run_id, t.run_partition, t.progress,
