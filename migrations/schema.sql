@@ -1140,6 +1140,7 @@ CREATE FUNCTION queueworker.lock_key_limited_queue(queue_name text, knows_key_br
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_seqscan TO 'off'
     AS $$
 DECLARE
     has_key_breaker boolean;

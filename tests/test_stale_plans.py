@@ -6,7 +6,7 @@ for such a table, and every claim (or every enqueue into a keyed queue, and ever
 then reads the whole table once the backlog arrives, until autovacuum gets to it. Here autovacuum is
 off for the table, so no ANALYZE replans anything: the statements must read by index whatever the
 table held when they were planned (lease.sql, `claim_settings`, `lock_queue`, `lock_keys`,
-`completion_settings`; migrations/functions/75_fair_share.sql, `tag_fair`)."""
+`completion_settings`; migrations/functions/, `tag_fair` and `lock_key_limited_queue`)."""
 
 from __future__ import annotations
 
@@ -114,19 +114,16 @@ def test_a_completion_planned_with_few_running_reads_by_index_once_many_run(dsn)
     assert not whole_reads(plan), whole_reads(plan)
 
 
-def scans_of_tasks(conn: psycopg.Connection, sql: str) -> tuple[int, int]:
-    """Runs `sql` in a transaction of its own; the sequential scans of `tasks_active` it made, and the
-    rows they read (counted by this backend, before its statistics are flushed: nothing but this
-    connection's work is in them, and the statistics start clean in a transaction)."""
+def rows_read_whole(conn: psycopg.Connection, sql: str, table: str = "tasks_active") -> int:
+    """Runs `sql` in a transaction of its own; the rows its sequential scans of `table` read (counted
+    by this backend before its statistics are flushed: nothing but this connection's work)."""
+    def read() -> int:
+        return conn.execute("SELECT coalesce(sum(seq_tup_read), 0) FROM pg_stat_xact_user_tables "
+                            "WHERE relid = %s::regclass", (f"queueworker.{table}",)).fetchone()[0]
     with conn.transaction():
-        before = conn.execute("SELECT coalesce(sum(seq_scan), 0), coalesce(sum(seq_tup_read), 0) "
-                              "FROM pg_stat_xact_user_tables WHERE relid = 'queueworker.tasks_active'::regclass"
-                              ).fetchone()
+        before = read()
         conn.execute(sql)
-        after = conn.execute("SELECT coalesce(sum(seq_scan), 0), coalesce(sum(seq_tup_read), 0) "
-                             "FROM pg_stat_xact_user_tables WHERE relid = 'queueworker.tasks_active'::regclass"
-                             ).fetchone()
-    return after[0] - before[0], after[1] - before[1]
+        return read() - before
 
 
 @pytest.mark.parametrize("limited", [False, True], ids=["keyed", "key-limited"])
@@ -144,8 +141,25 @@ def test_tagging_planned_on_an_empty_keyed_queue_reads_by_index_once_it_has_grow
         conn.execute(insert.format(5))
         analyzed(dsn)
         conn.execute(insert.format(1))  # plans the tagging for a table of 6
-        assert scans_of_tasks(conn, insert.format(GROWN))[1] < 100
-        assert scans_of_tasks(conn, insert.format(1))[1] < 100
+        assert rows_read_whole(conn, insert.format(GROWN)) < 100
+        assert rows_read_whole(conn, insert.format(1)) < 100
         tags = conn.execute("SELECT count(*), count(fair_tag), count(DISTINCT (key, fair_tag)) "
                             "FROM queueworker.tasks_active").fetchone()
     assert tags == (GROWN + 7, GROWN + 7, GROWN + 7)  # every task tagged, a key's tags apart
+
+
+def test_the_lock_of_a_key_limited_queue_planned_with_few_key_settings_reads_by_index_with_many(dsn):
+    """The lock every claim of a key-limited queue takes first looks for key pauses that are over
+    (lock_key_limited_queue): planned while 5 keys have settings of their own, it reads none of the
+    20,000 that have them later whole."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("ALTER TABLE queueworker.queue_keys SET (autovacuum_enabled = off)")
+        operations.set_limits(conn, "q", per_key_max_running=10)
+        for key in range(5):
+            operations.set_limits(conn, "q", key=f"k{key}", weight=2)
+        conn.execute("VACUUM ANALYZE queueworker.queue_keys")
+        lock = "SELECT queueworker.lock_key_limited_queue('q', true)"
+        conn.execute(lock)  # planned now
+        conn.execute("INSERT INTO queueworker.queue_keys (queue, key, weight) "
+                     "SELECT 'q', 'w' || n, 2 FROM generate_series(1, %s) AS n", (GROWN,))
+        assert rows_read_whole(conn, lock, "queue_keys") < 100

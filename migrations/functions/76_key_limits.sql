@@ -94,10 +94,13 @@ CREATE TRIGGER queue_keys_removed_retag AFTER DELETE ON queueworker.queue_keys
 -- claim would take. A login that sets the mark itself only stops its own claims.
 -- Generic plans for its own statements: it runs at every claim of the queue, on worker sessions that
 -- force custom plans, and the statements after its lock would otherwise be planned under it each
--- time (tests/test_nested_plans.py).
+-- time (tests/test_nested_plans.py). Planned without sequential scans, so that a plan made while the
+-- queue had few keys with settings of their own reads the pauses by index once it has many
+-- (tests/test_stale_plans.py).
 CREATE OR REPLACE FUNCTION queueworker.lock_key_limited_queue(queue_name text, knows_key_breakers boolean)
 RETURNS void
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_generic_plan AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off AS $$
 DECLARE
     has_key_breaker boolean;
 BEGIN
