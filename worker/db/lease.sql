@@ -588,8 +588,7 @@ SELECT set_config('plan_cache_mode', 'force_generic_plan', true), set_config('en
 WITH done AS (
     DELETE FROM queueworker.tasks_active t
     USING unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(results)s::jsonb[]) AS c(id, token, result)
-    WHERE t.id = ANY(%(ids)s::bigint[]) AND t.id = c.id AND t.lease_token = c.token
-      AND t.state IS NOT DISTINCT FROM 'running'
+    WHERE t.id = c.id AND t.lease_token = c.token AND t.state = 'running'
     RETURNING t.id, t.queue, t.task, t.delayed, t.priority, t.run_after, t.attempts, t.max_attempts,
               t.rescues, t.timeout_seconds, t.payload, c.result, t.error, t.lease_owner, t.lease_token,
               t.created_at, t.started_at, t.spec_hash, t.dedupe_key, t.run_id, t.run_partition, t.progress,
