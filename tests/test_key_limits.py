@@ -356,19 +356,23 @@ def most_running_per_key(lines: list[str], stopped_at: float) -> dict[str, int]:
     return most
 
 
-def stop_holding_a_task(dsn: str, worker: WorkerProcess) -> None:
-    """Stops the worker process (SIGSTOP) at a moment it holds a running task: a kill then leaves
-    that task to be rescued."""
-    owner = worker_id_of(dsn, worker.pid)
+def stop_one_holding_a_task(dsn: str, workers: list[WorkerProcess]) -> WorkerProcess:
+    """Stops one of the worker processes (SIGSTOP) at a moment it holds a running task, and returns
+    it: a kill then leaves that task to be rescued. Whichever holds one: the keys' caps and buckets,
+    not the workers, bound how many tasks run, so an idle worker may lose every claim to busier ones
+    (a claim of theirs follows each task they finish) while the others drain the queue."""
+    owners = {worker_id_of(dsn, worker.pid): worker for worker in workers}
 
-    def held() -> int:
-        return scalar(dsn, "SELECT count(*) FROM queueworker.tasks WHERE state = 'running' AND lease_owner = %s",
-                      (owner,))
+    def holder() -> str | None:
+        return scalar(dsn, "SELECT lease_owner::text FROM queueworker.tasks WHERE state = 'running' "
+                           "AND lease_owner::text = ANY(%s) LIMIT 1", (list(owners),))
     while True:
-        wait_until(held, timeout=60, message="the worker to hold a task")
+        owner = wait_until(holder, timeout=60, message="a worker to hold a task")
+        worker = owners[owner]
         worker.signal(signal.SIGSTOP)
-        if held():
-            return
+        if scalar(dsn, "SELECT count(*) FROM queueworker.tasks WHERE state = 'running' AND lease_owner::text = %s",
+                  (owner,)):
+            return worker
         worker.signal(signal.SIGCONT)
 
 
@@ -395,9 +399,9 @@ def test_four_workers_never_exceed_a_keys_cap_or_bucket_through_a_kill_and_a_pos
         return scalar(dsn, "SELECT count(*) FROM queueworker.tasks WHERE queue = 'metered' AND state = 'succeeded'")
     try:
         wait_until(lambda: succeeded() >= 40, timeout=60, message="progress before the kill")
-        stop_holding_a_task(dsn, workers[0])
-        workers[0].signal(signal.SIGKILL)
-        workers[0].wait(10)
+        victim = stop_one_holding_a_task(dsn, workers)
+        victim.signal(signal.SIGKILL)
+        victim.wait(10)
         killed_at = time.time()
         wait_until(lambda: succeeded() >= 100, timeout=60, message="progress before the restart")
         local_postgres.restart()
