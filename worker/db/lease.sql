@@ -118,7 +118,11 @@ FROM claimed;
 -- worker commits claims without waiting for the disk (--async-claim-commit, the default),
 -- `synchronous_commit` off (docs/failure-handling.md, "Claims do not wait for the disk"). Both for
 -- that transaction only: every other statement, on the same connection or the other, is planned
--- for its parameters and commits durably.
+-- for its parameters and commits durably. Every transaction that plans a statement once per
+-- connection also rules sequential scans out (`enable_seqscan`): the plan is kept until an ANALYZE
+-- of the table, and one made for a near-empty queue would otherwise read the whole table at every
+-- claim once a backlog came (docs/architecture.md, "A generic plan must not depend on the table's
+-- size"; tests/test_stale_plans.py).
 SELECT set_config('plan_cache_mode', 'force_generic_plan', true), set_config('enable_seqscan', 'off', true),
        CASE WHEN %(commit_without_waiting)s THEN set_config('synchronous_commit', 'off', true) END;
 
@@ -134,7 +138,7 @@ SELECT set_config('plan_cache_mode', 'force_generic_plan', true), set_config('en
 -- transaction only), as `claim` is and for the same reasons: planning it for its parameters took
 -- 0.5-0.8 ms of every claim, all of it under the lock that serialises the queue's claims, and it
 -- takes its rows by `id = ANY(...)`, so its generic plan reads what a custom one reads
--- (tests/test_claim_plans.py).
+-- (tests/test_claim_plans.py). Without sequential scans, as `claim_settings` says.
 SELECT set_config('synchronous_commit', 'on', true), set_config('plan_cache_mode', 'force_generic_plan', true),
        set_config('enable_seqscan', 'off', true)
 FROM queueworker.queues WHERE name = %(queue)s FOR NO KEY UPDATE;
@@ -147,7 +151,7 @@ FROM queueworker.queues WHERE name = %(queue)s FOR NO KEY UPDATE;
 -- each claim (`plan_cache_mode`, for this transaction only; the session forces custom plans): its
 -- planning took about 2 ms, all of it under the lock that serialises the queue's claims, and its
 -- generic plan reads the same buffers as a custom one (the scans are all bounded by its LIMITs).
--- Durable, as `lock_queue`'s claims.
+-- Durable and without sequential scans, as `lock_queue`'s claims.
 SELECT queueworker.lock_key_limited_queue(%(queue)s, true), set_config('plan_cache_mode', 'force_generic_plan', true),
        set_config('enable_seqscan', 'off', true), set_config('synchronous_commit', 'on', true);
 
@@ -572,7 +576,8 @@ DELETE FROM queueworker.workers WHERE id = %(worker)s;
 -- while its plan depends on the number of running tasks (the table's statistics), not on its
 -- parameters: the plan for the ids given and the generic one join the same way
 -- (tests/test_claim_plans.py). For that transaction only: the session forces custom plans
--- (queueworker.db.connection.SESSION_SETTINGS).
+-- (queueworker.db.connection.SESSION_SETTINGS). Without sequential scans, as `claim_settings` says:
+-- planned while few tasks ran, it then reads at most the running tasks' index, never the waiting ones.
 SELECT set_config('plan_cache_mode', 'force_generic_plan', true), set_config('enable_seqscan', 'off', true);
 
 -- name: complete_succeeded
