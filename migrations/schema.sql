@@ -781,6 +781,7 @@ $$;
 CREATE FUNCTION queueworker.enqueue_tasks(queues text[], tasks text[], payloads jsonb[], priorities integer[], run_afters timestamp with time zone[], max_attempts integer[], timeouts integer[], dedupe_keys text[], by_spec boolean[], cancel_on_failure boolean[], prerequisite_ords bigint[], prerequisite_ids bigint[], run_ids bigint[], run_partitions integer[], headers jsonb[], keys text[]) RETURNS TABLE(ord bigint, queue text, dedupe_key text, id bigint, notified bigint)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
+    SET enable_seqscan TO 'off'
     AS $$
 #variable_conflict use_column
 DECLARE
@@ -879,18 +880,25 @@ $$;
 CREATE FUNCTION queueworker.existing_tasks(ords bigint[], queues text[], dedupe_keys text[]) RETURNS TABLE(ord bigint, id bigint, state text)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
+    SET enable_seqscan TO 'off'
     AS $$
 BEGIN
     PERFORM queueworker.require_queues(queues);
     RETURN QUERY
-    SELECT k.ord, t.id, t.state::text
+    SELECT k.ord, coalesce(a.id, f.id), coalesce(a.state, f.state)::text
     FROM unnest(ords, queues, dedupe_keys) AS k(ord, queue, dedupe_key)
-    CROSS JOIN LATERAL (
-        SELECT x.id, x.state FROM queueworker.tasks x
+    LEFT JOIN LATERAL (
+        SELECT x.id, x.state FROM queueworker.tasks_active x
         WHERE x.queue = k.queue AND x.dedupe_key = k.dedupe_key
-        ORDER BY x.state IN ('succeeded', 'failed', 'cancelled'), x.id DESC
         LIMIT 1
-    ) t
+    ) a ON true
+    LEFT JOIN LATERAL (
+        SELECT y.id, y.state FROM queueworker.tasks_finished y
+        WHERE a.id IS NULL AND y.queue = k.queue AND y.dedupe_key = k.dedupe_key
+        ORDER BY y.finished_at DESC, y.id DESC
+        LIMIT 1
+    ) f ON true
+    WHERE coalesce(a.id, f.id) IS NOT NULL
     ORDER BY k.ord;
 END
 $$;
@@ -1754,6 +1762,7 @@ $$;
 CREATE FUNCTION queueworker.start_run(name text, expected integer, on_success jsonb, on_failure jsonb, watermark text, queues text[]) RETURNS bigint
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
+    SET enable_seqscan TO 'off'
     AS $$
 #variable_conflict use_variable
 DECLARE

@@ -15,7 +15,7 @@ import uuid
 import psycopg
 import pytest
 
-from queueworker.client import operations
+from queueworker.client import operations, producer
 from queueworker.db import statements
 from queueworker.db.lease import (CLAIM, CLAIM_KEYS, COMPLETE_SUCCEEDED, GENERIC_COMPLETION, LOCK_KEYS,
                                   KeyClaimParams, LockQueueParams)
@@ -165,3 +165,77 @@ def test_the_lock_of_a_key_limited_queue_planned_with_few_key_settings_reads_by_
         conn.execute("INSERT INTO queueworker.queue_keys (queue, key, weight) "
                      "SELECT 'q', 'w' || n, 2 FROM generate_series(1, %s) AS n", (GROWN,))
         assert rows_read_whole(conn, lock, "queue_keys") < 100
+
+
+def seq_reads_of_tasks(conn: psycopg.Connection) -> int:
+    """The rows this connection's transaction has read by sequential scans of the task and run tables."""
+    return conn.execute("SELECT coalesce(sum(seq_tup_read), 0) FROM pg_stat_xact_user_tables WHERE relid = ANY("
+                        "ARRAY['queueworker.tasks_active', 'queueworker.tasks_finished', 'queueworker.runs']"
+                        "::regclass[])").fetchone()[0]
+
+
+# A producer's enqueues that look tasks or runs up (the holder of a dedupe key, a run's partitions, a
+# watermark's owner), each given a connection and a number that makes its spec new where it must be.
+PRODUCER_LOOKUPS = {
+    "a duplicate": lambda conn, n: producer.enqueue(conn, "t", queue="q", dedupe_key="held"),
+    "a duplicate replacing": lambda conn, n: producer.enqueue(conn, "t", {"n": n}, queue="q", dedupe_key="held",
+                                                              on_conflict="replace"),
+    "a duplicate by spec": lambda conn, n: producer.enqueue(conn, "t", {"same": True}, queue="q", dedupe="spec"),
+    "a duplicate through SQL": lambda conn, n: conn.execute(
+        "SELECT queueworker.enqueue('t', '{}', 'q', dedupe_key => 'held')"),
+    "a run with a watermark": lambda conn, n: producer.start_run(
+        conn, f"run-{n}", [producer.TaskSpec(task="t", queue="q", payload={"n": n, "p": p}) for p in range(3)],
+        watermark="mark"),
+}
+
+
+@pytest.mark.parametrize("lookup", PRODUCER_LOOKUPS)
+def test_a_producer_session_planned_on_small_tables_looks_up_by_index_once_they_have_grown(dsn, lookup):
+    """A producer's session enqueues 8 times while the tables hold a few rows (PL/pgSQL keeps a generic
+    plan after five calls), then 20,000 tasks, 5,000 of them finished, and 20,000 runs arrive without
+    an ANALYZE: its next enqueue reads none of them by a sequential scan (plans made for the small
+    tables read all 20,000 tasks for each duplicate, and every run for each run started)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for table in ("tasks_active", "tasks_finished", "runs"):
+            conn.execute(f"ALTER TABLE queueworker.{table} SET (autovacuum_enabled = off)")
+        for n in range(5):
+            producer.enqueue(conn, "t", {"seed": n}, queue="q", dedupe_key=f"seed-{n}")
+        conn.execute("VACUUM ANALYZE")
+    with psycopg.connect(dsn) as conn:
+        for n in range(8):
+            PRODUCER_LOOKUPS[lookup](conn, n)
+            conn.commit()
+        with psycopg.connect(dsn, autocommit=True) as other:
+            other.execute("INSERT INTO queueworker.tasks (queue, task, dedupe_key) "
+                          "SELECT 'q', 't', 'grown-' || n FROM generate_series(1, %s) AS n", (GROWN,))
+            other.execute("UPDATE queueworker.tasks SET state = 'cancelled', finished_at = now() WHERE id IN ("
+                          "SELECT id FROM queueworker.tasks_active WHERE dedupe_key LIKE 'grown-%%' ORDER BY id LIMIT 5000)")
+            other.execute("INSERT INTO queueworker.runs (name, expected, watermark, queues) "
+                          "SELECT 'grown', 1, 'mark-' || n, ARRAY['q'] FROM generate_series(1, %s) AS n", (GROWN,))
+        before = seq_reads_of_tasks(conn)
+        PRODUCER_LOOKUPS[lookup](conn, 8)
+        assert seq_reads_of_tasks(conn) - before < 100
+
+
+def test_a_duplicate_finds_its_holder_without_reading_the_finished_tasks(dsn):
+    """A duplicate of a key an unfinished task holds, with 20,000 finished tasks in the history: the
+    lookup of its holder reads none of them (a lookup of both partitions at once read them all, for
+    every duplicate). And once the holder has finished, a duplicate is inserted anew, as before."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO queueworker.tasks (queue, task, dedupe_key) "
+                     "SELECT 'q', 't', 'old-' || n FROM generate_series(1, %s) AS n", (GROWN,))
+        conn.execute("UPDATE queueworker.tasks SET state = 'succeeded', finished_at = now() WHERE queue = 'q'")
+        conn.execute("VACUUM ANALYZE")
+        holder = producer.enqueue(conn, "t", queue="q", dedupe_key="held")
+    with psycopg.connect(dsn) as conn:
+        before = seq_reads_of_tasks(conn)
+        assert producer.enqueue(conn, "t", queue="q", dedupe_key="held") == holder
+        assert seq_reads_of_tasks(conn) - before == 0
+        conn.commit()
+        assert conn.execute("SELECT * FROM queueworker.existing_tasks(ARRAY[7::bigint], ARRAY['q'], ARRAY['held'])"
+                            ).fetchall() == [(7, holder, "pending")]
+        conn.execute("UPDATE queueworker.tasks SET state = 'cancelled', finished_at = now() WHERE id = %s", (holder,))
+        # The holder gone between an insert and its lookup: the one that finished last is found.
+        assert conn.execute("SELECT * FROM queueworker.existing_tasks(ARRAY[7::bigint], ARRAY['q'], ARRAY['held'])"
+                            ).fetchall() == [(7, holder, "cancelled")]
+        assert producer.enqueue(conn, "t", queue="q", dedupe_key="held") not in (holder, None)

@@ -80,24 +80,37 @@ LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 $$;
 
 -- The task holding each key, for the specs enqueue_tasks did not insert: the unfinished one, else
--- (it finished since) the newest finished one; `ord` is the spec's. A definer function, so the
+-- (it finished since) the one that finished last; `ord` is the spec's. A definer function, so the
 -- producer needs no read of `state` and `dedupe_key` (which would show it every queue's keys); the
 -- queues must be the acting login's. Called by `enqueue_existing` (worker/db/enqueue.sql), a new
 -- statement after the insert, so it sees the duplicate that the insert waited for.
+-- The unfinished holder is one probe of the unique index tasks_dedupe. Only when it is gone (it
+-- finished between the insert and this statement) are the finished tasks read, newest first by
+-- `tasks_finished_at`, where the holder is among the last few: they have no index on the key, and a
+-- lookup of both partitions at once read every finished task of the history for each duplicate
+-- (40,000 rows, 10 ms, for one duplicate enqueue; tests/test_stale_plans.py). Without sequential
+-- scans, so that a plan the session keeps from when the tables were small still reads by index
+-- (docs/architecture.md, "A generic plan must not depend on the table's size").
 CREATE OR REPLACE FUNCTION queueworker.existing_tasks(ords bigint[], queues text[], dedupe_keys text[])
 RETURNS TABLE (ord bigint, id bigint, state text)
-LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET enable_seqscan = off AS $$
 BEGIN
     PERFORM queueworker.require_queues(queues);
     RETURN QUERY
-    SELECT k.ord, t.id, t.state::text
+    SELECT k.ord, coalesce(a.id, f.id), coalesce(a.state, f.state)::text
     FROM unnest(ords, queues, dedupe_keys) AS k(ord, queue, dedupe_key)
-    CROSS JOIN LATERAL (
-        SELECT x.id, x.state FROM queueworker.tasks x
+    LEFT JOIN LATERAL (
+        SELECT x.id, x.state FROM queueworker.tasks_active x
         WHERE x.queue = k.queue AND x.dedupe_key = k.dedupe_key
-        ORDER BY x.state IN ('succeeded', 'failed', 'cancelled'), x.id DESC
         LIMIT 1
-    ) t
+    ) a ON true
+    LEFT JOIN LATERAL (
+        SELECT y.id, y.state FROM queueworker.tasks_finished y
+        WHERE a.id IS NULL AND y.queue = k.queue AND y.dedupe_key = k.dedupe_key
+        ORDER BY y.finished_at DESC, y.id DESC
+        LIMIT 1
+    ) f ON true
+    WHERE coalesce(a.id, f.id) IS NOT NULL
     ORDER BY k.ord;
 END
 $$;

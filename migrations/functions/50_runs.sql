@@ -168,7 +168,7 @@ $$;
 -- any did, of the last run started with it), so one tenant cannot move another's watermark on.
 CREATE OR REPLACE FUNCTION queueworker.start_run(name text, expected integer, on_success jsonb, on_failure jsonb,
                                                  watermark text, queues text[]) RETURNS bigint
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET enable_seqscan = off AS $$
 #variable_conflict use_variable
 DECLARE
     run_queues text[];

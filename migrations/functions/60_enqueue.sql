@@ -30,7 +30,7 @@ CREATE OR REPLACE FUNCTION queueworker.enqueue_tasks(queues text[], tasks text[]
                                                      run_ids bigint[], run_partitions integer[], headers jsonb[],
                                                      keys text[])
 RETURNS TABLE (ord bigint, queue text, dedupe_key text, id bigint, notified bigint)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET enable_seqscan = off AS $$
 #variable_conflict use_column
 DECLARE
     unknown bigint;

@@ -259,7 +259,7 @@ FROM queueworker.enqueue_tasks(%(queues)s::text[], %(tasks)s::text[], %(payloads
 
 -- name: enqueue_existing
 -- The task holding each key, for the specs enqueue_tasks did not insert: the unfinished one, else
--- (it finished since) the newest finished one. A new statement, so it sees the duplicate that the
+-- (it finished since) the one that finished last. A new statement, so it sees the duplicate that the
 -- insert waited for; through a definer function (migration 016's version of the functions), so the
 -- producer reads keys and states of its own queues only.
 SELECT ord, id, state FROM queueworker.existing_tasks(%(ords)s::bigint[], %(queues)s::text[], %(dedupe_keys)s::text[]);
