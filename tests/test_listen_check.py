@@ -10,15 +10,20 @@ and counts only a notice read while the connection was idle.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
 
+from queueworker.client.producer import enqueue
 from queueworker.runtime import listener as listener_module
 from queueworker.runtime.listener import Listener
 from queueworker.runtime.signals import WorkerSignals
+from queueworker.runtime.worker import Worker
+from queueworker.settings import WorkerSettings
+from tests.support import builtin_registry, until
 
 
 class PooledDuty:
@@ -79,3 +84,61 @@ def test_a_notice_that_only_comes_with_a_statements_answer_fails_the_check(deliv
         assert duty.sent > 1, "the check was sent again after a notice that proved nothing"
     else:
         assert duty.sent == 1
+
+
+@pytest.mark.integration
+def test_a_check_failed_by_a_busy_duty_connection_is_made_again_and_the_worker_listens(dsn, monkeypatch, caplog):
+    """On a direct connection, the duty connection is busy from the check's LISTEN to its end (a
+    statement waiting for a lock; in production, back-to-back scheduler passes admitting thousands
+    of due tasks into a keyed queue at start-up, which took 7.5 s each): the check fails and the
+    worker polls. Once the connection is free, the next check passes and the worker listens again,
+    and a task enqueued then wakes it by notification."""
+    monkeypatch.setattr(listener_module, "RECHECK_FIRST_SECONDS", 0.5)
+    caplog.set_level(logging.INFO, logger="queueworker.listener")
+
+    async def drive(listener: Listener) -> None:
+        """The listener's supervisor, without its waits between polls."""
+        while True:
+            await asyncio.sleep(min(await listener.step(), 0.05))
+
+    async def scenario() -> None:
+        worker = Worker(dsn, WorkerSettings(), builtin_registry())
+        holder = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+        await holder.execute("SELECT pg_advisory_lock(4242)")
+        busy: list[asyncio.Task] = []
+        listen = worker._duty_conn.listen
+
+        async def listen_then_busy(channels: list[str]) -> int:
+            """The check's LISTEN, then (the first time) a statement that waits for the test's lock."""
+            generation = await listen(channels)
+            if not busy:
+                busy.append(asyncio.create_task(worker._duty_conn.using(
+                    lambda conn: conn.execute("SELECT pg_advisory_lock(4242)"))))
+            return generation
+        monkeypatch.setattr(worker._duty_conn, "listen", listen_then_busy)
+        driver: asyncio.Task | None = None
+        try:
+            listening = worker.signals.listening.expect()
+            driver = asyncio.create_task(drive(worker.listener))
+            await until(lambda: worker.listener.polling or driver.done(), message="the check to fail")
+            assert busy and not busy[0].done(), "the duty connection was busy through the whole check"
+            await holder.execute("SELECT pg_advisory_unlock(4242)")
+            await busy[0]
+            await asyncio.wait_for(listening, 30)
+            assert not worker.listener.polling
+            woken = worker.signals.woken.expect()
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                enqueue(conn, "qw.noop")
+            await asyncio.wait_for(woken, 30)
+        finally:
+            if driver is not None:
+                driver.cancel()
+                await asyncio.gather(driver, return_exceptions=True)
+            await holder.close()
+            for conn in worker._connections():
+                await conn.close()
+
+    asyncio.run(scenario())
+    messages = [record.getMessage() for record in caplog.records]
+    assert any("notifications do not reach this worker" in message for message in messages), messages
+    assert any("notifications reach this worker again" in message for message in messages), messages

@@ -24,9 +24,16 @@ Through a PgBouncer in transaction pooling mode a LISTEN stays behind on a serve
 worker held for that one statement, and no notification ever reaches the worker. So the listener
 first checks that a notification it sends itself arrives; when it does not (or with --no-listen)
 it polls instead (the check's notification goes out on the outcome connection: on the listening
-one, a pooler could run it on the very server connection that LISTENs): every poll interval, the same look at everything a notification could have
-announced, and a look at whether a task the worker runs was cancelled. The cron duty, told once
-that notifications no longer reach it, polls at its own slower pace (worker/runtime/cron.py).
+one, a pooler could run it on the very server connection that LISTENs): every poll interval, the
+same look at everything a notification could have announced, and a look at whether a task the
+worker runs was cancelled. The cron duty, told that notifications no longer reach it, polls at its
+own slower pace (worker/runtime/cron.py).
+
+A check that fails is not final: only a notice read while the duty connection is idle counts, and a
+connection kept busy for the whole check (a scheduler pass admitting thousands of due tasks into a
+keyed queue can run for seconds) fails it on a direct connection too. So a polling listener checks
+again, after RECHECK_FIRST_SECONDS and then twice as long each time up to RECHECK_MAX_SECONDS, and
+listens again once a check passes (never with --no-listen).
 """
 
 from __future__ import annotations
@@ -46,6 +53,13 @@ from .. import dsn as dsn_text
 from .signals import WorkerSignals
 
 log = logging.getLogger("queueworker.listener")
+
+# When a polling listener checks again whether notifications arrive: first after this long, then
+# twice as long after each check that fails, at most RECHECK_MAX_SECONDS apart. Through a pooler
+# each check leaves a LISTEN on some server connection, on a channel of its own that nobody
+# notifies: a few a day at most.
+RECHECK_FIRST_SECONDS = 60.0
+RECHECK_MAX_SECONDS = 1800.0
 
 class Listener:
     def __init__(self, dsn: str, conn: db.DutyConnection, send: db.DutyConnection, queues: tuple[str, ...],
@@ -72,6 +86,10 @@ class Listener:
         self._signals = signals
         self.polling = not listen
         self._poll_interval = poll_interval
+        # While polling after a failed check: when to check again (the event loop's clock), and how
+        # long the wait after the next failure is. None with --no-listen: never.
+        self._recheck_at: float | None = None
+        self._recheck_wait = RECHECK_FIRST_SECONDS
 
     async def step(self) -> float:
         """Listens until the connection is lost or replaced, then returns to listen again at once: a
@@ -79,15 +97,25 @@ class Listener:
         ErrorWait. Failing to connect or to LISTEN raises (the supervisor waits and retries).
         Notifications for queues this worker does not work are ignored. Polling instead, one look
         per pass."""
-        if self.polling:
+        loop = asyncio.get_running_loop()
+        if self.polling:  # and, when it is time to check again, one last look before the check's wait
             self._catch_up()
-            return self._poll_interval
+            if self._recheck_at is None or loop.time() < self._recheck_at:
+                return self._poll_interval
         if not await self._notifications_arrive():
-            log.warning("notifications do not reach this worker (a PgBouncer in transaction pooling mode?): "
-                        "polling every %g s instead of listening", self._poll_interval)
-            self.polling = True
-            self._on_schedules()
+            if not self.polling:
+                log.warning("notifications do not reach this worker (a PgBouncer in transaction pooling mode?): "
+                            "polling every %g s instead of listening, and checking again in %g s",
+                            self._poll_interval, self._recheck_wait)
+                self.polling = True
+                self._on_schedules()
+            self._recheck_at = loop.time() + self._recheck_wait
+            self._recheck_wait = min(2 * self._recheck_wait, RECHECK_MAX_SECONDS)
             return 0.0
+        if self.polling:
+            log.info("notifications reach this worker again: listening instead of polling")
+            self.polling = False
+            self._recheck_at, self._recheck_wait = None, RECHECK_FIRST_SECONDS
         listening = await self._conn.listen((NOTIFY_CHANNEL, CANCEL_CHANNEL, QUEUES_CHANNEL, CRON_CHANNEL))
         self._catch_up()
         self._on_schedules()
