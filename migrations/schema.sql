@@ -174,8 +174,15 @@ CREATE FUNCTION queueworker.audit_task_updates() RETURNS trigger
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
+    nestloop text := current_setting('enable_nestloop');
     moved bigint[];
+    ids bigint[];
+    run_ids bigint[];
+    partitions integer[];
+    old_states text[];
+    new_states text[];
 BEGIN
+    PERFORM set_config('enable_nestloop', 'off', true);
     INSERT INTO queueworker.task_events (task_id, from_state, to_state, worker, lease_token, detail)
     SELECT n.id, o.state, n.state, coalesce(o.lease_owner, n.lease_owner), n.lease_token,
            CASE WHEN n.state IS DISTINCT FROM o.state
@@ -185,16 +192,20 @@ BEGIN
     JOIN old_rows o ON o.id = n.id
     WHERE n.state IS DISTINCT FROM o.state
        OR (n.state = 'pending' AND queueworker.replaced_columns(n, o) IS NOT NULL);
-    PERFORM queueworker.count_run_outcomes(array_agg(n.id), array_agg(n.run_id), array_agg(n.run_partition),
-                                           array_agg(o.state::text), array_agg(n.state::text))
+    SELECT array_agg(n.id), array_agg(n.run_id), array_agg(n.run_partition), array_agg(o.state::text),
+           array_agg(n.state::text)
+    INTO ids, run_ids, partitions, old_states, new_states
     FROM new_rows n JOIN old_rows o ON o.id = n.id
-    WHERE n.run_id IS NOT NULL AND n.state IS DISTINCT FROM o.state
-    HAVING count(*) > 0;
+    WHERE n.run_id IS NOT NULL AND n.state IS DISTINCT FROM o.state;
+    SELECT array_agg(n.id) INTO moved
+    FROM new_rows n JOIN old_rows o ON o.id = n.id
+    WHERE n.state IS DISTINCT FROM o.state
+      AND (n.state IN ('succeeded', 'failed', 'cancelled') OR o.state IN ('failed', 'cancelled'));
+    PERFORM set_config('enable_nestloop', nestloop, true);
+    IF ids IS NOT NULL THEN
+        PERFORM queueworker.count_run_outcomes(ids, run_ids, partitions, old_states, new_states);
+    END IF;
     IF coalesce(current_setting('queueworker.settling', true), '') <> 'on' THEN
-        SELECT array_agg(n.id) INTO moved
-        FROM new_rows n JOIN old_rows o ON o.id = n.id
-        WHERE n.state IS DISTINCT FROM o.state
-          AND (n.state IN ('succeeded', 'failed', 'cancelled') OR o.state IN ('failed', 'cancelled'));
         PERFORM queueworker.settle_dependents(moved);
     END IF;
     RETURN NULL;
@@ -935,18 +946,26 @@ CREATE FUNCTION queueworker.fair_tag_updates() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
+DECLARE
+    nestloop text := current_setting('enable_nestloop');
+    ids bigint[];
+    stale bigint[];
 BEGIN
     IF NOT EXISTS (SELECT FROM queueworker.queues q WHERE q.keyed) THEN
         RETURN NULL;
     END IF;
-    PERFORM queueworker.tag_fair(c.ids, c.stale)
-    FROM (SELECT array_agg(n.id) AS ids, array_agg(n.id) FILTER (WHERE n.fair_tag IS NOT NULL) AS stale
-          FROM new_rows n
-          JOIN old_rows o ON o.id = n.id
-          JOIN queueworker.queues q ON q.name = n.queue AND q.keyed
-          WHERE n.state = 'pending' AND NOT n.delayed
-            AND (NOT (o.state = 'pending' AND NOT o.delayed) OR n.priority <> o.priority)) AS c
-    WHERE c.ids IS NOT NULL;
+    -- Without nested loops: audit_task_updates (10_audit.sql) says why.
+    PERFORM set_config('enable_nestloop', 'off', true);
+    SELECT array_agg(n.id), array_agg(n.id) FILTER (WHERE n.fair_tag IS NOT NULL) INTO ids, stale
+    FROM new_rows n
+    JOIN old_rows o ON o.id = n.id
+    JOIN queueworker.queues q ON q.name = n.queue AND q.keyed
+    WHERE n.state = 'pending' AND NOT n.delayed
+      AND (NOT (o.state = 'pending' AND NOT o.delayed) OR n.priority <> o.priority);
+    PERFORM set_config('enable_nestloop', nestloop, true);
+    IF ids IS NOT NULL THEN
+        PERFORM queueworker.tag_fair(ids, stale);
+    END IF;
     RETURN NULL;
 END
 $$;
@@ -1221,11 +1240,16 @@ CREATE FUNCTION queueworker.notify_finished() RETURNS trigger
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
+DECLARE
+    nestloop text := pg_catalog.current_setting('enable_nestloop');
 BEGIN
+    -- Without nested loops: audit_task_updates (10_audit.sql) says why.
+    PERFORM pg_catalog.set_config('enable_nestloop', 'off', true);
     PERFORM pg_catalog.pg_notify('queueworker_finished', n.id::text)
     FROM new_rows n JOIN old_rows o ON o.id = n.id
     WHERE n.notify_on_finish AND n.state IN ('succeeded', 'failed', 'cancelled')
       AND n.state IS DISTINCT FROM o.state;
+    PERFORM pg_catalog.set_config('enable_nestloop', nestloop, true);
     RETURN NULL;
 END
 $$;

@@ -6,10 +6,13 @@ for such a table, and every claim (or every enqueue into a keyed queue, and ever
 then reads the whole table once the backlog arrives, until autovacuum gets to it. Here autovacuum is
 off for the table, so no ANALYZE replans anything: the statements must read by index whatever the
 table held when they were planned (lease.sql, `claim_settings`, `lock_queue`, `lock_keys`,
-`completion_settings`; migrations/functions/, `tag_fair` and `lock_key_limited_queue`)."""
+`completion_settings`; migrations/functions/, `tag_fair` and `lock_key_limited_queue`). The same for a
+producer's session (its lookups of tasks and runs) and for the size of an update (the statement
+triggers that pair an update's old and new rows, planned for the first update a session makes)."""
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import psycopg
@@ -17,10 +20,12 @@ import pytest
 
 from queueworker.client import operations, producer
 from queueworker.db import statements
+from queueworker.db.connection import SESSION_SETTINGS
+from queueworker.db.duties import PROMOTE_DUE, PromoteDueParams
 from queueworker.db.lease import (CLAIM, CLAIM_KEYS, COMPLETE_SUCCEEDED, GENERIC_COMPLETION, LOCK_KEYS,
                                   KeyClaimParams, LockQueueParams)
 from queueworker.db.statements import Bound
-from tests.support import numbered
+from tests.support import numbered, scalar
 from tests.test_claim_plans import CLAIMS, claim_params, completion, explained, nodes
 
 pytestmark = pytest.mark.integration
@@ -209,7 +214,8 @@ def test_a_producer_session_planned_on_small_tables_looks_up_by_index_once_they_
             other.execute("INSERT INTO queueworker.tasks (queue, task, dedupe_key) "
                           "SELECT 'q', 't', 'grown-' || n FROM generate_series(1, %s) AS n", (GROWN,))
             other.execute("UPDATE queueworker.tasks SET state = 'cancelled', finished_at = now() WHERE id IN ("
-                          "SELECT id FROM queueworker.tasks_active WHERE dedupe_key LIKE 'grown-%%' ORDER BY id LIMIT 5000)")
+                          "SELECT id FROM queueworker.tasks_active WHERE dedupe_key LIKE 'grown-%%' "
+                          "ORDER BY id LIMIT 5000)")
             other.execute("INSERT INTO queueworker.runs (name, expected, watermark, queues) "
                           "SELECT 'grown', 1, 'mark-' || n, ARRAY['q'] FROM generate_series(1, %s) AS n", (GROWN,))
         before = seq_reads_of_tasks(conn)
@@ -239,3 +245,48 @@ def test_a_duplicate_finds_its_holder_without_reading_the_finished_tasks(dsn):
         assert conn.execute("SELECT * FROM queueworker.existing_tasks(ARRAY[7::bigint], ARRAY['q'], ARRAY['held'])"
                             ).fetchall() == [(7, holder, "cancelled")]
         assert producer.enqueue(conn, "t", queue="q", dedupe_key="held") not in (holder, None)
+
+
+def plans_of_nested_statements(conn: psycopg.Connection) -> list[dict]:
+    """From now on, the plan of every statement `conn` runs, the triggers' and functions' included
+    (auto_explain, sent back as notices): the list they are appended to."""
+    plans: list[dict] = []
+
+    def keep(diagnostic: psycopg.errors.Diagnostic) -> None:
+        text = diagnostic.message_primary or ""
+        if "plan:" in text:
+            plans.append(json.loads(text.split("plan:", 1)[1])["Plan"])
+    conn.add_notice_handler(keep)
+    conn.execute("LOAD 'auto_explain'")
+    for setting, value in (("log_min_duration", "0"), ("log_nested_statements", "on"), ("log_format", "json"),
+                           ("log_level", "notice")):
+        conn.execute(f"SET auto_explain.{setting} = '{value}'")
+    return plans
+
+
+def joins_of_transition_tables(plans: list[dict]) -> list[str]:
+    """The join nodes whose two sides are an update's transition tables (old and new rows)."""
+    return [node["Node Type"] for plan in plans for node in nodes(plan)
+            if len(node.get("Plans", ())) == 2
+            and all(any(below["Node Type"] == "Named Tuplestore Scan" for below in nodes(side))
+                    for side in node["Plans"])]
+
+
+def test_an_update_of_thousands_pairs_its_transition_rows_without_a_nested_loop(dsn):
+    """A worker's scheduler session admits one due task, then 2,000 at once (in a keyed queue, so
+    the fair-share tagging runs too). The statement triggers that pair each update's old rows with its
+    new ones are planned once per session, for the first update's transition tables (one row each):
+    those joins must not be nested loops, which compared every row with every other (a pass
+    admitting 5,000 took 11 s instead of 0.3)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO queueworker.tasks (queue, task, key, run_after, delayed) "
+                      "SELECT 'q', 't', 'k' || (n % 10), now() - interval '1 minute', true "
+                      "FROM generate_series(1, 2001) AS n")
+        conn.execute("VACUUM ANALYZE queueworker.tasks_active")
+    with psycopg.connect(dsn, autocommit=True, options=SESSION_SETTINGS) as conn:
+        assert statements.fetch(conn, PROMOTE_DUE, PromoteDueParams(limit=1))[0].promoted == 1
+        plans = plans_of_nested_statements(conn)
+        assert statements.fetch(conn, PROMOTE_DUE, PromoteDueParams(limit=2000))[0].promoted == 2000
+    joins = joins_of_transition_tables(plans)
+    assert len(joins) >= 4 and "Nested Loop" not in joins, joins
+    assert scalar(dsn, "SELECT count(*) FROM queueworker.tasks_active WHERE fair_tag IS NOT NULL") == 2001

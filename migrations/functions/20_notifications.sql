@@ -26,11 +26,16 @@ $$;
 -- way a task ends (a failure, a rescue, a cancel, a cascade) goes through this statement trigger.
 CREATE OR REPLACE FUNCTION queueworker.notify_finished() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    nestloop text := pg_catalog.current_setting('enable_nestloop');
 BEGIN
+    -- Without nested loops: audit_task_updates (10_audit.sql) says why.
+    PERFORM pg_catalog.set_config('enable_nestloop', 'off', true);
     PERFORM pg_catalog.pg_notify('queueworker_finished', n.id::text)
     FROM new_rows n JOIN old_rows o ON o.id = n.id
     WHERE n.notify_on_finish AND n.state IN ('succeeded', 'failed', 'cancelled')
       AND n.state IS DISTINCT FROM o.state;
+    PERFORM pg_catalog.set_config('enable_nestloop', nestloop, true);
     RETURN NULL;
 END
 $$;

@@ -148,18 +148,26 @@ $$;
 -- probe of `queues_keyed`.
 CREATE OR REPLACE FUNCTION queueworker.fair_tag_updates() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    nestloop text := current_setting('enable_nestloop');
+    ids bigint[];
+    stale bigint[];
 BEGIN
     IF NOT EXISTS (SELECT FROM queueworker.queues q WHERE q.keyed) THEN
         RETURN NULL;
     END IF;
-    PERFORM queueworker.tag_fair(c.ids, c.stale)
-    FROM (SELECT array_agg(n.id) AS ids, array_agg(n.id) FILTER (WHERE n.fair_tag IS NOT NULL) AS stale
-          FROM new_rows n
-          JOIN old_rows o ON o.id = n.id
-          JOIN queueworker.queues q ON q.name = n.queue AND q.keyed
-          WHERE n.state = 'pending' AND NOT n.delayed
-            AND (NOT (o.state = 'pending' AND NOT o.delayed) OR n.priority <> o.priority)) AS c
-    WHERE c.ids IS NOT NULL;
+    -- Without nested loops: audit_task_updates (10_audit.sql) says why.
+    PERFORM set_config('enable_nestloop', 'off', true);
+    SELECT array_agg(n.id), array_agg(n.id) FILTER (WHERE n.fair_tag IS NOT NULL) INTO ids, stale
+    FROM new_rows n
+    JOIN old_rows o ON o.id = n.id
+    JOIN queueworker.queues q ON q.name = n.queue AND q.keyed
+    WHERE n.state = 'pending' AND NOT n.delayed
+      AND (NOT (o.state = 'pending' AND NOT o.delayed) OR n.priority <> o.priority);
+    PERFORM set_config('enable_nestloop', nestloop, true);
+    IF ids IS NOT NULL THEN
+        PERFORM queueworker.tag_fair(ids, stale);
+    END IF;
     RETURN NULL;
 END
 $$;
