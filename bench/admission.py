@@ -1,6 +1,6 @@
 """How long the scheduler takes to admit due tasks, in a session that admitted a few first.
 
-    .venv/bin/python -m bench.admission [--backlog 300000] [--batch 5000] [--passes 3]
+    .venv/bin/python -m bench.admission [--backlog 300000] [--batch 5000] [--passes 3] [--burst 20000]
 
 A worker's scheduler admits delayed and retrying tasks whose time has come to the claim index in
 passes of up to 5,000 (`promote_due`, through the parent table, so the audit and fair-share
@@ -8,8 +8,11 @@ statement triggers run). Those triggers pair each update's old rows with its new
 session plans their statements once, for the transition tables of its first update. Here, on a
 durable throwaway server and a worker's session settings: `--backlog` due delayed tasks in a queue
 (plain, then keyed over 100 keys), one pass admitting a single task (what plans the triggers), then
-`--passes` passes of `--batch`: milliseconds per pass (median) and admitted tasks per second. Run
-it on two checkouts to compare the statements of each.
+`--passes` passes of `--batch`: milliseconds per pass (median) and admitted tasks per second. Then
+what a user sees of it, a delayed burst: 2 worker processes of 50 slots run; once they have
+registered, `--burst` no-op tasks are enqueued due 5 s later, all at the same moment (a batch
+scheduled for a time, or retries after an outage): seconds from that moment to the last task's end
+(the database's clocks). Run it on two checkouts to compare the statements of each.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ import time
 
 import psycopg
 
-from bench.queueworker_bench import fresh_database
+from bench.queueworker_bench import UNFINISHED, Workers, fresh_database
+from queueworker.client.producer import TaskSpec, enqueue_many
 from queueworker.db import statements
 from queueworker.db.connection import SESSION_SETTINGS
 from queueworker.db.duties import PROMOTE_DUE, PromoteDueParams
@@ -47,11 +51,35 @@ def passes(admin: str, backlog: int, batch: int, count: int, keyed: bool) -> lis
     return seconds
 
 
+def delayed_burst(admin: str, tasks: int) -> float:
+    """Seconds from the moment `tasks` delayed no-op tasks become due to the last one's end."""
+    dsn = fresh_database(admin, "admission_burst")
+    workers = Workers.start(dsn, 2, 50)
+    try:
+        workers.wait_registered(dsn)
+        with psycopg.connect(dsn) as conn:
+            due = conn.execute("SELECT now() + interval '5 seconds'").fetchone()[0]
+            enqueue_many(conn, [TaskSpec(task="qw.noop", run_after=due)] * tasks)
+            conn.commit()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            while conn.execute(UNFINISHED).fetchone()[0]:
+                time.sleep(0.25)
+    finally:
+        workers.stop()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        last, done = conn.execute("SELECT max(finished_at), count(*) FILTER (WHERE state = 'succeeded') "
+                                  "FROM queueworker.tasks").fetchone()
+    if done != tasks:
+        raise RuntimeError(f"only {done} of {tasks} succeeded")
+    return (last - due).total_seconds()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backlog", type=int, default=300_000)
     parser.add_argument("--batch", type=int, default=5_000)
     parser.add_argument("--passes", type=int, default=3)
+    parser.add_argument("--burst", type=int, default=20_000)
     args = parser.parse_args()
     server = LocalPostgres(durable=True)
     admin = server.start()
@@ -62,6 +90,10 @@ def main() -> None:
             print(f"{'keyed' if keyed else 'plain'} queue: a pass of {args.batch:,} takes {median * 1000:,.0f} ms "
                   f"(median of {len(taken)}: {', '.join(f'{s * 1000:,.0f}' for s in taken)}), "
                   f"{args.batch / median:,.0f} tasks admitted per second")
+        if args.burst:
+            seconds = delayed_burst(admin, args.burst)
+            print(f"delayed burst: {args.burst:,} tasks due at once all ended {seconds:,.1f} s after they were due "
+                  f"({args.burst / seconds:,.0f} tasks/s)")
     finally:
         server.destroy()
 
