@@ -197,15 +197,17 @@ BEGIN
     INTO ids, run_ids, partitions, old_states, new_states
     FROM new_rows n JOIN old_rows o ON o.id = n.id
     WHERE n.run_id IS NOT NULL AND n.state IS DISTINCT FROM o.state;
-    SELECT array_agg(n.id) INTO moved
-    FROM new_rows n JOIN old_rows o ON o.id = n.id
-    WHERE n.state IS DISTINCT FROM o.state
-      AND (n.state IN ('succeeded', 'failed', 'cancelled') OR o.state IN ('failed', 'cancelled'));
+    IF coalesce(current_setting('queueworker.settling', true), '') <> 'on' THEN
+        SELECT array_agg(n.id) INTO moved
+        FROM new_rows n JOIN old_rows o ON o.id = n.id
+        WHERE n.state IS DISTINCT FROM o.state
+          AND (n.state IN ('succeeded', 'failed', 'cancelled') OR o.state IN ('failed', 'cancelled'));
+    END IF;
     PERFORM set_config('enable_nestloop', nestloop, true);
     IF ids IS NOT NULL THEN
         PERFORM queueworker.count_run_outcomes(ids, run_ids, partitions, old_states, new_states);
     END IF;
-    IF coalesce(current_setting('queueworker.settling', true), '') <> 'on' THEN
+    IF moved IS NOT NULL THEN
         PERFORM queueworker.settle_dependents(moved);
     END IF;
     RETURN NULL;
@@ -906,7 +908,7 @@ BEGIN
     LEFT JOIN LATERAL (
         SELECT y.id, y.state FROM queueworker.tasks_finished y
         WHERE a.id IS NULL AND y.queue = k.queue AND y.dedupe_key = k.dedupe_key
-        ORDER BY y.finished_at DESC, y.id DESC
+        ORDER BY y.finished_at DESC
         LIMIT 1
     ) f ON true
     WHERE coalesce(a.id, f.id) IS NOT NULL

@@ -126,6 +126,13 @@ def test_a_check_failed_by_a_busy_duty_connection_is_made_again_and_the_worker_l
             await busy[0]
             await asyncio.wait_for(listening, 30)
             assert not worker.listener.polling
+
+            async def channels(conn: psycopg.AsyncConnection) -> list[str]:
+                return [row[0] for row in await (await conn.execute("SELECT pg_listening_channels()")).fetchall()]
+            listened = await worker._duty_conn.using(channels)
+            assert "queueworker" in listened, listened
+            assert not [channel for channel in listened if channel.startswith("queueworker_check_")], \
+                "the failed check's channel is still listened to"
             woken = worker.signals.woken.expect()
             with psycopg.connect(dsn, autocommit=True) as conn:
                 enqueue(conn, "qw.noop")

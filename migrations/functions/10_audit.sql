@@ -65,9 +65,10 @@ $$;
 -- loops (hash joins: linear in the rows, however few the planner expected): these statements take
 -- no parameter, so a session plans them once, for the transition tables of the first update it
 -- makes (often of one row), and a nested loop planned for one row compared every row with every
--- other in a later update of 5,000 (25 million comparisons, 5 s, per join: a scheduler pass
--- admitting 5,000 due tasks took 11 s). For this transaction only, and put back before the
--- functions called with the rows run (notify_finished and fair_tag_updates do the same).
+-- other in a later update of 5,000 (25 million comparisons, about 2 s, per join: a scheduler pass
+-- admitting 5,000 due tasks took 5 s, 7 s in a keyed queue; bench/admission.py). For this
+-- transaction only, and put back before the functions called with the rows run (notify_finished
+-- and fair_tag_updates do the same).
 CREATE OR REPLACE FUNCTION queueworker.audit_task_updates() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -94,15 +95,17 @@ BEGIN
     INTO ids, run_ids, partitions, old_states, new_states
     FROM new_rows n JOIN old_rows o ON o.id = n.id
     WHERE n.run_id IS NOT NULL AND n.state IS DISTINCT FROM o.state;
-    SELECT array_agg(n.id) INTO moved
-    FROM new_rows n JOIN old_rows o ON o.id = n.id
-    WHERE n.state IS DISTINCT FROM o.state
-      AND (n.state IN ('succeeded', 'failed', 'cancelled') OR o.state IN ('failed', 'cancelled'));
+    IF coalesce(current_setting('queueworker.settling', true), '') <> 'on' THEN
+        SELECT array_agg(n.id) INTO moved
+        FROM new_rows n JOIN old_rows o ON o.id = n.id
+        WHERE n.state IS DISTINCT FROM o.state
+          AND (n.state IN ('succeeded', 'failed', 'cancelled') OR o.state IN ('failed', 'cancelled'));
+    END IF;
     PERFORM set_config('enable_nestloop', nestloop, true);
     IF ids IS NOT NULL THEN
         PERFORM queueworker.count_run_outcomes(ids, run_ids, partitions, old_states, new_states);
     END IF;
-    IF coalesce(current_setting('queueworker.settling', true), '') <> 'on' THEN
+    IF moved IS NOT NULL THEN
         PERFORM queueworker.settle_dependents(moved);
     END IF;
     RETURN NULL;

@@ -85,10 +85,12 @@ $$;
 -- queues must be the acting login's. Called by `enqueue_existing` (worker/db/enqueue.sql), a new
 -- statement after the insert, so it sees the duplicate that the insert waited for.
 -- The unfinished holder is one probe of the unique index tasks_dedupe. Only when it is gone (it
--- finished between the insert and this statement) are the finished tasks read, newest first by
--- `tasks_finished_at`, where the holder is among the last few: they have no index on the key, and a
--- lookup of both partitions at once read every finished task of the history for each duplicate
--- (40,000 rows, 10 ms, for one duplicate enqueue; tests/test_stale_plans.py). Without sequential
+-- finished between the insert and this statement) are the finished tasks read, the last finished
+-- first, down `tasks_finished_at` until the first that holds the key, which is among the last few:
+-- they have no index on the key, and a lookup of both partitions at once read every finished task
+-- of the history for each duplicate (40,000 rows, 10 ms, for one duplicate enqueue;
+-- tests/test_stale_plans.py). Ordered by that index's column alone, so the scan stops at the
+-- first match (a task ended without a `finished_at`, by hand, comes first). Without sequential
 -- scans, so that a plan the session keeps from when the tables were small still reads by index
 -- (docs/architecture.md, "A generic plan must not depend on the table's size").
 CREATE OR REPLACE FUNCTION queueworker.existing_tasks(ords bigint[], queues text[], dedupe_keys text[])
@@ -107,7 +109,7 @@ BEGIN
     LEFT JOIN LATERAL (
         SELECT y.id, y.state FROM queueworker.tasks_finished y
         WHERE a.id IS NULL AND y.queue = k.queue AND y.dedupe_key = k.dedupe_key
-        ORDER BY y.finished_at DESC, y.id DESC
+        ORDER BY y.finished_at DESC
         LIMIT 1
     ) f ON true
     WHERE coalesce(a.id, f.id) IS NOT NULL

@@ -54,6 +54,10 @@ async def unlisten(conn: psycopg.AsyncConnection[Any], channel: str) -> None:
     await conn.execute(sql.SQL("UNLISTEN {}").format(sql.Identifier(channel)))
 
 
+async def unlisten_all(conn: psycopg.AsyncConnection[Any]) -> None:
+    await conn.execute("UNLISTEN *")
+
+
 # How long a notification a listener sends itself may take to arrive before LISTEN is judged not
 # to work: milliseconds on a direct connection, never through a transaction pooler.
 LISTEN_CHECK_SECONDS = 5.0

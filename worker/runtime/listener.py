@@ -46,7 +46,7 @@ import psycopg
 
 from ..db import connection as db
 from ..db.notify import (CANCEL_CHANNEL, CRON_CHANNEL, LISTEN_CHECK_SECONDS, NOTIFY_CHANNEL, NOTIFY_CHECK, QUEUES_CHANNEL,
-                         NotifyCheckParams, check_channel, unlisten)
+                         NotifyCheckParams, check_channel, unlisten_all)
 from .. import metrics
 from ..events import parse_announcement
 from .. import dsn as dsn_text
@@ -55,9 +55,9 @@ from .signals import WorkerSignals
 log = logging.getLogger("queueworker.listener")
 
 # When a polling listener checks again whether notifications arrive: first after this long, then
-# twice as long after each check that fails, at most RECHECK_MAX_SECONDS apart. Through a pooler
-# each check leaves a LISTEN on some server connection, on a channel of its own that nobody
-# notifies: a few a day at most.
+# twice as long after each check that fails, at most RECHECK_MAX_SECONDS apart (about 48 checks a
+# day once there). Through a pooler each check leaves a LISTEN on some server connection, on a
+# channel of its own that only that check notified.
 RECHECK_FIRST_SECONDS = 60.0
 RECHECK_MAX_SECONDS = 1800.0
 
@@ -96,12 +96,16 @@ class Listener:
         listener that has been listening is healthy, and its next connection failure starts a fresh
         ErrorWait. Failing to connect or to LISTEN raises (the supervisor waits and retries).
         Notifications for queues this worker does not work are ignored. Polling instead, one look
-        per pass."""
+        per pass, and when the time has come, the check again (listening from then on if it passes)."""
         loop = asyncio.get_running_loop()
         if self.polling:  # and, when it is time to check again, one last look before the check's wait
             self._catch_up()
             if self._recheck_at is None or loop.time() < self._recheck_at:
                 return self._poll_interval
+            # The next check's time is set before this one runs: a check that raises (the
+            # supervisor then waits and retries) leaves the listener polling until then.
+            self._recheck_at = loop.time() + self._recheck_wait
+            self._recheck_wait = min(2 * self._recheck_wait, RECHECK_MAX_SECONDS)
         if not await self._notifications_arrive():
             if not self.polling:
                 log.warning("notifications do not reach this worker (a PgBouncer in transaction pooling mode?): "
@@ -109,8 +113,8 @@ class Listener:
                             self._poll_interval, self._recheck_wait)
                 self.polling = True
                 self._on_schedules()
-            self._recheck_at = loop.time() + self._recheck_wait
-            self._recheck_wait = min(2 * self._recheck_wait, RECHECK_MAX_SECONDS)
+                self._recheck_at = loop.time() + self._recheck_wait
+                self._recheck_wait = min(2 * self._recheck_wait, RECHECK_MAX_SECONDS)
             return 0.0
         if self.polling:
             log.info("notifications reach this worker again: listening instead of polling")
@@ -167,7 +171,9 @@ class Listener:
             waiting.result()  # its error, if the connection broke
             raise psycopg.OperationalError("the duty connection was replaced during the listen check")
         if arrived:
-            await self._conn.using(lambda conn: unlisten(conn, channel))
+            # Every check channel, this one's and those of checks that failed on this connection
+            # while it was kept busy: nothing else listens on it before the check passes.
+            await self._conn.using(unlisten_all)
         return arrived
 
     def _heard(self, notify: psycopg.Notify, idle: bool) -> None:
