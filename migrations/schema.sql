@@ -401,6 +401,7 @@ $$;
 CREATE FUNCTION queueworker.count_run_outcomes(ids bigint[], run_ids bigint[], partitions integer[], old_states text[], new_states text[]) RETURNS void
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
+    SET enable_seqscan TO 'off'
     AS $$
 DECLARE
     d record;
@@ -1579,6 +1580,7 @@ $$;
 CREATE FUNCTION queueworker.settle_dependents(prerequisites bigint[]) RETURNS void
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
+    SET enable_seqscan TO 'off'
     AS $$
 BEGIN
     IF coalesce(cardinality(prerequisites), 0) = 0 OR NOT EXISTS (
@@ -1695,6 +1697,7 @@ $$;
 CREATE FUNCTION queueworker.settle_new_dependent() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
+    SET enable_seqscan TO 'off'
     AS $$
 DECLARE
     fresh bigint[];

@@ -173,10 +173,10 @@ def test_the_lock_of_a_key_limited_queue_planned_with_few_key_settings_reads_by_
 
 
 def seq_reads_of_tasks(conn: psycopg.Connection) -> int:
-    """The rows this connection's transaction has read by sequential scans of the task and run tables."""
+    """The rows this connection's transaction has read by sequential scans of the task, edge and run tables."""
     return conn.execute("SELECT coalesce(sum(seq_tup_read), 0) FROM pg_stat_xact_user_tables WHERE relid = ANY("
-                        "ARRAY['queueworker.tasks_active', 'queueworker.tasks_finished', 'queueworker.runs']"
-                        "::regclass[])").fetchone()[0]
+                        "ARRAY['queueworker.tasks_active', 'queueworker.tasks_finished', 'queueworker.runs', "
+                        "'queueworker.task_dependencies']::regclass[])").fetchone()[0]
 
 
 # A producer's enqueues that look tasks or runs up (the holder of a dedupe key, a run's partitions, a
@@ -297,3 +297,45 @@ def test_an_update_of_thousands_pairs_its_transition_rows_without_a_nested_loop(
     joins = joins_of_transition_tables(plans)
     assert len(joins) >= 4 and "Nested Loop" not in joins, joins
     assert scalar(dsn, "SELECT count(*) FROM queueworker.tasks_active WHERE fair_tag IS NOT NULL") == 2001
+
+
+def settle_and_count(conn: psycopg.Connection, n: int) -> None:
+    """What an operator's long-lived session does to dependencies and runs: a dependent enqueued on a
+    prerequisite (its edges settled at once), the prerequisite cancelled (its dependent settled),
+    then retried (settled back), and a run's partition cancelled (the run's outcomes counted)."""
+    prerequisite = producer.enqueue(conn, "t", queue="q")
+    producer.enqueue(conn, "t", queue="q", depends_on=[prerequisite])
+    conn.execute("SET CONSTRAINTS ALL IMMEDIATE")  # the enqueue's settlement, due at commit, now
+    assert operations.cancel(conn, prerequisite)
+    operations.retry(conn, prerequisite)
+    run = producer.start_run(conn, f"run-{n}", [producer.TaskSpec(task="t", queue="q", payload={"n": n})])
+    [partition] = [row[0] for row in conn.execute("SELECT id FROM queueworker.tasks WHERE run_id = %s", (run,))]
+    assert operations.cancel(conn, partition)
+
+
+def test_a_long_lived_session_settles_dependents_and_counts_runs_by_index_once_the_tables_have_grown(dsn):
+    """A session that keeps its plans (an operator's console, an app cancelling and retrying tasks, a
+    worker through a pooler) settles dependents and counts runs 8 times while the tables hold a few
+    rows, then 20,000 tasks (10,000 edges, 5,000 finished) arrive without an ANALYZE: the same work
+    then reads none of them by a sequential scan (a cancel read 150,000 rows: every task, every edge)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for table in ("tasks_active", "tasks_finished", "task_dependencies", "runs"):
+            conn.execute(f"ALTER TABLE queueworker.{table} SET (autovacuum_enabled = off)")
+        settle_and_count(conn, 0)
+        conn.execute("VACUUM ANALYZE")
+    with psycopg.connect(dsn) as conn:
+        for n in range(1, 9):
+            settle_and_count(conn, n)
+            conn.commit()
+        with psycopg.connect(dsn, autocommit=True) as other:
+            grown = other.execute("INSERT INTO queueworker.tasks (queue, task) SELECT 'q', 't' "
+                                  "FROM generate_series(1, %s) RETURNING id", (GROWN,)).fetchall()
+            # Edges as their enqueue's commit leaves them: counted (their prerequisite waits).
+            other.execute("INSERT INTO queueworker.task_dependencies (prerequisite_id, task_id, cancel_on_failure, "
+                          "counted) SELECT p, p + 1, true, 'waiting' FROM unnest(%s::bigint[]) AS p "
+                          "WHERE p %% 2 = 0 AND p + 1 <= %s", ([row[0] for row in grown], max(row[0] for row in grown)))
+            other.execute("UPDATE queueworker.tasks SET state = 'cancelled', finished_at = now() WHERE id IN ("
+                          "SELECT id FROM queueworker.tasks_active ORDER BY id DESC LIMIT 5000)")
+        before = seq_reads_of_tasks(conn)
+        settle_and_count(conn, 9)
+        assert seq_reads_of_tasks(conn) - before < 100

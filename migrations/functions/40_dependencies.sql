@@ -180,9 +180,12 @@ $$;
 -- The finishing side: called by every statement that ends tasks (or undoes an end), with the tasks
 -- it changed, whose rows it holds. Cheap when nothing depends on them: one index probe. A definer
 -- function the worker may call with any ids: it settles against the states it reads, never the
--- caller's word, so wrong ids cost a probe and change nothing.
+-- caller's word, so wrong ids cost a probe and change nothing. It and the enqueueing side below
+-- plan without sequential scans: a session that keeps its plans (an operator's console cancelling
+-- tasks, a worker through a pooler) would otherwise read the tables whole once they grew past the
+-- size it planned for (docs/architecture.md, "A generic plan must not depend on the table's size").
 CREATE OR REPLACE FUNCTION queueworker.settle_dependents(prerequisites bigint[]) RETURNS void
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET enable_seqscan = off AS $$
 BEGIN
     IF coalesce(cardinality(prerequisites), 0) = 0 OR NOT EXISTS (
             SELECT FROM queueworker.task_dependencies d WHERE d.prerequisite_id = ANY(prerequisites)) THEN
@@ -211,7 +214,7 @@ $$;
 -- again, so the enqueue commits all the same. A dependent that is no longer blocked at its commit
 -- (cancelled in the same transaction) has nothing to count.
 CREATE OR REPLACE FUNCTION queueworker.settle_new_dependent() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET enable_seqscan = off AS $$
 DECLARE
     fresh bigint[];
 BEGIN

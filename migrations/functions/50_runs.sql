@@ -119,9 +119,10 @@ $$;
 
 -- Counts terminal outcomes of tasks that belong to runs: (old state, new state) per task. Runs are
 -- locked in id order. Called by COMPLETE_SUCCEEDED (its `counted` step) and by the update trigger.
+-- Without sequential scans, as settle_dependents (40_dependencies.sql).
 CREATE OR REPLACE FUNCTION queueworker.count_run_outcomes(ids bigint[], run_ids bigint[], partitions integer[],
                                                           old_states text[], new_states text[]) RETURNS void
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET enable_seqscan = off AS $$
 DECLARE
     d record;
     r queueworker.runs;
