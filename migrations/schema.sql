@@ -244,6 +244,7 @@ $_$;
 CREATE FUNCTION queueworker.clean_finished(retention_seconds double precision, batch integer) RETURNS SETOF bigint
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
+    SET enable_seqscan TO 'off'
     AS $$
 DECLARE
     cutoff timestamptz := queueworker.retention_cutoff(retention_seconds, batch);
@@ -280,6 +281,7 @@ $$;
 CREATE FUNCTION queueworker.clean_key_state(retention_seconds double precision, batch integer) RETURNS SETOF text
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
+    SET enable_seqscan TO 'off'
     AS $$
 DECLARE
     cutoff timestamptz := queueworker.retention_cutoff(retention_seconds, batch);
@@ -321,6 +323,7 @@ $$;
 CREATE FUNCTION queueworker.clean_queue_events(retention_seconds double precision, batch integer) RETURNS SETOF bigint
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
+    SET enable_seqscan TO 'off'
     AS $$
 DECLARE
     cutoff timestamptz := queueworker.retention_cutoff(retention_seconds, batch);
@@ -345,6 +348,7 @@ $$;
 CREATE FUNCTION queueworker.clean_runs(retention_seconds double precision, batch integer) RETURNS SETOF bigint
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
+    SET enable_seqscan TO 'off'
     AS $$
 DECLARE
     cutoff timestamptz := queueworker.retention_cutoff(retention_seconds, batch);
@@ -376,6 +380,7 @@ $$;
 CREATE FUNCTION queueworker.clean_watermarks(retention_seconds double precision, batch integer) RETURNS SETOF text
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
+    SET enable_seqscan TO 'off'
     AS $$
 DECLARE
     cutoff timestamptz := queueworker.retention_cutoff(retention_seconds, batch);

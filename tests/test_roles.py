@@ -551,13 +551,15 @@ def test_definer_functions_pin_their_search_path_and_are_not_public(dsn):
     # The lock of a key-limited queue's claims also asks for generic plans (tests/test_nested_plans.py),
     # made without sequential scans (tests/test_stale_plans.py), as the producer's insert and its lookup
     # of the tasks holding keys, the start of a run, the settling of dependents and the counting of
-    # runs are planned (the versions of enqueue_tasks and settle_dependents for older callers call the
-    # newest; start_run's for older producers looks nothing up).
+    # runs and the retention are planned (the versions of enqueue_tasks, settle_dependents and
+    # clean_finished for older callers call the newest; start_run's for older producers looks nothing up).
     without_seqscan = [*pinned, "enable_seqscan=off"]
     also = {"lock_key_limited_queue": [pinned, [*pinned, "plan_cache_mode=force_generic_plan", "enable_seqscan=off"]],
             "enqueue_tasks": [pinned, without_seqscan], "existing_tasks": [without_seqscan],
             "start_run": [pinned, without_seqscan], "settle_dependents": [pinned, without_seqscan],
-            "settle_new_dependent": [without_seqscan], "count_run_outcomes": [without_seqscan]}
+            "settle_new_dependent": [without_seqscan], "count_run_outcomes": [without_seqscan],
+            "clean_finished": [pinned, without_seqscan], **dict.fromkeys(
+                ("clean_runs", "clean_queue_events", "clean_watermarks", "clean_key_state"), [without_seqscan])}
     assert [(name, config) for name, config in definers if config not in also.get(name, [pinned])] == []
     assert {name for name, _ in definers} == {"audit_task_inserts", "audit_task_updates", "clean_finished",
         "clean_runs", "clean_queue_events", "clean_watermarks", "clean_key_state", "enqueue_tasks",

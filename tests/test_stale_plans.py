@@ -339,3 +339,34 @@ def test_a_long_lived_session_settles_dependents_and_counts_runs_by_index_once_t
         before = seq_reads_of_tasks(conn)
         settle_and_count(conn, 9)
         assert seq_reads_of_tasks(conn) - before < 100
+
+
+def test_a_cleaner_session_planned_on_a_small_history_deletes_a_batch_without_reading_it_whole(dsn):
+    """The cleaner's retention (clean_finished and the others) in a session that keeps its plans (a
+    worker through a pooler, whose session settings are refused): run 8 times while the history held
+    5 tasks, then once 20,000 finished tasks (and their audit rows) are past the retention: a batch
+    of 100 reads none of the history by a sequential scan (a plan made for the small history read it
+    whole once per row deleted: 100 million rows, 12 s, for a batch of 1,000 at 100,000)."""
+    cleaners = ("clean_finished", "clean_runs", "clean_queue_events", "clean_watermarks", "clean_key_state")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for table in ("tasks_active", "tasks_finished", "task_events", "runs"):
+            conn.execute(f"ALTER TABLE queueworker.{table} SET (autovacuum_enabled = off)")
+        conn.execute("INSERT INTO queueworker.tasks (queue, task, state, finished_at) "
+                     "SELECT 'q', 't', 'succeeded', now() - interval '2 hours' FROM generate_series(1, 5)")
+        conn.execute("VACUUM ANALYZE")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for _ in range(8):
+            for cleaner in cleaners:
+                conn.execute(f"SELECT count(*) FROM queueworker.{cleaner}(3600, 100)")
+        with psycopg.connect(dsn, autocommit=True) as other:
+            other.execute("INSERT INTO queueworker.tasks (queue, task, state, finished_at) SELECT 'q', 't', "
+                          "'succeeded', now() - interval '2 hours' - make_interval(secs => n) "
+                          "FROM generate_series(1, %s) AS n", (GROWN,))
+        with conn.transaction():
+            history = ("SELECT coalesce(sum(seq_tup_read), 0) FROM pg_stat_xact_user_tables WHERE relid = ANY("
+                       "ARRAY['queueworker.tasks_finished', 'queueworker.task_events']::regclass[])")
+            before = conn.execute(history).fetchone()[0]
+            assert conn.execute("SELECT count(*) FROM queueworker.clean_finished(3600, 100)").fetchone()[0] == 100
+            for cleaner in cleaners[1:]:
+                conn.execute(f"SELECT count(*) FROM queueworker.{cleaner}(3600, 100)")
+            assert conn.execute(history).fetchone()[0] - before < 100
