@@ -23,7 +23,7 @@ import time
 
 import psycopg
 
-from bench.queueworker_bench import UNFINISHED, Workers, fresh_database
+from bench.queueworker_bench import Workers, fresh_database, wait_drained
 from queueworker.client.producer import TaskSpec, enqueue_many
 from queueworker.db import statements
 from queueworker.db.connection import SESSION_SETTINGS
@@ -62,8 +62,7 @@ def delayed_burst(admin: str, tasks: int) -> float:
             enqueue_many(conn, [TaskSpec(task="qw.noop", run_after=due)] * tasks)
             conn.commit()
         with psycopg.connect(dsn, autocommit=True) as conn:
-            while conn.execute(UNFINISHED).fetchone()[0]:
-                time.sleep(0.25)
+            wait_drained(conn)
     finally:
         workers.stop()
     with psycopg.connect(dsn, autocommit=True) as conn:

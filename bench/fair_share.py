@@ -27,7 +27,7 @@ import time
 
 import psycopg
 
-from bench.queueworker_bench import UNFINISHED, Workers, fresh_database, percentile
+from bench.queueworker_bench import Workers, fresh_database, wait_drained, percentile
 from queueworker.client import operations
 from queueworker.client.producer import TaskSpec, enqueue_many
 from queueworker.dev.localpg import LocalPostgres
@@ -46,8 +46,7 @@ def _drain(dsn: str, processes: int, concurrency: int, queue: str) -> None:
     workers = Workers.start(dsn, processes, concurrency, "--queue", queue)
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
-            while conn.execute(UNFINISHED).fetchone()[0]:
-                time.sleep(0.25)
+            wait_drained(conn)
     finally:
         workers.stop()
 

@@ -64,6 +64,12 @@ class Workers:
                 proc.kill()
 
 
+def wait_drained(conn: psycopg.Connection, interval: float = 0.25) -> None:
+    """Returns once no task is waiting, running or retrying (`conn` in autocommit), looking every `interval` s."""
+    while conn.execute(UNFINISHED).fetchone()[0]:
+        time.sleep(interval)
+
+
 def reset(dsn: str) -> None:
     migrate(dsn)
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -81,8 +87,7 @@ def burn_down(dsn: str, tasks: int, processes: int = 2, concurrency: int = 100) 
     workers = Workers.start(dsn, processes, concurrency)
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
-            while conn.execute(UNFINISHED).fetchone()[0]:
-                time.sleep(0.25)
+            wait_drained(conn)
             first, last, done = conn.execute("""
                 SELECT min(started_at), max(finished_at), count(*) FILTER (WHERE state = 'succeeded')
                 FROM queueworker.tasks""").fetchone()
@@ -104,8 +109,7 @@ def idle_latency(dsn: str, samples: int, processes: int = 2, gap: float = 0.05) 
             for _ in range(samples):
                 enqueue(conn, "qw.noop")
                 time.sleep(gap)
-            while conn.execute(UNFINISHED).fetchone()[0]:
-                time.sleep(0.1)
+            wait_drained(conn, 0.1)
             rows = conn.execute("""SELECT extract(epoch FROM started_at - created_at) * 1000
                                    FROM queueworker.tasks ORDER BY id""").fetchall()
     finally:

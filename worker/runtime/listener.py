@@ -104,8 +104,7 @@ class Listener:
                 return self._poll_interval
             # The next check's time is set before this one runs: a check that raises (the
             # supervisor then waits and retries) leaves the listener polling until then.
-            self._recheck_at = loop.time() + self._recheck_wait
-            self._recheck_wait = min(2 * self._recheck_wait, RECHECK_MAX_SECONDS)
+            self._schedule_recheck(loop.time())
         if not await self._notifications_arrive():
             if not self.polling:
                 log.warning("notifications do not reach this worker (a PgBouncer in transaction pooling mode?): "
@@ -113,8 +112,7 @@ class Listener:
                             self._poll_interval, self._recheck_wait)
                 self.polling = True
                 self._on_schedules()
-                self._recheck_at = loop.time() + self._recheck_wait
-                self._recheck_wait = min(2 * self._recheck_wait, RECHECK_MAX_SECONDS)
+                self._schedule_recheck(loop.time())
             return 0.0
         if self.polling:
             log.info("notifications reach this worker again: listening instead of polling")
@@ -130,6 +128,11 @@ class Listener:
             metrics.DB_ERRORS.labels("listen").inc()
             log.warning("listener connection lost, reconnecting: %s", dsn_text.explain(exc, self._dsn))
         return 0.0
+
+    def _schedule_recheck(self, now: float) -> None:
+        """The next check after the current wait; each later one waits twice as long, up to the most."""
+        self._recheck_at = now + self._recheck_wait
+        self._recheck_wait = min(2 * self._recheck_wait, RECHECK_MAX_SECONDS)
 
     async def _notifications_arrive(self) -> bool:
         """Whether NOTIFYs reach the duty connection (db.notify.notifications_arrive), checked
