@@ -327,6 +327,26 @@ def test_the_key_limited_claim_costs_the_same_at_a_hundred_keys_and_at_ten_thous
     assert measured[10_000] <= 2 * measured[100] + 50, measured
 
 
+def test_a_claim_whose_keys_are_all_at_their_cap_reads_the_head_of_the_line_not_the_backlog(dsn):
+    """Every key of the queue at its cap (1 running each): the claim finds nothing to take, and it
+    reads about the same buffers behind 2,000 waiting tasks and behind 20,000. Its safety net for
+    untagged tasks looked for them among all the queue's waiting tasks when the tagged ones it read
+    were all held: a scan of the whole backlog at every claim while the caps bind."""
+    measured = {}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for tasks in (2_000, 20_000):
+            queue = f"capped-{tasks}"
+            operations.set_limits(conn, queue, per_key_max_running=1)
+            enqueue_many(conn, [TaskSpec(task="t", queue=queue, key=f"k{n % 10}") for n in range(tasks)])
+            conn.execute("VACUUM ANALYZE queueworker.tasks_active")
+            assert sorted(claim_keys(conn, queue)) == [f"k{n}" for n in range(10)]
+            claim_keys_buffers(conn, queue)  # warm
+            measured[tasks] = min(claim_keys_buffers(conn, queue) for _ in range(3))
+            assert claim_keys(conn, queue) == []
+    print(f"buffers of a key-limited claim with every key at its cap: {measured}")
+    assert measured[20_000] <= 2 * measured[2_000] + 50, measured
+
+
 # -- real workers -----------------------------------------------------------------------------
 
 def most_running_per_key(lines: list[str], stopped_at: float) -> dict[str, int]:

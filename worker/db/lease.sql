@@ -318,7 +318,10 @@ FROM claimed;
 -- `claim_fair`'s safety net), skips the held keys' tasks and keeps 2 × `limit` of the others: its
 -- inner LIMITs stop it after 200 + 4 × `limit` tasks read (each part), so a claim may find nothing
 -- when that many consecutive waiting tasks all belong to held keys, though others wait behind
--- (the worker comes back at its next poll, or when a token is due). Nothing blocks between the scan
+-- (the worker comes back at its next poll, or when a token is due). The untagged part reads that
+-- many of the queue's waiting tasks in line and keeps the untagged ones: filtering for them inside
+-- the scan would read the whole backlog whenever the tagged part comes up short, at every claim
+-- while every key with tasks waiting is at its cap (tests/test_key_limits.py). Nothing blocks between the scan
 -- and the outer LIMIT: only the rows needed are read. Each key met there is probed for its own
 -- settings and its bucket (`keys`: one probe of each primary key, the LIMITs keep the planner from
 -- reading all the queue's rows instead; a key without a `key_state` row has a full bucket) and allowed
@@ -393,13 +396,14 @@ WITH settings AS MATERIALIZED (
             ORDER BY priority DESC, fair_tag, id
             LIMIT 200 + 4 * %(limit)s) AS tagged
         UNION ALL
-        SELECT * FROM (
-            SELECT id, coalesce(key, '') AS key, 2 AS pass, priority, NULL::float8 AS fair_tag, run_after
+        SELECT head.id, head.key, 2 AS pass, head.priority, NULL::float8 AS fair_tag, head.run_after FROM (
+            SELECT id, coalesce(key, '') AS key, priority, run_after, fair_tag
             FROM queueworker.tasks_active
-            WHERE state = 'pending' AND NOT delayed AND fair_tag IS NULL AND queue = %(queue)s
+            WHERE state = 'pending' AND NOT delayed AND queue = %(queue)s
               AND run_after <= now() AND coalesce((SELECT n FROM allowance), 1) > 0
             ORDER BY priority DESC, run_after, id
-            LIMIT 200 + 4 * %(limit)s) AS untagged
+            LIMIT 200 + 4 * %(limit)s) AS head
+        WHERE head.fair_tag IS NULL
     ) AS w
     WHERE w.key NOT IN (SELECT h.key FROM held h)
     LIMIT 2 * %(limit)s
