@@ -1,14 +1,11 @@
-"""queueworker's own benchmark scenarios: burn-down throughput and enqueue-to-start latency.
-
-Timings come from the database's own clock (created_at, started_at, finished_at), so polling
-for completion does not distort them.
+"""Helpers of the scripts that measure queueworker alone (bench/fair_share.py, bench/admission.py,
+bench/ceiling_parts.py): a fresh migrated database per measure, worker processes, waiting for a
+drain, percentiles. The comparisons with the peers are bench/runner.py's.
 """
 
 from __future__ import annotations
 
-import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -18,7 +15,6 @@ from dataclasses import dataclass
 import psycopg
 
 from queueworker.db.migrate import migrate
-from queueworker.client.producer import enqueue, enqueue_many
 
 UNFINISHED = "SELECT EXISTS (SELECT 1 FROM queueworker.tasks WHERE state IN ('pending', 'running', 'retrying'))"
 
@@ -70,67 +66,7 @@ def wait_drained(conn: psycopg.Connection, interval: float = 0.25) -> None:
         time.sleep(interval)
 
 
-def reset(dsn: str) -> None:
-    migrate(dsn)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("TRUNCATE queueworker.tasks, queueworker.task_events, queueworker.workers")
-        conn.execute("VACUUM ANALYZE queueworker.tasks")
-
-
-def burn_down(dsn: str, tasks: int, processes: int = 2, concurrency: int = 100) -> float:
-    """Tasks/s draining `tasks` pre-enqueued no-op tasks with `processes` workers."""
-    reset(dsn)
-    with psycopg.connect(dsn) as conn:
-        enqueue_many(conn, ({"task": "qw.noop"} for _ in range(tasks)))
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("VACUUM ANALYZE queueworker.tasks")
-    workers = Workers.start(dsn, processes, concurrency)
-    try:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            wait_drained(conn)
-            first, last, done = conn.execute("""
-                SELECT min(started_at), max(finished_at), count(*) FILTER (WHERE state = 'succeeded')
-                FROM queueworker.tasks""").fetchone()
-    finally:
-        workers.stop()
-    if done != tasks:
-        raise RuntimeError(f"only {done} of {tasks} succeeded")
-    return tasks / (last - first).total_seconds()
-
-
-def idle_latency(dsn: str, samples: int, processes: int = 2, gap: float = 0.05) -> list[float]:
-    """Enqueue-to-start latencies (ms) of single tasks sent to idle workers (the NOTIFY path)."""
-    reset(dsn)
-    workers = Workers.start(dsn, processes, 10)
-    try:
-        workers.wait_registered(dsn)
-        time.sleep(1.0)
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            for _ in range(samples):
-                enqueue(conn, "qw.noop")
-                time.sleep(gap)
-            wait_drained(conn, 0.1)
-            rows = conn.execute("""SELECT extract(epoch FROM started_at - created_at) * 1000
-                                   FROM queueworker.tasks ORDER BY id""").fetchall()
-    finally:
-        workers.stop()
-    return [float(r[0]) for r in rows]
-
-
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
 
-
-if __name__ == "__main__":
-    from queueworker.dev.localpg import LocalPostgres
-
-    server = LocalPostgres(durable=True)
-    dsn = server.start()
-    try:
-        n = int(os.environ.get("TASKS", "20000"))
-        print("burn-down tasks/s:", [round(burn_down(dsn, n)) for _ in range(int(os.environ.get("RUNS", "1")))])
-        lat = idle_latency(dsn, int(os.environ.get("SAMPLES", "200")))
-        print(f"idle latency ms: p50={statistics.median(lat):.2f} p99={percentile(lat, 99):.2f}")
-    finally:
-        server.destroy()
