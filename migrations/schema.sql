@@ -1089,25 +1089,24 @@ BEGIN
         SELECT q.name, q.key_rate_per_second, q.key_max_running, q.key_breaker_failures,
                q.key_breaker_cooldown_seconds
         FROM queueworker.queues q WHERE q.name = queue_name AND q.key_limited
+    ), tagged AS MATERIALIZED (
+        SELECT coalesce(t.key, '') AS key
+        FROM queueworker.tasks_active t
+        WHERE t.state = 'pending' AND NOT t.delayed AND t.fair_tag IS NOT NULL AND t.queue = queue_name
+          AND t.run_after <= now() AND EXISTS (SELECT FROM settings)
+        ORDER BY t.priority DESC, t.fair_tag, t.id
+        LIMIT size
     ), sampled AS MATERIALIZED (
-        SELECT w.key FROM (
-            SELECT * FROM (
-                SELECT coalesce(t.key, '') AS key, 1 AS pass
-                FROM queueworker.tasks_active t
-                WHERE t.state = 'pending' AND NOT t.delayed AND t.fair_tag IS NOT NULL AND t.queue = queue_name
-                  AND t.run_after <= now() AND EXISTS (SELECT FROM settings)
-                ORDER BY t.priority DESC, t.fair_tag, t.id
-                LIMIT size) AS tagged
-            UNION ALL
-            SELECT * FROM (
-                SELECT coalesce(t.key, '') AS key, 2 AS pass
-                FROM queueworker.tasks_active t
-                WHERE t.state = 'pending' AND NOT t.delayed AND t.fair_tag IS NULL AND t.queue = queue_name
-                  AND t.run_after <= now() AND EXISTS (SELECT FROM settings)
-                ORDER BY t.priority DESC, t.run_after, t.id
-                LIMIT size) AS untagged
-            ORDER BY pass
-            LIMIT size) AS w
+        SELECT g.key FROM tagged g
+        UNION ALL
+        SELECT h.key FROM (
+            SELECT coalesce(t.key, '') AS key, t.fair_tag
+            FROM queueworker.tasks_active t
+            WHERE t.state = 'pending' AND NOT t.delayed AND t.queue = queue_name
+              AND t.run_after <= now() AND EXISTS (SELECT FROM settings)
+            ORDER BY t.priority DESC, t.run_after, t.id
+            LIMIT size - (SELECT count(*) FROM tagged)) AS h
+        WHERE h.fair_tag IS NULL
     ), per_key AS (
         SELECT coalesce(r.key, u.key) AS key, coalesce(r.n, 0) AS ready, coalesce(u.n, 0) AS running
         FROM (SELECT s.key, count(*) AS n FROM sampled s GROUP BY s.key) AS r

@@ -10,7 +10,7 @@ import uuid
 import psycopg
 import pytest
 
-from queueworker import enqueue_many
+from queueworker import TaskSpec, enqueue_many
 from queueworker.client import operations
 from queueworker.db import statements
 from queueworker.db.lease import CLAIM_KEYS, KeyClaimParams
@@ -106,6 +106,44 @@ def test_a_full_sample_that_no_limit_bounds_bounds_nothing_and_other_queues_have
     assert keys_of(capped) == keys_of(plain) == (False, None, 0, 0)
     (all_read,) = depths(dsn, "wide", cap=100)
     assert keys_of(all_read) == (True, 30, 3, 0)
+
+
+def rows_fetched(conn: psycopg.Connection, sql: str) -> int:
+    """Rows of `tasks_active` a statement reads, by index or sequentially (the transaction's own counters)."""
+    with conn.transaction(force_rollback=True):
+        conn.execute(sql)
+        return conn.execute("SELECT coalesce(idx_tup_fetch, 0) + coalesce(seq_tup_read, 0) "
+                            "FROM pg_stat_xact_user_tables "
+                            "WHERE relid = 'queueworker.tasks_active'::regclass").fetchone()[0]
+
+
+def test_the_sample_bounds_what_is_read_whatever_the_backlog(dsn):
+    """A sample of 1,000 reads about as many rows behind 2,000 waiting tasks as behind 20,000: the
+    untagged tasks are looked for among the head of the queue's line once the tagged ones did not
+    fill the sample, where every controller tick read the whole backlog for them (40 ms at 200,000
+    waiting)."""
+    read = {}
+    with psycopg.connect(dsn) as conn:
+        for backlog in (2_000, 20_000):
+            queue = f"backlog-{backlog}"
+            operations.set_limits(conn, queue, per_key_max_running=5)
+            enqueue_many(conn, [TaskSpec(task="t", queue=queue, key=f"k{n % 10}") for n in range(backlog)])
+            conn.commit()
+            read[backlog] = rows_fetched(conn, f"SELECT queueworker.key_capacity('{queue}', 1000, 1.0)")
+    print(f"rows of tasks_active read by key_capacity: {read}")
+    assert read[20_000] <= 2 * read[2_000] + 100, read
+
+
+def test_an_untagged_task_is_sampled_after_the_tagged_ones(dsn):
+    """A task without a tag (made claimable by a transaction that had not seen its queue become
+    keyed) counts as ready once the tagged tasks leave room in the sample, and not before."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        operations.set_limits(conn, "late", per_key_max_running=5)
+        enqueue_many(conn, keyed("late", {"a": 3, "b": 1}))
+        conn.execute("UPDATE queueworker.tasks_active SET fair_tag = NULL WHERE queue = 'late' AND key = 'b'")
+        ready = conn.execute("SELECT queueworker.key_capacity('late', 10, 1.0) ->> 'keys_ready'").fetchone()[0]
+        full = conn.execute("SELECT queueworker.key_capacity('late', 3, 1.0) ->> 'keys_ready'").fetchone()[0]
+    assert (ready, full) == ("2", "1")
 
 
 @pytest.mark.parametrize(("args", "refused"), [

@@ -17,7 +17,9 @@
 -- below its running tasks (a burst may run more than the rate keeps busy).
 --
 -- The ready tasks are sampled in fair order, as the claim reads them (`tasks_fair`, then the untagged
--- ones), `sample` of them at most (up to 100,000): a round-robin over the keys, so a sample covers
+-- ones among the head of the queue's line: as many of its first tasks as the tagged ones left of the
+-- sample, so that a sample the tagged tasks do not fill never reads the whole backlog to find
+-- untagged ones), `sample` of them at most (up to 100,000): a round-robin over the keys, so a sample covers
 -- the heads of many keys, not one key's backlog, and a key beyond the sample has none of its tasks in
 -- it only when every key in it was served more rounds than that key could use. When the sample
 -- filled and no key in it was bound by a limit, its keys may have more waiting than the sample shows:
@@ -46,25 +48,24 @@ BEGIN
         SELECT q.name, q.key_rate_per_second, q.key_max_running, q.key_breaker_failures,
                q.key_breaker_cooldown_seconds
         FROM queueworker.queues q WHERE q.name = queue_name AND q.key_limited
+    ), tagged AS MATERIALIZED (
+        SELECT coalesce(t.key, '') AS key
+        FROM queueworker.tasks_active t
+        WHERE t.state = 'pending' AND NOT t.delayed AND t.fair_tag IS NOT NULL AND t.queue = queue_name
+          AND t.run_after <= now() AND EXISTS (SELECT FROM settings)
+        ORDER BY t.priority DESC, t.fair_tag, t.id
+        LIMIT size
     ), sampled AS MATERIALIZED (
-        SELECT w.key FROM (
-            SELECT * FROM (
-                SELECT coalesce(t.key, '') AS key, 1 AS pass
-                FROM queueworker.tasks_active t
-                WHERE t.state = 'pending' AND NOT t.delayed AND t.fair_tag IS NOT NULL AND t.queue = queue_name
-                  AND t.run_after <= now() AND EXISTS (SELECT FROM settings)
-                ORDER BY t.priority DESC, t.fair_tag, t.id
-                LIMIT size) AS tagged
-            UNION ALL
-            SELECT * FROM (
-                SELECT coalesce(t.key, '') AS key, 2 AS pass
-                FROM queueworker.tasks_active t
-                WHERE t.state = 'pending' AND NOT t.delayed AND t.fair_tag IS NULL AND t.queue = queue_name
-                  AND t.run_after <= now() AND EXISTS (SELECT FROM settings)
-                ORDER BY t.priority DESC, t.run_after, t.id
-                LIMIT size) AS untagged
-            ORDER BY pass
-            LIMIT size) AS w
+        SELECT g.key FROM tagged g
+        UNION ALL
+        SELECT h.key FROM (
+            SELECT coalesce(t.key, '') AS key, t.fair_tag
+            FROM queueworker.tasks_active t
+            WHERE t.state = 'pending' AND NOT t.delayed AND t.queue = queue_name
+              AND t.run_after <= now() AND EXISTS (SELECT FROM settings)
+            ORDER BY t.priority DESC, t.run_after, t.id
+            LIMIT size - (SELECT count(*) FROM tagged)) AS h
+        WHERE h.fair_tag IS NULL
     ), per_key AS (
         SELECT coalesce(r.key, u.key) AS key, coalesce(r.n, 0) AS ready, coalesce(u.n, 0) AS running
         FROM (SELECT s.key, count(*) AS n FROM sampled s GROUP BY s.key) AS r
