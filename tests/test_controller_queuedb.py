@@ -283,6 +283,38 @@ def test_depth_carries_the_queues_flow_control(dsn):
     assert without_budget(plain) == QueueDepth(0, 0, 0, None)
 
 
+def test_the_durations_a_limit_needs_are_read_from_a_bounded_sample_of_the_history(dsn):
+    """A rate-limited and a key-limited queue, neither with a success among 20,000 finished tasks of
+    another queue: the depth read walks the database's last 5,000 finishes for their durations, not
+    the whole history looking for their own (which it did at every tick); a queue whose successes
+    are among them gets their mean."""
+    from queueworker.client import operations
+    from queueworker.db import statements
+    from queueworker.db.depth import QUEUE_DEPTH, QueueDepthParams
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        operations.set_limits(conn, "rare", rate_per_second=4)
+        operations.set_limits(conn, "tenants", per_key_max_running=2)
+        operations.set_limits(conn, "metered", rate_per_second=4)
+        conn.execute("INSERT INTO queueworker.tasks (queue, task, state, delayed, attempts, started_at, finished_at) "
+                     "SELECT 'busy', 'done', 'succeeded', false, 1, now() - interval '1 s', now() "
+                     "FROM generate_series(1, 20000)")
+        conn.execute("INSERT INTO queueworker.tasks (queue, task, state, delayed, attempts, started_at, finished_at) "
+                     "SELECT 'metered', 'done', 'succeeded', false, 1, now() - interval '3 s', now() "
+                     "FROM generate_series(1, 3)")
+        conn.execute("VACUUM ANALYZE queueworker.tasks")
+    with psycopg.connect(dsn) as conn:
+        rows = statements.fetch(conn, QUEUE_DEPTH, QueueDepthParams(
+            queues=["rare", "tenants", "metered"], lookaheads=[None] * 3, cap=100, throughput=False))
+        read = conn.execute("SELECT coalesce(idx_tup_fetch, 0) + coalesce(seq_tup_read, 0) "
+                            "FROM pg_stat_xact_user_tables WHERE relid = 'queueworker.tasks_finished'::regclass"
+                            ).fetchone()[0]
+    means = {row.queue: row.mean_task_seconds for row in rows}
+    assert means["rare"] is None and means["tenants"] is None
+    assert means["metered"] == pytest.approx(3.0, abs=0.01)
+    assert read <= 5_000 + 100, f"{read} finished tasks read"
+
+
 def finishes(conn, queue: str, count: int, every: float, lasting: float, ago: float = 0.0) -> None:
     """`count` tasks of `queue` that finished `every` seconds apart, the newest `ago` seconds ago, each
     after running `lasting` seconds."""
@@ -370,3 +402,16 @@ def test_the_depth_statements_read_one_connection_budget():
     assert len(budgets) == 1, "the depth statements read the connection budget differently"
     (budget,) = budgets
     assert "usesysid" in budget and "application_name" not in budget
+
+
+def test_the_depth_statements_read_one_sample_of_durations():
+    """The durations the limits need are written out in each depth statement that reads them: the
+    same text in all of them, a bounded walk of the finished tasks (tests above)."""
+    from queueworker.db.depth import QUEUE_DEPTHS_BY_AGE
+
+    start, end = "durations AS MATERIALIZED (", "AS d\n    WHERE d.state = 'succeeded' AND d.started_at IS NOT NULL\n)"
+    samples = {statement.text[statement.text.index(start):statement.text.index(end) + len(end)]
+               for statement in QUEUE_DEPTHS_BY_AGE if "FROM durations" in statement.text}
+    assert len(samples) == 1, "the depth statements read the durations differently"
+    (sample,) = samples
+    assert "LIMIT 5000" in sample
