@@ -2501,6 +2501,8 @@ CREATE INDEX queue_events_queue ON queueworker.queue_events USING btree (queue, 
 
 CREATE INDEX queue_keys_paused ON queueworker.queue_keys USING btree (queue, paused_until) WHERE (paused_until IS NOT NULL);
 
+CREATE INDEX queue_keys_rates ON queueworker.queue_keys USING btree (queue, rate_per_second) WHERE (rate_per_second IS NOT NULL);
+
 CREATE INDEX queues_keyed ON queueworker.queues USING btree (name) WHERE keyed;
 
 CREATE INDEX run_events_at ON queueworker.run_events USING btree (at);

@@ -327,6 +327,28 @@ def test_the_key_limited_claim_costs_the_same_at_a_hundred_keys_and_at_ten_thous
     assert measured[10_000] <= 2 * measured[100] + 50, measured
 
 
+def test_a_workers_settings_refresh_finds_the_fastest_key_rate_in_one_probe(dsn):
+    """LIMITED_QUEUES, which every worker of a key-limited queue runs every few seconds, reads about
+    the same buffers whether 100 or 10,000 keys have a rate of their own, and finds the fastest."""
+    measured = {}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for keys in (100, 10_000):
+            queue = f"rates-{keys}"
+            operations.set_limits(conn, queue, per_key_max_running=5)
+            conn.execute("INSERT INTO queueworker.queue_keys (queue, key, weight, rate_per_second, burst) "
+                         "SELECT %s, 'k' || n, 1, 1 + n %% 50, 10 FROM generate_series(1, %s) AS n", (queue, keys))
+            conn.execute("VACUUM ANALYZE queueworker.queue_keys")
+            params = LimitedQueuesParams(queues=[queue])
+            (row,) = statements.fetch(conn, LIMITED_QUEUES, params)
+            assert row.fastest_key_rate == 50.0
+            plan, = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + LIMITED_QUEUES.text,
+                                 params.__dict__).fetchone()
+            top = (plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"]
+            measured[keys] = top["Shared Hit Blocks"] + top["Shared Read Blocks"]
+    print(f"buffers of a settings refresh: {measured}")
+    assert measured[10_000] <= 2 * measured[100] + 10, measured
+
+
 def test_a_claim_whose_keys_are_all_at_their_cap_reads_the_head_of_the_line_not_the_backlog(dsn):
     """Every key of the queue at its cap (1 running each): the claim finds nothing to take, and it
     reads about the same buffers behind 2,000 waiting tasks and behind 20,000. Its safety net for
