@@ -301,6 +301,26 @@ def test_a_claim_the_bucket_cut_short_is_tried_again_when_the_next_token_is_due(
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("limits", [{"max_running": 5}, {"per_key_max_running": 1}], ids=["queue-cap", "key-cap"])
+def test_a_claim_a_cap_cut_short_is_tried_again_once_the_worker_has_written_outcomes(dsn, limits):
+    """A worker that never polls (an hour between idle polls) and hears of no new task, with more
+    slots than the cap lets it fill (5 running at most: for the queue, or 1 for each of 5 keys): each
+    claim takes 5, and only the outcomes it writes make room for the next. Writing them must bring
+    it back to claim, or it sleeps for the hour with tasks waiting (it claimed once per idle poll,
+    0.2 s by default: 50 tasks a second however short they were)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        operations.set_limits(conn, "capped", **limits)
+        enqueue_many(conn, [{"task": "qw.noop", "queue": "capped", "key": f"k{n % 5}"} for n in range(100)])
+    worker = WorkerProcess(dsn, "--queue", "capped", "--concurrency", "20", "--poll-min-seconds", "3600",
+                           "--poll-max-seconds", "3600")
+    try:
+        wait_until(lambda: scalar(dsn, "SELECT count(*) FROM queueworker.tasks WHERE state = 'succeeded'") == 100,
+                   timeout=60, message="every task, each claimed once an outcome made room")
+    finally:
+        worker.stop()
+
+
+@pytest.mark.integration
 def test_a_worker_whose_claim_found_the_bucket_empty_comes_back_when_a_token_is_due(dsn):
     """Two workers that never poll (an hour between idle polls), one slot each, and hear of no new
     task: a claim that filled a worker's slot sets no timer (the bucket did not cut it short), and

@@ -482,8 +482,13 @@ class Worker:
         return saved
 
     def _flushed(self, attempts: list[Attempt]) -> None:
-        """Outcomes written: their slots are free for good."""
+        """Outcomes written: their slots are free for good. Those of a queue with flow control may
+        have made room under its caps (the queue's, or a key's), which only the written outcome
+        shows the next claim: claim again now, not at the next idle poll, which would cap such a
+        queue at one claim per poll interval however short its tasks."""
         self._finished.update(attempt.outcome for attempt in attempts)
+        if any(attempt.queue in self.flow.limited for attempt in attempts):
+            self._wakeup.set()
         if log.isEnabledFor(logging.DEBUG):
             now = asyncio.get_running_loop().time()
             for attempt in attempts:
