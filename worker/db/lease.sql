@@ -318,11 +318,12 @@ FROM claimed;
 -- `claim_fair`'s safety net), skips the held keys' tasks and keeps 2 × `limit` of the others: its
 -- inner LIMITs stop it after 200 + 4 × `limit` tasks read (each part), so a claim may find nothing
 -- when that many consecutive waiting tasks all belong to held keys, though others wait behind
--- (the worker comes back at its next poll, or when a token is due). The untagged part reads that
--- many of the queue's waiting tasks in line and keeps the untagged ones: filtering for them inside
--- the scan would read the whole backlog whenever the tagged part comes up short, at every claim
--- while every key with tasks waiting is at its cap (tests/test_key_limits.py). Nothing blocks between the scan
--- and the outer LIMIT: only the rows needed are read. Each key met there is probed for its own
+-- (the worker comes back once it has written outcomes of the queue, at its next poll, or when a
+-- token is due). The untagged part reads that many of the queue's waiting tasks in line and keeps
+-- the untagged ones: filtering for them inside the scan would read the whole backlog whenever the
+-- tagged part comes up short, at every claim while every key with tasks waiting is at its cap
+-- (tests/test_key_limits.py). Nothing blocks between the scan and the outer LIMIT: only the rows
+-- needed are read. Each key met there is probed for its own
 -- settings and its bucket (`keys`: one probe of each primary key, the LIMITs keep the planner from
 -- reading all the queue's rows instead; a key without a `key_state` row has a full bucket) and allowed
 -- the least of its cap less its running tasks and its whole tokens; `ranked` keeps that many of its
