@@ -12,10 +12,14 @@ Two measures, on one throwaway server:
 - **a whale and minnows**: one key with `--big` tasks enqueued first, then `--small-keys` keys with
   `--per-small` tasks each, 4 worker processes of 25 slots started once all are in: when each
   small key's first task starts, counted from the start of the drain (p50, p99, max), and how many
-  tasks started before it. Under FIFO every small key would wait for the whole big backlog.
+  tasks started before it. Under FIFO every small key would wait for the whole big backlog;
+- **caps that bind**: `--capped` no-op tasks over 10 keys drained by one worker process of 50
+  slots under a cap of 10 running tasks for the queue, then under a cap of 1 per key: tasks per
+  second from the first start to the last finish. The cap, not the slots, bounds what runs at once,
+  so each claim takes 10 tasks and the next one waits for outcomes that make room.
 
     python -m bench.fair_share [--burn 20000] [--burn-keys 100] [--rounds 3]
-                               [--big 1000000] [--small-keys 1000] [--per-small 10]
+                               [--big 1000000] [--small-keys 1000] [--per-small 10] [--capped 2000]
 """
 
 from __future__ import annotations
@@ -69,6 +73,11 @@ def burn_rate(admin: str, tasks: int, keys: int, limits: str = "") -> float:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("VACUUM ANALYZE queueworker.tasks")
     _drain(dsn, 2, 50, queue)
+    return _drained_rate(dsn, tasks)
+
+
+def _drained_rate(dsn: str, tasks: int) -> float:
+    """Tasks/s of a drain of `tasks` tasks, from the first start to the last finish."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         first, last, done = conn.execute("""
             SELECT min(started_at), max(finished_at), count(*) FILTER (WHERE state = 'succeeded')
@@ -76,6 +85,17 @@ def burn_rate(admin: str, tasks: int, keys: int, limits: str = "") -> float:
     if done != tasks:
         raise RuntimeError(f"only {done} of {tasks} succeeded")
     return tasks / (last - first).total_seconds()
+
+
+def capped_rate(admin: str, tasks: int, limits: dict[str, int]) -> float:
+    """Tasks/s draining `tasks` no-op tasks over 10 keys with one worker of 50 slots under `limits`
+    (operations.set_limits' arguments), caps that bind."""
+    dsn = fresh_database(admin, "fair_capped")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        operations.set_limits(conn, "capped", **limits)
+    _enqueue(dsn, [TaskSpec(task="qw.noop", queue="capped", key=f"k{n % 10}") for n in range(tasks)])
+    _drain(dsn, 1, 50, "capped")
+    return _drained_rate(dsn, tasks)
 
 
 def whale_and_minnows(admin: str, big: int, small_keys: int, per_small: int) -> dict[str, float]:
@@ -119,6 +139,7 @@ def main() -> None:
     parser.add_argument("--big", type=int, default=1_000_000)
     parser.add_argument("--small-keys", type=int, default=1_000)
     parser.add_argument("--per-small", type=int, default=10)
+    parser.add_argument("--capped", type=int, default=2_000)
     args = parser.parse_args()
     server = LocalPostgres(durable=True)
     admin = server.start()
@@ -144,6 +165,11 @@ def main() -> None:
                   f"(p99), {result['max_s']:.2f} s (max) from the first start; tasks started before it: "
                   f"{result['p50_started_before']:,.0f} (p50), {result['p99_started_before']:,.0f} (p99), "
                   f"{result['max_started_before']:,.0f} (max)")
+        if args.capped:
+            for label, limits in (("a queue cap of 10", {"max_running": 10}), ("a cap of 1 per key",
+                                                                               {"per_key_max_running": 1})):
+                print(f"{args.capped:,} tasks in 10 keys under {label}, one worker of 50 slots: "
+                      f"{capped_rate(admin, args.capped, limits):,.0f} tasks/s")
         print(f"load after: {os.getloadavg()[0]:.2f}")
     finally:
         server.destroy()
