@@ -37,6 +37,8 @@ from queueworker.client.producer import TaskSpec, enqueue_many
 from queueworker.dev.localpg import LocalPostgres
 
 BATCH = 10_000
+# The caps of the "caps that bind" measure: each lets 10 tasks run at once (10 keys).
+CAPS = (("a queue cap of 10", {"max_running": 10}), ("a cap of 1 per key", {"per_key_max_running": 1}))
 
 
 def _enqueue(dsn: str, specs: list[TaskSpec]) -> None:
@@ -166,8 +168,7 @@ def main() -> None:
                   f"{result['p50_started_before']:,.0f} (p50), {result['p99_started_before']:,.0f} (p99), "
                   f"{result['max_started_before']:,.0f} (max)")
         if args.capped:
-            for label, limits in (("a queue cap of 10", {"max_running": 10}), ("a cap of 1 per key",
-                                                                               {"per_key_max_running": 1})):
+            for label, limits in CAPS:
                 print(f"{args.capped:,} tasks in 10 keys under {label}, one worker of 50 slots: "
                       f"{capped_rate(admin, args.capped, limits):,.0f} tasks/s")
         print(f"load after: {os.getloadavg()[0]:.2f}")
