@@ -398,6 +398,34 @@ def test_a_breaker_opens_after_n_failures_probes_after_its_cooldown_and_closes_o
     assert shown, "audited"
 
 
-def breaker_changes(dsn: str) -> list[str]:
+@pytest.mark.integration
+@pytest.mark.parametrize("per_key", [False, True], ids=["queue-breaker", "key-breaker"])
+def test_the_probe_is_claimed_when_the_cooldown_ends_not_at_the_next_idle_poll(dsn, tmp_path, per_key):
+    """A worker that never polls (an hour between idle polls) and hears of no new task: the first
+    failure opens the breaker (the queue's, or its key's), and only the end of its cooldown, which
+    the worker reads with the queue's settings, brings it back to claim the probe; the probe's
+    success closes the breaker and the rest run."""
+    down = tmp_path / "down"
+    down.touch()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        operations.set_breaker(conn, "scrape", failures=1, cooldown_seconds=2.0, per_key=per_key)
+        enqueue_many(conn, [{"task": "flow.source", "queue": "scrape", "max_attempts": 1, "key": "site",
+                             "payload": {"down_marker": str(down)}}] * 5)
+    worker = WorkerProcess(dsn, *HANDLERS, "--queue", "scrape", "--concurrency", "1", "--poll-min-seconds", "3600",
+                           "--poll-max-seconds", "3600")
+    prefix = "key_breaker_" if per_key else "breaker_"
+    try:
+        wait_until(lambda: prefix + "open" in breaker_changes(dsn, prefix), timeout=20, message="the breaker to open")
+        down.unlink()
+        wait_until(lambda: scalar(dsn, "SELECT count(*) FROM queueworker.tasks WHERE state = 'succeeded'") == 4,
+                   timeout=30, message="the probe at the cooldown's end, then the rest")
+    finally:
+        worker.stop()
+    assert breaker_changes(dsn, prefix)[:3] == [prefix + "open", prefix + "half_open", prefix + "closed"]
+
+
+def breaker_changes(dsn: str, prefix: str = "breaker_") -> list[str]:
+    """The changes of the queue `scrape`'s breakers audited so far, in order: the queue's, or with
+    `prefix` "key_breaker_" its keys'."""
     return [change for change, in query(dsn, "SELECT change FROM queueworker.queue_events WHERE queue = 'scrape' "
-                                             "AND change LIKE 'breaker%%' ORDER BY id")]
+                                             "AND change LIKE %s ORDER BY id", (prefix + "%",))]

@@ -91,6 +91,7 @@ class LimitedQueueRow(NamedTuple):
     has_key_breaker: bool  # a circuit breaker per key (migration 022)
     key_breakers_open: int | None  # keys whose breaker is open or half-open, with a per-key breaker
     fastest_key_rate: float | None  # the fastest rate of a key's bucket, when key-limited
+    probe_due_at: datetime | None  # when the first cooldown of a breaker not closed (the queue's, a key's) ends
 
 
 class RecordBreakerParams(Params):

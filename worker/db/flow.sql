@@ -173,7 +173,10 @@ WHERE %(queue)s::text IS NULL OR name = %(queue)s ORDER BY name;
 -- (`limited`), the keyed ones (fair share, migration 020), the key-limited ones (migration 021),
 -- and the fastest rate of a key (the default's, or a key's own): how soon a claim cut short by a
 -- key's bucket is worth trying again; with a per-key breaker (migration 022), how many keys' breakers
--- are not closed (`key_state_breakers`). Read on every refresh, not per claim.
+-- are not closed (`key_state_breakers`); and when the first cooldown of a breaker that is not
+-- closed ends (the queue's, or the earliest of its keys'), when a claim may take a probe: the worker
+-- claims then, not at its next idle poll (up to `--poll-max-seconds` later). Read on every refresh,
+-- not per claim.
 SELECT name, rate_per_second, breaker_failures IS NOT NULL AS has_breaker, breaker_state, limited, keyed,
        key_limited, key_breaker_failures IS NOT NULL AS has_key_breaker,
        CASE WHEN key_breaker_failures IS NOT NULL
@@ -181,7 +184,13 @@ SELECT name, rate_per_second, breaker_failures IS NOT NULL AS has_breaker, break
                   WHERE b.queue = q.name AND b.breaker_state <> 'closed')::integer END AS key_breakers_open,
        CASE WHEN key_limited THEN greatest(key_rate_per_second,
                                            (SELECT max(k.rate_per_second) FROM queueworker.queue_keys k
-                                            WHERE k.queue = q.name)) END AS fastest_key_rate
+                                            WHERE k.queue = q.name)) END AS fastest_key_rate,
+       least(CASE WHEN breaker_failures IS NOT NULL AND breaker_state <> 'closed'
+                  THEN breaker_changed_at + make_interval(secs => breaker_cooldown_seconds) END,
+             CASE WHEN key_breaker_failures IS NOT NULL
+                  THEN (SELECT min(b.breaker_changed_at) FROM queueworker.key_state b
+                        WHERE b.queue = q.name AND b.breaker_state <> 'closed')
+                       + make_interval(secs => key_breaker_cooldown_seconds) END) AS probe_due_at
 FROM queueworker.queues q WHERE name = ANY(%(queues)s::text[]) AND (limited OR keyed);
 
 -- name: record_breaker

@@ -5,9 +5,9 @@ The limits themselves are enforced in the database, by `claim_limited` under the
 (taken by `lock_queue` in the same transaction, so the claim's snapshot sees the claim before it),
 so they hold however many workers claim. A worker only has to pick that statement for a limited
 queue (the plain `claim` claims nothing from one, so a worker that has not heard of a new limit
-yet stays safe), come back when its bucket has a token again, and report outcomes to the breaker,
-claiming nothing more from a queue while a failure it saw there is not yet reported (that failure
-may be the one that opens the breaker). A keyed queue (fair share across its keys, migration 020) is
+yet stays safe), come back when its bucket has a token again or a breaker's cooldown ends (its
+probe), and report outcomes to the breaker, claiming nothing more from a queue while a failure it
+saw there is not yet reported (that failure may be the one that opens the breaker). A keyed queue (fair share across its keys, migration 020) is
 claimed in fair-share order (`claim_fair`, or `claim_limited_fair` when it is limited too); the
 plain `claim` claims nothing from one either. A key-limited queue (per-key limits and pauses,
 migration 021) is claimed by `claim_keys` after `lock_keys`; every other claim takes nothing from it.
@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
+from datetime import datetime
 
 from .. import metrics
 from ..db.connection import DutyConnection
@@ -48,7 +50,8 @@ HEALTH_REPORT_SECONDS = 1.0
 
 
 class FlowControl:
-    def __init__(self, conn: DutyConnection, queues: tuple[str, ...], on_change: Callable[[], None]):
+    def __init__(self, conn: DutyConnection, queues: tuple[str, ...], on_change: Callable[[], None],
+                 on_probe_due: Callable[[float], None]):
         self._conn = conn
         self._queues = list(queues)
         self.limited: dict[str, LimitedQueueRow] = {}
@@ -67,6 +70,11 @@ class FlowControl:
         self._token_waits: dict[str, float] = {}  # per rate-limited queue: the wait after a claim that takes nothing
         self.wake = asyncio.Event()
         self._on_change = on_change  # limits changed, or failures were reported: claim again
+        # Called with the epoch time a breaker's cooldown ends (a probe may be claimed then): a claim
+        # then, not at the next idle poll. Each refresh passes on the times still to come (the timer
+        # keeps the earliest), and once a time already past (the cooldown ended before the refresh).
+        self._on_probe_due = on_probe_due
+        self._probes_due: dict[str, datetime] = {}  # per queue, the cooldown end last passed on
 
     def claim_statements(self, queue: str) -> tuple[Bound[LockQueueParams] | None,
                                                       Statement[ClaimParams, ClaimedRow]]:
@@ -185,6 +193,7 @@ class FlowControl:
 
     async def refresh(self) -> None:
         rows = await self._conn.fetch(LIMITED_QUEUES, LimitedQueuesParams(queues=self._queues))
+        known_due = self._probes_due
         limited = {row.name: row for row in rows if row.limited}
         keyed = frozenset(row.name for row in rows if row.keyed)
         changed = keyed != self.keyed or {name: self._claimed_as(row) for name, row in limited.items()} != {
@@ -193,6 +202,10 @@ class FlowControl:
         self.breaker_queues = frozenset(row.name for row in rows if row.has_breaker)
         self.key_queues = frozenset(row.name for row in rows if row.key_limited)
         self.key_breaker_queues = frozenset(row.name for row in rows if row.has_key_breaker)
+        self._probes_due = {row.name: row.probe_due_at for row in rows if row.probe_due_at is not None}
+        for name, due in self._probes_due.items():
+            if due.timestamp() > time.time() or due != known_due.get(name):
+                self._on_probe_due(due.timestamp())
         for row in rows:
             if row.has_breaker:
                 metrics.BREAKER_STATE.labels(row.name).set(BREAKER_STATES[row.breaker_state])

@@ -160,7 +160,9 @@ class Worker:
         self.scheduler = Scheduler(self._duty_conn, settings.scheduler_max_interval_seconds)
         self._due_timer = DueTimer(self.scheduler.poke)  # a pass when tasks announced for later are due
         self._token_timer = DueTimer(self._wakeup.set)  # a claim again when a bucket that cut one short refills
-        self.flow = FlowControl(self._duty_conn, settings.queues, on_change=lambda: self._wake_at(0.0))
+        self._probe_timer = DueTimer(self._wakeup.set)  # a claim when a breaker's cooldown ends (its probe)
+        self.flow = FlowControl(self._duty_conn, settings.queues, on_change=lambda: self._wake_at(0.0),
+                                on_probe_due=self._probe_timer.at)
         self.completer = Completer(self._outcome_conn, settings.flush_interval_seconds, settings.flush_max_batch,
                                    self._flushed, on_waiting=self.scheduler.poke,
                                    unknown_task_grace_seconds=settings.unknown_task_grace_seconds,
@@ -168,10 +170,9 @@ class Worker:
         # Handlers may put the worker's own connection string in an error message: never store it.
         self._processor = AttemptProcessor(registry, self._threads, self.completer, settings,
                                            (dsn, dsn_text.parse(dsn).get("password")), self._slot_freed)
-        # Heartbeats go on the duty connection: a slow or blocked flush must never hold back the beat
-        # that keeps every lease alive. When a claim or a duty holds that connection, the outcome
-        # connection takes the beat if it is free (a heartbeat that meets a row a flush just moved
-        # is re-run: connection.met_moved_row).
+        # Heartbeats go on the duty connection: a slow or blocked flush must never hold back the beat that
+        # keeps every lease alive. When a claim or a duty holds that connection, the outcome connection
+        # takes the beat if it is free (a heartbeat meeting a row a flush just moved is re-run: met_moved_row).
         self.heartbeater = Heartbeater((self._duty_conn, self._outcome_conn), self.identity, settings.heartbeat_seconds,
                                        settings.lease_seconds, lambda: list(self._inflight.values()),
                                        lambda: self._draining, self._can_claim, self._leases_lost)
@@ -182,11 +183,10 @@ class Worker:
         self.cron = CronDuty(self._duty_conn, schedule or Schedule(), listening=lambda: not self.listener.polling)
         self.key_metrics = KeyMetrics(self._duty_conn, lambda: self.flow.keyed, settings.key_metrics)
         self.cancels = CancelChecks(self._duty_conn, self._runs, self._running_keys, self._cancelled_task)
-        self.listener = Listener(dsn, self._duty_conn, self._outcome_conn, settings.queues, self._wake_at, str(self.identity.id),
-                                 self.cancels.hint, self.flow.settings_changed, self.cron.changed,
-                                 catch_up=self._catch_up,
-                                 signals=self.signals, listen=settings.listen,
-                                 poll_interval=settings.poll_interval_seconds)
+        self.listener = Listener(dsn, self._duty_conn, self._outcome_conn, settings.queues, self._wake_at,
+                                 str(self.identity.id), self.cancels.hint, self.flow.settings_changed,
+                                 self.cron.changed, catch_up=self._catch_up, signals=self.signals,
+                                 listen=settings.listen, poll_interval=settings.poll_interval_seconds)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -241,6 +241,7 @@ class Worker:
             watchdog.stop()
             self._due_timer.cancel()
             self._token_timer.cancel()
+            self._probe_timer.cancel()
             for duty in duties:
                 duty.cancel()
             await asyncio.gather(*duties, return_exceptions=True)
@@ -482,10 +483,8 @@ class Worker:
         return saved
 
     def _flushed(self, attempts: list[Attempt]) -> None:
-        """Outcomes written: their slots are free for good. Those of a queue with flow control may
-        have made room under its caps (the queue's, or a key's), which only the written outcome
-        shows the next claim: claim again now, not at the next idle poll, which would cap such a
-        queue at one claim per poll interval however short its tasks."""
+        """Outcomes written: their slots are free for good, and there may be room under a queue's
+        caps (its own, or a key's): claim now, not at the next idle poll (one claim per poll interval)."""
         self._finished.update(attempt.outcome for attempt in attempts)
         if any(attempt.queue in self.flow.limited for attempt in attempts):
             self._wakeup.set()
