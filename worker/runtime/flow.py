@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 
 from .. import metrics
@@ -31,6 +31,7 @@ from ..db.flow import (LIMITED_QUEUES, RECORD_BREAKER, RECORD_KEY_OUTCOMES, Limi
 from ..db.lease import (CLAIM, CLAIM_FAIR, CLAIM_KEYS, CLAIM_LIMITED, CLAIM_LIMITED_FAIR, LOCK_KEYS, LOCK_QUEUE,
                         ClaimedRow, ClaimParams, LockQueueParams)
 from ..db.statements import Bound, Statement
+from .attempt import Attempt
 
 log = logging.getLogger("queueworker.flow")
 
@@ -138,18 +139,24 @@ class FlowControl:
         if first or queue in self.key_breaker_queues:
             self.wake.set()
 
-    def held_keys(self, queue: str) -> set[str]:
-        """Keys of a queue with a per-key breaker whose failures written by this worker the breaker
-        has not counted yet: claims pass over them."""
+    def held_keys(self, queue: str, inflight: Iterable[Attempt]) -> set[str]:
+        """Keys of a queue with a per-key breaker whose failures seen by this worker the breaker has
+        not counted yet (failed in `inflight`, written, or being reported): claims pass over them."""
         if queue not in self.key_breaker_queues:
             return set()
         held = {key for key, (_, failures) in self._key_outcomes.get(queue, {}).items() if failures}
+        held.update(attempt.ctx.key or "" for attempt in inflight if attempt.failed and attempt.queue == queue)
         return held | self._reporting_keys.get(queue, frozenset())
 
-    def failures_unreported(self, queue: str) -> bool:
-        """Failures of the queue written by this worker that its breaker has not counted yet."""
+    def breaker_pending(self, queue: str, inflight: Iterable[Attempt]) -> bool:
+        """A failure of the queue is on its way to the queue's circuit breaker (failed in
+        `inflight`, written, or being reported): claim nothing from it until the breaker has counted
+        it, as it may be the one that opens it. `step` wakes the claims once it reported."""
+        if queue not in self.breaker_queues:
+            return False
         outcome = self._outcomes.get(queue)
-        return (outcome is not None and outcome[1] > 0) or queue in self._reporting
+        return ((outcome is not None and outcome[1] > 0) or queue in self._reporting
+                or any(attempt.failed and attempt.queue == queue for attempt in inflight))
 
     async def step(self) -> float:
         """One pass of the flow duty: report breaker outcomes (the keys' health once its report is

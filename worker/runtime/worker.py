@@ -415,28 +415,17 @@ class Worker:
             backlog = max(backlog, self.settings.flush_max_batch)
         return min(self.settings.concurrency - running, backlog - waiting)
 
-    def _breaker_pending(self, queue: str) -> bool:
-        """A failure of the queue is on its way to the queue's circuit breaker (being written, or
-        reported): claim nothing from it until the breaker has counted it, as it may be the one that
-        opens it. The flow duty wakes the claims once it reported."""
-        return queue in self.flow.breaker_queues and (self.flow.failures_unreported(queue) or any(
-            attempt.failed and attempt.queue == queue for attempt in self._inflight.values()))
-
     def _claim_params(self, queue: str, limit: int, claim: Statement) -> ClaimParams:
         """The claim's parameters; a key-limited queue's claim passes over the keys a failure of
-        which is on its way to their breaker (written, or being reported), as `_breaker_pending`."""
+        which is on its way to their breaker (FlowControl.held_keys)."""
         common = dict(queue=queue, limit=limit, worker=self.identity.id, lease_seconds=self.settings.lease_seconds,
                       timeout_seconds=self.settings.task_timeout_seconds)
         if claim.params is not KeyClaimParams:
             return ClaimParams(**common)
-        held = self.flow.held_keys(queue)
-        if queue in self.flow.key_breaker_queues:
-            held.update(attempt.ctx.key or "" for attempt in self._inflight.values()
-                        if attempt.failed and attempt.queue == queue)
-        return KeyClaimParams(**common, held_keys=sorted(held))
+        return KeyClaimParams(**common, held_keys=sorted(self.flow.held_keys(queue, self._inflight.values())))
 
     async def _claim(self, queue: str, limit: int) -> int:
-        if self._breaker_pending(queue):
+        if self.flow.breaker_pending(queue, self._inflight.values()):
             return 0
         loop = asyncio.get_running_loop()
         sent_at = loop.time()  # the database starts the lease later than this: our clock is on the safe side
