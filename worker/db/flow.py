@@ -92,6 +92,7 @@ class LimitedQueueRow(NamedTuple):
     key_breakers_open: int | None  # keys whose breaker is open or half-open, with a per-key breaker
     fastest_key_rate: float | None  # the fastest rate of a key's bucket, when key-limited
     probe_due_at: datetime | None  # when the first cooldown of a breaker not closed (the queue's, a key's) ends
+    capped: bool  # a cap on running tasks may bind: the queue's, the keys' default, or a key's own
 
 
 class RecordBreakerParams(Params):

@@ -175,8 +175,9 @@ WHERE %(queue)s::text IS NULL OR name = %(queue)s ORDER BY name;
 -- key's bucket is worth trying again; with a per-key breaker (migration 022), how many keys' breakers
 -- are not closed (`key_state_breakers`); and when the first cooldown of a breaker that is not
 -- closed ends (the queue's, or the earliest of its keys'), when a claim may take a probe: the worker
--- claims then, not at its next idle poll (up to `--poll-max-seconds` later). Read on every refresh,
--- not per claim.
+-- claims then, not at its next idle poll (up to `--poll-max-seconds` later); and whether a cap may
+-- bind (the queue's, the keys' default, or some key's own settings, which may hold one): the worker
+-- claims again once it has written outcomes of such a queue. Read on every refresh, not per claim.
 SELECT name, rate_per_second, breaker_failures IS NOT NULL AS has_breaker, breaker_state, limited, keyed,
        key_limited, key_breaker_failures IS NOT NULL AS has_key_breaker,
        CASE WHEN key_breaker_failures IS NOT NULL
@@ -190,7 +191,8 @@ SELECT name, rate_per_second, breaker_failures IS NOT NULL AS has_breaker, break
              CASE WHEN key_breaker_failures IS NOT NULL
                   THEN (SELECT min(b.breaker_changed_at) FROM queueworker.key_state b
                         WHERE b.queue = q.name AND b.breaker_state <> 'closed')
-                       + make_interval(secs => key_breaker_cooldown_seconds) END) AS probe_due_at
+                       + make_interval(secs => key_breaker_cooldown_seconds) END) AS probe_due_at,
+       max_running IS NOT NULL OR key_max_running IS NOT NULL OR key_limits AS capped
 FROM queueworker.queues q WHERE name = ANY(%(queues)s::text[]) AND (limited OR keyed);
 
 -- name: record_breaker

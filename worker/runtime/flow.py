@@ -4,16 +4,17 @@ outcomes that feed their circuit breakers.
 The limits themselves are enforced in the database, by `claim_limited` under the queue's row lock
 (taken by `lock_queue` in the same transaction, so the claim's snapshot sees the claim before it),
 so they hold however many workers claim. A worker only has to pick that statement for a limited
-queue (the plain `claim` claims nothing from one, so a worker that has not heard of a new limit
-yet stays safe), come back when its bucket has a token again or a breaker's cooldown ends (its
-probe), and report outcomes to the breaker, claiming nothing more from a queue while a failure it
-saw there is not yet reported (that failure may be the one that opens the breaker). A keyed queue (fair share across its keys, migration 020) is
-claimed in fair-share order (`claim_fair`, or `claim_limited_fair` when it is limited too); the
-plain `claim` claims nothing from one either. A key-limited queue (per-key limits and pauses,
-migration 021) is claimed by `claim_keys` after `lock_keys`; every other claim takes nothing from it.
-Its outcomes are reported per key (the keys' health, and their breakers when it has a per-key breaker,
-migration 022), one statement per queue and report; while a failure of a key is not yet reported,
-this worker's claims pass over that key (`held_keys`), and over that key only.
+queue (the plain `claim` claims nothing from one, so a worker that has not heard of a new limit yet
+stays safe), come back when its bucket has a token again or a breaker's cooldown ends (its probe),
+and report outcomes to the breaker, claiming nothing more from a queue while a failure it saw there
+is not yet reported (that failure may be the one that opens the breaker). A keyed queue (fair share
+across its keys, migration 020) is claimed in fair-share order (`claim_fair`, or
+`claim_limited_fair` when it is limited too); the plain `claim` claims nothing from one either. A
+key-limited queue (per-key limits and pauses, migration 021) is claimed by `claim_keys` after
+`lock_keys`; every other claim takes nothing from it. Its outcomes are reported per key (the keys'
+health, and their breakers when it has a per-key breaker, migration 022), one statement per queue
+and report; while a failure of a key is not yet reported, this worker's claims pass over that key
+(`held_keys`), and over that key only.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ class FlowControl:
         self._outcomes: dict[str, tuple[bool, int]] = {}
         self._reporting: frozenset[str] = frozenset()  # queues whose failures are being reported now
         self.key_queues: frozenset[str] = frozenset()  # key-limited: outcomes reported per key
+        self.capped_queues: frozenset[str] = frozenset()  # with a cap on running tasks (the queue's, a key's)
         self.key_breaker_queues: frozenset[str] = frozenset()  # with a breaker per key
         # Per key-limited queue, per key ('' for none), outcomes since the last report, as above.
         self._key_outcomes: dict[str, dict[str, tuple[bool, int]]] = {}
@@ -161,8 +163,9 @@ class FlowControl:
     async def step(self) -> float:
         """One pass of the flow duty: report breaker outcomes (the keys' health once its report is
         due), re-read settings when told to or when their refresh interval has passed. Reported
-        failures wake the claims they held back."""
+        failures wake the claims they held back, and so does a report that closed a breaker."""
         loop = asyncio.get_running_loop()
+        closed = False
         outcomes, self._outcomes = self._outcomes, {}
         health_due = loop.time() >= self._health_due
         key_outcomes = {queue: keys for queue, keys in self._key_outcomes.items()
@@ -174,9 +177,9 @@ class FlowControl:
                                 for queue, keys in key_outcomes.items()}
         try:
             for queue, (any_succeeded, failures) in outcomes.items():
-                await self._report(queue, any_succeeded, failures)
+                closed = await self._report(queue, any_succeeded, failures) or closed
             for queue, keys in list(key_outcomes.items()):
-                await self._report_keys(queue, keys)
+                closed = await self._report_keys(queue, keys) or closed
                 del key_outcomes[queue]
         except BaseException:
             for queue, outcome in outcomes.items():  # not reported: keep them for the next pass
@@ -188,7 +191,7 @@ class FlowControl:
         finally:
             held = bool(self._reporting) or any(self._reporting_keys.values())
             self._reporting, self._reporting_keys = frozenset(), {}
-        if held:
+        if held or closed:
             self._on_change()
         if health_due:
             self._health_due = loop.time() + HEALTH_REPORT_SECONDS
@@ -208,6 +211,7 @@ class FlowControl:
         self.limited, self.keyed = limited, keyed
         self.breaker_queues = frozenset(row.name for row in rows if row.has_breaker)
         self.key_queues = frozenset(row.name for row in rows if row.key_limited)
+        self.capped_queues = frozenset(row.name for row in rows if row.capped)
         self.key_breaker_queues = frozenset(row.name for row in rows if row.has_key_breaker)
         self._probes_due = {row.name: row.probe_due_at for row in rows if row.probe_due_at is not None}
         for name, due in self._probes_due.items():
@@ -228,7 +232,9 @@ class FlowControl:
         """What decides how a limited queue is claimed and when a cut-short claim is tried again."""
         return row.rate_per_second, row.key_limited, row.fastest_key_rate
 
-    async def _report(self, queue: str, any_succeeded: bool, failures: int) -> None:
+    async def _report(self, queue: str, any_succeeded: bool, failures: int) -> bool:
+        """Whether the report closed the queue's breaker."""
+        closed = False
         for row in await self._conn.fetch(RECORD_BREAKER, RecordBreakerParams(
                 queue=queue, any_succeeded=any_succeeded, trailing_failures=failures)):
             metrics.BREAKER_STATE.labels(queue).set(BREAKER_STATES[row.now_state])
@@ -236,9 +242,11 @@ class FlowControl:
                 metrics.BREAKER_TRANSITIONS.labels(queue, row.now_state).inc()
                 log.warning("circuit breaker of queue %s: %s -> %s", queue, row.was, row.now_state,
                             extra={"queue": queue, "breaker_state": row.now_state})
+                closed = closed or row.now_state == "closed"
+        return closed
 
-    async def _report_keys(self, queue: str, outcomes: dict[str, tuple[bool, int]]) -> None:
-        """One statement for every key of the queue this report holds."""
+    async def _report_keys(self, queue: str, outcomes: dict[str, tuple[bool, int]]) -> bool:
+        """One statement for every key of the queue this report holds; whether it closed a key's breaker."""
         keys = sorted(outcomes)
         rows = await self._conn.fetch(RECORD_KEY_OUTCOMES, RecordKeyOutcomesParams(
             queue=queue, keys=keys, any_succeeded=[outcomes[key][0] for key in keys],
@@ -248,3 +256,4 @@ class FlowControl:
                 metrics.KEY_BREAKER_TRANSITIONS.labels(queue, row.now_state).inc()
                 log.warning("circuit breaker of key %r of queue %s: now %s", row.key, queue, row.now_state,
                             extra={"queue": queue, "breaker_state": row.now_state})
+        return any(row.changed and row.now_state == "closed" for row in rows)

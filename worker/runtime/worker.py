@@ -475,7 +475,7 @@ class Worker:
         """Outcomes written: their slots are free for good, and there may be room under a queue's
         caps (its own, or a key's): claim now, not at the next idle poll (one claim per poll interval)."""
         self._finished.update(attempt.outcome for attempt in attempts)
-        if any(attempt.queue in self.flow.limited for attempt in attempts):
+        if any(attempt.queue in self.flow.capped_queues for attempt in attempts):
             self._wakeup.set()
         if log.isEnabledFor(logging.DEBUG):
             now = asyncio.get_running_loop().time()
