@@ -234,16 +234,15 @@ class FlowControl:
 
     async def _report(self, queue: str, any_succeeded: bool, failures: int) -> bool:
         """Whether the report closed the queue's breaker."""
-        closed = False
-        for row in await self._conn.fetch(RECORD_BREAKER, RecordBreakerParams(
-                queue=queue, any_succeeded=any_succeeded, trailing_failures=failures)):
+        rows = await self._conn.fetch(RECORD_BREAKER, RecordBreakerParams(
+            queue=queue, any_succeeded=any_succeeded, trailing_failures=failures))
+        for row in rows:
             metrics.BREAKER_STATE.labels(queue).set(BREAKER_STATES[row.now_state])
             if row.now_state != row.was:
                 metrics.BREAKER_TRANSITIONS.labels(queue, row.now_state).inc()
                 log.warning("circuit breaker of queue %s: %s -> %s", queue, row.was, row.now_state,
                             extra={"queue": queue, "breaker_state": row.now_state})
-                closed = closed or row.now_state == "closed"
-        return closed
+        return any(row.was != "closed" and row.now_state == "closed" for row in rows)
 
     async def _report_keys(self, queue: str, outcomes: dict[str, tuple[bool, int]]) -> bool:
         """One statement for every key of the queue this report holds; whether it closed a key's breaker."""
