@@ -32,7 +32,7 @@ SYSTEM = "queueworker"
 
 
 def sdk_configured() -> bool:
-    """Whether the application has set a tracer provider (an SDK): asked per attempt, so a provider
+    """Whether the application has set a tracer provider (an SDK): asked per claim, so a provider
     set after this module was imported (by a handler module, say) counts from then on."""
     return TRACER is not None and not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
 
