@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -29,14 +30,27 @@ from tests.support import builtin_registry, until
 class PooledDuty:
     """A duty connection whose check notices arrive as `delivered` says: "idle" (a connection of its
     own, while it waits), "answer" (with a statement's answer: a shared server connection), or
-    "never"; `sent` counts the checks the outcome connection sent."""
+    "never"; `sent` counts the checks the outcome connection sent. Its idle clock runs unless it is
+    `busy` (statements back to back)."""
 
-    def __init__(self, delivered: str):
+    def __init__(self, delivered: str, busy: bool = False):
         self.delivered = delivered
         self.sent = 0
         self.channel = ""
         self._on_notify: Callable[[psycopg.Notify, bool], None] | None = None
         self.unlistened = False
+        self.busy = busy
+        self._idle = 0.0
+        self._since = time.monotonic()
+
+    def idle_seconds(self) -> float:
+        return self._idle + (0.0 if self.busy else time.monotonic() - self._since)
+
+    def set_busy(self, busy: bool) -> None:
+        now = time.monotonic()
+        if not self.busy:
+            self._idle += now - self._since
+        self.busy, self._since = busy, now
 
     async def listen(self, channels: list[str]) -> int:
         (self.channel,) = channels
@@ -52,16 +66,23 @@ class PooledDuty:
     async def execute(self, statement: Any, params: Any) -> None:  # the outcome connection sends the check
         self.sent += 1
         if self.delivered != "never":
-            await asyncio.sleep(0.01)
-            assert self._on_notify is not None
-            self._on_notify(psycopg.Notify(self.channel, "", 1), self.delivered == "idle")
+            asyncio.get_running_loop().call_later(0.05, self._deliver)
+
+    def _deliver(self) -> None:
+        """The notice, a moment after it was sent: through a pooler, with the answer to a statement
+        that happened to run on the server connection that listens, after the client had idled."""
+        assert self._on_notify is not None
+        self._on_notify(psycopg.Notify(self.channel, "", 1), self.delivered == "idle")
+
+
+def listener_of(duty: PooledDuty) -> Listener:
+    return Listener("postgresql://db/app", duty, duty,  # type: ignore[arg-type]
+                    ("default",), lambda due: None, "w", lambda task, token: False,
+                    lambda: None, lambda: None, lambda: None, WorkerSignals())
 
 
 def check(duty: PooledDuty) -> bool:
-    listener = Listener("postgresql://db/app", duty, duty,  # type: ignore[arg-type]
-                        ("default",), lambda due: None, "w", lambda task, token: False,
-                        lambda: None, lambda: None, lambda: None, WorkerSignals())
-    return asyncio.run(asyncio.wait_for(listener._notifications_arrive(), 10))
+    return asyncio.run(asyncio.wait_for(listener_of(duty)._notifications_arrive(), 10))
 
 
 @pytest.fixture(autouse=True)
@@ -86,14 +107,51 @@ def test_a_notice_that_only_comes_with_a_statements_answer_fails_the_check(deliv
         assert duty.sent == 1
 
 
+def test_a_busy_duty_connection_goes_on_checking_until_it_is_idle_not_for_the_checks_seconds_of_wall_time():
+    """A worker started against a backlog claims back to back: its duty connection reads each
+    notice with a claim's answer. Judged by the wall clock, the check failed after its seconds and
+    the worker polled (a warning blaming a PgBouncer, and a minute of polling): on the idle clock it
+    goes on, sending again a little later each time (not once per statement), and passes once the
+    connection is idle."""
+    duty = PooledDuty("answer", busy=True)
+
+    async def scenario() -> bool:
+        checking = asyncio.create_task(listener_of(duty)._notifications_arrive())
+        started = time.monotonic()
+        await until(lambda: time.monotonic() > started + 3 * listener_module.LISTEN_CHECK_SECONDS
+                    or checking.done(), message="three times the check's seconds")
+        assert not checking.done(), "the check failed while the connection was busy"
+        assert 2 <= duty.sent <= 6, f"{duty.sent} checks sent: each one should wait twice as long as the last"
+        duty.delivered = "idle"
+        duty.set_busy(False)
+        return await asyncio.wait_for(checking, 10)
+
+    assert asyncio.run(scenario()) is True
+    assert duty.unlistened
+
+
+def test_a_check_ends_after_its_most_seconds_however_busy_the_connection(monkeypatch):
+    """One statement holding the connection for good (it never idles, no notice comes): the check
+    fails after CHECK_MOST_SECONDS, and the worker polls and checks again later."""
+    monkeypatch.setattr(listener_module, "CHECK_MOST_SECONDS", 0.5)
+    duty = PooledDuty("never", busy=True)
+    assert check(duty) is False
+    assert duty.sent == 1 and not duty.unlistened
+
+
 @pytest.mark.integration
-def test_a_check_failed_by_a_busy_duty_connection_is_made_again_and_the_worker_listens(dsn, monkeypatch, caplog):
-    """On a direct connection, the duty connection is busy from the check's LISTEN to its end (a
-    statement waiting for a lock; in production, back-to-back scheduler passes admitting thousands
-    of due tasks into a keyed queue at start-up, which took 7.5 s each): the check fails and the
-    worker polls. Once the connection is free, the next check passes and the worker listens again,
-    and a task enqueued then wakes it by notification."""
+@pytest.mark.parametrize("past", ["its idle seconds", "its most seconds"])
+def test_a_duty_connection_kept_busy_through_the_check_ends_up_listening(dsn, monkeypatch, caplog, past):
+    """On a direct connection, the duty connection is busy from the check's LISTEN on (a statement
+    waiting for a lock; in production, claims back to back against a backlog, or back-to-back
+    scheduler passes admitting thousands of due tasks into a keyed queue at start-up, which took
+    7.5 s each). Past the check's seconds of wall time (which the idle clock does not count), the
+    check goes on and passes once the connection is free: the worker never polls. Past its most
+    seconds, the check fails and the worker polls; once the connection is free, the next check
+    passes and the worker listens again. Either way a task enqueued then wakes it by notification."""
     monkeypatch.setattr(listener_module, "RECHECK_FIRST_SECONDS", 0.5)
+    if past == "its most seconds":
+        monkeypatch.setattr(listener_module, "CHECK_MOST_SECONDS", 0.5)
     caplog.set_level(logging.INFO, logger="queueworker.listener")
 
     async def drive(listener: Listener) -> None:
@@ -120,7 +178,13 @@ def test_a_check_failed_by_a_busy_duty_connection_is_made_again_and_the_worker_l
         try:
             listening = worker.signals.listening.expect()
             driver = asyncio.create_task(drive(worker.listener))
-            await until(lambda: worker.listener.polling or driver.done(), message="the check to fail")
+            if past == "its most seconds":
+                await until(lambda: worker.listener.polling or driver.done(), message="the check to fail")
+            else:  # the wall-clock check failed after LISTEN_CHECK_SECONDS
+                started = time.monotonic()
+                await until(lambda: time.monotonic() > started + 3 * listener_module.LISTEN_CHECK_SECONDS
+                            or worker.listener.polling or driver.done(), message="three times the check's seconds")
+                assert not worker.listener.polling, "a check failed while the connection was busy"
             assert busy and not busy[0].done(), "the duty connection was busy through the whole check"
             await holder.execute("SELECT pg_advisory_unlock(4242)")
             await busy[0]
@@ -147,5 +211,6 @@ def test_a_check_failed_by_a_busy_duty_connection_is_made_again_and_the_worker_l
 
     asyncio.run(scenario())
     messages = [record.getMessage() for record in caplog.records]
-    assert any("notifications do not reach this worker" in message for message in messages), messages
-    assert any("notifications reach this worker again" in message for message in messages), messages
+    failed = past == "its most seconds"
+    assert any("notifications do not reach this worker" in message for message in messages) == failed, messages
+    assert any("notifications reach this worker again" in message for message in messages) == failed, messages

@@ -222,6 +222,10 @@ class DutyConnection:
         # the connection was idle (not with a statement's answer); which connection keeps them.
         self._received: deque[tuple[psycopg.Notify, bool]] = deque()
         self._keeping = 0
+        # The idle clock (idle_seconds): the time the listener has waited on the idle connection, in
+        # all, and since when it waits now (event-loop time; None while it does not).
+        self._idle_total = 0.0
+        self._idle_since: float | None = None
 
     async def fetch(self, statement: Statement[P, R], params: P, *, timeout: float = CLIENT_TIMEOUT_SECONDS,
                     first: Bound | None = None) -> list[R]:
@@ -347,6 +351,13 @@ class DutyConnection:
             self._listening = False
             self._lock.release()
 
+    def idle_seconds(self) -> float:
+        """A clock that runs only while the listener waits on the idle connection: how long a
+        notification could have been read there while idle, the proof the listener's check wants
+        (queueworker.runtime.listener). A connection kept busy by statements barely moves it."""
+        waiting = 0.0 if self._idle_since is None else asyncio.get_running_loop().time() - self._idle_since
+        return self._idle_total + waiting
+
     def _pass_on(self, on_notify: Callable[[psycopg.Notify, bool], None]) -> bool:
         """Passes on the kept notifications, PASS_ON_SLICE at most; whether some are left."""
         for _ in range(min(len(self._received), PASS_ON_SLICE)):
@@ -370,9 +381,12 @@ class DutyConnection:
         fileno = conn.pgconn.socket
         loop.add_reader(fileno, lambda: woken.done() or woken.set_result(True))
         self._woken = woken
+        self._idle_since = loop.time()
         try:
             return await woken
         finally:
+            self._idle_total += loop.time() - self._idle_since
+            self._idle_since = None
             self._woken = None
             loop.remove_reader(fileno)
 

@@ -59,7 +59,8 @@ async def unlisten_all(conn: psycopg.AsyncConnection[Any]) -> None:
 
 
 # How long a notification a listener sends itself may take to arrive before LISTEN is judged not
-# to work: milliseconds on a direct connection, never through a transaction pooler.
+# to work: milliseconds on a direct connection, never through a transaction pooler. A worker counts
+# it on its duty connection's idle clock (queueworker.runtime.listener).
 LISTEN_CHECK_SECONDS = 5.0
 
 # Runs a statement for its effect on a connection of its own: DutyConnection.execute, or the like.

@@ -29,11 +29,14 @@ same look at everything a notification could have announced, and a look at wheth
 worker runs was cancelled. The cron duty, told that notifications no longer reach it, polls at its
 own slower pace (worker/runtime/cron.py).
 
-A check that fails is not final: only a notice read while the duty connection is idle counts, and a
-connection kept busy for the whole check (a scheduler pass admitting thousands of due tasks into a
-keyed queue can run for seconds) fails it on a direct connection too. So a polling listener checks
-again, after RECHECK_FIRST_SECONDS and then twice as long each time up to RECHECK_MAX_SECONDS, and
-listens again once a check passes (never with --no-listen).
+Only a notice read while the duty connection is idle counts, so a check's time is counted on the
+connection's idle clock: a worker kept busy by claims at start (one started against a backlog) goes
+on checking, a little more slowly each time, until its connection is idle, instead of being judged
+unable to hear after a few seconds of wall time. A check that fails is not final either: one
+statement holding the connection past CHECK_MOST_SECONDS (a scheduler pass admitting thousands of
+due tasks into a keyed queue can run for seconds) fails it on a direct connection too. So a
+polling listener checks again, after RECHECK_FIRST_SECONDS and then twice as long each time up to
+RECHECK_MAX_SECONDS, and listens again once a check passes (never with --no-listen).
 """
 
 from __future__ import annotations
@@ -60,6 +63,17 @@ log = logging.getLogger("queueworker.listener")
 # channel of its own that only that check notified.
 RECHECK_FIRST_SECONDS = 60.0
 RECHECK_MAX_SECONDS = 1800.0
+# A check's LISTEN_CHECK_SECONDS are counted on the duty connection's idle clock, not the wall's:
+# a connection kept busy by claims (a worker started against a backlog, as every replica the
+# controller adds for one is) reads its notices with statements' answers, which prove nothing, and
+# must not be judged unable to hear. A check still ends after CHECK_MOST_SECONDS whatever the clock
+# says (one statement that holds the connection that long: the worker polls and checks again later).
+CHECK_MOST_SECONDS = 60.0
+# After a notice that came with a statement's answer the check is sent again, first after this
+# long, then twice as long each time, at most CHECK_RESEND_MOST_SECONDS apart: a busy worker sends
+# a few a second at first and one a second later, not one per statement it runs.
+CHECK_RESEND_FIRST_SECONDS = 0.05
+CHECK_RESEND_MOST_SECONDS = 1.0
 
 class Listener:
     def __init__(self, dsn: str, conn: db.DutyConnection, send: db.DutyConnection, queues: tuple[str, ...],
@@ -138,11 +152,12 @@ class Listener:
         """Whether NOTIFYs reach the duty connection (db.notify.notifications_arrive), checked
         without holding it: it listens on a channel of its own, the outcome connection notifies
         that channel, and the duty connection waits for the notice while idle, so claims and
-        heartbeats go on meanwhile (through a PgBouncer the notice never comes, for
-        LISTEN_CHECK_SECONDS). Only a notice read while the connection is idle counts: through a
+        heartbeats go on meanwhile (through a PgBouncer the notice never comes: the check fails once
+        the connection has been idle LISTEN_CHECK_SECONDS in all while a notice was on its way, by
+        its idle clock, or after CHECK_MOST_SECONDS). Only a notice read while the connection is idle counts: through a
         pooler in transaction mode, a statement of ours may run on the very server connection that
         listens and bring its notice back once, which says nothing of the next; such a notice has
-        the check sent again. Raises when the connection breaks meanwhile."""
+        the check sent again, a little later each time. Raises when the connection breaks meanwhile."""
         channel = check_channel()
         news = asyncio.Event()  # the notice came, one way or the other
         arrived = False  # read while idle: proof
@@ -155,18 +170,32 @@ class Listener:
         generation = await self._conn.listen([channel])
         waiting = asyncio.create_task(self._conn.listen_while_idle(generation, heard))
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + LISTEN_CHECK_SECONDS
+        give_up_at = loop.time() + CHECK_MOST_SECONDS
+        resend_after, send = CHECK_RESEND_FIRST_SECONDS, True
+        # Idle time while a notice was on its way, over the notices sent before this one (not the
+        # pauses between them: nothing could arrive then), and the idle clock when this one went.
+        idle_before, idle_at_send = 0.0, 0.0
         try:
-            while not arrived and not waiting.done() and loop.time() < deadline:
-                news.clear()
-                await self._send.execute(NOTIFY_CHECK, NotifyCheckParams(channel=channel))
+            while not arrived and not waiting.done():
+                if send:
+                    news.clear()
+                    await self._send.execute(NOTIFY_CHECK, NotifyCheckParams(channel=channel))
+                    send, idle_at_send = False, self._conn.idle_seconds()
+                idle_left = LISTEN_CHECK_SECONDS - idle_before - (self._conn.idle_seconds() - idle_at_send)
+                wall_left = give_up_at - loop.time()
+                if idle_left <= 0 or wall_left <= 0:
+                    break
                 notice = asyncio.create_task(news.wait())
                 try:
-                    await asyncio.wait((waiting, notice), timeout=max(0.0, deadline - loop.time()),
+                    await asyncio.wait((waiting, notice), timeout=min(idle_left, wall_left),
                                        return_when=asyncio.FIRST_COMPLETED)
                 finally:
                     notice.cancel()
                     await asyncio.gather(notice, return_exceptions=True)
+                if news.is_set() and not arrived and not waiting.done():
+                    idle_before += self._conn.idle_seconds() - idle_at_send
+                    await asyncio.sleep(resend_after)  # it came with a statement's answer: ask again, later
+                    resend_after, send = min(2 * resend_after, CHECK_RESEND_MOST_SECONDS), True
         finally:
             waiting.cancel()
             await asyncio.gather(waiting, return_exceptions=True)
