@@ -139,6 +139,19 @@ def test_a_check_ends_after_its_most_seconds_however_busy_the_connection(monkeyp
     assert duty.sent == 1 and not duty.unlistened
 
 
+def test_a_polling_listeners_check_ends_after_the_checks_seconds_of_wall_time():
+    """A recheck while polling pauses the polls: on a busy connection it ends after
+    LISTEN_CHECK_SECONDS of wall time (failing it only keeps the worker polling), not after
+    CHECK_MOST_SECONDS."""
+    duty = PooledDuty("never", busy=True)
+    listener = listener_of(duty)
+    listener.polling = True
+    started = time.monotonic()
+    assert asyncio.run(asyncio.wait_for(listener._notifications_arrive(), 10)) is False
+    assert time.monotonic() - started < listener_module.CHECK_MOST_SECONDS / 2
+    assert duty.sent == 1
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("past", ["its idle seconds", "its most seconds"])
 def test_a_duty_connection_kept_busy_through_the_check_ends_up_listening(dsn, monkeypatch, caplog, past):

@@ -66,8 +66,10 @@ RECHECK_MAX_SECONDS = 1800.0
 # A check's LISTEN_CHECK_SECONDS are counted on the duty connection's idle clock, not the wall's:
 # a connection kept busy by claims (a worker started against a backlog, as every replica the
 # controller adds for one is) reads its notices with statements' answers, which prove nothing, and
-# must not be judged unable to hear. A check still ends after CHECK_MOST_SECONDS whatever the clock
-# says (one statement that holds the connection that long: the worker polls and checks again later).
+# must not be judged unable to hear. The first check still ends after CHECK_MOST_SECONDS whatever
+# the clock says (one statement that holds the connection that long: the worker polls and checks
+# again later). A polling listener's check ends after LISTEN_CHECK_SECONDS of wall time: its polls
+# wait for it, and failing it only keeps the worker polling.
 CHECK_MOST_SECONDS = 60.0
 # After a notice that came with a statement's answer the check is sent again, first after this
 # long, then twice as long each time, at most CHECK_RESEND_MOST_SECONDS apart: a busy worker sends
@@ -154,7 +156,8 @@ class Listener:
         that channel, and the duty connection waits for the notice while idle, so claims and
         heartbeats go on meanwhile (through a PgBouncer the notice never comes: the check fails once
         the connection has been idle LISTEN_CHECK_SECONDS in all while a notice was on its way, by
-        its idle clock, or after CHECK_MOST_SECONDS). Only a notice read while the connection is idle counts: through a
+        its idle clock, or after CHECK_MOST_SECONDS; a polling listener's, after LISTEN_CHECK_SECONDS
+        of wall time). Only a notice read while the connection is idle counts: through a
         pooler in transaction mode, a statement of ours may run on the very server connection that
         listens and bring its notice back once, which says nothing of the next; such a notice has
         the check sent again, a little later each time. Raises when the connection breaks meanwhile."""
@@ -170,7 +173,7 @@ class Listener:
         generation = await self._conn.listen([channel])
         waiting = asyncio.create_task(self._conn.listen_while_idle(generation, heard))
         loop = asyncio.get_running_loop()
-        give_up_at = loop.time() + CHECK_MOST_SECONDS
+        give_up_at = loop.time() + (LISTEN_CHECK_SECONDS if self.polling else CHECK_MOST_SECONDS)
         resend_after, send = CHECK_RESEND_FIRST_SECONDS, True
         # Idle time while a notice was on its way, over the notices sent before this one (not the
         # pauses between them: nothing could arrive then), and the idle clock when this one went.
