@@ -582,7 +582,8 @@ DELETE FROM queueworker.workers WHERE id = %(worker)s;
 -- parameters: the plan for the ids given and the generic one join the same way
 -- (tests/test_claim_plans.py). For that transaction only: the session forces custom plans
 -- (queueworker.db.connection.SESSION_SETTINGS). Without sequential scans, as `claim_settings` says:
--- planned while few tasks ran, it then reads at most the running tasks' index, never the waiting ones.
+-- planned while few tasks ran, it then reads the tasks it completes by primary key, never the
+-- waiting ones.
 SELECT set_config('plan_cache_mode', 'force_generic_plan', true), set_config('enable_seqscan', 'off', true);
 
 -- name: complete_succeeded
@@ -595,10 +596,16 @@ SELECT set_config('plan_cache_mode', 'force_generic_plan', true), set_config('en
 -- of the tasks enqueued with notify_on_finish; `counted` counts them for the runs they belong to
 -- (nothing to do for tasks of no run). Lists every column of queueworker.tasks: keep it in step
 -- with the migrations (as `complete_continued`).
+-- `done` finds its rows by primary key (`id = ANY(...)`), and compares the state with a value the
+-- planner cannot see through (an InitPlan): written `state = 'running'`, it let the planner use the
+-- running tasks' partial index, which a plan made while few tasks ran (the table's statistics)
+-- prefers, and so hash every running task at every flush: 512 index entries and their rows read to
+-- complete 8 at 64 worker processes of 8 slots (tests/test_stale_plans.py).
 WITH done AS (
     DELETE FROM queueworker.tasks_active t
     USING unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(results)s::jsonb[]) AS c(id, token, result)
-    WHERE t.id = c.id AND t.lease_token = c.token AND t.state = 'running'
+    WHERE t.id = ANY(%(ids)s::bigint[]) AND t.id = c.id AND t.lease_token = c.token
+      AND t.state = (SELECT 'running'::queueworker.task_state)
     RETURNING t.id, t.queue, t.task, t.delayed, t.priority, t.run_after, t.attempts, t.max_attempts,
               t.rescues, t.timeout_seconds, t.payload, c.result, t.error, t.lease_owner, t.lease_token,
               t.created_at, t.started_at, t.spec_hash, t.dedupe_key, t.run_id, t.run_partition, t.progress,
@@ -637,13 +644,15 @@ SELECT id, lease_token FROM moved LEFT JOIN counted ON true, settled, (SELECT co
 -- `continued_from` links them; its headers are the attempt's trace context when tracing, else the
 -- task's own), so there is never one without the other. A page of a run's partition
 -- is not the partition's outcome: the last page's is, so this statement counts nothing. The rest
--- is `complete_succeeded`'s; `woken` notifies the next pages' queues as an enqueue does.
+-- is `complete_succeeded`'s (its rows found the same way); `woken` notifies the next pages' queues as
+-- an enqueue does.
 WITH done AS (
     DELETE FROM queueworker.tasks_active t
     USING unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(results)s::jsonb[],
                 %(next_payloads)s::jsonb[], %(next_delays)s::float8[], %(next_headers)s::jsonb[])
          AS c(id, token, result, next_payload, next_delay, next_headers)
-    WHERE t.id = c.id AND t.lease_token = c.token AND t.state = 'running'
+    WHERE t.id = ANY(%(ids)s::bigint[]) AND t.id = c.id AND t.lease_token = c.token
+      AND t.state = (SELECT 'running'::queueworker.task_state)
     RETURNING t.id, t.queue, t.task, t.delayed, t.priority, t.run_after, t.attempts, t.max_attempts,
               t.rescues, t.timeout_seconds, t.payload, c.result, t.error, t.lease_owner, t.lease_token,
               t.created_at, t.started_at, t.spec_hash, t.dedupe_key, t.run_id, t.run_partition, t.progress,
