@@ -22,9 +22,10 @@ from queueworker.client import operations, producer
 from queueworker.db import statements
 from queueworker.db.connection import SESSION_SETTINGS
 from queueworker.db.duties import PROMOTE_DUE, PromoteDueParams
-from queueworker.db.lease import (CLAIM, CLAIM_KEYS, COMPLETE_SUCCEEDED, GENERIC_COMPLETION, LOCK_KEYS,
-                                  KeyClaimParams, LockQueueParams)
-from queueworker.db.statements import Bound
+from queueworker.db.lease import (CLAIM, CLAIM_KEYS, COMPLETE_FAILED, COMPLETE_SUCCEEDED, GENERIC_COMPLETION,
+                                  LOCK_KEYS, CompleteFailedParams, KeyClaimParams, LockQueueParams)
+from queueworker.db.migration import SCHEMA_EXISTS
+from queueworker.db.statements import NO_PARAMS, Bound
 from tests.support import numbered, scalar
 from tests.test_claim_plans import CLAIMS, claim_params, completion, explained, nodes
 
@@ -119,6 +120,31 @@ def test_a_completion_planned_with_few_running_reads_only_the_tasks_it_completes
     assert plan["Actual Rows"] == 10
     read = [(node["Node Type"], node["Actual Rows"] + node.get("Rows Removed by Filter", 0)) for node in nodes(plan)
             if node.get("Relation Name") == "tasks_active"]  # the rows each node read, kept or not
+    assert read and all(rows <= 10 for _, rows in read), read
+
+
+def test_failures_written_with_statistics_taken_while_few_ran_read_only_the_tasks_they_fail(dsn):
+    """Statistics taken with 5 tasks running among 20,000 waiting (a queue analyzed at rest), a
+    flush of 10 failures with 105 running: planned for its parameters, as every flush of failures
+    is (the session's custom plans), it reads those 10 by primary key. Written `state = 'running'`,
+    the planner looped over the running tasks' index and compared each entry with every failure of
+    the batch (at 64 worker processes of 8 slots, 512 entries × 8 failures)."""
+    without_autovacuum(dsn)
+    enqueue(dsn, "plain", GROWN)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        statements.fetch(conn, CLAIM, claim_params(5))
+    analyzed(dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        running = statements.fetch(conn, CLAIM, claim_params(100))
+    failing = running[:10]
+    failed = CompleteFailedParams(ids=[row.id for row in failing], tokens=[row.lease_token for row in failing],
+                                  retryables=[True] * 10, backoffs=[60.0] * 10, errors=['{"type": "Boom"}'] * 10)
+    with psycopg.connect(dsn, prepare_threshold=None) as conn:
+        conn.pgconn.prepare(b"measured", numbered(COMPLETE_FAILED.text)[0].encode())
+        plan = explained(conn, COMPLETE_FAILED, Bound(SCHEMA_EXISTS, NO_PARAMS), "force_custom_plan", failed)
+    assert plan["Actual Rows"] == 10
+    read = [(node["Node Type"], node["Actual Rows"] * node["Actual Loops"] + node.get("Rows Removed by Filter", 0))
+            for node in nodes(plan) if node.get("Relation Name") == "tasks_active"]
     assert read and all(rows <= 10 for _, rows in read), read
 
 

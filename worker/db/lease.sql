@@ -696,7 +696,11 @@ SELECT m.id, m.lease_token FROM moved m, settled, (SELECT count(*) FROM woken) A
 -- name: complete_failed
 -- A retryable failure with attempts left waits out its backoff in `retrying` (the scheduler's
 -- `promote_due` admits it again); anything else fails. Through the parent table: its triggers
--- write the audit rows and settle the failed tasks' dependents.
+-- write the audit rows and settle the failed tasks' dependents. Its rows are found by primary key,
+-- the state compared as `complete_succeeded` compares it: written `state = 'running'`, statistics
+-- taken while few tasks ran had the planner loop over the running tasks' index and compare each
+-- entry with every failure of the batch (472 × 8 to fail 8 with 512 running); the comparison
+-- also leaves `tasks_finished` out of the scan when the statement runs.
 UPDATE queueworker.tasks t
 SET state = CASE WHEN c.retryable AND t.attempts < t.max_attempts
                  THEN 'retrying' ELSE 'failed' END::queueworker.task_state,
@@ -706,7 +710,8 @@ SET state = CASE WHEN c.retryable AND t.attempts < t.max_attempts
     error = c.error, updated_at = now(), leased_until = NULL, deadline_at = NULL
 FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(retryables)s::bool[],
             %(backoffs)s::float8[], %(errors)s::jsonb[]) AS c(id, token, retryable, backoff_seconds, error)
-WHERE t.id = c.id AND t.lease_token = c.token AND t.state = 'running'
+WHERE t.id = ANY(%(ids)s::bigint[]) AND t.id = c.id AND t.lease_token = c.token
+  AND t.state = (SELECT 'running'::queueworker.task_state)
 RETURNING t.id, t.lease_token, t.state::text AS state;
 
 -- name: release
