@@ -95,14 +95,73 @@ def test_arguments_every_worker_refuses_stop_the_supervisor_with_exit_2(dsn, sup
     assert "registers no task handlers" in proc.log()
 
 
-def test_each_worker_gets_a_metrics_port_of_its_own_or_any_free_one(dsn, supervisor):
+def _listening_ports(process: psutil.Process) -> set[int]:
+    return {c.laddr.port for c in process.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+
+
+def _free_ports(count: int) -> int:
+    """The first of `count` consecutive ports nothing listens on now."""
+    taken = {c.laddr.port for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+    return next(first for first in range(20000, 60000) if not taken & set(range(first, first + count)))
+
+
+@pytest.mark.parametrize("given", ["its own", "any free one"])
+def test_each_worker_gets_a_metrics_port_of_its_own_or_any_free_one(dsn, supervisor, given):
     assert metrics_ports(9100, 3) == [9100, 9101, 9102] and metrics_ports(None, 2) == [None, None]
     with pytest.raises(ValueError, match="--metrics-port 65534 with 3 processes needs ports 65534-65536"):
         metrics_ports(65534, 3)
-    proc = supervisor(dsn, "--processes", "2", "--metrics-port", "0")
-    children = wait_until(lambda: (lambda c: len(c) == 2 and c)(psutil.Process(proc.pid).children()),
-                          message="two worker processes")
-    # The last --metrics-port of each worker's command line is the one it serves on.
-    ports = [[value for flag, value in zip(c.cmdline(), c.cmdline()[1:]) if flag == "--metrics-port"][-1]
-             for c in children]
-    assert ports == ["0", "0"], "port 0 means any free port, for each worker"
+    first = _free_ports(2) if given == "its own" else 0
+    proc = supervisor(dsn, "--processes", "2", "--metrics-port", str(first))
+    wait_until(lambda: len(_worker_pids(dsn)) == 2, message="two workers registered")
+    children = psutil.Process(proc.pid).children()
+    ports = [_listening_ports(child) for child in children]
+    assert all(len(own) == 1 for own in ports), ports  # each serves its metrics, on one port
+    if first:
+        assert sorted(port for own in ports for port in own) == [first, first + 1]
+    else:
+        assert len(set().union(*ports)) == 2  # port 0: any free port, a different one for each
+    assert not _listening_ports(psutil.Process(proc.pid))  # the supervisor serves none
+
+
+MARKING_HANDLERS = '''
+import atexit, os
+
+from queueworker import task
+
+def _mark(what):
+    with open(os.environ["QW_TEST_MARKS"], "a") as marks:
+        marks.write(f"{what} {os.getpid()}\\n")
+
+_mark("import")
+atexit.register(_mark, "exit")
+
+@task(name="mark")
+def mark(payload):
+    _mark("run")
+'''
+
+
+def test_workers_import_the_users_modules_themselves_and_run_their_exit_handlers(dsn, supervisor, tmp_path):
+    """The workers are forked from a supervisor that imported the worker's own modules only: a
+    handler module (which may start threads or open connections as it is imported) is imported
+    by each worker, never by the supervisor, and what it registers to run at exit (a tracing SDK
+    flushing its spans) runs when the worker ends, as in a process started anew."""
+    (tmp_path / "marking_handlers.py").write_text(MARKING_HANDLERS)
+    marks = tmp_path / "marks"
+    proc = WorkerProcess(dsn, "--lease-seconds", "6", "--processes", "2", "--handlers", "marking_handlers",
+                         env={"PYTHONPATH": str(tmp_path), "QW_TEST_MARKS": str(marks)})
+    try:
+        wait_until(lambda: len(_worker_pids(dsn)) == 2, message="two workers registered")
+        workers = _worker_pids(dsn)
+        with psycopg.connect(dsn) as conn:
+            enqueue_many(conn, [{"task": "mark"}] * 20)
+        wait_until(lambda: state_counts(dsn) == {"succeeded": 20}, message="all done")
+        proc.signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, proc.log()
+    finally:
+        proc.stop()
+    lines = [line.split() for line in marks.read_text().splitlines()]
+    imported = [int(pid) for what, pid in lines if what == "import"]
+    assert sorted(imported) == sorted(workers) and proc.pid not in imported  # once in each worker, never before
+    assert {int(pid) for what, pid in lines if what == "run"} <= workers
+    assert sorted(int(pid) for what, pid in lines if what == "exit") == sorted(workers)
