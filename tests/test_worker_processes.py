@@ -241,7 +241,8 @@ def test_metrics_endpoint_counts_claims_and_outcomes(dsn, workers):
                       message="failure counted")
     assert 'queueworker_tasks_claimed_total{queue="default"} 6.0' in text
     assert 'queueworker_tasks_completed_total{outcome="succeeded",queue="default"} 5.0' in text
-    assert 'queueworker_worker_state{state="Idle"} 1.0' in text
+    # With nothing left it settles in Idle between its polls (a scrape may catch one of them).
+    wait_until(lambda: 'queueworker_worker_state{state="Idle"} 1.0' in scrape(), message="the worker idle")
 
 
 def test_delayed_task_runs_when_due_not_before(dsn, workers):

@@ -181,8 +181,10 @@ def _run_worker(argv: list[str], supervisor: int, mask: set[signal.Signals]) -> 
         from ..cli import main
 
         code = main(argv)
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else EXIT_UNCLEAN
+    except SystemExit as exc:  # as the interpreter ends on it: None is success, a message is printed
+        if exc.code is not None and not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)
+        code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else EXIT_UNCLEAN
     except BaseException:  # noqa: BLE001 - a bug of the worker's: its traceback, and the exit code of one
         traceback.print_exc()
     finally:
