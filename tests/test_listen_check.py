@@ -36,6 +36,7 @@ class PooledDuty:
     def __init__(self, delivered: str, busy: bool = False):
         self.delivered = delivered
         self.sent = 0
+        self.notices = 0  # notices delivered
         self.channel = ""
         self._on_notify: Callable[[psycopg.Notify, bool], None] | None = None
         self.unlistened = False
@@ -51,6 +52,10 @@ class PooledDuty:
         if not self.busy:
             self._idle += now - self._since
         self.busy, self._since = busy, now
+
+    async def idle_for(self, seconds: float) -> None:
+        while self.busy or time.monotonic() - self._since < seconds:
+            await asyncio.sleep(0.001)
 
     async def listen(self, channels: list[str]) -> int:
         (self.channel,) = channels
@@ -72,6 +77,7 @@ class PooledDuty:
         """The notice, a moment after it was sent: through a pooler, with the answer to a statement
         that happened to run on the server connection that listens, after the client had idled."""
         assert self._on_notify is not None
+        self.notices += 1
         self._on_notify(psycopg.Notify(self.channel, "", 1), self.delivered == "idle")
 
 
@@ -130,6 +136,27 @@ def test_a_busy_duty_connection_goes_on_checking_until_it_is_idle_not_for_the_ch
     assert duty.unlistened
 
 
+def test_a_busy_connection_that_comes_to_rest_is_checked_again_at_once_not_at_the_paced_resend(monkeypatch):
+    """A worker that ran out of work passes the check within moments of resting: until it passes it
+    listens on no queue's channel, and the paced re-send (up to a second after a drain) kept the
+    announcement of the next task (a run's consolidation, enqueued by its last partition's
+    completion) unheard until then. With the pacing at an hour, only the rest can send it again."""
+    monkeypatch.setattr(listener_module, "CHECK_RESEND_FIRST_SECONDS", 3600.0)
+    duty = PooledDuty("answer", busy=True)
+
+    async def scenario() -> bool:
+        checking = asyncio.create_task(listener_of(duty)._notifications_arrive())
+        await until(lambda: duty.notices == 1, message="the first check's notice, with a statement's answer")
+        await asyncio.sleep(0)  # the check's turn to take it in
+        assert not checking.done() and duty.sent == 1
+        duty.delivered = "idle"
+        duty.set_busy(False)
+        return await asyncio.wait_for(checking, 10)
+
+    assert asyncio.run(scenario()) is True
+    assert duty.sent == 2 and duty.unlistened
+
+
 def test_a_check_ends_after_its_most_seconds_however_busy_the_connection(monkeypatch):
     """One statement holding the connection for good (it never idles, no notice comes): the check
     fails after CHECK_MOST_SECONDS, and the worker polls and checks again later."""
@@ -163,6 +190,9 @@ def test_a_duty_connection_kept_busy_through_the_check_ends_up_listening(dsn, mo
     seconds, the check fails and the worker polls; once the connection is free, the next check
     passes and the worker listens again. Either way a task enqueued then wakes it by notification."""
     monkeypatch.setattr(listener_module, "RECHECK_FIRST_SECONDS", 0.5)
+    # The notice of a check sent while the lock holds comes with the statement's answer: an hour's
+    # pacing leaves the check to be sent again once the connection rests.
+    monkeypatch.setattr(listener_module, "CHECK_RESEND_FIRST_SECONDS", 3600.0)
     if past == "its most seconds":
         monkeypatch.setattr(listener_module, "CHECK_MOST_SECONDS", 0.5)
     caplog.set_level(logging.INFO, logger="queueworker.listener")

@@ -226,6 +226,7 @@ class DutyConnection:
         # all, and since when it waits now (event-loop time; None while it does not).
         self._idle_total = 0.0
         self._idle_since: float | None = None
+        self._resting = asyncio.Event()  # set while it waits (idle_for)
 
     async def fetch(self, statement: Statement[P, R], params: P, *, timeout: float = CLIENT_TIMEOUT_SECONDS,
                     first: Bound | None = None) -> list[R]:
@@ -358,6 +359,20 @@ class DutyConnection:
         waiting = 0.0 if self._idle_since is None else asyncio.get_running_loop().time() - self._idle_since
         return self._idle_total + waiting
 
+    async def idle_for(self, seconds: float) -> None:
+        """Returns once the listener has waited on the idle connection for `seconds` without a
+        statement in between: the connection rests (a worker out of work), it is not between two
+        statements of a busy one."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._resting.wait()
+            since = self._idle_since
+            if since is None:
+                continue
+            await asyncio.sleep(since + seconds - loop.time())
+            if self._idle_since == since:
+                return
+
     def _pass_on(self, on_notify: Callable[[psycopg.Notify, bool], None]) -> bool:
         """Passes on the kept notifications, PASS_ON_SLICE at most; whether some are left."""
         for _ in range(min(len(self._received), PASS_ON_SLICE)):
@@ -382,11 +397,13 @@ class DutyConnection:
         loop.add_reader(fileno, lambda: woken.done() or woken.set_result(True))
         self._woken = woken
         self._idle_since = loop.time()
+        self._resting.set()
         try:
             return await woken
         finally:
             self._idle_total += loop.time() - self._idle_since
             self._idle_since = None
+            self._resting.clear()
             self._woken = None
             loop.remove_reader(fileno)
 

@@ -42,6 +42,7 @@ RECHECK_MAX_SECONDS, and listens again once a check passes (never with --no-list
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 
@@ -73,9 +74,14 @@ RECHECK_MAX_SECONDS = 1800.0
 CHECK_MOST_SECONDS = 60.0
 # After a notice that came with a statement's answer the check is sent again, first after this
 # long, then twice as long each time, at most CHECK_RESEND_MOST_SECONDS apart: a busy worker sends
-# a few a second at first and one a second later, not one per statement it runs.
+# a few a second at first and one a second later, not one per statement it runs. It is sent at once
+# when the duty connection has rested CHECK_RESEND_IDLE_SECONDS (idle, no statement in between): a
+# worker that ran out of work passes the check within moments, and hears the next announcement
+# (until it passes it listens on no queue's channel: a partitioned run's consolidation, enqueued by
+# the completion of its last partition, waited for the paced re-send, about 190 ms after a drain).
 CHECK_RESEND_FIRST_SECONDS = 0.05
 CHECK_RESEND_MOST_SECONDS = 1.0
+CHECK_RESEND_IDLE_SECONDS = 0.005
 
 class Listener:
     def __init__(self, dsn: str, conn: db.DutyConnection, send: db.DutyConnection, queues: tuple[str, ...],
@@ -197,7 +203,9 @@ class Listener:
                     await asyncio.gather(notice, return_exceptions=True)
                 if news.is_set() and not arrived and not waiting.done():
                     idle_before += self._conn.idle_seconds() - idle_at_send
-                    await asyncio.sleep(resend_after)  # it came with a statement's answer: ask again, later
+                    # It came with a statement's answer: ask again later, or once the connection rests.
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._conn.idle_for(CHECK_RESEND_IDLE_SECONDS), resend_after)
                     resend_after, send = min(2 * resend_after, CHECK_RESEND_MOST_SECONDS), True
         finally:
             waiting.cancel()
