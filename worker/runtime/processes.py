@@ -1,7 +1,7 @@
 """`queueworker worker --processes N`: one supervisor process running N worker processes, for a pod
 with several CPUs (one Python process uses one core for its own code).
 
-The supervisor does no queue work. It imports the worker's modules once, then forks each worker,
+The supervisor does no queue work. It has imported the worker's modules once, and forks each worker,
 which runs `queueworker worker` with the same arguments (and `--processes 1`): a forked worker
 starts without importing psycopg, pydantic and the worker again (about 250 ms of CPU each, N of
 them at once on the pod's cores), and shares the imported modules' memory with its siblings until
@@ -81,7 +81,10 @@ def metrics_ports(first: int | None, count: int) -> list[int | None]:
 def run_processes(argv: Sequence[str], ports: Sequence[int | None]) -> int:
     """Runs one worker per entry of `ports` (its metrics port, from metrics_ports) until a stop
     signal and their drains; returns the exit code."""
-    _import_the_worker()
+    # The CLI imported the worker's modules before it chose to supervise (cli.worker.cmd_worker): the
+    # forked workers start with them, and share their memory. The collector must not write to (and
+    # so copy) every page of it in each worker.
+    gc.freeze()
     count = len(ports)
     slots = [_Slot(i, ports[i]) for i in range(count)]
     stops = 0
@@ -135,18 +138,6 @@ def run_processes(argv: Sequence[str], ports: Sequence[int | None]) -> int:
     if EXIT_USAGE in failed:
         return EXIT_USAGE
     return EXIT_UNCLEAN if failed or len(last) < count else 0
-
-
-def _import_the_worker() -> None:
-    """Imports what every worker imports before its first claim, once, in the supervisor: the forked
-    workers start with it, and share its memory. `gc.freeze()` keeps the collector from writing to
-    (and so copying) every page of it in each worker."""
-    import prometheus_client  # noqa: F401 - the workers' metrics endpoint
-
-    from . import external, handlers, worker  # noqa: F401
-    from .. import settings  # noqa: F401
-
-    gc.freeze()
 
 
 def _start(slot: _Slot, argv: Sequence[str]) -> None:
