@@ -167,6 +167,30 @@ ok = (await conn.fetch(X, P()))[0].version
         ".fetchone()"]
 
 
+def _wait_for_calls(tree: ast.AST) -> list[int]:
+    """Where a module calls asyncio.wait_for (as `asyncio.wait_for`, or imported by name)."""
+    return [node.lineno for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and (
+                (isinstance(node.func, ast.Attribute) and node.func.attr == "wait_for"
+                 and isinstance(node.func.value, ast.Name) and node.func.value.id == "asyncio")
+                or (isinstance(node.func, ast.Name) and node.func.id == "wait_for"
+                    and any(isinstance(imported, ast.ImportFrom) and imported.module == "asyncio"
+                            and any(alias.name == "wait_for" for alias in imported.names)
+                            for imported in ast.walk(tree))))]
+
+
+def test_no_module_waits_with_asyncio_wait_for():
+    """On Python 3.11, asyncio.wait_for returns the result it waited for when its task is cancelled as
+    that result arrives: the cancellation is lost, and a duty the shutdown cancelled goes on (a worker
+    hung in its shutdown that way). `asyncio.timeout` and queueworker.events.wait_event do not."""
+    found = [f"{path.relative_to(ROOT)}:{line}" for module, (path, _) in sorted(MODULES.items())
+             for line in _wait_for_calls(ast.parse(path.read_text()))]
+    assert found == []
+    assert _wait_for_calls(ast.parse("await asyncio.wait_for(f(), 1)\n")) == [1]
+    assert _wait_for_calls(ast.parse("from asyncio import wait_for\nawait wait_for(f(), 1)\n")) == [2]
+    assert _wait_for_calls(ast.parse("await wait_for(f(), 1)\n")) == [], "queueworker.wait_for is not asyncio's"
+
+
 def test_every_public_name_resolves_and_a_producer_loads_no_worker():
     """`queueworker/__init__` imports its names on first use: each must be where it says, and a
     producer importing the client's names must not pay for the worker runtime or its metrics."""

@@ -157,6 +157,43 @@ def test_a_busy_connection_that_comes_to_rest_is_checked_again_at_once_not_at_th
     assert duty.sent == 2 and duty.unlistened
 
 
+class RestingDuty(PooledDuty):
+    """A busy duty connection that comes to rest when the test says so (`rest`)."""
+
+    def __init__(self) -> None:
+        super().__init__("answer", busy=True)
+        self.rest = asyncio.Event()
+
+    async def idle_for(self, seconds: float) -> None:
+        await self.rest.wait()
+
+
+@pytest.mark.parametrize("turns", range(4))
+def test_a_check_cancelled_as_its_connection_comes_to_rest_ends(monkeypatch, turns):
+    """A worker stopped at the moment its duty connection came to rest: the shutdown cancels the
+    listen duty while its check waits for that rest. Python 3.11's asyncio.wait_for returns the
+    result it waited for when its task is cancelled as that result arrives, swallowing the
+    cancellation: the check went on, the duty never ended, and the worker hung in its shutdown
+    until killed. Cancelled a few loop turns after the rest (each interleaving), it ends cancelled."""
+    monkeypatch.setattr(listener_module, "CHECK_RESEND_FIRST_SECONDS", 3600.0)
+    duty = RestingDuty()
+
+    async def scenario() -> bool:
+        checking = asyncio.create_task(listener_of(duty)._notifications_arrive())
+        await until(lambda: duty.notices == 1, message="the first check's notice, with a statement's answer")
+        for _ in range(3):
+            await asyncio.sleep(0)  # the check takes it in and waits for the connection to rest
+        assert not checking.done() and duty.sent == 1
+        duty.rest.set()
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        checking.cancel()
+        done, _ = await asyncio.wait([checking], timeout=5)
+        return bool(done) and checking.cancelled()
+
+    assert asyncio.run(scenario()), f"the check went on after its cancellation ({duty.sent} checks sent)"
+
+
 def test_a_check_ends_after_its_most_seconds_however_busy_the_connection(monkeypatch):
     """One statement holding the connection for good (it never idles, no notice comes): the check
     fails after CHECK_MOST_SECONDS, and the worker polls and checks again later."""

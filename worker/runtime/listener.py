@@ -204,8 +204,11 @@ class Listener:
                 if news.is_set() and not arrived and not waiting.done():
                     idle_before += self._conn.idle_seconds() - idle_at_send
                     # It came with a statement's answer: ask again later, or once the connection rests.
+                    # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation
+                    # that comes as the connection rests, and the stopping worker's duty never ended.
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._conn.idle_for(CHECK_RESEND_IDLE_SECONDS), resend_after)
+                        async with asyncio.timeout(resend_after):
+                            await self._conn.idle_for(CHECK_RESEND_IDLE_SECONDS)
                     resend_after, send = min(2 * resend_after, CHECK_RESEND_MOST_SECONDS), True
         finally:
             waiting.cancel()

@@ -24,6 +24,7 @@ from ..client.results import TaskInfo, task_info
 from ..db import statements
 from ..db.statements import NO_PARAMS
 from ..db.testing import DRAIN_LEFT, DRAINED, DUE_QUEUES, ENQUEUED, DrainedParams, DrainParams, EnqueuedParams
+from ..events import wait_event
 from ..jsonvalue import decode
 
 __all__ = ["DrainTimeout", "assert_enqueued", "drain", "enqueued", "refute_enqueued"]
@@ -129,10 +130,8 @@ async def _drain(dsn: str, queues: list[str], registry: Any, timeout: float) -> 
                     raise DrainTimeout(f"drain of {', '.join(queues)} gave up after {timeout:g} s with "
                                        f"{left.due} task(s) due and {left.running} running")
                 moved.clear()
-                try:  # a claim or a completion is what changes the count; a look every 50 ms besides
-                    await asyncio.wait_for(moved.wait(), 0.05)
-                except TimeoutError:
-                    pass
+                # A claim or a completion is what changes the count; a look every 50 ms besides.
+                await wait_event(moved, 0.05)
         finally:
             worker.request_stop()
             exit_code = await running
