@@ -91,11 +91,16 @@ async def supervise(duty: str, step: Step, log: logging.Logger, signals: WorkerS
     grows up to `error_cap_seconds`. `jitter` spreads every wait by ±that fraction, so workers
     started together do not meet at the same moment. A CancelledError that does not come from
     cancelling the duty itself is an error like any other. Each pass's start and end are told to
-    the worker's `signals`."""
+    the worker's `signals`. A step that swallows the cancellation of its duty (asyncio.wait_for does,
+    on Python 3.11, when the cancellation comes as what it waits for arrives) does not keep the duty
+    going: the next pass sees the request and ends it, and the worker's shutdown does not hang."""
     streak = ErrorStreak(duty, log, dsn, cap_seconds=error_cap_seconds)
     passes = metrics.DUTY_PASSES.labels(duty)
     delay = first_delay
+    this = asyncio.current_task()  # supervise runs as a task of its own: never None
     while True:
+        if this.cancelling():
+            raise asyncio.CancelledError(f"{duty}: cancelled during a pass that went on")
         if streak.failures:
             await asyncio.sleep(delay or 0)
         elif delay is None or delay > 0:
@@ -118,7 +123,7 @@ async def supervise(duty: str, step: Step, log: logging.Logger, signals: WorkerS
             if delay is None and wake is None:
                 raise TypeError(f"{duty}: a duty without a wake event must say when to run next")
         except asyncio.CancelledError as exc:
-            if asyncio.current_task().cancelling():
+            if this.cancelling():
                 raise
             delay = streak.record(exc)
         except Exception as exc:  # noqa: BLE001 - no error may end a duty; each one is logged and counted
