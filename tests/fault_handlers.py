@@ -46,3 +46,14 @@ def stuck_sync(payload: dict) -> None:
 def quick_sync(payload: dict) -> str:
     time.sleep(payload["seconds"])
     return "done"
+
+
+@task(name="stubborn.async")
+async def stubborn_async(payload: dict) -> None:
+    """An async handler that catches every cancellation and goes on: its deadline's, the drain's."""
+    _note(payload["log"], "start")
+    while True:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            _note(payload["log"], "ignored a cancellation")

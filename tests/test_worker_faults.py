@@ -222,3 +222,35 @@ def test_sync_handlers_that_ignore_cancellation_do_not_starve_the_others(dsn):
         assert proc.wait(30) == 0, "stuck threads must not hold up the exit"
     finally:
         proc.stop()
+
+
+def test_an_async_handler_that_ignores_its_cancellation_holds_neither_its_task_nor_the_workers_exit(dsn, tmp_path):
+    """A handler that catches CancelledError and goes on. At its hard deadline it kept its task
+    running (the heartbeat kept the lease) and its slot taken for good; at a stop, the worker said
+    it had stopped and never exited (asyncio.run waits for every task it cancels). Now its attempt
+    fails as DeadlineExceeded a grace period after the deadline, the next task gets the slot, and
+    the stopped worker exits within a second of its shutdown, naming the task it left running."""
+    log = tmp_path / "handler.log"
+    with psycopg.connect(dsn) as conn:
+        stubborn, = enqueue_many(conn, [{"task": "stubborn.async", "payload": {"log": str(log)},
+                                         "timeout_seconds": 1, "max_attempts": 1}])
+        quick, = enqueue_many(conn, [{"task": "quick.sync", "payload": {"seconds": 0}, "priority": -1}])
+        again, = enqueue_many(conn, [{"task": "stubborn.async", "payload": {"log": str(log)},
+                                      "timeout_seconds": 60, "priority": -2}])
+    proc = WorkerProcess(dsn, "--handlers", "tests.fault_handlers", "--concurrency", "1", "--drain-seconds", "1")
+    try:
+        wait_until(lambda: scalar(dsn, "SELECT state::text FROM queueworker.tasks WHERE id = %s", (quick,))
+                   == "succeeded", timeout=60, message="the quick task, on the slot the stubborn one held")
+        assert scalar(dsn, "SELECT state::text || ' ' || (error->>'type') FROM queueworker.tasks WHERE id = %s",
+                      (stubborn,)) == "failed DeadlineExceeded"
+        assert "ignored a cancellation" in log.read_text(), "its deadline's cancellation was caught, not obeyed"
+        wait_until(lambda: scalar(dsn, "SELECT state::text FROM queueworker.tasks WHERE id = %s", (again,))
+                   == "running", timeout=30, message="the second stubborn task to run")
+        proc.signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, "the stopped worker must exit"
+        assert "did not end when cancelled at exit" in proc.log()
+        assert "ignored the cancellation of its hard deadline" in proc.log()
+        assert scalar(dsn, "SELECT state::text FROM queueworker.tasks WHERE id = %s", (again,)) == "pending", \
+            "its lease released at the stop"
+    finally:
+        proc.stop()

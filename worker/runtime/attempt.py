@@ -35,3 +35,9 @@ class Attempt:
 
     def __post_init__(self) -> None:
         self.key = (self.id, self.token)
+
+    @property
+    def settled(self) -> bool:
+        """Its outcome is on its way, or it was abandoned: whatever its handler ends with now is
+        discarded."""
+        return self.reporting or self.abandoned

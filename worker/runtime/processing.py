@@ -4,13 +4,18 @@ Processing decodes what the claim returned (payload, run, checkpoint), runs the 
 attempt's deadline, and encodes its result; ReportingSuccess or ReportingFailure hands the outcome
 to the completer, which writes it in a batch, and frees the attempt's slot at once. Whatever goes
 wrong in a handler, or in what it returned, becomes the attempt's failure, never the worker's: an
-attempt that was abandoned meanwhile (lease lost, fenced, drained) reports nothing.
+attempt that was abandoned meanwhile (lease lost, fenced, drained) reports nothing. An async handler
+that ignores the cancellation of its hard deadline does not hold its task: the fence duty fails the
+attempt a grace period after the deadline (`fail_ignored_deadlines`), and whatever the handler ends
+with later is discarded, as an abandoned attempt's is.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import traceback
+from collections.abc import Iterable
 from typing import Any
 
 from .. import dsn as dsn_text
@@ -19,8 +24,11 @@ from ..backoff import retry_delay
 from ..settings import WorkerSettings
 from .attempt import Attempt
 from .completer import Completer
-from .handlers import (CANCELLED, CancelledByHandler, Continue, DeadlineExceeded, HandlerThreads, PermanentError,
-                       Registry, RetryAfter, RunInfo, Snooze, UnknownTaskError, run_handler)
+from .handlers import (CANCELLED, DEADLINE, STUCK_GRACE_SECONDS, CancelledByHandler, Continue, DeadlineExceeded,
+                       HandlerThreads, PermanentError, Registry, RetryAfter, RunInfo, Snooze, UnknownTaskError,
+                       run_handler)
+
+log = logging.getLogger("queueworker.worker")
 
 TRACEBACK_LIMIT = 4000
 MESSAGE_LIMIT = 2000
@@ -84,13 +92,13 @@ class AttemptProcessor:
                 except jsonvalue.NotStorable as exc:
                     raise PermanentError(f"the continuation's payload is not storable: {exc}") from None
         except asyncio.CancelledError:
-            if not attempt.abandoned:  # nobody here cancelled it: the handler cancelled its own task
+            if not attempt.settled:  # nobody here cancelled it: the handler cancelled its own task
                 return self._report_failure(attempt, CancelledByHandler("the handler cancelled its own task"))
         except BaseException as exc:  # noqa: BLE001 - every handler failure is reported, never lost
-            if not attempt.abandoned:
+            if not attempt.settled:
                 return self._report_failure(attempt, exc)
         else:
-            if not attempt.abandoned:
+            if not attempt.settled:
                 if continuation is None:
                     self._completer.succeed(attempt, encoded)
                 else:
@@ -103,6 +111,22 @@ class AttemptProcessor:
             metrics.task_duration(attempt.queue, attempt.task if attempt.task in self._registry
                                   else "unknown").observe(loop.time() - attempt.started)
         return (attempt.ctx.cancel_reason or CANCELLED).replace(" ", "_"), None  # abandoned: its stop reason
+
+    def fail_ignored_deadlines(self, attempts: Iterable[Attempt]) -> None:
+        """Fails, as DeadlineExceeded, the attempts whose handler still runs STUCK_GRACE_SECONDS
+        after its hard deadline: an async handler that caught the deadline's cancellation and went
+        on (a sync one's attempt gives up on its thread at the deadline itself). Its slot is free
+        and its task retried or failed as its attempts allow; the coroutine is left to run, and
+        whatever it ends with is discarded (the attempt is settled)."""
+        now = asyncio.get_running_loop().time()
+        for attempt in [a for a in attempts if not a.settled and now >= a.deadline + STUCK_GRACE_SECONDS
+                        and a.runner is not None and not a.runner.done()]:
+            log.warning("async handler of task %s (%s) ignored the cancellation of its hard deadline %.0f s ago: "
+                        "failed as DeadlineExceeded, its coroutine left running", attempt.id, attempt.task,
+                        now - attempt.deadline, extra={"task_id": attempt.id, "task": attempt.task})
+            attempt.ctx.stop(DEADLINE)  # `ctx.cancelled`, for a handler that looks at it
+            self._report_failure(attempt, DeadlineExceeded("hard deadline exceeded: the handler ignored its "
+                                                           "cancellation"))
 
     def _report_failure(self, attempt: Attempt, exc: BaseException) -> tuple[str, str | None]:
         """Hands the failure to the completer; returns the outcome (as the completer labels it) and

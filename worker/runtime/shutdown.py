@@ -1,14 +1,15 @@
 """The steps of a worker's shutdown that stand on their own; `Worker` runs them in order when it
 drains (docs/state-machine.md, Draining): stop the fetch loop, then flush, release and deregister,
 each retried within what is left of the shutdown budget, severing connections whose database no
-longer answers so that nothing waits on it while the worker stops."""
+longer answers so that nothing waits on it while the worker stops; and the end of the worker's own
+event loop (`run_to_exit`), which no task that ignores its cancellation can hold up."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from typing import Any, Protocol, TypeVar
 
 from .supervisor import ErrorStreak
 
@@ -19,6 +20,12 @@ log = logging.getLogger("queueworker.worker")
 # it, which on a busy machine can take longer.
 SEVERED_SETTLE_SECONDS = 2.0
 SEVERED_POLL_SECONDS = 0.02
+# Once the worker has stopped, the most the tasks still on its loop are given to end after they are
+# cancelled (one loop turn is enough for any task that honours it), and the most the loop's thread
+# pool is given to finish what it runs.
+STRAGGLER_SECONDS = 1.0
+
+T = TypeVar("T")
 
 
 class Severable(Protocol):
@@ -75,3 +82,41 @@ async def within_budget(end: float, what: str, step: Callable[[float], Awaitable
             return True
         except Exception as exc:  # noqa: BLE001 - logged and retried within the budget
             await asyncio.sleep(min(errors.record(exc), max(0.0, end - loop.time())))
+
+
+def run_to_exit(main: Coroutine[Any, Any, T]) -> T:
+    """asyncio.run(main), but the end of the loop is bounded. asyncio.run cancels every task left
+    and waits for all of them: a task that ignores its cancellation (an async handler that catches
+    CancelledError and goes on) kept a worker that had stopped, its leases released, from ever
+    exiting. Here the tasks left are cancelled and given STRAGGLER_SECONDS; those still running
+    are named in an error and left behind with the loop, which the process's exit ends."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        return loop.run_until_complete(main)
+    finally:
+        try:
+            left = asyncio.all_tasks(loop)
+            for task in left:
+                task.cancel()
+            if left:
+                loop.run_until_complete(asyncio.wait(left, timeout=STRAGGLER_SECONDS))
+            stragglers = [task for task in left if not task.done()]
+            if stragglers:
+                log.error("%d task(s) did not end when cancelled at exit, left running: %s (an async handler "
+                          "that catches CancelledError and goes on?)", len(stragglers),
+                          ", ".join(sorted(_describe(task) for task in stragglers)))
+                for task in stragglers:  # named above: no "Task was destroyed but it is pending!" besides
+                    task._log_destroy_pending = False  # type: ignore[attr-defined]
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            executor = loop.create_task(loop.shutdown_default_executor())
+            loop.run_until_complete(asyncio.wait({executor}, timeout=STRAGGLER_SECONDS))
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
+
+
+def _describe(task: asyncio.Task[Any]) -> str:
+    """A task as the error names it: its name and its coroutine's."""
+    coro = task.get_coro()
+    return f"{task.get_name()} ({getattr(coro, '__qualname__', type(coro).__name__)})"

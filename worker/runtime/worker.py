@@ -52,7 +52,7 @@ from .listener import Listener
 from .processing import AttemptProcessor
 from .rescuer import Rescuer
 from .scheduler import Scheduler
-from .shutdown import sever, stop_fetching, within_budget
+from .shutdown import run_to_exit, sever, stop_fetching, within_budget
 from .signals import WorkerSignals
 from .supervisor import ErrorStreak, supervise
 from .watchdog import LoopWatchdog
@@ -543,9 +543,11 @@ class Worker:
             attempt.runner.cancel()
 
     async def _fence_step(self) -> float:
-        """The fence duty: cancel attempts whose lease passed by our clock; stop the worker when
-        handler threads that ignore cancellation pile up (only a new process frees them)."""
+        """The fence duty: cancel attempts whose lease passed by our clock; fail those whose async
+        handler ignored its deadline; stop the worker when handler threads that ignore cancellation
+        pile up (only a new process frees them)."""
         interval = self.heartbeater.fence()
+        self._processor.fail_ignored_deadlines(self._inflight.values())
         if self._threads.stuck > self.settings.concurrency and not self._stopping:
             log.critical("%d sync handler threads ignored cancellation and still run: restarting the worker "
                          "to free them", self._threads.stuck)
@@ -663,7 +665,7 @@ def run_worker(dsn: str, settings: WorkerSettings | None = None, registry: Regis
     program's main loop (as in the CLI), so by default SIGTERM/SIGINT drain it."""
     worker = _prepared(dsn, settings, registry, handlers, auto_migrate, install_signal_handlers,
                        on_ready, on_stopped)
-    return asyncio.run(worker.run())
+    return run_to_exit(worker.run())
 
 
 def _prepared(dsn: str, settings: WorkerSettings | None, registry: Registry | None, handlers: Iterable[str],

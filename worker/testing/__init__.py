@@ -102,9 +102,12 @@ def drain(conn: psycopg.Connection, queue: str | None = None, *, registry: Any =
     queues = [queue] if queue is not None else [row.queue for row in statements.fetch(conn, DUE_QUEUES, NO_PARAMS)]
     if not queues:
         return []
-    # A thread of its own, so that drain works whether or not the caller's thread runs an event loop.
+    # A thread of its own, so that drain works whether or not the caller's thread runs an event loop;
+    # its loop ends as a worker's does, whatever a handler that ignores cancellation does. Imported
+    # here, as the worker is (below): a test suite that never drains loads no worker.
+    from ..runtime.shutdown import run_to_exit
     with ThreadPoolExecutor(1, thread_name_prefix="queueworker-drain") as pool:
-        return pool.submit(asyncio.run, _drain(dsn, queues, registry, timeout)).result()
+        return pool.submit(run_to_exit, _drain(dsn, queues, registry, timeout)).result()
 
 
 async def _drain(dsn: str, queues: list[str], registry: Any, timeout: float) -> list[TaskInfo]:
