@@ -33,6 +33,7 @@ def fresh_database(admin: str, name: str) -> str:
 @dataclass
 class Workers:
     procs: list[subprocess.Popen]
+    log: str  # every worker's log lines (warnings and worse)
 
     @classmethod
     def start(cls, dsn: str, count: int, concurrency: int, *extra: str) -> Workers:
@@ -40,7 +41,7 @@ class Workers:
         procs = [subprocess.Popen([sys.executable, "-m", "queueworker.cli", "worker", "--builtin-tasks", "--dsn", dsn,
                                    "--concurrency", str(concurrency), "--log-level", "WARNING", *extra],
                                   stdout=log, stderr=log) for _ in range(count)]
-        return cls(procs)
+        return cls(procs, log.name)
 
     def wait_registered(self, dsn: str, timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout
@@ -53,11 +54,17 @@ class Workers:
     def stop(self) -> None:
         for proc in self.procs:
             proc.send_signal(signal.SIGTERM)
+        killed = 0
         for proc in self.procs:
             try:
                 proc.wait(30)
             except subprocess.TimeoutExpired:
                 proc.kill()
+                proc.wait()
+                killed += 1
+        if killed:  # a worker that does not stop is a bug the measure must not hide
+            print(f"warning: {killed} of {len(self.procs)} worker processes did not stop within 30 s of SIGTERM "
+                  f"and were killed; their log: {self.log}", file=sys.stderr)
 
 
 def wait_drained(conn: psycopg.Connection, interval: float = 0.25) -> None:

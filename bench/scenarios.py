@@ -13,6 +13,7 @@ import os
 import signal
 import statistics
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -81,12 +82,17 @@ class Workers:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 10
-        for proc in self.procs:
+        killed = []
+        for proc, log in zip(self.procs, self.logs):
             try:
                 proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+                killed.append(log)
+        if killed:  # a worker that does not stop is a bug the measure must not hide
+            print(f"warning: {len(killed)} of {len(self.procs)} worker processes did not stop within 10 s of "
+                  f"SIGTERM and were killed; their logs: {', '.join(killed)}", file=sys.stderr)
         for path in glob.glob(self.lat_file + ".*"):
             os.unlink(path)
 
