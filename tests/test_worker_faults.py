@@ -225,7 +225,7 @@ def test_sync_handlers_that_ignore_cancellation_do_not_starve_the_others(dsn):
 
 
 def test_an_async_handler_that_ignores_its_cancellation_holds_neither_its_task_nor_the_workers_exit(dsn, tmp_path):
-    """A handler that catches CancelledError and goes on. At its hard deadline it kept its task
+    """A handler that catches CancelledError and goes on. Past its hard deadline it kept its task
     running (the heartbeat kept the lease) and its slot taken for good; at a stop, the worker said
     it had stopped and never exited (asyncio.run waits for every task it cancels). Now its attempt
     fails as DeadlineExceeded a grace period after the deadline, the next task gets the slot, and

@@ -24,7 +24,8 @@ from ..backoff import retry_delay
 from ..settings import WorkerSettings
 from .attempt import Attempt
 from .completer import Completer
-from .handlers import (CANCELLED, DEADLINE, STUCK_GRACE_SECONDS, CancelledByHandler, Continue, DeadlineExceeded,
+from .external import KILL_GRACE_SECONDS
+from .handlers import (CANCELLED, DEADLINE, CancelledByHandler, Continue, DeadlineExceeded,
                        HandlerThreads, PermanentError, Registry, RetryAfter, RunInfo, Snooze, UnknownTaskError,
                        run_handler)
 
@@ -35,6 +36,10 @@ MESSAGE_LIMIT = 2000
 # Results larger than this fail their task ("result not storable"): a queue row is no blob store,
 # and Postgres refuses jsonb values past 256 MB anyway.
 RESULT_LIMIT_BYTES = 64 * 1024 * 1024
+# How long after its hard deadline an async handler may still run before its attempt is failed
+# without it: longer than the cleanup any handler of queueworker's own does once cancelled (an
+# external command's process group is given KILL_GRACE_SECONDS between SIGTERM and SIGKILL).
+IGNORED_DEADLINE_SECONDS = 2 * KILL_GRACE_SECONDS
 
 
 class AttemptProcessor:
@@ -113,13 +118,13 @@ class AttemptProcessor:
         return (attempt.ctx.cancel_reason or CANCELLED).replace(" ", "_"), None  # abandoned: its stop reason
 
     def fail_ignored_deadlines(self, attempts: Iterable[Attempt]) -> None:
-        """Fails, as DeadlineExceeded, the attempts whose handler still runs STUCK_GRACE_SECONDS
+        """Fails, as DeadlineExceeded, the attempts whose handler still runs IGNORED_DEADLINE_SECONDS
         after its hard deadline: an async handler that caught the deadline's cancellation and went
         on (a sync one's attempt gives up on its thread at the deadline itself). Its slot is free
         and its task retried or failed as its attempts allow; the coroutine is left to run, and
         whatever it ends with is discarded (the attempt is settled)."""
         now = asyncio.get_running_loop().time()
-        for attempt in [a for a in attempts if not a.settled and now >= a.deadline + STUCK_GRACE_SECONDS
+        for attempt in [a for a in attempts if not a.settled and now >= a.deadline + IGNORED_DEADLINE_SECONDS
                         and a.runner is not None and not a.runner.done()]:
             log.warning("async handler of task %s (%s) ignored the cancellation of its hard deadline %.0f s ago: "
                         "failed as DeadlineExceeded, its coroutine left running", attempt.id, attempt.task,
