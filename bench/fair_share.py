@@ -8,7 +8,9 @@ Two measures, on one throwaway server:
   (`claim_limited_fair`, under the queue's row lock), and from one with per-key limits set too
   high to bind (`claim_keys`, under the same lock: a bucket and a cap per key), `--rounds` times
   each: tasks per second from the first start to the last finish (the database's clocks), and each
-  claim's share of the plain one's (the key-limited one's of the queue-limited one's too);
+  claim's share of the plain one's (the key-limited one's of the queue-limited one's too), and the
+  CPU each task cost from the workers' registration to the drain's end: the whole machine's (from
+  /proc/stat: the workers and Postgres, on a machine doing nothing else) and the workers' own;
 - **a whale and minnows**: one key with `--big` tasks enqueued first, then `--small-keys` keys with
   `--per-small` tasks each, 4 worker processes of 25 slots started once all are in: when each
   small key's first task starts, counted from the start of the drain (p50, p99, max), and how many
@@ -28,7 +30,9 @@ import argparse
 import os
 import statistics
 import time
+from typing import NamedTuple
 
+import psutil
 import psycopg
 
 from bench.queueworker_bench import Workers, fresh_database, wait_drained, percentile
@@ -48,16 +52,42 @@ def _enqueue(dsn: str, specs: list[TaskSpec]) -> None:
             conn.commit()
 
 
-def _drain(dsn: str, processes: int, concurrency: int, queue: str) -> None:
+def _drain(dsn: str, processes: int, concurrency: int, queue: str) -> tuple[float, float]:
+    """Drains `queue` with `processes` worker processes; the CPU seconds the whole machine and the
+    workers spent from their registration to the drain's end."""
     workers = Workers.start(dsn, processes, concurrency, "--queue", queue)
     try:
+        workers.wait_registered(dsn)
+        procs = [psutil.Process(proc.pid) for proc in workers.procs]
+        machine, own = _machine_cpu(), _cpu(procs)
         with psycopg.connect(dsn, autocommit=True) as conn:
-            wait_drained(conn)
+            wait_drained(conn, interval=0.05)
+        return _machine_cpu() - machine, _cpu(procs) - own
     finally:
         workers.stop()
 
 
-def burn_rate(admin: str, tasks: int, keys: int, limits: str = "") -> float:
+def _cpu(procs: list[psutil.Process]) -> float:
+    """User and system CPU seconds of `procs` so far."""
+    return sum(times.user + times.system for times in (proc.cpu_times() for proc in procs))
+
+
+def _machine_cpu() -> float:
+    """CPU seconds every core of the machine spent busy so far (/proc/stat: all but idle and iowait)."""
+    with open("/proc/stat") as stat:
+        ticks = [int(value) for value in stat.readline().split()[1:9]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
+class Burn(NamedTuple):
+    """One burn-down: tasks per second, and CPU microseconds per task (the machine's, the workers')."""
+
+    rate: float
+    cpu_us: float
+    workers_cpu_us: float
+
+
+def burn_rate(admin: str, tasks: int, keys: int, limits: str = "") -> Burn:
     """Tasks/s draining `tasks` no-op tasks over `keys` keys (0: no key, a plain queue); with
     `limits`, under limits that never bind, so that what is measured is the cost of the claim that
     enforces them: "queue", a cap of a million running tasks; "keys", per-key limits (every key
@@ -74,8 +104,8 @@ def burn_rate(admin: str, tasks: int, keys: int, limits: str = "") -> float:
                    for n in range(tasks)])
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("VACUUM ANALYZE queueworker.tasks")
-    _drain(dsn, 2, 50, queue)
-    return _drained_rate(dsn, tasks)
+    machine, workers = _drain(dsn, 2, 50, queue)
+    return Burn(_drained_rate(dsn, tasks), 1e6 * machine / tasks, 1e6 * workers / tasks)
 
 
 def _drained_rate(dsn: str, tasks: int) -> float:
@@ -148,17 +178,20 @@ def main() -> None:
     try:
         print(f"load before: {os.getloadavg()[0]:.2f}")
         if args.rounds:
-            rates: dict[str, list[float]] = {"plain": [], "fair": [], "queue-limited": [], "key-limited": []}
+            burns: dict[str, list[Burn]] = {"plain": [], "fair": [], "queue-limited": [], "key-limited": []}
             for _ in range(args.rounds):
-                rates["plain"].append(burn_rate(admin, args.burn, 0))
-                rates["fair"].append(burn_rate(admin, args.burn, args.burn_keys))
-                rates["queue-limited"].append(burn_rate(admin, args.burn, args.burn_keys, limits="queue"))
-                rates["key-limited"].append(burn_rate(admin, args.burn, args.burn_keys, limits="keys"))
-            medians = {name: statistics.median(values) for name, values in rates.items()}
-            for name, values in rates.items():
+                burns["plain"].append(burn_rate(admin, args.burn, 0))
+                burns["fair"].append(burn_rate(admin, args.burn, args.burn_keys))
+                burns["queue-limited"].append(burn_rate(admin, args.burn, args.burn_keys, limits="queue"))
+                burns["key-limited"].append(burn_rate(admin, args.burn, args.burn_keys, limits="keys"))
+            medians = {name: statistics.median(burn.rate for burn in values) for name, values in burns.items()}
+            for name, values in burns.items():
                 print(f"burn-down {name:<13} median {medians[name]:>7,.0f} tasks/s  "
-                      f"({', '.join(f'{v:,.0f}' for v in values)})")
-            print("; ".join(f"{name} / plain: {medians[name] / medians['plain']:.0%}" for name in rates if name != "plain")
+                      f"({', '.join(f'{burn.rate:,.0f}' for burn in values)}); CPU per task "
+                      f"{statistics.median(burn.cpu_us for burn in values):.0f} µs "
+                      f"({', '.join(f'{burn.cpu_us:.0f}' for burn in values)}), the workers' "
+                      f"{statistics.median(burn.workers_cpu_us for burn in values):.0f} µs")
+            print("; ".join(f"{name} / plain: {medians[name] / medians['plain']:.0%}" for name in burns if name != "plain")
                   + f"; key-limited / queue-limited: {medians['key-limited'] / medians['queue-limited']:.0%}")
         if args.big:
             result = whale_and_minnows(admin, args.big, args.small_keys, args.per_small)
