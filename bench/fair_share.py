@@ -9,8 +9,8 @@ Two measures, on one throwaway server:
   high to bind (`claim_keys`, under the same lock: a bucket and a cap per key), `--rounds` times
   each: tasks per second from the first start to the last finish (the database's clocks), and each
   claim's share of the plain one's (the key-limited one's of the queue-limited one's too), and the
-  CPU each task cost from the workers' registration to the drain's end: the whole machine's (from
-  /proc/stat: the workers and Postgres, on a machine doing nothing else) and the workers' own;
+  CPU each task cost Postgres and the workers from the workers' registration to the drain's end
+  (read as bench/scenarios.py reads it for the comparisons);
 - **a whale and minnows**: one key with `--big` tasks enqueued first, then `--small-keys` keys with
   `--per-small` tasks each, 4 worker processes of 25 slots started once all are in: when each
   small key's first task starts, counted from the start of the drain (p50, p99, max), and how many
@@ -32,10 +32,10 @@ import statistics
 import time
 from typing import NamedTuple
 
-import psutil
 import psycopg
 
 from bench.queueworker_bench import Workers, fresh_database, wait_drained, percentile
+from bench.scenarios import postgres_cpu, processes_cpu, watch_postgres
 from queueworker.client import operations
 from queueworker.client.producer import TaskSpec, enqueue_many
 from queueworker.dev.localpg import LocalPostgres
@@ -53,37 +53,24 @@ def _enqueue(dsn: str, specs: list[TaskSpec]) -> None:
 
 
 def _drain(dsn: str, processes: int, concurrency: int, queue: str) -> tuple[float, float]:
-    """Drains `queue` with `processes` worker processes; the CPU seconds the whole machine and the
-    workers spent from their registration to the drain's end."""
+    """Drains `queue` with `processes` worker processes; the CPU seconds Postgres and the workers
+    spent from their registration to the drain's end."""
     workers = Workers.start(dsn, processes, concurrency, "--queue", queue)
     try:
         workers.wait_registered(dsn)
-        procs = [psutil.Process(proc.pid) for proc in workers.procs]
-        machine, own = _machine_cpu(), _cpu(procs)
+        postgres, own = postgres_cpu(), processes_cpu(workers.procs)
         with psycopg.connect(dsn, autocommit=True) as conn:
             wait_drained(conn, interval=0.05)
-        return _machine_cpu() - machine, _cpu(procs) - own
+        return postgres_cpu() - postgres, processes_cpu(workers.procs) - own
     finally:
         workers.stop()
 
 
-def _cpu(procs: list[psutil.Process]) -> float:
-    """User and system CPU seconds of `procs` so far."""
-    return sum(times.user + times.system for times in (proc.cpu_times() for proc in procs))
-
-
-def _machine_cpu() -> float:
-    """CPU seconds every core of the machine spent busy so far (/proc/stat: all but idle and iowait)."""
-    with open("/proc/stat") as stat:
-        ticks = [int(value) for value in stat.readline().split()[1:9]]
-    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
-
-
 class Burn(NamedTuple):
-    """One burn-down: tasks per second, and CPU microseconds per task (the machine's, the workers')."""
+    """One burn-down: tasks per second, and CPU microseconds per task (Postgres's, the workers')."""
 
     rate: float
-    cpu_us: float
+    postgres_cpu_us: float
     workers_cpu_us: float
 
 
@@ -104,8 +91,8 @@ def burn_rate(admin: str, tasks: int, keys: int, limits: str = "") -> Burn:
                    for n in range(tasks)])
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("VACUUM ANALYZE queueworker.tasks")
-    machine, workers = _drain(dsn, 2, 50, queue)
-    return Burn(_drained_rate(dsn, tasks), 1e6 * machine / tasks, 1e6 * workers / tasks)
+    postgres, workers = _drain(dsn, 2, 50, queue)
+    return Burn(_drained_rate(dsn, tasks), 1e6 * postgres / tasks, 1e6 * workers / tasks)
 
 
 def _drained_rate(dsn: str, tasks: int) -> float:
@@ -175,6 +162,7 @@ def main() -> None:
     args = parser.parse_args()
     server = LocalPostgres(durable=True)
     admin = server.start()
+    watch_postgres(server.data_dir)
     try:
         print(f"load before: {os.getloadavg()[0]:.2f}")
         if args.rounds:
@@ -187,9 +175,8 @@ def main() -> None:
             medians = {name: statistics.median(burn.rate for burn in values) for name, values in burns.items()}
             for name, values in burns.items():
                 print(f"burn-down {name:<13} median {medians[name]:>7,.0f} tasks/s  "
-                      f"({', '.join(f'{burn.rate:,.0f}' for burn in values)}); CPU per task "
-                      f"{statistics.median(burn.cpu_us for burn in values):.0f} µs "
-                      f"({', '.join(f'{burn.cpu_us:.0f}' for burn in values)}), the workers' "
+                      f"({', '.join(f'{burn.rate:,.0f}' for burn in values)}); CPU per task: Postgres "
+                      f"{statistics.median(burn.postgres_cpu_us for burn in values):.0f} µs, the workers "
                       f"{statistics.median(burn.workers_cpu_us for burn in values):.0f} µs")
             print("; ".join(f"{name} / plain: {medians[name] / medians['plain']:.0%}" for name in burns if name != "plain")
                   + f"; key-limited / queue-limited: {medians['key-limited'] / medians['queue-limited']:.0%}")

@@ -104,10 +104,7 @@ class Runner:
                                         if "fleet" in self.scenarios else {})})
         self.admin_dsn = server.start()
         self.pg_bin = server.bin_dir
-        try:
-            scenarios.POSTMASTER_PID = int((server.data_dir / "postmaster.pid").read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            scenarios.POSTMASTER_PID = None
+        scenarios.watch_postgres(server.data_dir)
         try:
             with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
                 conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")

@@ -20,6 +20,7 @@ import time
 from collections import Counter
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import psutil
@@ -120,10 +121,21 @@ def _crossing(samples: list[tuple[float, int]], level: float) -> float | None:
 
 
 TAIL_TICK = 0.02
-POSTMASTER_PID: int | None = None  # set by the runner: Postgres CPU time is read from its children
+POSTMASTER_PID: int | None = None  # set by watch_postgres: Postgres CPU time is read from its children
 
 
-def _postgres_cpu() -> float:
+def watch_postgres(data_dir: Path) -> None:
+    """Reads Postgres's CPU time from now on from the children of the server whose data directory
+    is `data_dir` (postgres_cpu); NaN when its postmaster cannot be found."""
+    global POSTMASTER_PID
+    try:
+        POSTMASTER_PID = int((data_dir / "postmaster.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        POSTMASTER_PID = None
+
+
+def postgres_cpu() -> float:
+    """CPU seconds Postgres's processes (the watched postmaster's children) have spent so far."""
     if POSTMASTER_PID is None:
         return float("nan")
     total = 0.0
@@ -144,10 +156,10 @@ def _tree(pid: int) -> list[psutil.Process]:
     return [root, *root.children(recursive=True)]
 
 
-def _workers_cpu(workers: Workers) -> float:
+def processes_cpu(procs: list[subprocess.Popen]) -> float:
     """CPU seconds of the started processes, their live descendants and the children they reaped."""
     total = 0.0
-    for proc in workers.procs:
+    for proc in procs:
         try:
             for process in _tree(proc.pid):
                 t = process.cpu_times()
@@ -189,7 +201,7 @@ def burn_down(system: System, dsn: str, tasks: int, processes: int, concurrency:
                 vacuum_samples += vacuuming
                 if cpu_mark is None and remaining <= tasks * 0.95:
                     # CPU is counted from the 5% mark on: interpreter start-up is not per-task cost.
-                    cpu_mark = (remaining, _workers_cpu(workers), _postgres_cpu())
+                    cpu_mark = (remaining, processes_cpu(workers.procs), postgres_cpu())
                 rss_peak = [max(a, b) for a, b in zip(rss_peak, workers.rss_mb())]
                 if remaining == 0:
                     break
@@ -201,9 +213,9 @@ def burn_down(system: System, dsn: str, tasks: int, processes: int, concurrency:
                     raise RuntimeError(f"{system.name}: burn-down did not finish in {timeout}s ({remaining} left)")
                 workers.check_alive()
                 time.sleep(TAIL_TICK if remaining <= tasks * 0.05 else coarse_tick)
-            worker_cpu = _workers_cpu(workers)
+            worker_cpu = processes_cpu(workers.procs)
     finally:
-        pg_cpu_end = _postgres_cpu()
+        pg_cpu_end = postgres_cpu()
         workers.stop()
     t_start = _crossing(samples, tasks * 0.95)
     if capped:
