@@ -25,7 +25,7 @@ import psycopg
 
 from bench.history import claim_script, run_pgbench, seed_noop_tasks
 from bench.queueworker_bench import fresh_database
-from queueworker.db.lease import CLAIM, COMPLETE_SUCCEEDED
+from queueworker.db.lease import CLAIM, COMPLETE_SUCCEEDED, claim_function_statement
 from queueworker.dev.localpg import LocalPostgres
 
 CLIENTS, LIMIT = 2, 100
@@ -49,7 +49,7 @@ def _cut(text: str, pattern: str, replacement: str) -> str:
 
 def variants() -> dict[str, tuple[str, str]]:
     """Claim and completion texts per variant."""
-    claim, complete = CLAIM.text, COMPLETE_SUCCEEDED.text
+    claim, complete = claim_function_statement(CLAIM), COMPLETE_SUCCEEDED.text
     claim_unaudited = _cut(claim, r"\), audited AS \(.*?FROM claimed\n\)", ")")
     complete_unaudited = _cut(complete, r"\), audited AS \(.*?FROM done\n\), settled", "), settled")
 

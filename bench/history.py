@@ -18,7 +18,7 @@ from pathlib import Path
 import psycopg
 
 from queueworker.db import statements
-from queueworker.db.lease import CLAIM, COMPLETE_SUCCEEDED, ClaimParams
+from queueworker.db.lease import CLAIM, COMPLETE_SUCCEEDED, ClaimParams, claim_function_statement
 
 
 def find_pgbench(bin_dir: Path | None = None) -> Path | None:
@@ -71,11 +71,12 @@ def _sum_buffers(node: dict) -> int:
     return node.get("Shared Hit Blocks", 0) + node.get("Shared Read Blocks", 0)
 
 
-def claim_script(claim_text: str = CLAIM.text, complete_text: str = COMPLETE_SUCCEEDED.text) -> str:
-    """pgbench script: our claim (its RETURNING rows aggregated into arrays) then our
-    complete_succeeded verbatim, placeholders turned into pgbench variables; the claim commits
-    without waiting for the disk with a generic plan, the completion waits with a custom plan, as
-    on a worker's connections (lease.sql, `claim_settings`). Other texts of the two statements
+def claim_script(claim_text: str = claim_function_statement(CLAIM),
+                 complete_text: str = COMPLETE_SUCCEEDED.text) -> str:
+    """pgbench script: our claim's statement (what queueworker.claim_tasks runs, its rows aggregated
+    into arrays) then our complete_succeeded verbatim, placeholders turned into pgbench variables;
+    the claim commits without waiting for the disk with a generic plan, as the function does
+    (migrations/functions/35_claims.sql), the completion waits. Other texts of the two statements
     (bench/ceiling_parts.py) go through the same script."""
     head, _ = claim_text.rsplit("\nSELECT ", 1)
     claim = (f"{head}\n"

@@ -1,4 +1,4 @@
--- Least-privilege database roles for queueworker, schema version 25. Why each grant exists, and
+-- Least-privilege database roles for queueworker, schema version 26. Why each grant exists, and
 -- what the roles still can do: docs/security.md.
 --
 -- Run it as a superuser, in the application's database:
@@ -93,7 +93,7 @@ ALTER DEFAULT PRIVILEGES FOR ROLE queueworker_migrator REVOKE EXECUTE ON FUNCTIO
 ALTER DEFAULT PRIVILEGES FOR ROLE queueworker_migrator IN SCHEMA queueworker
     GRANT SELECT ON TABLES TO queueworker_operator;
 
--- 5. The grants, for schema version 25.
+-- 5. The grants, for schema version 26.
 DO $$
 DECLARE
     applied_version integer;
@@ -101,14 +101,14 @@ BEGIN
     IF to_regclass('queueworker.schema_migrations') IS NOT NULL THEN
         SELECT max(m.version) INTO applied_version FROM queueworker.schema_migrations m;
     END IF;
-    IF coalesce(applied_version, 0) < 25 THEN
-        RAISE NOTICE 'queueworker is at schema version %, these grants are for version 25: run `queueworker '
+    IF coalesce(applied_version, 0) < 26 THEN
+        RAISE NOTICE 'queueworker is at schema version %, these grants are for version 26: run `queueworker '
                      'migrate` as a member of queueworker_migrator, then run this script again',
                      coalesce(applied_version, 0);
         RETURN;
     END IF;
-    IF applied_version > 25 THEN
-        RAISE EXCEPTION 'these grants are for queueworker schema version 25, the database is at version %: '
+    IF applied_version > 26 THEN
+        RAISE EXCEPTION 'these grants are for queueworker schema version 26, the database is at version %: '
                         'run the database-roles.sql of the queueworker release that migrated it', applied_version;
     END IF;
 
@@ -236,6 +236,11 @@ BEGIN
                   run_partition, continued_from, headers, key)
         ON queueworker.tasks TO queueworker_worker;
     GRANT EXECUTE ON FUNCTION queueworker.wake_queue(text, timestamptz) TO queueworker_worker;
+    -- CLAIM and CLAIM_FAIR (schema version 26) are these functions, run with the worker's own rights
+    -- (security invoker: the grants above on tasks_active and task_events are what they use).
+    GRANT EXECUTE ON FUNCTION queueworker.claim_tasks(text, integer, uuid, float8, float8, boolean),
+                              queueworker.claim_fair_tasks(text, integer, uuid, float8, float8, boolean)
+        TO queueworker_worker;
     -- Flow control: CLAIM reads whether a queue is limited; CLAIM_LIMITED locks the queue's row and
     -- charges its token bucket or moves its breaker to half-open; RECORD_BREAKER counts failures.
     -- queueworker.queue_events is written only by the trigger function queueworker.audit_queue.

@@ -241,6 +241,105 @@ EXCEPTION WHEN invalid_text_representation OR numeric_value_out_of_range THEN
 END
 $_$;
 
+CREATE FUNCTION queueworker.claim_fair_tasks(queue_name text, claim_limit integer, worker_id uuid, lease_seconds double precision, default_timeout_seconds double precision, commit_without_waiting boolean) RETURNS TABLE(id bigint, queue text, task text, payload_json text, attempts integer, max_attempts integer, lease_token bigint, seconds_to_deadline double precision, run_json text, checkpoint_json text, headers_json text, key text)
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_seqscan TO 'off'
+    AS $_$
+#variable_conflict use_column
+BEGIN
+    IF commit_without_waiting THEN
+        PERFORM set_config('synchronous_commit', 'off', true);
+    END IF;
+    RETURN QUERY
+    WITH fair AS MATERIALIZED (
+        SELECT id, priority, fair_tag FROM queueworker.tasks_active
+        WHERE state = 'pending' AND NOT delayed AND fair_tag IS NOT NULL AND queue = $1 AND run_after <= now()
+          AND NOT EXISTS (SELECT FROM queueworker.queues l WHERE l.name = $1 AND l.limited)
+        ORDER BY priority DESC, fair_tag, id
+        LIMIT $2
+        FOR NO KEY UPDATE SKIP LOCKED
+    ), untagged AS MATERIALIZED (
+        SELECT id FROM queueworker.tasks_active
+        WHERE state = 'pending' AND NOT delayed AND queue = $1 AND run_after <= now() AND fair_tag IS NULL
+          AND NOT EXISTS (SELECT FROM queueworker.queues l WHERE l.name = $1 AND l.limited)
+        ORDER BY priority DESC, run_after, id
+        LIMIT $2 - (SELECT count(*) FROM fair)
+        FOR NO KEY UPDATE SKIP LOCKED
+    ), picked AS (
+        SELECT id FROM fair UNION ALL SELECT id FROM untagged
+    ), claimed AS (
+        UPDATE queueworker.tasks_active t
+        SET state = 'running', attempts = t.attempts + 1, lease_owner = $3,
+            lease_token = t.lease_token + 1, fair_tag = -coalesce(t.fair_tag, 1),
+            leased_until = statement_timestamp() + make_interval(secs => $4),
+            deadline_at = statement_timestamp() + make_interval(secs => coalesce(t.timeout_seconds, $5)),
+            started_at = statement_timestamp(), updated_at = statement_timestamp()
+        WHERE t.id = ANY(ARRAY(SELECT id FROM picked)) AND t.state = 'pending'
+        RETURNING t.id, t.queue, t.task, t.payload::text AS payload_json, t.attempts, t.max_attempts, t.lease_token,
+                  extract(epoch FROM t.deadline_at - statement_timestamp())::float8 AS seconds_to_deadline,
+                  CASE WHEN t.run_id IS NOT NULL THEN (
+                      SELECT jsonb_build_object('id', r.id, 'name', r.name, 'partition', t.run_partition,
+                                                'watermark', r.watermark, 'watermark_before', r.watermark_before,
+                                                'forced', r.forced)::text
+                      FROM queueworker.runs r WHERE r.id = t.run_id) END AS run_json,
+                  t.checkpoint::text AS checkpoint_json, t.headers::text AS headers_json, t.key
+    ), audited AS (
+        INSERT INTO queueworker.task_events (task_id, from_state, to_state, worker, lease_token, detail)
+        SELECT id, 'pending', 'running', $3, lease_token, jsonb_build_object('attempts', attempts)
+        FROM claimed
+    )
+    SELECT id, queue, task, payload_json, attempts, max_attempts, lease_token, seconds_to_deadline, run_json,
+           checkpoint_json, headers_json, key
+    FROM claimed;
+END
+$_$;
+
+CREATE FUNCTION queueworker.claim_tasks(queue_name text, claim_limit integer, worker_id uuid, lease_seconds double precision, default_timeout_seconds double precision, commit_without_waiting boolean) RETURNS TABLE(id bigint, queue text, task text, payload_json text, attempts integer, max_attempts integer, lease_token bigint, seconds_to_deadline double precision, run_json text, checkpoint_json text, headers_json text, key text)
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_seqscan TO 'off'
+    AS $_$
+#variable_conflict use_column
+BEGIN
+    IF commit_without_waiting THEN
+        PERFORM set_config('synchronous_commit', 'off', true);
+    END IF;
+    RETURN QUERY
+    WITH picked AS MATERIALIZED (
+        SELECT id, priority, run_after FROM queueworker.tasks_active
+        WHERE state = 'pending' AND NOT delayed AND queue = $1 AND run_after <= now()
+          AND NOT EXISTS (SELECT FROM queueworker.queues l WHERE l.name = $1 AND (l.limited OR l.keyed))
+        ORDER BY priority DESC, run_after, id
+        LIMIT $2
+        FOR NO KEY UPDATE SKIP LOCKED
+    ), claimed AS (
+        UPDATE queueworker.tasks_active t
+        SET state = 'running', attempts = t.attempts + 1, lease_owner = $3,
+            lease_token = t.lease_token + 1,
+            leased_until = statement_timestamp() + make_interval(secs => $4),
+            deadline_at = statement_timestamp() + make_interval(secs => coalesce(t.timeout_seconds, $5)),
+            started_at = statement_timestamp(), updated_at = statement_timestamp()
+        WHERE t.id = ANY(ARRAY(SELECT id FROM picked)) AND t.state = 'pending'
+        RETURNING t.id, t.queue, t.task, t.payload::text AS payload_json, t.attempts, t.max_attempts, t.lease_token,
+                  extract(epoch FROM t.deadline_at - statement_timestamp())::float8 AS seconds_to_deadline,
+                  CASE WHEN t.run_id IS NOT NULL THEN (
+                      SELECT jsonb_build_object('id', r.id, 'name', r.name, 'partition', t.run_partition,
+                                                'watermark', r.watermark, 'watermark_before', r.watermark_before,
+                                                'forced', r.forced)::text
+                      FROM queueworker.runs r WHERE r.id = t.run_id) END AS run_json,
+                  t.checkpoint::text AS checkpoint_json, t.headers::text AS headers_json, t.key
+    ), audited AS (
+        INSERT INTO queueworker.task_events (task_id, from_state, to_state, worker, lease_token, detail)
+        SELECT id, 'pending', 'running', $3, lease_token, jsonb_build_object('attempts', attempts)
+        FROM claimed
+    )
+    SELECT id, queue, task, payload_json, attempts, max_attempts, lease_token, seconds_to_deadline, run_json,
+           checkpoint_json, headers_json, key
+    FROM claimed;
+END
+$_$;
+
 CREATE FUNCTION queueworker.clean_finished(retention_seconds double precision, batch integer) RETURNS SETOF bigint
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -2626,6 +2725,10 @@ REVOKE ALL ON FUNCTION queueworker.audit_queue() FROM PUBLIC;
 REVOKE ALL ON FUNCTION queueworker.audit_queue_key() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION queueworker.audit_run() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION queueworker.claim_fair_tasks(queue_name text, claim_limit integer, worker_id uuid, lease_seconds double precision, default_timeout_seconds double precision, commit_without_waiting boolean) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION queueworker.claim_tasks(queue_name text, claim_limit integer, worker_id uuid, lease_seconds double precision, default_timeout_seconds double precision, commit_without_waiting boolean) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION queueworker.clean_finished(retention_seconds double precision, batch integer) FROM PUBLIC;
 

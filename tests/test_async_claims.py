@@ -55,9 +55,9 @@ def _claim_then_crash(dsn: str, async_commit: bool) -> tuple[int, int]:
     async def claim() -> lease.ClaimedRow | None:
         conn = DutyConnection(dsn, "queueworker-duty", prepare=True)
         try:
-            rows = await conn.fetch(lease.CLAIM, lease.ClaimParams(
-                queue="default", limit=1, worker=uuid.uuid4(), lease_seconds=60, timeout_seconds=60),
-                first=lease.UNLOCKED_CLAIM_SETTINGS[async_commit])
+            claim = lease.ASYNC_COMMIT_CLAIMS[lease.CLAIM] if async_commit else lease.CLAIM
+            rows = await conn.fetch(claim, lease.ClaimParams(
+                queue="default", limit=1, worker=uuid.uuid4(), lease_seconds=60, timeout_seconds=60))
             return rows[0] if rows else None
         finally:
             await conn.close()

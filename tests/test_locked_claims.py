@@ -15,8 +15,8 @@ from queueworker import enqueue_many
 from queueworker.client import operations
 from queueworker.db import statements
 from queueworker.db.connection import DutyConnection, connect
-from queueworker.db.lease import (CLAIM_KEYS, LOCK_KEYS, LOCK_QUEUE, UNLOCKED_CLAIM_SETTINGS, KeyClaimParams,
-                                  LockQueueParams)
+from queueworker.db.lease import (ASYNC_COMMIT_CLAIMS, CLAIM, CLAIM_KEYS, LOCK_KEYS, LOCK_QUEUE, ClaimParams,
+                                  KeyClaimParams, LockQueueParams)
 from queueworker.db.statements import NO_PARAMS, Bound, NoParams, Statement
 from tests.support import query, scalar, until, wait_until
 
@@ -79,11 +79,15 @@ def test_a_claim_under_the_lock_commits_durably_where_a_plain_claim_does_not(dsn
     with psycopg.connect(dsn, autocommit=True) as conn:  # the test server's own default is off
         conn.execute(sql.SQL("ALTER DATABASE {} SET synchronous_commit = on").format(sql.Identifier(conn.info.dbname)))
 
+    plain = ClaimParams(queue="plain", limit=1, worker=uuid.uuid4(), lease_seconds=30, timeout_seconds=60)
+
     async def settings() -> tuple[str, ...]:
         claimer = DutyConnection(dsn, "test-claimer")  # as a worker's duty connection
         try:
-            firsts = (UNLOCKED_CLAIM_SETTINGS[True], Bound(lock, LockQueueParams(queue="q")), None,
-                      UNLOCKED_CLAIM_SETTINGS[False])
+            # Each read in the transaction of what runs first: a plain claim (its function sets the
+            # commit for the rest of its transaction), the queue's lock, nothing, a durable plain claim.
+            firsts = (Bound(ASYNC_COMMIT_CLAIMS[CLAIM], plain), Bound(lock, LockQueueParams(queue="q")), None,
+                      Bound(CLAIM, plain))
             return tuple([(await claimer.fetch(SYNCHRONOUS_COMMIT, NO_PARAMS, first=first))[0].synchronous_commit
                           for first in firsts])
         finally:

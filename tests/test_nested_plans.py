@@ -1,5 +1,5 @@
-"""Every enqueue path, and the claim of a key-limited queue as a worker runs it, plans its nested
-statements once per session, not at every call; a completion runs none per task.
+"""Every enqueue path, and every claim as a worker runs it, plans its nested statements once per
+session, not at every call; a completion runs none per task.
 
 The triggers and row-level security of an insert run statements of their own (the audit row, the
 queue-grant checks), and a key-limited queue's claim runs those of its lock. A SQL-language function
@@ -27,8 +27,8 @@ from queueworker.client import operations
 from queueworker.client.producer import enqueue_many
 from queueworker.db.connection import DutyConnection
 from queueworker.db import statements
-from queueworker.db.lease import (CLAIM, CLAIM_KEYS, COMPLETE_SUCCEEDED, LOCK_KEYS, ClaimParams,
-                                  CompleteSucceededParams, KeyClaimParams, LockQueueParams)
+from queueworker.db.lease import (ASYNC_COMMIT_CLAIMS, CLAIM, CLAIM_FAIR, CLAIM_KEYS, COMPLETE_SUCCEEDED, LOCK_KEYS,
+                                  ClaimParams, CompleteSucceededParams, KeyClaimParams, LockQueueParams)
 from queueworker.db.statements import Bound
 from queueworker.dev.localpg import LocalPostgres, PostgresNotFound
 from queueworker.migrate import migrate
@@ -107,25 +107,38 @@ def test_an_enqueue_plans_no_nested_statement_at_every_call(server: dict[str, st
     assert not replanned, "planned at every call:\n" + "\n".join(map(str, replanned))
 
 
-def test_the_claim_of_a_key_limited_queue_plans_no_nested_statement_at_every_call(server: dict[str, str]):
+# Each claim as a worker sends it by default: the queue it claims from (its settings, its tasks' keys),
+# the statement, and what goes before it in its transaction.
+CLAIMS = {
+    "plain": (ASYNC_COMMIT_CLAIMS[CLAIM], None),
+    "fair": (ASYNC_COMMIT_CLAIMS[CLAIM_FAIR], None),
+    "key-limited": (CLAIM_KEYS, Bound(LOCK_KEYS, LockQueueParams(queue="key-limited"))),
+}
+
+
+@pytest.mark.parametrize("claim", CLAIMS)
+def test_a_claim_plans_no_nested_statement_at_every_call(server: dict[str, str], claim: str):
     """As a worker runs it, on a worker's own connection, whose session forces custom plans: the
-    statements of the queue's lock (queueworker.lock_key_limited_queue) would be planned at every
-    claim, under the lock that serialises the queue's claims, unless they ask for generic plans.
-    (The other claims run no nested statement.)"""
+    claims that lock no queue are PL/pgSQL functions (queueworker.claim_tasks, claim_fair_tasks), and
+    the statements of a key-limited queue's lock (queueworker.lock_key_limited_queue) run under the
+    lock that serialises the queue's claims; each would be planned at every claim unless it asks for
+    a generic plan."""
+    statement, first = CLAIMS[claim]
     with psycopg.connect(server["admin"], autocommit=True) as conn:
-        operations.set_limits(conn, "key-limited", per_key_max_running=1_000)
-        enqueue_many(conn, [{"task": "t", "queue": "key-limited", "key": f"k{n % 3}"}
+        if claim == "key-limited":
+            operations.set_limits(conn, claim, per_key_max_running=1_000)
+        enqueue_many(conn, [{"task": "t", "queue": claim, **({"key": f"k{n % 3}"} if claim != "plain" else {})}
                             for n in range(WARM_UP + COUNTED)])
-    lock = Bound(LOCK_KEYS, LockQueueParams(queue="key-limited"))
-    params = KeyClaimParams(queue="key-limited", limit=1, worker=uuid.uuid4(), lease_seconds=30, timeout_seconds=60,
-                            held_keys=[])
+    params = ClaimParams(queue=claim, limit=1, worker=uuid.uuid4(), lease_seconds=30, timeout_seconds=60)
+    if statement is CLAIM_KEYS:
+        params = KeyClaimParams(**vars(params), held_keys=[])
 
     def claims(count: int) -> None:
         async def run() -> None:
             conn = DutyConnection(server["admin"], "test-nested-plans", prepare=True)
             try:
                 for _ in range(count):
-                    assert len(await conn.fetch(CLAIM_KEYS, params, first=lock)) == 1
+                    assert len(await conn.fetch(statement, params, first=first)) == 1
             finally:
                 await conn.close()
         asyncio.run(run())

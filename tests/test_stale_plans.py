@@ -5,10 +5,11 @@ statements for a table of a few rows. Without care the planner picks a sequentia
 for such a table, and every claim (or every enqueue into a keyed queue, and every row of a batch)
 then reads the whole table once the backlog arrives, until autovacuum gets to it. Here autovacuum is
 off for the table, so no ANALYZE replans anything: the statements must read by index whatever the
-table held when they were planned (lease.sql, `claim_settings`, `lock_queue`, `lock_keys`,
-`completion_settings`; migrations/functions/, `tag_fair` and `lock_key_limited_queue`). The same for a
-producer's session (its lookups of tasks and runs) and for the size of an update (the statement
-triggers that pair an update's old and new rows, planned for the first update a session makes)."""
+table held when they were planned (lease.sql, `lock_queue`, `lock_keys`, `completion_settings`;
+migrations/functions/, `claim_tasks`, `claim_fair_tasks`, `tag_fair` and `lock_key_limited_queue`).
+The same for a producer's session (its lookups of tasks and runs) and for the size of an update
+(the statement triggers that pair an update's old and new rows, planned for the first update a
+session makes)."""
 
 from __future__ import annotations
 
@@ -26,13 +27,13 @@ from queueworker.db.lease import (CLAIM, CLAIM_KEYS, COMPLETE_FAILED, COMPLETE_S
                                   LOCK_KEYS, CompleteFailedParams, KeyClaimParams, LockQueueParams)
 from queueworker.db.migration import SCHEMA_EXISTS
 from queueworker.db.statements import NO_PARAMS, Bound
-from tests.support import numbered, scalar
-from tests.test_claim_plans import CLAIMS, claim_params, completion, explained, nodes
+from tests.support import scalar
+from tests.test_claim_plans import CLAIMS, claim_params, completion, explained, nodes, prepared
 
 pytestmark = pytest.mark.integration
 
 GROWN = 20_000
-CLAIMS_ALL = {**CLAIMS, "key-limited": (CLAIM_KEYS, {True: Bound(LOCK_KEYS, LockQueueParams(queue="default"))})}
+CLAIMS_ALL = {**CLAIMS, "key-limited": {True: (CLAIM_KEYS, Bound(LOCK_KEYS, LockQueueParams(queue="default")))}}
 
 
 def without_autovacuum(dsn: str) -> None:
@@ -82,18 +83,17 @@ def test_a_claim_planned_on_an_empty_queue_reads_by_index_once_the_queue_has_gro
     without_autovacuum(dsn)
     enqueue(dsn, claim, 5)
     analyzed(dsn)
-    statement, firsts = CLAIMS_ALL[claim]
-    first = firsts[True]
+    statement, first = CLAIMS_ALL[claim][True]
     params = claim_params(10) if statement is not CLAIM_KEYS else KeyClaimParams(
         **vars(claim_params(10)), held_keys=[])
     with psycopg.connect(dsn, prepare_threshold=None) as conn:
-        conn.pgconn.prepare(b"measured", numbered(statement.text)[0].encode())
-        explained(conn, statement, first, "force_generic_plan", params)  # the generic plan, made now
+        measured = prepared(conn, statement, first)
+        explained(conn, measured, "force_generic_plan", params)  # the generic plan, made now
         enqueue(dsn, claim, GROWN)
-        generic = explained(conn, statement, first, "force_generic_plan", params)
+        generic = explained(conn, measured, "force_generic_plan", params)
         assert generic["Actual Rows"] == 10
         assert not whole_reads(generic), whole_reads(generic)
-        custom = explained(conn, statement, first, "force_custom_plan", params)
+        custom = explained(conn, measured, "force_custom_plan", params)
     buffers = {plan: run["Shared Hit Blocks"] + run["Shared Read Blocks"]
                for plan, run in (("generic", generic), ("custom", custom))}
     print(f"buffers of a {claim} claim of 10, planned at 5 waiting, run at {GROWN + 5:,}: {buffers}")
@@ -111,12 +111,12 @@ def test_a_completion_planned_with_few_running_reads_only_the_tasks_it_completes
         few = statements.fetch(conn, CLAIM, claim_params(5))
     analyzed(dsn)
     with psycopg.connect(dsn, prepare_threshold=None) as conn:
-        conn.pgconn.prepare(b"measured", numbered(COMPLETE_SUCCEEDED.text)[0].encode())
-        explained(conn, COMPLETE_SUCCEEDED, GENERIC_COMPLETION, "force_generic_plan", completion(few[:1]))
+        measured = prepared(conn, COMPLETE_SUCCEEDED, GENERIC_COMPLETION)
+        explained(conn, measured, "force_generic_plan", completion(few[:1]))
         enqueue(dsn, "plain", GROWN)
         with psycopg.connect(dsn, autocommit=True) as other:
             running = statements.fetch(other, CLAIM, claim_params(100))
-        plan = explained(conn, COMPLETE_SUCCEEDED, GENERIC_COMPLETION, "force_generic_plan", completion(running[:10]))
+        plan = explained(conn, measured, "force_generic_plan", completion(running[:10]))
     assert plan["Actual Rows"] == 10
     read = [(node["Node Type"], node["Actual Rows"] + node.get("Rows Removed by Filter", 0)) for node in nodes(plan)
             if node.get("Relation Name") == "tasks_active"]  # the rows each node read, kept or not
@@ -140,8 +140,8 @@ def test_failures_written_with_statistics_taken_while_few_ran_read_only_the_task
     failed = CompleteFailedParams(ids=[row.id for row in failing], tokens=[row.lease_token for row in failing],
                                   retryables=[True] * 10, backoffs=[60.0] * 10, errors=['{"type": "Boom"}'] * 10)
     with psycopg.connect(dsn, prepare_threshold=None) as conn:
-        conn.pgconn.prepare(b"measured", numbered(COMPLETE_FAILED.text)[0].encode())
-        plan = explained(conn, COMPLETE_FAILED, Bound(SCHEMA_EXISTS, NO_PARAMS), "force_custom_plan", failed)
+        measured = prepared(conn, COMPLETE_FAILED, Bound(SCHEMA_EXISTS, NO_PARAMS))
+        plan = explained(conn, measured, "force_custom_plan", failed)
     assert plan["Actual Rows"] == 10
     read = [(node["Node Type"], node["Actual Rows"] * node["Actual Loops"] + node.get("Rows Removed by Filter", 0))
             for node in nodes(plan) if node.get("Relation Name") == "tasks_active"]

@@ -48,11 +48,12 @@ STATEMENT_TIMEOUT_SECONDS = 30
 # A prepared statement is still planned for its parameters every time: a generic plan of a
 # statement that joins on rows picked under a LIMIT is sized for a tenth of the table (a generic
 # claim once read twice the buffers and ran 5x slower), so Postgres is not left to pick one. The
-# exceptions each ask for a generic plan for their own transaction: the claims that lock no queue
-# (plain and fair), written to plan the same whatever their parameters (lease.sql,
-# `claim_settings`), the claim of a key-limited queue, whose planning ran under the queue's lock
-# (`lock_keys`), and the completion of succeeded tasks, whose plan depends on the running tasks,
-# not on its parameters (`completion_settings`).
+# exceptions each ask for a generic plan: the claims that lock no queue (plain and fair), written to
+# plan the same whatever their parameters, are functions that carry the setting
+# (migrations/functions/35_claims.sql); the claims under a queue's lock, whose planning ran under
+# the lock, and the completion of succeeded tasks, whose plan depends on the running tasks, not on
+# its parameters, ask for their own transaction (lease.sql, `lock_queue`, `lock_keys`,
+# `completion_settings`).
 SESSION_SETTINGS = session_settings(statement_timeout=STATEMENT_TIMEOUT_SECONDS * 1000,
                                     idle_in_transaction_session_timeout=60000, plan_cache_mode="force_custom_plan")
 CONNECT_TIMEOUT = 10
@@ -234,7 +235,7 @@ class DutyConnection:
         connection and connecting included (StatementTimedOut).
 
         With `first`, that statement runs first, in one transaction with `statement`: a lock, or a
-        setting for the transaction (lease.sql, `claim_settings`). After a lock,
+        setting for the transaction (lease.sql, `completion_settings`). After a lock,
         `statement` starts once the lock is held, so its snapshot sees whatever the previous holder
         committed. A lock taken inside the statement itself would not: it would go on reading from
         the snapshot it took before waiting. Both are sent at once and committed by the server

@@ -4,10 +4,13 @@ are the hot path."""
 
 from __future__ import annotations
 
+import re
+import textwrap
 from typing import NamedTuple
 from uuid import UUID
 
-from .statements import NO_PARAMS, Bound, JsonText, NoParams, Params, SqlFile
+from .migrate import available_functions
+from .statements import NO_PARAMS, Bound, JsonText, NoParams, Params, SqlFile, Statement
 
 _SQL = SqlFile("lease")
 
@@ -20,13 +23,7 @@ class ClaimParams(Params):
     limit: int
     worker: UUID
     lease_seconds: float
-    timeout_seconds: int
-
-
-class ClaimSettingsParams(Params):
-    """`claim_settings`: whether the claim's transaction commits without waiting for the disk."""
-
-    commit_without_waiting: bool
+    timeout_seconds: float
 
 
 class KeyClaimParams(ClaimParams):
@@ -187,15 +184,26 @@ class HandBackParams(Params):
 
 
 CLAIM = _SQL.statement("claim", ClaimParams, ClaimedRow)
-CLAIM_SETTINGS = _SQL.statement("claim_settings", ClaimSettingsParams)
-# What runs first in the transaction of a claim that locks no queue (`claim`, `claim_fair`): its
-# generic plan, and its commit without waiting for the disk or with; by --async-claim-commit.
-UNLOCKED_CLAIM_SETTINGS = {asynchronous: Bound(CLAIM_SETTINGS, ClaimSettingsParams(commit_without_waiting=asynchronous))
-                           for asynchronous in (True, False)}
 LOCK_QUEUE = _SQL.statement("lock_queue", LockQueueParams)
 LOCK_KEYS = _SQL.statement("lock_keys", LockQueueParams)
 CLAIM_LIMITED = _SQL.statement("claim_limited", ClaimParams, ClaimedRow)
 CLAIM_FAIR = _SQL.statement("claim_fair", ClaimParams, ClaimedRow)
+# The claims that lock no queue as a worker with --async-claim-commit (the default) runs them: the
+# same claims, committed without waiting for the disk.
+ASYNC_COMMIT_CLAIMS = {CLAIM: _SQL.statement("claim_async_commit", ClaimParams, ClaimedRow),
+                       CLAIM_FAIR: _SQL.statement("claim_fair_async_commit", ClaimParams, ClaimedRow)}
+
+
+def claim_function_statement(claim: Statement[ClaimParams, ClaimedRow]) -> str:
+    """The statement run by the function `claim` calls (`claim`, `claim_fair`, or their asynchronous
+    forms), as migrations/functions/35_claims.sql writes it, with the claim's placeholders in place of
+    the function's arguments: for what prepares, explains or measures it on its own (bench/, the tests
+    of its plans)."""
+    function = re.search(r"FROM queueworker\.(\w+)\(", claim.text)[1]
+    text = next(f.text for f in available_functions() if f"FUNCTION queueworker.{function}(" in f.text)
+    body = text.split(f"FUNCTION queueworker.{function}(", 1)[1].split("RETURN QUERY", 1)[1].split(";\nEND", 1)[0]
+    return re.sub(r"\$(\d)\b", lambda match: f"%({ClaimParams._fields[int(match[1]) - 1]})s",
+                  textwrap.dedent(body)).strip()
 CLAIM_LIMITED_FAIR = _SQL.statement("claim_limited_fair", ClaimParams, ClaimedRow)
 CLAIM_KEYS = _SQL.statement("claim_keys", KeyClaimParams, ClaimedRow)
 REGISTER_WORKER = _SQL.statement("register_worker", RegisterWorkerParams)

@@ -5,126 +5,36 @@
 -- Each statement is declared, with its parameter and row types, in queueworker.db.lease.
 
 -- name: claim
--- Leases up to `limit` pending tasks of a queue: highest priority first, then earliest due, then oldest.
--- `picked` is MATERIALIZED so the planner cannot turn the LIMIT into a nested loop that updates
--- more rows than asked for; FOR NO KEY UPDATE does not block the foreign keys that point at tasks;
--- SKIP LOCKED lets concurrent claimers take different rows instead of waiting for each other. Aimed
--- at the `tasks_active` partition (no routing through the parent), so it writes its own audit rows
--- (`audited`), which costs less than the parent's transition-table trigger. A queue with flow
--- control (a row in queueworker.queues that sets something: migration 009) is claimed by
--- `claim_limited` only, a keyed queue (migration 020) by `claim_fair` or `claim_limited_fair`: here
--- the guard picks nothing from either, an index probe of a tiny table per statement, run once (an
--- InitPlan: the LIMIT stays a plain parameter, so the planner keeps the index scan). It runs with a
--- generic plan (`claim_settings`), so its plan must not depend on its parameters: `claimed` takes
--- its rows by `id = ANY(...)`, an index scan of the primary key whatever their number, where a join
--- with `picked` would be sized from an unknown LIMIT (a tenth of the table) and hash the whole
--- partition. Every claim stamps its tasks with the statement's time (`statement_timestamp()`), not
--- the transaction's (`now()`): the transaction starts with the statement sent first (the settings,
--- or a queue's lock that may wait), and a task claimed once its prerequisite's completion committed
--- must not read as started before that completion (tests/test_dependency_counts.py).
-WITH picked AS MATERIALIZED (
-    SELECT id, priority, run_after FROM queueworker.tasks_active
-    WHERE state = 'pending' AND NOT delayed AND queue = %(queue)s AND run_after <= now()
-      AND NOT EXISTS (SELECT FROM queueworker.queues l WHERE l.name = %(queue)s AND (l.limited OR l.keyed))
-    ORDER BY priority DESC, run_after, id
-    LIMIT %(limit)s
-    FOR NO KEY UPDATE SKIP LOCKED
-), claimed AS (
-    UPDATE queueworker.tasks_active t
-    SET state = 'running', attempts = t.attempts + 1, lease_owner = %(worker)s,
-        lease_token = t.lease_token + 1,
-        leased_until = statement_timestamp() + make_interval(secs => %(lease_seconds)s),
-        deadline_at = statement_timestamp() + make_interval(secs => coalesce(t.timeout_seconds, %(timeout_seconds)s)),
-        started_at = statement_timestamp(), updated_at = statement_timestamp()
-    WHERE t.id = ANY(ARRAY(SELECT id FROM picked)) AND t.state = 'pending'
-    RETURNING t.id, t.queue, t.task, t.payload::text AS payload_json, t.attempts, t.max_attempts, t.lease_token,
-              extract(epoch FROM t.deadline_at - statement_timestamp())::float8 AS seconds_to_deadline,
-              CASE WHEN t.run_id IS NOT NULL THEN (
-                  SELECT jsonb_build_object('id', r.id, 'name', r.name, 'partition', t.run_partition,
-                                            'watermark', r.watermark, 'watermark_before', r.watermark_before,
-                                            'forced', r.forced)::text
-                  FROM queueworker.runs r WHERE r.id = t.run_id) END AS run_json,
-              t.checkpoint::text AS checkpoint_json, t.headers::text AS headers_json, t.key
-), audited AS (
-    INSERT INTO queueworker.task_events (task_id, from_state, to_state, worker, lease_token, detail)
-    SELECT id, 'pending', 'running', %(worker)s, lease_token, jsonb_build_object('attempts', attempts)
-    FROM claimed
-)
+-- Leases up to `limit` pending tasks of a queue without flow control or keys, highest priority first,
+-- then earliest due, then oldest: queueworker.claim_tasks (migrations/functions/35_claims.sql says how,
+-- and why a function), committed durably.
 SELECT id, queue, task, payload_json, attempts, max_attempts, lease_token, seconds_to_deadline, run_json,
        checkpoint_json, headers_json, key
-FROM claimed;
+FROM queueworker.claim_tasks(%(queue)s::text, %(limit)s::integer, %(worker)s::uuid, %(lease_seconds)s::float8,
+                                %(timeout_seconds)s::float8, false);
+
+-- name: claim_async_commit
+-- `claim`, committed without waiting for the disk (--async-claim-commit, the default:
+-- docs/failure-handling.md, "Claims do not wait for the disk").
+SELECT id, queue, task, payload_json, attempts, max_attempts, lease_token, seconds_to_deadline, run_json,
+       checkpoint_json, headers_json, key
+FROM queueworker.claim_tasks(%(queue)s::text, %(limit)s::integer, %(worker)s::uuid, %(lease_seconds)s::float8,
+                                %(timeout_seconds)s::float8, true);
 
 -- name: claim_fair
--- The claim of a keyed queue without flow control (migration 020, docs/flow-control.md): as
--- `claim`, in fair-share order: highest priority first, then the smallest virtual start tag (the
--- triggers of migrations/functions/75_fair_share.sql gave it), then the oldest: one scan of the
--- `tasks_fair` index, whatever the number of keys. A claimed task keeps its tag negated (a tag is
--- positive; 1 for a task without one): `tasks_running_keys` counts the running tasks of keyed queues
--- by it, and the trigger of migrations/functions/76_key_limits.sql tells this claim from an earlier
--- version's, which cleared it (the tag means nothing else once the task is not claimable, and is
--- given anew when it is claimable again). `untagged` is a safety net that costs nothing while
--- `fair` fills the claim (a LIMIT of 0 reads no row): a task of the queue without a tag (inserted
--- by a transaction that had not seen the queue become keyed) is claimed once the tagged ones are
--- all taken, never left behind. A queue with flow control is claimed by `claim_limited_fair`. It
--- runs with a generic plan, as `claim` does, and takes its rows by `id = ANY(...)` for the same reason.
-WITH fair AS MATERIALIZED (
-    SELECT id, priority, fair_tag FROM queueworker.tasks_active
-    WHERE state = 'pending' AND NOT delayed AND fair_tag IS NOT NULL AND queue = %(queue)s AND run_after <= now()
-      AND NOT EXISTS (SELECT FROM queueworker.queues l WHERE l.name = %(queue)s AND l.limited)
-    ORDER BY priority DESC, fair_tag, id
-    LIMIT %(limit)s
-    FOR NO KEY UPDATE SKIP LOCKED
-), untagged AS MATERIALIZED (
-    SELECT id FROM queueworker.tasks_active
-    WHERE state = 'pending' AND NOT delayed AND queue = %(queue)s AND run_after <= now() AND fair_tag IS NULL
-      AND NOT EXISTS (SELECT FROM queueworker.queues l WHERE l.name = %(queue)s AND l.limited)
-    ORDER BY priority DESC, run_after, id
-    LIMIT %(limit)s - (SELECT count(*) FROM fair)
-    FOR NO KEY UPDATE SKIP LOCKED
-), picked AS (
-    SELECT id FROM fair UNION ALL SELECT id FROM untagged
-), claimed AS (
-    UPDATE queueworker.tasks_active t
-    SET state = 'running', attempts = t.attempts + 1, lease_owner = %(worker)s,
-        lease_token = t.lease_token + 1, fair_tag = -coalesce(t.fair_tag, 1),
-        leased_until = statement_timestamp() + make_interval(secs => %(lease_seconds)s),
-        deadline_at = statement_timestamp() + make_interval(secs => coalesce(t.timeout_seconds, %(timeout_seconds)s)),
-        started_at = statement_timestamp(), updated_at = statement_timestamp()
-    WHERE t.id = ANY(ARRAY(SELECT id FROM picked)) AND t.state = 'pending'
-    RETURNING t.id, t.queue, t.task, t.payload::text AS payload_json, t.attempts, t.max_attempts, t.lease_token,
-              extract(epoch FROM t.deadline_at - statement_timestamp())::float8 AS seconds_to_deadline,
-              CASE WHEN t.run_id IS NOT NULL THEN (
-                  SELECT jsonb_build_object('id', r.id, 'name', r.name, 'partition', t.run_partition,
-                                            'watermark', r.watermark, 'watermark_before', r.watermark_before,
-                                            'forced', r.forced)::text
-                  FROM queueworker.runs r WHERE r.id = t.run_id) END AS run_json,
-              t.checkpoint::text AS checkpoint_json, t.headers::text AS headers_json, t.key
-), audited AS (
-    INSERT INTO queueworker.task_events (task_id, from_state, to_state, worker, lease_token, detail)
-    SELECT id, 'pending', 'running', %(worker)s, lease_token, jsonb_build_object('attempts', attempts)
-    FROM claimed
-)
+-- The claim of a keyed queue without flow control (migration 020, docs/flow-control.md), in fair-share
+-- order: queueworker.claim_fair_tasks (migrations/functions/35_claims.sql), committed durably.
 SELECT id, queue, task, payload_json, attempts, max_attempts, lease_token, seconds_to_deadline, run_json,
        checkpoint_json, headers_json, key
-FROM claimed;
+FROM queueworker.claim_fair_tasks(%(queue)s::text, %(limit)s::integer, %(worker)s::uuid, %(lease_seconds)s::float8,
+                                     %(timeout_seconds)s::float8, false);
 
--- name: claim_settings
--- Runs first, in the transaction of a claim that locks no queue (`claim`, `claim_fair`). A generic
--- plan for the claim: the worker's sessions force custom plans
--- (queueworker.db.connection.SESSION_SETTINGS), and planning a claim for its parameters cost about
--- as much as running it when it claims a few tasks (0.3-0.6 ms server time per claim: an idle
--- worker's wake-up waits for it, and every claim of a drain pays it), while these two claims'
--- generic plans read the same buffers at any backlog (tests/test_claim_plans.py). And, when the
--- worker commits claims without waiting for the disk (--async-claim-commit, the default),
--- `synchronous_commit` off (docs/failure-handling.md, "Claims do not wait for the disk"). Both for
--- that transaction only: every other statement, on the same connection or the other, is planned
--- for its parameters and commits durably. Every transaction that plans a statement once per
--- connection also rules sequential scans out (`enable_seqscan`): the plan is kept until an ANALYZE
--- of the table, and one made for a near-empty queue would otherwise read the whole table at every
--- claim once a backlog came (docs/architecture.md, "A generic plan must not depend on the table's
--- size"; tests/test_stale_plans.py).
-SELECT set_config('plan_cache_mode', 'force_generic_plan', true), set_config('enable_seqscan', 'off', true),
-       CASE WHEN %(commit_without_waiting)s THEN set_config('synchronous_commit', 'off', true) END;
+-- name: claim_fair_async_commit
+-- `claim_fair`, committed without waiting for the disk (--async-claim-commit), as `claim_async_commit`.
+SELECT id, queue, task, payload_json, attempts, max_attempts, lease_token, seconds_to_deadline, run_json,
+       checkpoint_json, headers_json, key
+FROM queueworker.claim_fair_tasks(%(queue)s::text, %(limit)s::integer, %(worker)s::uuid, %(lease_seconds)s::float8,
+                                     %(timeout_seconds)s::float8, true);
 
 -- name: lock_queue
 -- Locks a flow-controlled queue's row in the claim's transaction before `claim_limited` runs. It must
@@ -138,7 +48,10 @@ SELECT set_config('plan_cache_mode', 'force_generic_plan', true), set_config('en
 -- transaction only), as `claim` is and for the same reasons: planning it for its parameters took
 -- 0.5-0.8 ms of every claim, all of it under the lock that serialises the queue's claims, and it
 -- takes its rows by `id = ANY(...)`, so its generic plan reads what a custom one reads
--- (tests/test_claim_plans.py). Without sequential scans, as `claim_settings` says.
+-- (tests/test_claim_plans.py). Without sequential scans: a plan kept for the connection stays
+-- until an ANALYZE of the table, and one made for a near-empty queue would otherwise read the whole
+-- table at every claim once a backlog came (docs/architecture.md, "A generic plan must not depend on
+-- the table's size"; tests/test_stale_plans.py).
 SELECT set_config('synchronous_commit', 'on', true), set_config('plan_cache_mode', 'force_generic_plan', true),
        set_config('enable_seqscan', 'off', true)
 FROM queueworker.queues WHERE name = %(queue)s FOR NO KEY UPDATE;
@@ -199,7 +112,8 @@ WITH settings AS MATERIALIZED (
     SET state = 'running', attempts = t.attempts + 1, lease_owner = %(worker)s,
         lease_token = t.lease_token + 1,
         leased_until = statement_timestamp() + make_interval(secs => %(lease_seconds)s),
-        deadline_at = statement_timestamp() + make_interval(secs => coalesce(t.timeout_seconds, %(timeout_seconds)s)),
+        deadline_at = statement_timestamp()
+                      + make_interval(secs => coalesce(t.timeout_seconds, %(timeout_seconds)s::float8)),
         started_at = statement_timestamp(), updated_at = statement_timestamp()
     WHERE t.id = ANY(ARRAY(SELECT id FROM chosen)) AND t.state = 'pending'
     RETURNING t.id, t.queue, t.task, t.payload::text AS payload_json, t.attempts, t.max_attempts, t.lease_token,
@@ -275,7 +189,8 @@ WITH settings AS MATERIALIZED (
     SET state = 'running', attempts = t.attempts + 1, lease_owner = %(worker)s,
         lease_token = t.lease_token + 1, fair_tag = -coalesce(t.fair_tag, 1),
         leased_until = statement_timestamp() + make_interval(secs => %(lease_seconds)s),
-        deadline_at = statement_timestamp() + make_interval(secs => coalesce(t.timeout_seconds, %(timeout_seconds)s)),
+        deadline_at = statement_timestamp()
+                      + make_interval(secs => coalesce(t.timeout_seconds, %(timeout_seconds)s::float8)),
         started_at = statement_timestamp(), updated_at = statement_timestamp()
     WHERE t.id = ANY(ARRAY(SELECT id FROM chosen)) AND t.state = 'pending'
     RETURNING t.id, t.queue, t.task, t.payload::text AS payload_json, t.attempts, t.max_attempts, t.lease_token,
@@ -448,7 +363,8 @@ WITH settings AS MATERIALIZED (
     SET state = 'running', attempts = t.attempts + 1, lease_owner = %(worker)s,
         lease_token = t.lease_token + 1, fair_tag = -coalesce(t.fair_tag, 1),
         leased_until = statement_timestamp() + make_interval(secs => %(lease_seconds)s),
-        deadline_at = statement_timestamp() + make_interval(secs => coalesce(t.timeout_seconds, %(timeout_seconds)s)),
+        deadline_at = statement_timestamp()
+                      + make_interval(secs => coalesce(t.timeout_seconds, %(timeout_seconds)s::float8)),
         started_at = statement_timestamp(), updated_at = statement_timestamp()
     FROM locked
     WHERE t.id = locked.id AND t.state = 'pending'
@@ -581,7 +497,7 @@ DELETE FROM queueworker.workers WHERE id = %(worker)s;
 -- while its plan depends on the number of running tasks (the table's statistics), not on its
 -- parameters: the plan for the ids given and the generic one join the same way
 -- (tests/test_claim_plans.py). For that transaction only: the session forces custom plans
--- (queueworker.db.connection.SESSION_SETTINGS). Without sequential scans, as `claim_settings` says:
+-- (queueworker.db.connection.SESSION_SETTINGS). Without sequential scans, as `lock_queue` says:
 -- planned while few tasks ran, it then reads the tasks it completes by primary key, never the
 -- waiting ones.
 SELECT set_config('plan_cache_mode', 'force_generic_plan', true), set_config('enable_seqscan', 'off', true);

@@ -31,7 +31,7 @@ from .. import metrics, tracing
 from ..backoff import backoff
 from ..client.cron import Schedule, default_schedule
 from ..db.connection import DutyConnection
-from ..db.lease import (DEREGISTER_WORKER, RELEASE, SAVE_CHECKPOINT, UNLOCKED_CLAIM_SETTINGS, ClaimParams,
+from ..db.lease import (ASYNC_COMMIT_CLAIMS, DEREGISTER_WORKER, RELEASE, SAVE_CHECKPOINT, ClaimParams,
                         DeregisterWorkerParams, KeyClaimParams, SaveCheckpointParams)
 from ..db.migrate import latest_version, migrate
 from ..db.migration import SCHEMA_EXISTS, SCHEMA_VERSION
@@ -430,8 +430,8 @@ class Worker:
         loop = asyncio.get_running_loop()
         sent_at = loop.time()  # the database starts the lease later than this: our clock is on the safe side
         first, claim = self.flow.claim_statements(queue)
-        if first is None:
-            first = UNLOCKED_CLAIM_SETTINGS[self.settings.async_claim_commit]
+        if first is None and self.settings.async_claim_commit:
+            claim = ASYNC_COMMIT_CLAIMS[claim]
         self.signals.claiming.emit(queue)
         metrics.CLAIMS.labels(queue).inc()
         rows = await self._duty_conn.fetch(claim, self._claim_params(queue, limit, claim), first=first)

@@ -1,0 +1,8 @@
+-- queueworker schema, version 26: the claims that lock no queue are functions.
+--
+-- A worker of this version claims a queue without flow control by calling queueworker.claim_tasks or
+-- queueworker.claim_fair_tasks (migrations/functions/35_claims.sql), one statement that carries its
+-- own settings, where it sent a statement of settings before each claim. No table changes: this
+-- version only tells a worker whether the database has those functions (a worker refuses to start
+-- on a schema older than it needs, with the advice to migrate), and workers of earlier versions go
+-- on claiming with their own statements, side by side with this version's.
