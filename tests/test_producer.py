@@ -128,3 +128,35 @@ def test_the_python_api_refuses_before_anything_is_written(dsn):
             enqueue(conn, "t", delay=math.inf)
         conn.commit()
     assert query(dsn, "SELECT count(*) FROM queueworker.tasks") == [(0,)]
+
+
+# A task's stored fields, its due time as given or as "when created" (the database's clock).
+STORED = ("queue, task, state, delayed, priority, CASE WHEN run_after <> created_at THEN run_after END, attempts, "
+          "max_attempts, timeout_seconds, payload, headers, key, spec_hash, fair_tag IS NOT NULL AS tagged")
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("fields", [
+    {},
+    {"queue": "q1", "priority": -7, "max_attempts": 3, "timeout_seconds": 42, "headers": {"traceparent": "x"},
+     "key": "tenant-1", "payload": {"n": [1, "é"]}},
+    {"queue": "q2", "run_after": datetime(2031, 1, 2, 3, 4, 5, tzinfo=timezone.utc)},
+], ids=["defaults", "every field", "due later"])
+def test_a_spec_enqueued_alone_is_stored_and_announced_as_in_a_batch(dsn, fields):
+    """One spec goes in by a statement of its own (enqueue.sql, `enqueue_one`), a batch by arrays: the
+    same row, audit row and notification either way."""
+    spec = {"task": "t", **fields}
+    with psycopg.connect(dsn, autocommit=True) as listener, psycopg.connect(dsn, autocommit=True) as conn:
+        listener.execute("LISTEN queueworker")
+        (alone,) = enqueue_many(conn, [spec])
+        batch = enqueue_many(conn, [spec, {"task": "other", "queue": "elsewhere"}])
+        notices = [notify.payload for notify in listener.notifies(timeout=1.0, stop_after=3)]
+    rows = {task_id: query(dsn, f"SELECT {STORED} FROM queueworker.tasks WHERE id = %s", (task_id,))[0]
+            for task_id in (alone, batch[0])}
+    assert rows[alone] == rows[batch[0]]
+    audits = query(dsn, "SELECT task_id, from_state, to_state FROM queueworker.task_events WHERE task_id IN (%s, %s)",
+                   (alone, batch[0]))
+    assert sorted(audit[1:] for audit in audits) == [(None, "pending"), (None, "pending")]
+    announced = [payload for payload in notices if payload.split(" ")[0] == spec.get("queue", "default")]
+    assert len(announced) == 2 and announced[0] == announced[1], notices
+    assert (announced[0] != spec.get("queue", "default")) == ("run_after" in fields), announced  # "queue epoch"

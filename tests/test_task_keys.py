@@ -19,9 +19,9 @@ from queueworker.client.cron import cron_job
 from queueworker.client.producer import COPY_THRESHOLD, TaskSpec, _plain_task, start_run
 from queueworker.client import producer
 from queueworker.db.enqueue import (
-    COPY_STAGING, COPY_STAGING_WITH_KEYS, ENQUEUE, ENQUEUE_STAGED_HASHED, ENQUEUE_STAGED_WITH_KEYS_HASHED, ENQUEUE_TASKS,
-    ENQUEUE_TASKS_WITH_HEADERS, ENQUEUE_TASKS_WITH_KEYS, ENQUEUE_WITH_HEADERS, ENQUEUE_WITH_KEYS, STAGING_STATE,
-    StagingStateRow)
+    COPY_STAGING, COPY_STAGING_WITH_KEYS, ENQUEUE, ENQUEUE_ONE, ENQUEUE_STAGED_HASHED, ENQUEUE_STAGED_WITH_KEYS_HASHED,
+    ENQUEUE_TASKS, ENQUEUE_TASKS_WITH_HEADERS, ENQUEUE_TASKS_WITH_KEYS, ENQUEUE_WITH_HEADERS, ENQUEUE_WITH_KEYS,
+    STAGING_STATE, StagingStateRow)
 from tests.support import WorkerProcess, query, scalar, wait_until
 from tests.test_bulk_enqueue import STAGED
 
@@ -71,10 +71,13 @@ def _first_statements(batch: list, copy: bool = False) -> list:
 
 def test_a_batch_without_keys_is_sent_as_before_and_one_with_keys_by_the_variants_that_store_them():
     """Batches without keys take the statements of schema version 17, which leave the column out (a
-    producer of this version still enqueues them into a database not yet migrated to 18)."""
+    producer of this version still enqueues them into a database not yet migrated to 18). One plain
+    spec alone takes `enqueue_one`, which names every column of queueworker.new_tasks, the view of
+    version 19 that a producer's plain insert needs whatever the statement (it has them all)."""
     plain, headers, keyed = {"task": "t"}, {"task": "t", "headers": {"h": "v"}}, {"task": "t", "key": "k"}
     unique = {"task": "t", "dedupe_key": "d"}
-    assert _first_statements([plain]) == [ENQUEUE]
+    assert _first_statements([plain]) == _first_statements([keyed]) == [ENQUEUE_ONE]
+    assert _first_statements([plain, plain]) == [ENQUEUE]
     assert _first_statements([plain, headers]) == [ENQUEUE_WITH_HEADERS]
     assert _first_statements([plain, keyed]) == [ENQUEUE_WITH_KEYS]
     assert _first_statements([unique]) == [ENQUEUE_TASKS]

@@ -31,6 +31,20 @@ class EnqueuedRow(NamedTuple):
     notified: int  # queues woken
 
 
+class EnqueueOneParams(Params):
+    """`enqueue_one`: one plain spec, its fields as `EnqueueParams` has them in its arrays."""
+
+    queue: str
+    task: str
+    payload: JsonText
+    priority: int
+    run_after: datetime | None  # None: due now, by the database's clock
+    max_attempts: int
+    timeout: int | None
+    headers: JsonText | None
+    key: str | None
+
+
 class EnqueueWithHeadersParams(EnqueueParams):
     headers: list[JsonText | None]
 
@@ -106,6 +120,7 @@ class MarkedRow(NamedTuple):
 
 
 ENQUEUE = _SQL.statement("enqueue", EnqueueParams, EnqueuedRow)
+ENQUEUE_ONE = _SQL.statement("enqueue_one", EnqueueOneParams, EnqueuedRow)
 ENQUEUE_WITH_HEADERS = _SQL.statement("enqueue_with_headers", EnqueueWithHeadersParams, EnqueuedRow)
 ENQUEUE_WITH_KEYS = _SQL.statement("enqueue_with_keys", EnqueueWithKeysParams, EnqueuedRow)
 STAGING_STATE = _SQL.statement("staging_state", NoParams, StagingStateRow)
