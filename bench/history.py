@@ -71,14 +71,13 @@ def _sum_buffers(node: dict) -> int:
     return node.get("Shared Hit Blocks", 0) + node.get("Shared Read Blocks", 0)
 
 
-def claim_script(claim_text: str = claim_function_statement(CLAIM),
-                 complete_text: str = COMPLETE_SUCCEEDED.text) -> str:
-    """pgbench script: our claim's statement (what queueworker.claim_tasks runs, its rows aggregated
+def claim_script(claim_text: str | None = None, complete_text: str = COMPLETE_SUCCEEDED.text) -> str:
+    """pgbench script: our claim's statement (by default what queueworker.claim_tasks runs, its rows aggregated
     into arrays) then our complete_succeeded verbatim, placeholders turned into pgbench variables;
     the claim commits without waiting for the disk with a generic plan, as the function does
     (migrations/functions/35_claims.sql), the completion waits. Other texts of the two statements
     (bench/ceiling_parts.py) go through the same script."""
-    head, _ = claim_text.rsplit("\nSELECT ", 1)
+    head, _ = (claim_text or claim_function_statement(CLAIM)).rsplit("\nSELECT ", 1)
     claim = (f"{head}\n"
              "SELECT coalesce(array_agg(id), '{}')::text AS ids, "
              "coalesce(array_agg(lease_token), '{}')::text AS tokens, "

@@ -9,7 +9,6 @@ import textwrap
 from typing import NamedTuple
 from uuid import UUID
 
-from .migrate import available_functions
 from .statements import NO_PARAMS, Bound, JsonText, NoParams, Params, SqlFile, Statement
 
 _SQL = SqlFile("lease")
@@ -192,18 +191,6 @@ CLAIM_FAIR = _SQL.statement("claim_fair", ClaimParams, ClaimedRow)
 # same claims, committed without waiting for the disk.
 ASYNC_COMMIT_CLAIMS = {CLAIM: _SQL.statement("claim_async_commit", ClaimParams, ClaimedRow),
                        CLAIM_FAIR: _SQL.statement("claim_fair_async_commit", ClaimParams, ClaimedRow)}
-
-
-def claim_function_statement(claim: Statement[ClaimParams, ClaimedRow]) -> str:
-    """The statement run by the function `claim` calls (`claim`, `claim_fair`, or their asynchronous
-    forms), as migrations/functions/35_claims.sql writes it, with the claim's placeholders in place of
-    the function's arguments: for what prepares, explains or measures it on its own (bench/, the tests
-    of its plans)."""
-    function = re.search(r"FROM queueworker\.(\w+)\(", claim.text)[1]
-    text = next(f.text for f in available_functions() if f"FUNCTION queueworker.{function}(" in f.text)
-    body = text.split(f"FUNCTION queueworker.{function}(", 1)[1].split("RETURN QUERY", 1)[1].split(";\nEND", 1)[0]
-    return re.sub(r"\$(\d)\b", lambda match: f"%({ClaimParams._fields[int(match[1]) - 1]})s",
-                  textwrap.dedent(body)).strip()
 CLAIM_LIMITED_FAIR = _SQL.statement("claim_limited_fair", ClaimParams, ClaimedRow)
 CLAIM_KEYS = _SQL.statement("claim_keys", KeyClaimParams, ClaimedRow)
 REGISTER_WORKER = _SQL.statement("register_worker", RegisterWorkerParams)
@@ -221,3 +208,17 @@ RELEASE = _SQL.statement("release", DeregisterWorkerParams, ReleasedRow)
 HAND_BACK = _SQL.statement("hand_back", HandBackParams, FencedRow)
 
 _SQL.check_all_declared()
+
+
+def claim_function_statement(claim: Statement[ClaimParams, ClaimedRow]) -> str:
+    """The statement run by the function `claim` calls (`claim`, `claim_fair`, or their asynchronous
+    forms), as migrations/functions/35_claims.sql writes it, with the claim's placeholders in place of
+    the function's arguments: for what prepares, explains or measures it on its own (bench/, the tests
+    of its plans). Not for the worker's own use, which only calls the function: its files are read
+    here, when asked."""
+    from .migrate import available_functions
+    function = re.search(r"FROM queueworker\.(\w+)\(", claim.text)[1]
+    text = next(f.text for f in available_functions() if f"FUNCTION queueworker.{function}(" in f.text)
+    body = text.split(f"FUNCTION queueworker.{function}(", 1)[1].split("RETURN QUERY", 1)[1].split(";\nEND", 1)[0]
+    return re.sub(r"\$(\d)\b", lambda match: f"%({ClaimParams._fields[int(match[1]) - 1]})s",
+                  textwrap.dedent(body)).strip()
