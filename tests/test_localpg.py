@@ -4,7 +4,7 @@ import psycopg
 import pytest
 
 from queueworker.dev.demo import DemoConfig, WorkerFleet
-from queueworker.dev.localpg import LocalPostgres, embedded_bin_dir
+from queueworker.dev.localpg import LISTEN_PORTS, LocalPostgres, embedded_bin_dir, free_port
 from queueworker.db.migrate import migrate
 
 
@@ -49,3 +49,12 @@ def test_demo_workers_get_the_dsn_by_environment_not_argv(tmp_path):
     fleet = WorkerFleet("postgresql://postgres:s3cret-pass@127.0.0.1:5432/postgres", DemoConfig(), tmp_path)
     assert not any("s3cret-pass" in arg for arg in fleet.command())
     assert fleet.environment()["DATABASE_URL"] == fleet.dsn
+
+
+def test_free_port_never_hands_out_the_same_port_twice():
+    """A control plane asks for seven ports before any server binds one: by the birthday bound,
+    3,000 draws from LISTEN_PORTS would repeat a port almost surely if draws were independent."""
+    ports = [free_port() for _ in range(3000)]
+    assert len(set(ports)) == len(ports)
+    assert all(port in LISTEN_PORTS for port in ports)
+

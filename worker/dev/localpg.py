@@ -68,20 +68,36 @@ def embedded_bin_dir() -> Path | None:
 # it) and below Kubernetes' NodePort range (30000-32767, which kube-proxy may hold).
 LISTEN_PORTS = range(10000, 30000)
 
+# Ports this process has handed out: a port found free stays free until its server binds it, so two
+# calls in a row (etcd's client and peer ports) could otherwise get the same one.
+_handed_out: set[int] = set()
+_pick = random.SystemRandom()
+
 
 def free_port() -> int:
-    """A loopback port free now, from LISTEN_PORTS where no outgoing connection can take it
-    before the caller's server binds it; the kernel's choice if none of 200 tries is free."""
-    for port in random.sample(LISTEN_PORTS, 200):
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
+    """A loopback port free now and not handed out before by this process, from LISTEN_PORTS where
+    no outgoing connection can take it before the caller's server binds it; the kernel's choice if
+    none of 200 tries is free."""
+    for port in _pick.sample(LISTEN_PORTS, 200):
+        if port not in _handed_out and _bindable(port):
+            _handed_out.add(port)
             return port
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 class LocalPostgres:
