@@ -2,6 +2,8 @@
 
 import asyncio
 import logging
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -72,6 +74,50 @@ def _ended(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
     except FileNotFoundError:
         return True
+
+
+def _pipes() -> set[str]:
+    """The pipes this process holds open (their /proc/self/fd targets)."""
+    fds = Path("/proc/self/fd")
+    targets = set()
+    for fd in fds.iterdir():
+        try:
+            target = os.readlink(fd)
+        except FileNotFoundError:  # the directory's own descriptor, closed by now
+            continue
+        if target.startswith("pipe:"):
+            targets.add(target)
+    return targets
+
+
+def test_a_process_that_left_the_group_does_not_keep_the_pipes_open(tmp_path):
+    """A command that starts a daemon of its own session and exits: the daemon holds the command's
+    stdout and stderr, so they never end and the task runs into its deadline, and the kill of the
+    command's group does not reach it. Our ends of the pipes are closed all the same."""
+    pid_file = tmp_path / "daemon.pid"
+    script = (f"import pathlib,subprocess,sys; daemon = subprocess.Popen([sys.executable,'-c','import time; "
+              f"time.sleep(120)'], start_new_session=True); pathlib.Path(r'{pid_file}').write_text(str(daemon.pid))")
+    ctx = TaskContext(7, "ext", "default", 1, 3, logging.getLogger("test"))
+
+    async def go() -> tuple[set[str], set[str]]:
+        before = _pipes()
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(1.0):
+                await CommandTask([sys.executable, "-c", script])({}, ctx)
+        for _ in range(200):  # a transport closes its pipes on the loop's next turns
+            if _pipes() <= before:
+                break
+            await asyncio.sleep(0.01)
+        return before, _pipes()
+
+    try:
+        before, after = asyncio.run(go())
+        assert pid_file.exists(), "the command did not start its daemon"
+        left_open = sorted(after - before)
+        assert left_open == []
+    finally:
+        if pid_file.exists():
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
 
 def test_register_commands_parses_name_equals_command():

@@ -74,6 +74,8 @@ class CommandTask:
             await _terminate(proc)
             await asyncio.gather(*io, return_exceptions=True)
             raise
+        finally:
+            _close_pipes(proc)
         return _interpret(returncode, stdout, bytes(stderr_tail))
 
     async def _read_stdout(self, proc: asyncio.subprocess.Process) -> bytes:
@@ -121,6 +123,17 @@ async def _terminate(proc: asyncio.subprocess.Process) -> None:
         except asyncio.CancelledError:
             os.killpg(proc.pid, signal.SIGKILL)
             raise
+
+
+def _close_pipes(proc: asyncio.subprocess.Process) -> None:
+    """Closes our ends of the command's pipes. asyncio closes them once the command has exited and
+    every pipe has reached its end, but a process that left the command's process group (a daemon
+    it started) keeps the pipes it inherited open, and past the kill they would stay open as long as
+    it lives: file descriptors the worker leaks, and a transport left for the garbage collector
+    after the event loop closed. asyncio.subprocess.Process has no public close."""
+    transport = getattr(proc, "_transport", None)
+    if transport is not None:
+        transport.close()
 
 
 def _interpret(returncode: int, stdout: bytes, stderr: bytes) -> Any:
