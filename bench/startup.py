@@ -10,6 +10,11 @@ CLAIM stamps, and `finished_at`; PGQueuer: its `pgqueuer_log` rows `picked` and 
 the same machine clock as the spawn's. One run first, not counted, warms the page cache and writes
 the bytecode caches (PYTHONDONTWRITEBYTECODE is dropped for the worker), as an image has them: pip
 compiles a wheel's modules when it installs it.
+
+queueworker's worker runs as in every scenario: installed from its wheel with its runtime
+dependencies alone, as its image installs it (bench/systems.py, `installed_python`), not from the
+development checkout, whose editable install's import finder no user runs. The peers are installed
+from their wheels too.
 """
 
 from __future__ import annotations

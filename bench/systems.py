@@ -9,12 +9,14 @@ latency probe files. Work is the same everywhere: `noop` (returns at once) for t
 from __future__ import annotations
 
 import asyncio
+import atexit
 import importlib.metadata
 import importlib.util
 import json
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -34,6 +36,80 @@ def _version(dist: str) -> str:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         return "?"
+
+
+# What Dockerfile.worker copies into the image's build stage, and builds the wheel from; the extras
+# its default build installs (QUEUEWORKER_EXTRAS: none).
+IMAGE_SOURCES = ("pyproject.toml", "README.md", "worker", "controller", "migrations")
+RUNTIME_EXTRAS: tuple[str, ...] = ()
+_INSTALLED: list[str] = []  # installed_python's interpreter, once made
+
+
+def installed_python() -> str:
+    """The interpreter every queueworker worker of the benchmarks runs on: that of an environment
+    made as the worker image is (Dockerfile.worker), made once per process in a directory removed at
+    exit: queueworker installed from its wheel, built from IMAGE_SOURCES alone (in a copy: the
+    checkout gets no build directory), its modules compiled by pip; beside it its runtime
+    dependencies and nothing else (RUNTIME_EXTRAS), linked from this interpreter's environment, so
+    nothing is downloaded. Not the checkout's own interpreter: its editable install's import finder,
+    which no user runs, is loaded at every interpreter start and asked about every module of the
+    package, and every package of the development environment is one more for importlib.metadata
+    to read when psycopg asks its binary's version."""
+    if _INSTALLED:
+        return _INSTALLED[0]
+    directory = Path(tempfile.mkdtemp(prefix="qw-bench-wheel-"))
+    atexit.register(shutil.rmtree, directory, True)
+    env = directory / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
+    python = env / "bin" / "python"
+    source = directory / "source"
+    source.mkdir()
+    for name in IMAGE_SOURCES:
+        if (REPO / name).is_dir():
+            shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(REPO / name, source / name)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--disable-pip-version-check", "--wheel-dir", str(directory / "wheels"), str(source)], check=True)
+    [wheel] = (directory / "wheels").glob("queueworker-*.whl")
+    # --ignore-installed: the checkout's editable install is neither reused nor touched.
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--ignore-installed",
+                    "--disable-pip-version-check", "--prefix", str(env), str(wheel)], check=True)
+    site_packages = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                        check=True, capture_output=True, text=True).stdout.strip())
+    ours = Path(sysconfig.get_paths()["purelib"])
+    for entry in sorted(_runtime_entries()):
+        if not (site_packages / entry).exists():
+            (site_packages / entry).symlink_to(ours / entry)
+    _INSTALLED.append(str(python))
+    return str(python)
+
+
+def _runtime_entries() -> set[str]:
+    """The top-level entries of this environment's site-packages (packages, modules, their
+    .dist-info, bundled libraries) of queueworker's runtime dependencies with RUNTIME_EXTRAS, and of
+    theirs, as pip would install them: each requirement's markers evaluated for the extras asked of
+    it."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    entries: set[str] = set()
+    seen: set[tuple[str, tuple[str, ...]]] = set()
+    wanted = [("queueworker", RUNTIME_EXTRAS)]
+    while wanted:
+        name, extras = wanted.pop()
+        if (canonicalize_name(name), extras) in seen:
+            continue
+        seen.add((canonicalize_name(name), extras))
+        dist = importlib.metadata.distribution(name)
+        if name != "queueworker":
+            entries.update(file.parts[0] for file in dist.files or () if file.parts[0] != "..")
+        for text in dist.requires or ():
+            requirement = Requirement(text)
+            if requirement.marker is None or any(requirement.marker.evaluate({"extra": extra})
+                                                 for extra in ("", *extras)):
+                wanted.append((requirement.name, tuple(sorted(requirement.extras))))
+    return entries
 
 
 class System:
@@ -136,7 +212,8 @@ class QueueWorker(System):
                        "rescue": "%rescued AS (%"}  # duties.sql rescue
 
     def version(self) -> str:
-        return _version("queueworker")
+        return (f"{_version('queueworker')}, its workers installed from its wheel with its runtime dependencies "
+                "alone, as the worker image installs it")
 
     def install(self, dsn: str) -> None:
         from queueworker.db.migrate import migrate
@@ -154,7 +231,7 @@ class QueueWorker(System):
 
     def worker_cmd(self, dsn: str, concurrency: int) -> list[str]:
         supervised = [] if self.processes is None else ["--processes", str(self.processes)]
-        return [sys.executable, "-m", "queueworker.cli", "worker", "--builtin-tasks", "--dsn", dsn,
+        return [installed_python(), "-m", "queueworker.cli", "worker", "--builtin-tasks", "--dsn", dsn,
                 "--concurrency", str(concurrency),
                 "--handlers", "bench.peers.qw_handlers", "--log-level", "WARNING", *supervised]
 

@@ -47,6 +47,7 @@ def test_quick_benchmark_run_writes_its_report(tmp_path):
     assert "Flow control (queueworker" in report
     assert [r["tasks"] for r in results["enqueue"]["queueworker"]] == [results["config"]["enqueue_tasks"]]
     assert "Bulk enqueue (tasks/s" in report and "tembo.io" in report
+    assert "its workers installed from its wheel" in report
     for name, runs in results["latency"].items():
         # every probe task ran, enqueued through the system's own API and by its raw INSERT + NOTIFY
         assert all(r["load_n"] == r["load_sent"] and r["raw_load_n"] == r["raw_load_sent"] for r in runs), name
