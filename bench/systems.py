@@ -75,8 +75,9 @@ def installed_python() -> str:
     # --ignore-installed: the checkout's editable install is neither reused nor touched.
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--ignore-installed",
                     "--disable-pip-version-check", "--prefix", str(env), str(wheel)], check=True)
-    site_packages = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                        check=True, capture_output=True, text=True).stdout.strip())
+    where = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    site_packages = Path(subprocess.run([str(python), "-c", where], check=True, capture_output=True,
+                                        text=True).stdout.strip())
     ours = Path(sysconfig.get_paths()["purelib"])
     for entry in sorted(_runtime_entries()):
         if not (site_packages / entry).exists():
