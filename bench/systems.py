@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import functools
 import importlib.metadata
 import importlib.util
 import json
@@ -42,9 +43,9 @@ def _version(dist: str) -> str:
 # its default build installs (QUEUEWORKER_EXTRAS: none).
 IMAGE_SOURCES = ("pyproject.toml", "README.md", "worker", "controller", "migrations")
 RUNTIME_EXTRAS: tuple[str, ...] = ()
-_INSTALLED: list[str] = []  # installed_python's interpreter, once made
 
 
+@functools.cache
 def installed_python() -> str:
     """The interpreter every queueworker worker of the benchmarks runs on: that of an environment
     made as the worker image is (Dockerfile.worker), made once per process in a directory removed at
@@ -55,8 +56,6 @@ def installed_python() -> str:
     which no user runs, is loaded at every interpreter start and asked about every module of the
     package, and every package of the development environment is one more for importlib.metadata
     to read when psycopg asks its binary's version."""
-    if _INSTALLED:
-        return _INSTALLED[0]
     directory = Path(tempfile.mkdtemp(prefix="qw-bench-wheel-"))
     atexit.register(shutil.rmtree, directory, True)
     env = directory / "env"
@@ -82,7 +81,6 @@ def installed_python() -> str:
     for entry in sorted(_runtime_entries()):
         if not (site_packages / entry).exists():
             (site_packages / entry).symlink_to(ours / entry)
-    _INSTALLED.append(str(python))
     return str(python)
 
 

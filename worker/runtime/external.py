@@ -131,9 +131,7 @@ def _close_pipes(proc: asyncio.subprocess.Process) -> None:
     it started) keeps the pipes it inherited open, and past the kill they would stay open as long as
     it lives: file descriptors the worker leaks, and a transport left for the garbage collector
     after the event loop closed. asyncio.subprocess.Process has no public close."""
-    transport = getattr(proc, "_transport", None)
-    if transport is not None:
-        transport.close()
+    proc._transport.close()
 
 
 def _interpret(returncode: int, stdout: bytes, stderr: bytes) -> Any:
